@@ -1,0 +1,268 @@
+"""Eager SPMD dispatch: propagate, reshard operands where the factors demand, run one local kernel
+over all devices at once, wrap the result. Works on raw values; ``ops`` turns them into Tensors.
+
+Everything that depends only on (op, params, shapes, dtypes, specs, strategy) is decided once and
+cached as a ``Program``; a repeated call costs one dict lookup plus the array work.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import prod
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from . import reshard, storage
+from .errors import ShardingError
+from .layout import chunks, grid, merge_cuts, spec_cuts
+from .mesh import DeviceMesh
+from .propagation import current_strategy, propagate
+from .rules.core import REDUCE, Rule
+from .spec import ShardingSpec
+
+SCALARS = (bool, int, float, complex, np.generic)
+
+
+class Value(NamedTuple):
+    """What a Tensor is made of: stored blocks (or a host array, or None if abstract), spec, shape, dtype."""
+
+    data: np.ndarray | None
+    spec: ShardingSpec | None
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class Local(NamedTuple):
+    """What a kernel needs beyond its arrays: grid axes in front, the result block shape, op params."""
+
+    G: int
+    out_chunk: tuple[int, ...]
+    params: tuple
+
+
+class OpDef(NamedTuple):
+    """An op is data: its rule, its kernel, and how partial sums and reductions behave.
+
+    ``linear``: "add" (partial operands add; other operands are added once), "mul" (linear in each
+    operand separately), or None (partial operands are summed first). ``linear_args`` limits which
+    operands that applies to. ``reduction``: what a sharded reduce factor leaves ("sum": partial sums;
+    "max"/"min": reduced at once). ``dtype``: "sample" (run the kernel on tiny arrays), "same", or a dtype.
+    """
+
+    name: str
+    rule: Callable[..., Rule]
+    kernel: Callable[[list, Local], np.ndarray]
+    linear: str | None = None
+    linear_args: tuple[int, ...] | None = None
+    reduction: str = "sum"
+    dtype: Any = "sample"
+
+
+# ---- planning (cached) ---------------------------------------------------------------------------
+
+
+class Prep(NamedTuple):
+    kind: str  # "sharded", "host", "scalar"
+    target: ShardingSpec | None
+    plan: reshard.Plan | None
+    src: ShardingSpec | None
+    mask_axes: tuple[str, ...]  # partial axes this operand must be added once over
+    grid_shape: tuple[int, ...]  # its stored shape in the kernel's common grid
+    pads: tuple[tuple[int, Any], ...]  # (dim, mask) of padded reduce dims to neutralise
+
+
+class Program(NamedTuple):
+    preps: tuple[Prep, ...]
+    G: int
+    kspec: ShardingSpec  # the layout the kernel's output is in
+    result: ShardingSpec  # the layout handed back (differs when max/min must be reduced across devices)
+    result_shape: tuple[int, ...]
+    out_grid: tuple[int, ...]
+    local: Local
+    post: reshard.Plan | None
+    dtype: np.dtype
+
+
+def _sig(v: Any) -> tuple:
+    if isinstance(v, Value):
+        return ("s" if v.spec is not None else "h", v.shape, v.dtype, v.spec)
+    return ("c", type(v))
+
+
+def run(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Value:
+    """Apply ``op`` to ``args`` (Values or Python scalars)."""
+    if not any(isinstance(a, Value) and a.spec is not None for a in args):
+        return _run_host(op, args, params)
+    prog = _program(op, tuple(_sig(a) for a in args), params, current_strategy())
+    abstract = any(isinstance(a, Value) and a.data is None for a in args)
+    arrays = []
+    for a, p in zip(args, prog.preps):
+        arrays.append(_prepare(a, p, prog, op, abstract))
+    if abstract:
+        out = None
+    else:
+        with np.errstate(all="ignore"):  # padding past a dim's end may hold anything
+            out = op.kernel(arrays, prog.local)
+        out = np.asarray(out)
+        if out.dtype != prog.dtype:
+            out = out.astype(prog.dtype)
+        if out.shape[:prog.G] != prog.out_grid[:prog.G] or len(out.shape) != len(prog.out_grid):
+            out = np.broadcast_to(out, prog.out_grid)
+        out = out.reshape(grid(prog.kspec).shape + out.shape[prog.G:])
+    if prog.post is not None:
+        out = reshard.execute(out, prog.result_shape, prog.kspec, prog.result, prog.post, op.name, op.reduction)
+    return Value(out, prog.result, prog.result_shape, prog.dtype)
+
+
+def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool):
+    if p.kind == "scalar":
+        if not p.mask_axes:
+            return a
+        a = Value(np.asarray(a, dtype=prog.dtype), None, (), prog.dtype)
+        p = p._replace(kind="host")
+    if abstract:
+        if p.kind == "sharded":
+            reshard.execute(None, a.shape, p.src, p.target, p.plan, op.name)
+        return None
+    if p.kind == "host":
+        x = storage.place(np.asarray(a.data), p.target)
+    else:
+        x = reshard.execute(a.data, a.shape, p.src, p.target, p.plan, op.name)
+    if p.mask_axes:
+        x = storage.add_once(x, p.target, p.mask_axes)
+    x = x.reshape(p.grid_shape)
+    for dim, mask in p.pads:
+        fill = _neutral(op.reduction, x.dtype)
+        x = np.where(mask, x, fill)
+    return x
+
+
+def _neutral(reduction: str, dtype: np.dtype):
+    if reduction == "sum":
+        return dtype.type(0)
+    big = np.inf if dtype.kind in "fc" else (np.iinfo(dtype).max if dtype.kind in "iu" else True)
+    lo = -np.inf if dtype.kind in "fc" else (np.iinfo(dtype).min if dtype.kind in "iu" else False)
+    return lo if reduction == "max" else big
+
+
+@lru_cache(maxsize=16384)
+def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
+    shapes = tuple(s[1] if s[0] != "c" else () for s in sigs)
+    meshes = {s[3].mesh for s in sigs if s[0] == "s"}
+    if len(meshes) > 1:
+        ms = [(i, s[3].mesh) for i, s in enumerate(sigs) if s[0] == "s"]
+        (i, a), (j, b) = ms[0], next((k, m) for k, m in ms if m != ms[0][1])
+        raise ShardingError(f"{op.name}: operand {i} is on mesh {a!r} but operand {j} is on mesh {b!r}; "
+                            f"move one with nb.tensor(t.numpy()).shard(...)")
+    mesh = meshes.pop()
+    rule = op.rule(shapes, *params)
+    dtype = _dtype(op, sigs, params)
+    # Partial sums: which stay partial (linear use), which are summed while resharding.
+    partial = [set(s[3].partial_axes) if s[0] == "s" else set() for s in sigs]
+    in_dims = [set(a for d in s[3].dim_specs for a in d.axes) if s[0] == "s" else set() for s in sigs]
+    linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
+    keep: set[str] = set()
+    if op.linear:
+        for i in linear_args:
+            for a in partial[i]:
+                if not any(a in in_dims[j] for j in range(len(sigs)) if j != i):
+                    keep.add(a)
+    keep_by = [partial[i] & keep if i in linear_args else set() for i in range(len(sigs))]
+    if op.linear == "mul":  # one operand per axis keeps its partial sums: the largest, so the smaller are summed
+        owner: dict[str, int] = {}
+        for i in sorted(range(len(sigs)), key=lambda i: -prod(shapes[i])):
+            for a in sorted(keep_by[i]):
+                owner.setdefault(a, i)
+        keep_by = [{a for a in keep_by[i] if owner[a] == i} for i in range(len(sigs))]
+    reserved = tuple(sorted(keep))
+    prop_specs = tuple(_strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
+    dec = propagate(rule, prop_specs, mesh, strat, reserved)
+    reduced = [a for a in dec.result.partial_axes]
+    result_shape = rule.result_shape
+    result_partial = tuple(sorted(keep)) + tuple(reduced) if op.reduction == "sum" else tuple(sorted(keep))
+    post_src = None
+    result = ShardingSpec(mesh, dec.result.dim_specs, partial_axes=result_partial)
+    if op.reduction != "sum" and reduced:
+        post_src = ShardingSpec(mesh, dec.result.dim_specs, partial_axes=tuple(sorted(keep)) + tuple(reduced))
+    targets = []
+    for i, s in enumerate(sigs):
+        if s[0] == "c":
+            targets.append(None)
+            continue
+        t = ShardingSpec(mesh, dec.operands[i].dim_specs, partial_axes=sorted(keep_by[i]))
+        targets.append(t)
+    kernel_specs = [t for t in targets if t is not None] + [post_src or result]
+    cuts = merge_cuts(*(spec_cuts(t) for t in kernel_specs))
+    if cuts is None:
+        raise ShardingError(f"{op.name}: the operands' sub-axes do not nest into one device grid "
+                            f"({[repr(t) for t in kernel_specs]})")
+    G = len(grid(result, cuts).atoms)
+    preps = []
+    reduce_factors = {f for f, k in enumerate(rule.kinds) if k == REDUCE}
+    for i, (s, t) in enumerate(zip(sigs, targets)):
+        add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
+        if s[0] == "c":
+            preps.append(Prep("scalar", None, None, None, add_once, (), ()))
+            continue
+        tt = t if not add_once else ShardingSpec(mesh, t.dim_specs, partial_axes=sorted(set(t.partial_axes) | set(add_once)))
+        gshape = grid(tt, cuts).shape + chunks(tt, shapes[i])
+        pads = []
+        for d, factors in enumerate(rule.operands[i]):
+            if any(f in reduce_factors for f in factors):
+                m = storage.pad_mask(tt, shapes[i], d)
+                if m is not None:
+                    g = grid(tt)
+                    pads.append((d, m.reshape(grid(tt, cuts).shape + m.shape[len(g.shape):])))
+        if s[0] == "h":
+            preps.append(Prep("host", t, None, None, add_once, gshape, tuple(pads)))
+        else:
+            src = s[3]
+            preps.append(Prep("sharded", t, reshard.plan(shapes[i], s[2].itemsize, src, t), src, add_once,
+                              gshape, tuple(pads)))
+    kspec = post_src or result
+    out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
+    post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None
+    return Program(tuple(preps), G, kspec, result, result_shape, out_grid,
+                   Local(G, chunks(kspec, result_shape), params), post, dtype)
+
+
+def _strip_partial(spec: ShardingSpec) -> ShardingSpec:
+    return spec if not spec.partial_axes else ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
+
+
+@lru_cache(maxsize=16384)
+def _dtype(op: OpDef, sigs: tuple, params: tuple) -> np.dtype:
+    if op.dtype == "same":
+        return next(s[2] for s in sigs if s[0] != "c")
+    if op.dtype != "sample":
+        return np.dtype(op.dtype)
+    samples = [np.zeros((1,) * len(s[1]), dtype=s[2]) if s[0] != "c" else s[1](0) for s in sigs]
+    shape = op.rule(tuple(s[1] if s[0] != "c" else () for s in sigs), *params).result_shape
+    with np.errstate(all="ignore"):
+        out = op.kernel(samples, Local(0, tuple(1 for _ in shape), params))
+    return np.asarray(out).dtype
+
+
+def _run_host(op: OpDef, args: Sequence[Any], params: tuple) -> Value:
+    shapes = tuple(a.shape if isinstance(a, Value) else () for a in args)
+    rule = op.rule(shapes, *params)  # validates shapes and gives the result shape
+    shape = rule.result_shape
+    if any(isinstance(a, Value) and a.data is None for a in args):
+        sigs = tuple(_sig(a) for a in args)
+        return Value(None, None, shape, _dtype(op, sigs, params))
+    arrays = [a.data if isinstance(a, Value) else a for a in args]
+    out = np.asarray(op.kernel(arrays, Local(0, shape, params)))
+    if out.shape != shape:
+        raise ShardingError(f"internal: {op.name} kernel gave shape {out.shape}, rule says {shape}")
+    return Value(out, None, shape, out.dtype)
+
+
+# ---- explicit relayout -----------------------------------------------------------------------------
+
+
+def relayout(v: Value, target: ShardingSpec) -> Value:
+    """``with_sharding``: move stored blocks from their spec to ``target`` with planned collectives."""
+    p = reshard.plan(v.shape, v.dtype.itemsize, v.spec, target)
+    out = reshard.execute(v.data, v.shape, v.spec, target, p)
+    return Value(out, target, v.shape, v.dtype)

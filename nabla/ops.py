@@ -1,0 +1,503 @@
+"""The numpy-like functions: each op is its rule (``rules``) plus a local kernel, run by ``executor``.
+
+Kernels see stored blocks with ``local.G`` grid axes in front, so one numpy call serves every device.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import rules as R
+from .errors import ShardingError
+from .executor import SCALARS, Local, OpDef, Value, run
+from .tensor import Tensor
+
+
+# ---- plumbing --------------------------------------------------------------------------------------
+
+
+def _arg(x: Any, op: str, i: int) -> Any:
+    if isinstance(x, Tensor):
+        return Value(x._data, x._spec, x._shape, x._dtype)
+    if isinstance(x, SCALARS) and not isinstance(x, np.ndarray):
+        return x
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # noqa: BLE001 - reported as the op's error
+        raise ShardingError(f"{op}: operand {i} of type {type(x).__name__} is not array-like ({e})") from None
+    if a.dtype == object:
+        raise ShardingError(f"{op}: operand {i} of type {type(x).__name__} is not a numeric array")
+    return Value(a, None, a.shape, a.dtype)
+
+
+def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
+    v = run(op, [_arg(a, op.name, i) for i, a in enumerate(args)], params)
+    return Tensor(v.data, v.spec, v.shape, v.dtype)
+
+
+def _rank_of(a: Any) -> int:
+    return np.ndim(a) if not isinstance(a, np.ndarray) else a.ndim
+
+
+def _align(arrays: list, local: Local) -> list:
+    """Give every block the result's rank (singletons after the grid axes) so numpy broadcasts by dim."""
+    rank = len(local.out_chunk)
+    out = []
+    for a in arrays:
+        if isinstance(a, np.ndarray) and a.ndim - local.G < rank:
+            a = a.reshape(a.shape[:local.G] + (1,) * (rank - a.ndim + local.G) + a.shape[local.G:])
+        out.append(a)
+    return out
+
+
+def _ew_rule(shapes, *params):
+    return R.elementwise_rule(tuple(shapes), op="elementwise")
+
+
+def _elementwise(name: str, fn, linear: str | None = None, linear_args=None, dtype="sample") -> OpDef:
+    return OpDef(name, _ew_rule, lambda arrays, local: fn(*_align(arrays, local)), linear, linear_args, dtype=dtype)
+
+
+def _relu(x):
+    return np.maximum(x, x.dtype.type(0) if isinstance(x, np.ndarray) else 0)
+
+
+def _sigmoid(x):
+    x = np.asarray(x)
+    one = x.dtype.type(1) if x.dtype.kind == "f" else 1.0
+    return one / (one + np.exp(-x))
+
+
+_BINARY = {
+    "add": _elementwise("add", np.add, "add"),
+    "subtract": _elementwise("subtract", np.subtract, "add"),
+    "multiply": _elementwise("multiply", np.multiply, "mul"),
+    "divide": _elementwise("divide", np.true_divide, "mul", (0,)),
+    "power": _elementwise("power", np.power),
+    "maximum": _elementwise("maximum", np.maximum),
+    "minimum": _elementwise("minimum", np.minimum),
+    "less": _elementwise("less", np.less),
+    "less_equal": _elementwise("less_equal", np.less_equal),
+    "greater": _elementwise("greater", np.greater),
+    "greater_equal": _elementwise("greater_equal", np.greater_equal),
+    "equal": _elementwise("equal", np.equal),
+    "not_equal": _elementwise("not_equal", np.not_equal),
+}
+_UNARY = {
+    "negative": _elementwise("negative", np.negative, "add"),
+    "exp": _elementwise("exp", np.exp),
+    "log": _elementwise("log", np.log),
+    "tanh": _elementwise("tanh", np.tanh),
+    "sin": _elementwise("sin", np.sin),
+    "cos": _elementwise("cos", np.cos),
+    "sqrt": _elementwise("sqrt", np.sqrt),
+    "abs": _elementwise("abs", np.abs),
+    "relu": _elementwise("relu", _relu),
+    "sigmoid": _elementwise("sigmoid", _sigmoid),
+}
+_WHERE = _elementwise("where", np.where, "add", (1, 2))
+
+
+def add(a, b): return _call(_BINARY["add"], (a, b))
+def subtract(a, b): return _call(_BINARY["subtract"], (a, b))
+def multiply(a, b): return _call(_BINARY["multiply"], (a, b))
+def divide(a, b): return _call(_BINARY["divide"], (a, b))
+def power(a, b): return _call(_BINARY["power"], (a, b))
+def maximum(a, b): return _call(_BINARY["maximum"], (a, b))
+def minimum(a, b): return _call(_BINARY["minimum"], (a, b))
+def less(a, b): return _call(_BINARY["less"], (a, b))
+def less_equal(a, b): return _call(_BINARY["less_equal"], (a, b))
+def greater(a, b): return _call(_BINARY["greater"], (a, b))
+def greater_equal(a, b): return _call(_BINARY["greater_equal"], (a, b))
+def equal(a, b): return _call(_BINARY["equal"], (a, b))
+def not_equal(a, b): return _call(_BINARY["not_equal"], (a, b))
+def negative(x): return _call(_UNARY["negative"], (x,))
+def exp(x): return _call(_UNARY["exp"], (x,))
+def log(x): return _call(_UNARY["log"], (x,))
+def tanh(x): return _call(_UNARY["tanh"], (x,))
+def sin(x): return _call(_UNARY["sin"], (x,))
+def cos(x): return _call(_UNARY["cos"], (x,))
+def sqrt(x): return _call(_UNARY["sqrt"], (x,))
+def abs(x): return _call(_UNARY["abs"], (x,))  # noqa: A001 - numpy's name
+def relu(x): return _call(_UNARY["relu"], (x,))
+def sigmoid(x): return _call(_UNARY["sigmoid"], (x,))
+def where(cond, a, b): return _call(_WHERE, (cond, a, b))
+
+
+def _astype_kernel(arrays, local):
+    return arrays[0].astype(local.params[0])
+
+
+_ASTYPE = OpDef("astype", lambda shapes, dt: R.elementwise_rule(tuple(shapes)), _astype_kernel, dtype="sample")
+
+
+def astype(x, dtype) -> Tensor:
+    return _call(_ASTYPE, (x,), (np.dtype(dtype),))
+
+
+# ---- contractions ----------------------------------------------------------------------------------
+
+
+def _matmul_kernel(arrays, local):
+    a, b = arrays
+    G = local.G
+    batch = len(local.out_chunk) - 2
+    # give both operands the result's batch rank so grid axes line up
+    a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
+    b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
+    return np.matmul(a, b)
+
+
+_MATMUL = OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel, "mul")
+
+
+def matmul(a, b) -> Tensor:
+    """numpy's matmul; 1-D operands are lifted to matrices and the added dim removed, as numpy does."""
+    ra, rb = _rank_of(a if not isinstance(a, Tensor) else a._data) if not isinstance(a, Tensor) else a.ndim, \
+        _rank_of(b) if not isinstance(b, Tensor) else b.ndim
+    if ra == 0 or rb == 0:
+        raise ShardingError(f"matmul: operands must have at least 1 dim, got ranks {ra} and {rb}")
+    a2 = expand_dims(a, 0) if ra == 1 else a
+    b2 = expand_dims(b, 1) if rb == 1 else b
+    out = _call(_MATMUL, (a2, b2))
+    if ra == 1:
+        out = squeeze(out, out.ndim - 2)
+    if rb == 1:
+        out = squeeze(out, out.ndim - 1)
+    return out
+
+
+def _einsum_kernel(arrays, local):
+    subscripts = local.params[0]
+    G = local.G
+    grid_letters = "".join(chr(0x100 + i) for i in range(G))  # numpy einsum accepts only letters
+    del grid_letters
+    lhs, _, rhs = subscripts.replace(" ", "").partition("->")
+    if not _:
+        rhs = None
+    terms = lhs.split(",")
+    if G == 0:
+        return np.einsum(subscripts, *arrays)
+    # Carry grid axes through an ellipsis-free einsum by naming them with unused letters.
+    used = set(subscripts)
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used]
+    g = "".join(free[:G])
+    pre = [g + t for t in terms]
+    out = g + (rhs if rhs is not None else "")
+    if rhs is None:
+        letters = "".join(terms)
+        out = g + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    arrays = [np.broadcast_to(a, np.broadcast_shapes(*(x.shape[:G] for x in arrays)) + a.shape[G:]) for a in arrays]
+    return np.einsum(",".join(pre) + "->" + out, *arrays)
+
+
+_EINSUM = OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul")
+
+
+def einsum(subscripts: str, *operands) -> Tensor:
+    if "..." in subscripts:
+        raise ShardingError("einsum: ellipsis is not supported on sharded operands yet; spell the dims out")
+    return _call(_EINSUM, operands, (subscripts,))
+
+
+# ---- reductions ------------------------------------------------------------------------------------
+
+
+def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ShardingError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ShardingError(f"{op}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+def _reduction(name: str, fn, linear, reduction, replicate=False) -> OpDef:
+    def kernel(arrays, local):
+        axes, keepdims = local.params
+        return fn(arrays[0], axis=tuple(local.G + a for a in axes), keepdims=keepdims)
+
+    return OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, replicate),
+                 kernel, linear, None, reduction)
+
+
+_SUM = _reduction("sum", np.sum, "add", "sum")
+_MAX = _reduction("max", np.max, None, "max")
+_MIN = _reduction("min", np.min, None, "min")
+
+
+def _ndim(x) -> int:
+    return x.ndim if isinstance(x, Tensor) else np.ndim(x)
+
+
+def _shape(x) -> tuple[int, ...]:
+    return x.shape if isinstance(x, Tensor) else np.shape(x)
+
+
+def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
+    return _call(_SUM, (x,), (_axes(axis, _ndim(x), "sum"), bool(keepdims)))
+
+
+def mean(x, axis=None, keepdims: bool = False) -> Tensor:
+    axes = _axes(axis, _ndim(x), "mean")
+    count = 1
+    for a in axes:
+        count *= _shape(x)[a]
+    s = sum(x, axes, keepdims)
+    if s.dtype.kind in "iub":
+        s = astype(s, np.float64)
+    return divide(s, s.dtype.type(count) if count else s.dtype.type(np.nan))
+
+
+def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _call(_MAX, (x,), (_axes(axis, _ndim(x), "max"), bool(keepdims)))
+
+
+def min(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _call(_MIN, (x,), (_axes(axis, _ndim(x), "min"), bool(keepdims)))
+
+
+def _argmax_kernel(arrays, local):
+    axis, = local.params
+    x = arrays[0]
+    if axis is None:
+        G = local.G
+        flat = x.reshape(x.shape[:G] + (-1,))
+        return np.argmax(flat, axis=G)
+    return np.argmax(x, axis=local.G + axis)
+
+
+_ARGMAX = OpDef("argmax", lambda shapes, axis: R.reduce_rule(
+    shapes[0], tuple(range(len(shapes[0]))) if axis is None else (axis,), False, True), _argmax_kernel,
+    reduction="sum", dtype=np.intp)
+
+
+def argmax(x, axis=None) -> Tensor:
+    if axis is not None:
+        axis = _axes(axis, _ndim(x), "argmax")[0]
+    return _call(_ARGMAX, (x,), (axis,))
+
+
+def _softmax_kernel(arrays, local):
+    x = arrays[0]
+    ax = local.G + local.params[0]
+    e = np.exp(x - np.max(x, axis=ax, keepdims=True))
+    return e / np.sum(e, axis=ax, keepdims=True)
+
+
+_SOFTMAX = OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "softmax"),
+                 _softmax_kernel)
+
+
+def softmax(x, axis: int = -1) -> Tensor:
+    return _call(_SOFTMAX, (x,), (_axes(axis, _ndim(x), "softmax")[0],))
+
+
+# ---- moving elements -------------------------------------------------------------------------------
+
+
+def _transpose_kernel(arrays, local):
+    G = local.G
+    return arrays[0].transpose(tuple(range(G)) + tuple(G + p for p in local.params[0]))
+
+
+_TRANSPOSE = OpDef("transpose", lambda shapes, perm: R.transpose_rule(shapes[0], perm), _transpose_kernel, "add",
+                   dtype="same")
+
+
+def transpose(x, axes: Sequence[int] | None = None) -> Tensor:
+    n = _ndim(x)
+    perm = tuple(range(n))[::-1] if axes is None else tuple(int(a) % n if n else a for a in axes)
+    if sorted(perm) != list(range(n)):
+        raise ShardingError(f"transpose: axes {axes} are not a permutation of {n} dims")
+    return _call(_TRANSPOSE, (x,), (perm,))
+
+
+def swapaxes(x, axis1: int, axis2: int) -> Tensor:
+    n = _ndim(x)
+    a, b = _axes(axis1, n, "swapaxes")[0], _axes(axis2, n, "swapaxes")[0]
+    perm = list(range(n))
+    perm[a], perm[b] = perm[b], perm[a]
+    return _call(_TRANSPOSE, (x,), (tuple(perm),))
+
+
+def _reshape_kernel(arrays, local):
+    x = arrays[0]
+    return x.reshape(x.shape[:local.G] + local.out_chunk)
+
+
+_RESHAPE = OpDef("reshape", lambda shapes, target: R.reshape_rule(shapes[0], target), _reshape_kernel, "add",
+                 dtype="same")
+
+
+def reshape(x, shape) -> Tensor:
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    src = _shape(x)
+    total = 1
+    for s in src:
+        total *= s
+    if shape.count(-1) > 1:
+        raise ShardingError(f"reshape: at most one -1 in {shape}")
+    if -1 in shape:
+        rest = 1
+        for s in shape:
+            if s != -1:
+                rest *= s
+        if rest == 0 or total % rest:
+            raise ShardingError(f"reshape: cannot reshape size {total} {tuple(src)} into {shape}")
+        shape = tuple(total // rest if s == -1 else s for s in shape)
+    return _call(_RESHAPE, (x,), (shape,))
+
+
+def _broadcast_kernel(arrays, local):
+    x = _align(arrays, local)[0]
+    return np.broadcast_to(x, x.shape[:local.G] + local.out_chunk)
+
+
+_BROADCAST = OpDef("broadcast_to", lambda shapes, target: R.broadcast_to_rule(shapes[0], target), _broadcast_kernel,
+                   "add", dtype="same")
+
+
+def broadcast_to(x, shape) -> Tensor:
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    return _call(_BROADCAST, (x,), (shape,))
+
+
+def _expand_kernel(arrays, local):
+    return arrays[0].reshape(arrays[0].shape[:local.G] + local.out_chunk)
+
+
+_EXPAND = OpDef("expand_dims", lambda shapes, axes: R.expand_dims_rule(shapes[0], axes), _expand_kernel, "add",
+                dtype="same")
+_SQUEEZE = OpDef("squeeze", lambda shapes, axes: R.squeeze_rule(shapes[0], axes), _expand_kernel, "add",
+                 dtype="same")
+
+
+def expand_dims(x, axis) -> Tensor:
+    n = _ndim(x)
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = _axes(axes, n + len(axes), "expand_dims")
+    return _call(_EXPAND, (x,), (axes,))
+
+
+def squeeze(x, axis=None) -> Tensor:
+    shape = _shape(x)
+    axes = tuple(d for d, s in enumerate(shape) if s == 1) if axis is None else _axes(axis, len(shape), "squeeze")
+    for a in axes:
+        if shape[a] != 1:
+            raise ShardingError(f"squeeze: dim {a} has size {shape[a]}, not 1")
+    return _call(_SQUEEZE, (x,), (axes,))
+
+
+def _concat_kernel(arrays, local):
+    G = local.G
+    grid = np.broadcast_shapes(*(a.shape[:G] for a in arrays))
+    arrays = [np.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
+    return np.concatenate(arrays, axis=G + local.params[0])
+
+
+_CONCAT = OpDef("concatenate", lambda shapes, axis: R.concatenate_rule(tuple(shapes), axis), _concat_kernel, "add")
+
+
+def concatenate(tensors: Sequence[Any], axis: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ShardingError("concatenate: needs at least one operand")
+    return _call(_CONCAT, tensors, (_axes(axis, _ndim(tensors[0]), "concatenate")[0],))
+
+
+def _index_kernel(arrays, local):
+    key = local.params[0]
+    idx = [slice(None)] * local.G
+    for e in key:
+        if e[0] == "full":
+            idx.append(slice(None))
+        elif e[0] == "slice":
+            idx.append(slice(*e[1:]))
+        elif e[0] == "int":
+            idx.append(e[1])
+        else:
+            idx.append(None)
+    return arrays[0][tuple(idx)]
+
+
+_INDEX = OpDef("getitem", lambda shapes, key: R.index_rule(shapes[0], key), _index_kernel, "add", dtype="same")
+
+
+def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_real = len([k for k in key if k is not None and k is not Ellipsis])
+    if n_real > len(shape):
+        raise ShardingError(f"getitem: {n_real} indices for a tensor of rank {len(shape)}")
+    if sum(k is Ellipsis for k in key) > 1:
+        raise ShardingError("getitem: an index can only have a single ellipsis")
+    out: list[tuple] = []
+    d = 0
+    for k in key:
+        if k is Ellipsis:
+            for _ in range(len(shape) - n_real):
+                out.append(("full",))
+                d += 1
+        elif k is None:
+            out.append(("new",))
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(shape[d])
+            out.append(("full",) if (start, stop, step) == (0, shape[d], 1) else ("slice", start, stop, step))
+            d += 1
+        elif isinstance(k, (int, np.integer)):
+            if not -shape[d] <= k < shape[d]:
+                raise ShardingError(f"getitem: index {k} is out of bounds for dim {d} of size {shape[d]}")
+            out.append(("int", int(k) % shape[d]))
+            d += 1
+        else:
+            raise ShardingError(f"getitem: only basic indexing (ints, slices, None, ...) is supported, got {k!r}")
+    while d < len(shape):
+        out.append(("full",))
+        d += 1
+    return tuple(out)
+
+
+def getitem(x, key) -> Tensor:
+    return _call(_INDEX, (x,), (_normalize_key(key, _shape(x)),))
+
+
+# ---- creation --------------------------------------------------------------------------------------
+
+
+def tensor(value: Any, dtype: Any = None) -> Tensor:
+    """A host tensor from anything numpy accepts (copied, then immutable)."""
+    if isinstance(value, Tensor):
+        value = value.numpy()
+    return Tensor._host(np.array(value, dtype=dtype))
+
+
+def ones(shape, dtype: Any = "float32") -> Tensor:
+    return Tensor.ones(shape, dtype)
+
+
+def zeros(shape, dtype: Any = "float32") -> Tensor:
+    return Tensor.zeros(shape, dtype)
+
+
+def arange(*args, dtype: Any = None) -> Tensor:
+    return Tensor._host(np.arange(*args, dtype=dtype))
+
+
+def abstract(shape: Sequence[int], dtype: Any = "float32") -> Tensor:
+    """A tensor with a shape and no data: ops propagate and log communication without running kernels."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ShardingError(f"abstract: negative dim in shape {shape}")
+    return Tensor(None, None, shape, np.dtype(dtype))
+
+
+del operator

@@ -1,0 +1,198 @@
+"""Factor-based sharding propagation (Shardy; seed 002): collect dims -> factors, merge, update factors -> dims.
+
+Pure and data-free: works on (rule, specs) only and is cached, so a seen op costs one dict lookup.
+The executor decides partial-sum handling and passes the axes that must stay free as ``reserved``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import lru_cache
+from math import prod
+from typing import Iterator, NamedTuple, Sequence
+
+from .errors import ShardingError
+from .mesh import AxisRef, DeviceMesh, merge_adjacent
+from .rules.core import REDUCE, REPLICATE, Rule
+from .spec import DimSpec, ShardingSpec
+
+BASIC, AGGRESSIVE = "basic", "aggressive"
+_strategy = [BASIC]
+
+
+@contextlib.contextmanager
+def strategy(name: str) -> Iterator[None]:
+    """``with nb.strategy("aggressive"):`` resolve conflicts for more parallelism (default ``"basic"``)."""
+    if name not in (BASIC, AGGRESSIVE):
+        raise ShardingError(f"strategy: unknown strategy {name!r}; use 'basic' or 'aggressive'")
+    _strategy.append(name)
+    try:
+        yield
+    finally:
+        _strategy.pop()
+
+
+def current_strategy() -> str:
+    return _strategy[-1]
+
+
+class Decision(NamedTuple):
+    """What an op needs: each operand's layout, the result's spec, and the merged factor shardings."""
+
+    operands: tuple[ShardingSpec, ...]
+    result: ShardingSpec
+    factors: tuple[tuple[AxisRef, ...], ...]
+
+
+class _Entry(NamedTuple):
+    axes: tuple[AxisRef, ...]
+    is_open: bool
+    priority: int
+    size: int  # elements of the tensor it comes from: AGGRESSIVE prefers larger tensors
+
+
+_NO_PRIORITY = 1 << 30
+
+
+def project_dim(refs: Sequence[AxisRef], factors: Sequence[int], sizes: Sequence[int]) -> dict[int, list[AxisRef]]:
+    """A dim's axes spread over its factors major to minor; an axis straddling two factors splits into
+    sub-axes, one that does not divide stops the projection. A lone factor takes any axes (uneven ok)."""
+    real = [f for f in factors if sizes[f] > 1]
+    out: dict[int, list[AxisRef]] = {f: [] for f in real}
+    if len(real) == 1:
+        out[real[0]] = list(refs)
+        return out
+    q, rem = 0, sizes[real[0]] if real else 1
+    todo = list(refs)
+    while todo and q < len(real):
+        r = todo.pop(0)
+        if rem % r.size == 0:
+            out[real[q]].append(r)
+            rem //= r.size
+        elif r.size % rem == 0:
+            out[real[q]].append(AxisRef(r.name, r.pre, rem, r.full))
+            todo.insert(0, AxisRef(r.name, r.pre * rem, r.size // rem, r.full))
+            rem = 1
+        else:
+            break
+        if rem == 1:
+            q += 1
+            rem = sizes[real[q]] if q < len(real) else 1
+    return out
+
+
+def _overlaps_any(r: AxisRef, taken: Sequence[AxisRef]) -> bool:
+    return any(r.overlaps(t) for t in taken)
+
+
+def _merge_factor(entries: list[_Entry], strat: str) -> tuple[tuple[AxisRef, ...], int, int]:
+    """The factor's axes from its tensors' opinions: (axes, priority, size of the largest source)."""
+    active = [e for e in entries if e.axes or not e.is_open]
+    if not active:
+        return (), _NO_PRIORITY, 0
+    p = min(e.priority for e in active)
+    top = [e for e in active if e.priority == p]
+    longest = max((e.axes for e in top), key=len)
+    if all(longest[:len(e.axes)] == e.axes for e in top):
+        axes = longest
+    else:  # lists that are not prefixes of one another: keep only what they share
+        axes = ()
+        for i in range(min(len(e.axes) for e in top)):
+            if len({e.axes[i] for e in top}) > 1:
+                break
+            axes = longest[:i + 1]
+    if strat == BASIC:
+        closed = [len(e.axes) for e in top if not e.is_open]
+        if closed:
+            axes = axes[:min(closed)]
+    size = max((e.size for e in top if e.axes and axes[:len(e.axes)] == e.axes), default=0)
+    return axes, p, size
+
+
+@lru_cache(maxsize=65536)
+def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMesh,
+              strat: str = BASIC, reserved: tuple[str, ...] = ()) -> Decision:
+    """Decide every factor's axes, then each operand's required layout and the result's spec.
+
+    ``specs[i]`` is None for an operand with no sharding yet (all dims open). Partial axes of the
+    operands are ignored here; ``reserved`` lists axes no factor may take (partial sums kept alive).
+    """
+    nf = len(rule.sizes)
+    entries: list[list[_Entry]] = [[] for _ in range(nf)]
+    for k, (spec, dims) in enumerate(zip(specs, rule.operands)):
+        if spec is None:
+            continue
+        if spec.rank != len(dims):
+            raise ShardingError(f"propagate: operand {k} spec {spec!r} has rank {spec.rank}, rule {rule} wants {len(dims)}")
+        tsize = prod(prod(rule.sizes[f] for f in d) for d in dims)
+        for ds, refs, factors in zip(spec.dim_specs, spec.dim_refs, dims):
+            for f, axes in project_dim(refs, factors, rule.sizes).items():
+                entries[f].append(_Entry(tuple(axes), ds.is_open, ds.priority, tsize))
+
+    merged = [_merge_factor(entries[f], strat) if rule.kinds[f] != REPLICATE else ((), _NO_PRIORITY, 0)
+              for f in range(nf)]
+
+    def rank(f: int):
+        axes, p, size = merged[f]
+        if strat == AGGRESSIVE:
+            return (p, -size, -prod(r.size for r in axes), f)
+        return (p, f)
+
+    taken: list[AxisRef] = [mesh.axis_ref(a) for a in reserved]
+    factor_axes: list[tuple[AxisRef, ...]] = [()] * nf
+    for f in sorted(range(nf), key=rank):
+        keep: list[AxisRef] = []
+        for r in merged[f][0]:
+            if _overlaps_any(r, taken):
+                break
+            keep.append(r)
+        factor_axes[f] = tuple(keep)
+        taken += keep
+
+    _make_representable(rule, factor_axes)
+
+    def dims_of(dims, old: ShardingSpec | None, is_result: bool) -> list[DimSpec]:
+        out = []
+        for i, factors in enumerate(dims):
+            axes = merge_adjacent([r for f in factors for r in factor_axes[f]])
+            names = tuple(str(r) for r in axes)
+            if is_result:
+                prios = [merged[f][1] for f in factors if merged[f][1] != _NO_PRIORITY]
+                out.append(DimSpec(names, True, min(prios, default=0)))
+            elif old is None:
+                out.append(DimSpec(names, True))
+            else:
+                out.append(DimSpec(names, old.dim_specs[i].is_open, old.dim_specs[i].priority))
+        return out
+
+    operands = tuple(ShardingSpec(mesh, dims_of(dims, spec, False)) for dims, spec in zip(rule.operands, specs))
+    partial = merge_adjacent([r for f in range(nf) if rule.kinds[f] == REDUCE for r in factor_axes[f]])
+    result = ShardingSpec(mesh, dims_of(rule.result, None, True), partial_axes=[str(r) for r in partial])
+    return Decision(operands, result, tuple(factor_axes))
+
+
+def _make_representable(rule: Rule, factor_axes: list[tuple[AxisRef, ...]]) -> None:
+    """Truncate factor shardings until every tensor dim can hold them: in a dim of several factors each
+    sharded factor divides evenly, and a factor is sharded only if all factors before it are fully."""
+    tensors = list(rule.operands) + [rule.result]
+    changed = True
+    while changed:
+        changed = False
+        for dims in tensors:
+            for factors in dims:
+                real = [f for f in factors if rule.sizes[f] > 1]
+                if len(real) < 2:
+                    continue
+                full = True
+                for f in real:
+                    axes = factor_axes[f]
+                    if not full and axes:
+                        factor_axes[f] = ()
+                        changed = True
+                        continue
+                    while axes and rule.sizes[f] % prod(r.size for r in axes):
+                        axes = axes[:-1]
+                    if axes != factor_axes[f]:
+                        factor_axes[f] = axes
+                        changed = True
+                    full = prod(r.size for r in axes) == rule.sizes[f]

@@ -1,0 +1,289 @@
+"""Plan, then move: a pure, cached planner from (shape, dtype, source spec, target spec) to collectives.
+
+Works per mesh atom (``layout.Grid``): where each atom is in the source (a dim and its place in the
+dim's major-to-minor list, partial, or unused) and where in the target. Cheapest moves first:
+local slices, reduce_scatter, all_to_all between dims, block permutes; all_reduce for partial
+atoms the target replicates; all_gather only for atoms that must leave a dim with nowhere to go.
+Uneven dims (ceil rule) move one atom at a time only where the shards nest; elsewhere the dim is
+gathered whole and cut again. ``execute`` carries a plan out on stored blocks.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import prod
+from typing import NamedTuple
+
+import numpy as np
+
+from . import collectives as C
+from .errors import ShardingError
+from .layout import chunk, grid, is_nested, merge_cuts, spec_cuts
+from .mesh import AxisRef, merge_adjacent
+from .spec import ShardingSpec
+
+
+class State(NamedTuple):
+    dims: tuple[tuple[int, ...], ...]  # per dim, atom indices major to minor
+    partial: frozenset[int]
+
+
+class Step(NamedTuple):
+    """One move. ``kind`` is a collective or ``"slice"`` (local, free); ``after`` is the new state."""
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    group: int
+    after: State
+    src: int | None = None  # dim the atoms leave (gather, all_to_all, permute)
+    dst: int | None = None  # dim the atoms join (slice, reduce_scatter, all_to_all)
+    atoms: tuple[int, ...] = ()
+    order: tuple[int, ...] = ()  # permute: the dim's atoms before the move
+
+
+class Segment(NamedTuple):
+    cuts: tuple[frozenset[int], ...]
+    atoms: tuple[AxisRef, ...]
+    start: State
+    steps: tuple[Step, ...]
+
+
+class Plan(NamedTuple):
+    segments: tuple[Segment, ...]
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return tuple(s for seg in self.segments for s in seg.steps)
+
+    @property
+    def collectives(self) -> tuple[Step, ...]:
+        return tuple(s for s in self.steps if s.kind != "slice")
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.steps)
+
+
+def _state(spec: ShardingSpec, cuts) -> tuple[State, tuple[AxisRef, ...]]:
+    g = grid(spec, cuts)
+    return State(g.dims, frozenset(g.partial)), g.atoms
+
+
+@lru_cache(maxsize=65536)
+def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> Plan:
+    """The collectives that turn blocks laid out as ``src`` into ``dst``, fewest bytes first."""
+    src, dst = src.layout(), dst.layout()
+    if src.mesh != dst.mesh:
+        raise ShardingError(f"with_sharding: source is on mesh {src.mesh!r}, target on {dst.mesh!r}; "
+                            f"move between meshes with nb.tensor(t.numpy()).shard(...)")
+    src.check_rank(shape, "with_sharding", "source")
+    dst.check_rank(shape, "with_sharding", "target")
+    extra = set(dst.partial_axes) - set(src.partial_axes)
+    if extra:
+        raise ShardingError(
+            f"with_sharding: target {dst!r} is partial over {sorted(extra)} but the value {src!r} is not; "
+            f"a sum cannot be made partial without an op that produces it")
+    cuts = merge_cuts(spec_cuts(src), spec_cuts(dst))
+    if cuts is not None:
+        s0, atoms = _state(src, cuts)
+        t, _ = _state(dst, cuts)
+        return Plan((Segment(cuts, atoms, s0, tuple(_greedy(s0, t, atoms, shape, itemsize))),))
+    # Sub-axes of the two specs do not nest: gather to replicated on the source grid, cut on the target's.
+    mid = ShardingSpec(src.mesh, [()] * len(shape), partial_axes=[a for a in src.partial_axes if a in dst.partial_axes])
+    a, b = plan(shape, itemsize, src, mid), plan(shape, itemsize, mid, dst)
+    return Plan(a.segments + b.segments)
+
+
+def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsize: int) -> list[Step]:
+    steps: list[Step] = []
+    sizes = [a.size for a in atoms]
+    where_t = {a: d for d, run in enumerate(target.dims) for a in run}
+
+    def k_of(run) -> int:
+        return prod(sizes[a] for a in run)
+
+    def block_bytes(state: State) -> int:
+        return prod(chunk(n, k_of(run)) for n, run in zip(shape, state.dims)) * itemsize
+
+    def names(run) -> tuple[str, ...]:
+        return tuple(str(r) for r in merge_adjacent([atoms[a] for a in sorted(run, key=lambda a: (atoms[a].name, atoms[a].pre))]))
+
+    def is_prefix(d: int, state: State) -> bool:
+        return target.dims[d][:len(state.dims[d])] == state.dims[d]
+
+    def next_atoms(d: int, state: State) -> tuple[int, ...]:
+        return target.dims[d][len(state.dims[d]):] if is_prefix(d, state) else ()
+
+    def nests_add(d: int, state: State, add) -> bool:
+        k = k_of(state.dims[d])
+        return k == 1 or is_nested(shape[d], k, k_of(add))
+
+    def nests_remove(d: int, state: State, remove) -> bool:
+        k = k_of(state.dims[d]) // k_of(remove)
+        return k == 1 or is_nested(shape[d], k, k_of(remove))
+
+    def with_dim(state: State, d: int, run, partial=None) -> State:
+        dims = list(state.dims)
+        dims[d] = tuple(run)
+        return State(tuple(dims), state.partial if partial is None else frozenset(partial))
+
+    def used(state: State) -> set[int]:
+        return set(state.partial).union(*state.dims) if state.dims else set(state.partial)
+
+    for _ in range(4 * len(atoms) * (len(shape) + 1) + 8):
+        if cur == target:
+            return steps
+        B = block_bytes(cur)
+        busy = used(cur)
+        move: Step | None = None
+        # 0. same atoms in another order on a dim: devices swap whole blocks.
+        for d, run in enumerate(cur.dims):
+            want = target.dims[d][:len(run)]
+            if run and run != want and set(run) == set(want):
+                move = Step("collective_permute", names(run), B, k_of(run), with_dim(cur, d, want), src=d, atoms=want, order=run)
+                break
+        # 1. local slices: atoms that are free and next in a target dim.
+        if move is None:
+            for d in range(len(shape)):
+                add = tuple(a for a in _take_while(next_atoms(d, cur), lambda a: a not in busy))
+                if add and nests_add(d, cur, add):
+                    move = Step("slice", names(add), 0, k_of(add), with_dim(cur, d, cur.dims[d] + add), dst=d, atoms=add)
+                    break
+        # 2. reduce_scatter: partial atoms the target puts next on a dim.
+        if move is None:
+            for d in range(len(shape)):
+                add = tuple(_take_while(next_atoms(d, cur), lambda a: a in cur.partial and a not in target.partial))
+                if add and nests_add(d, cur, add):
+                    k = k_of(add)
+                    move = Step("reduce_scatter", names(add), (k - 1) * B // k, k,
+                                with_dim(cur, d, cur.dims[d] + add, cur.partial - set(add)), dst=d, atoms=add)
+                    break
+        # 3. all_to_all: a misplaced minor run of one dim that comes next in another dim.
+        if move is None:
+            for d, run in enumerate(cur.dims):
+                if not run or is_prefix(d, cur):
+                    continue
+                for i in range(len(run)):
+                    group = run[i:]
+                    e = where_t.get(group[0])
+                    if e is None or e == d or next_atoms(e, cur)[:len(group)] != group or \
+                            not (nests_remove(d, cur, group) and nests_add(e, cur, group)):
+                        continue
+                    k = k_of(group)
+                    mid = with_dim(cur, d, run[:i])
+                    move = Step("all_to_all", names(group), (k - 1) * B // k, k,
+                                with_dim(mid, e, cur.dims[e] + group), src=d, dst=e, atoms=group)
+                    break
+                if move is not None:
+                    break
+        # 4. all_reduce: partial atoms the target keeps on no dim and not partial.
+        if move is None:
+            red = tuple(sorted(a for a in cur.partial if a not in target.partial and a not in where_t))
+            if red:
+                k = k_of(red)
+                move = Step("all_reduce", names(red), 2 * (k - 1) * B // k, k,
+                            State(cur.dims, cur.partial - set(red)), atoms=red)
+        # 5. all_gather: atoms past the agreeing prefix of a dim (the whole dim where shards don't nest).
+        #    Atoms bound for another dim go last: once they reach a dim's minor end, all_to_all moves them.
+        if move is None:
+            options = []
+            for d, run in enumerate(cur.dims):
+                keep = 0
+                while keep < len(run) and keep < len(target.dims[d]) and run[keep] == target.dims[d][keep]:
+                    keep += 1
+                stuck = keep == len(run) and next_atoms(d, cur) and not nests_add(d, cur, next_atoms(d, cur)[:1])
+                if keep == len(run) and not stuck:
+                    continue
+                if stuck or not nests_remove(d, cur, run[keep:]):
+                    keep = 0
+                gone = run[keep:]
+                elsewhere = sum(1 for a in gone if where_t.get(a, d) != d)
+                options.append((elsewhere, d, keep, gone))
+            if options:
+                _, d, keep, gone = min(options)
+                k = k_of(gone)
+                move = Step("all_gather", names(gone), (k - 1) * B, k, with_dim(cur, d, cur.dims[d][:keep]),
+                            src=d, atoms=gone)
+        # 6. partial atoms waiting for a dim that cannot take them yet: reduce now, cut later.
+        if move is None:
+            red = tuple(sorted(a for a in cur.partial if a not in target.partial))
+            if red:
+                k = k_of(red)
+                move = Step("all_reduce", names(red), 2 * (k - 1) * B // k, k,
+                            State(cur.dims, cur.partial - set(red)), atoms=red)
+        if move is None:
+            break
+        steps.append(move)
+        cur = move.after
+    raise ShardingError(f"internal: reshard planner did not converge from {cur} to {target}")
+
+
+def _take_while(seq, pred):
+    for a in seq:
+        if not pred(a):
+            return
+        yield a
+
+
+# ---- carrying a plan out ---------------------------------------------------------------------------
+
+
+def execute(data: np.ndarray | None, shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec,
+            p: Plan, op: str = "with_sharding", reduce_op: str = "sum") -> np.ndarray | None:
+    """Run ``p`` on stored blocks ``data`` (None for abstract tensors: only the log is written)."""
+    from .layout import grid as grid_of
+
+    src, dst = src.layout(), dst.layout()
+    state_spec = src
+    for seg in p.segments:
+        G = len(seg.atoms)
+        if data is not None:
+            data = data.reshape(_grid_shape(seg.atoms, seg.start) + data.shape[len(grid_of(state_spec).shape):])
+        cur = seg.start
+        for s in seg.steps:
+            if s.kind != "slice":
+                C.record(C.CommEvent(s.kind, s.axes, s.bytes, s.group, op))
+            if data is not None:
+                data = _apply(data, G, s, cur, seg.atoms, shape, reduce_op)
+            cur = s.after
+        state_spec = _spec_of(src, seg.atoms, cur)
+        if data is not None:
+            data = data.reshape(grid_of(state_spec).shape + data.shape[G:])
+    if data is not None and data.shape[:-len(shape) or None] != grid_of(dst).shape:
+        raise ShardingError(f"internal: plan {src!r} -> {dst!r} ended on grid {data.shape} not {grid_of(dst).shape}")
+    return data
+
+
+def _grid_shape(atoms, state: State) -> tuple[int, ...]:
+    used = set(state.partial).union(*state.dims) if state.dims else set(state.partial)
+    return tuple(a.size if j in used else 1 for j, a in enumerate(atoms))
+
+
+def _spec_of(like: ShardingSpec, atoms, state: State) -> ShardingSpec:
+    dims = [tuple(str(r) for r in merge_adjacent([atoms[a] for a in run])) for run in state.dims]
+    partial = [str(r) for r in merge_adjacent([atoms[a] for a in sorted(state.partial)])]
+    return ShardingSpec(like.mesh, dims, partial_axes=partial)
+
+
+def _apply(x: np.ndarray, G: int, s: Step, cur: State, atoms, shape, reduce_op: str) -> np.ndarray:
+    def chunk_of(state: State, d: int) -> int:
+        return chunk(shape[d], prod(atoms[a].size for a in state.dims[d]))
+
+    sizes = [atoms[a].size for a in s.atoms]
+    if s.kind == "collective_permute":
+        return C.permute_blocks(x, s.order, s.atoms)
+    if s.kind == "all_reduce":
+        return C.reduce_over(x, s.atoms, reduce_op)
+    if s.kind == "reduce_scatter":
+        x = C.reduce_over(x, s.atoms, reduce_op)
+        return C.split_onto(x, G, s.dst, s.atoms, sizes, chunk_of(s.after, s.dst))
+    if s.kind == "slice":
+        return C.split_onto(x, G, s.dst, s.atoms, sizes, chunk_of(s.after, s.dst))
+    if s.kind == "all_gather":
+        return C.gather_into(x, G, s.src, s.atoms, chunk_of(s.after, s.src))
+    if s.kind == "all_to_all":
+        mid = s.after.dims[s.src]
+        x = C.gather_into(x, G, s.src, s.atoms, chunk(shape[s.src], prod(atoms[a].size for a in mid)))
+        return C.split_onto(x, G, s.dst, s.atoms, sizes, chunk_of(s.after, s.dst))
+    raise ShardingError(f"internal: unknown step {s.kind}")

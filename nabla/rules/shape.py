@@ -1,0 +1,173 @@
+"""Ops that move elements without arithmetic: transpose, reshape, concatenate, slicing, squeeze, expand_dims."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import gcd, prod
+
+from ..errors import ShardingError
+from .core import PASS, REPLICATE, Rule, build
+
+
+@lru_cache(maxsize=4096)
+def transpose_rule(shape: tuple[int, ...], perm: tuple[int, ...]) -> Rule:
+    operand = [(d,) if n != 1 else () for d, n in enumerate(shape)]
+    return build([operand], [operand[p] for p in perm], shape, [PASS] * len(shape))
+
+
+@lru_cache(maxsize=4096)
+def reshape_rule(shape: tuple[int, ...], target: tuple[int, ...]) -> Rule:
+    """Split and merge dims into common factors: (8,4)->(2,16) is ``(ij)k->i(jk)``.
+
+    Where a run of dims cannot be cut into common factors (coprime sizes, e.g. (6,4)->(4,6)), each dim
+    in that run gets a factor of its own that needs replication.
+    """
+    if prod(shape) != prod(target):
+        raise ShardingError(f"reshape: cannot reshape size {prod(shape)} {shape} into size {prod(target)} {target}")
+    sizes: list[int] = []
+    kinds: list[str] = []
+    ins: list[list[int]] = [[] for _ in shape]
+    outs: list[list[int]] = [[] for _ in target]
+
+    def new(size: int, kind: str = PASS) -> int:
+        sizes.append(size)
+        kinds.append(kind)
+        return len(sizes) - 1
+
+    if prod(shape) == 0:
+        for d, n in enumerate(shape):
+            ins[d] = [new(n, REPLICATE)] if n != 1 else []
+        for d, n in enumerate(target):
+            outs[d] = [new(n, REPLICATE)] if n != 1 else []
+        return build([ins], outs, sizes, kinds)
+    # Segments: runs of input and output dims whose products agree.
+    i = j = 0
+    while i < len(shape) or j < len(target):
+        seg_in, seg_out = [], []
+        p_in = p_out = 1
+        while True:
+            while i < len(shape) and shape[i] == 1:
+                i += 1
+            while j < len(target) and target[j] == 1:
+                j += 1
+            if p_in == p_out and (seg_in or seg_out or (i >= len(shape) and j >= len(target))):
+                break
+            if p_in <= p_out and i < len(shape):
+                seg_in.append(i)
+                p_in *= shape[i]
+                i += 1
+            elif j < len(target):
+                seg_out.append(j)
+                p_out *= target[j]
+                j += 1
+            else:
+                break
+        if not seg_in and not seg_out:
+            break
+        _factor_segment(seg_in, seg_out, shape, target, ins, outs, new)
+    return build([ins], outs, sizes, kinds)
+
+
+def _factor_segment(seg_in, seg_out, shape, target, ins, outs, new) -> None:
+    """Cut one segment into gcd factors, or give each of its dims a replicate factor when they don't align."""
+    plan: list[tuple[int, int, int]] = []  # (size, input dim, output dim)
+    a, b = list(seg_in), list(seg_out)
+    ra, rb = (shape[a[0]] if a else 1), (target[b[0]] if b else 1)
+    ok = True
+    while a and b:
+        g = gcd(ra, rb)
+        if g == 1:
+            ok = False
+            break
+        plan.append((g, a[0], b[0]))
+        ra, rb = ra // g, rb // g
+        if ra == 1:
+            a.pop(0)
+            ra = shape[a[0]] if a else 1
+        if rb == 1:
+            b.pop(0)
+            rb = target[b[0]] if b else 1
+    if ok and not a and not b:
+        for size, di, do in plan:
+            f = new(size)
+            ins[di].append(f)
+            outs[do].append(f)
+        return
+    for d in seg_in:
+        ins[d] = [new(shape[d], REPLICATE)]
+    for d in seg_out:
+        outs[d] = [new(target[d], REPLICATE)]
+
+
+@lru_cache(maxsize=4096)
+def concatenate_rule(shapes: tuple[tuple[int, ...], ...], axis: int) -> Rule:
+    """Dims other than ``axis`` share factors; the concat dim of each operand and of the result is replicated."""
+    rank = len(shapes[0])
+    for k, s in enumerate(shapes):
+        if len(s) != rank:
+            raise ShardingError(f"concatenate: operand {k} has rank {len(s)}, operand 0 has rank {rank}")
+        for d in range(rank):
+            if d != axis and s[d] != shapes[0][d]:
+                raise ShardingError(f"concatenate: operand {k}, dim {d}: size {s[d]} but operand 0 has {shapes[0][d]}")
+    sizes = list(shapes[0])
+    kinds = [PASS] * rank
+    operands = []
+    for s in shapes:
+        dims = [(d,) if s[d] != 1 else () for d in range(rank)]
+        sizes.append(s[axis])
+        kinds.append(REPLICATE)
+        dims[axis] = (len(sizes) - 1,) if s[axis] != 1 else ()
+        operands.append(dims)
+    result = [(d,) if shapes[0][d] != 1 else () for d in range(rank)]
+    total = sum(s[axis] for s in shapes)
+    sizes.append(total)
+    kinds.append(REPLICATE)
+    result[axis] = (len(sizes) - 1,) if total != 1 else ()
+    return build(operands, result, sizes, kinds)
+
+
+@lru_cache(maxsize=4096)
+def index_rule(shape: tuple[int, ...], key: tuple[tuple, ...]) -> Rule:
+    """Basic indexing, ``key`` normalised to entries ``("full",)``, ``("slice", start, stop, step)``,
+    ``("int", i)`` and ``("new",)``: whole dims pass through, cut dims need replication."""
+    sizes: list[int] = []
+    kinds: list[str] = []
+    operand: list[tuple[int, ...]] = []
+    result: list[tuple[int, ...]] = []
+    d = 0
+    for entry in key:
+        if entry[0] == "new":
+            result.append(())
+            continue
+        n = shape[d]
+        d += 1
+        if entry[0] == "full":
+            sizes.append(n)
+            kinds.append(PASS)
+            f = (len(sizes) - 1,) if n != 1 else ()
+            operand.append(f)
+            result.append(f)
+            continue
+        sizes.append(n)
+        kinds.append(REPLICATE)
+        operand.append((len(sizes) - 1,) if n != 1 else ())
+        if entry[0] == "slice":
+            m = len(range(*entry[1:]))
+            sizes.append(m)
+            kinds.append(PASS)
+            result.append((len(sizes) - 1,) if m != 1 else ())
+    return build([operand], result, sizes, kinds)
+
+
+@lru_cache(maxsize=4096)
+def squeeze_rule(shape: tuple[int, ...], axes: tuple[int, ...]) -> Rule:
+    operand = [(d,) if n != 1 else () for d, n in enumerate(shape)]
+    return build([operand], [operand[d] for d in range(len(shape)) if d not in axes], shape, [PASS] * len(shape))
+
+
+@lru_cache(maxsize=4096)
+def expand_dims_rule(shape: tuple[int, ...], axes: tuple[int, ...]) -> Rule:
+    operand = [(d,) if n != 1 else () for d, n in enumerate(shape)]
+    it = iter(operand)
+    result = [() if d in axes else next(it) for d in range(len(shape) + len(axes))]
+    return build([operand], result, shape, [PASS] * len(shape))

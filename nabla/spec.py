@@ -1,0 +1,221 @@
+"""DimSpec and ShardingSpec: frozen, hashable, validated descriptions of how a tensor lies on a mesh.
+
+Follows the Nabla sharding README (seed 002) and Shardy's notation; the text formats live in ``formats``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, Iterable, Sequence
+
+from .errors import ShardingError
+from .mesh import AxisRef, DeviceMesh, merge_adjacent
+
+
+@dataclass(frozen=True, slots=True)
+class DimSpec:
+    """How one dim is sharded: mesh axes major to minor, whether propagation may add axes, and priority."""
+
+    axes: tuple[str, ...] = ()
+    is_open: bool = False
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        axes = self.axes
+        if isinstance(axes, str):
+            axes = (axes,)
+        try:
+            axes = tuple(axes)
+        except TypeError:
+            raise ShardingError(f"DimSpec: axes must be a sequence of str, got {self.axes!r}") from None
+        for a in axes:
+            if not isinstance(a, str):
+                raise ShardingError(f"DimSpec: axis {a!r} in {self.axes!r} is not a str")
+        if not isinstance(self.priority, int) or self.priority < 0:
+            raise ShardingError(f"DimSpec: priority must be an int >= 0, got {self.priority!r}")
+        object.__setattr__(self, "axes", axes)
+        object.__setattr__(self, "is_open", bool(self.is_open))
+
+    def __repr__(self) -> str:
+        parts = [f'"{a}"' for a in self.axes] + (["?"] if self.is_open else [])
+        return "{" + ", ".join(parts) + "}" + (f"p{self.priority}" if self.priority else "")
+
+    @staticmethod
+    def coerce(entry: Any) -> "DimSpec":
+        """Accept the JAX ``PartitionSpec`` shorthands: ``None``, one axis name, a tuple of names."""
+        if isinstance(entry, DimSpec):
+            return entry
+        if entry is None:
+            return _REPLICATED
+        if isinstance(entry, str):
+            return DimSpec((entry,))
+        if isinstance(entry, (tuple, list)):
+            return DimSpec(tuple(entry))
+        raise ShardingError(f"a dim spec must be a DimSpec, None, a str or a tuple of str; got {entry!r}")
+
+
+_REPLICATED = DimSpec()
+
+
+class ShardingSpec:
+    """Per-dim axes plus explicitly replicated and partial (unreduced-sum) axes, on one mesh.
+
+    Built only valid: every axis exists, sub-axes divide their axis, and no axis or overlapping
+    sub-axis appears twice anywhere in the spec.
+    """
+
+    __slots__ = ("mesh", "dim_specs", "replicated_axes", "partial_axes", "_hash", "_refs", "_layout")
+
+    def __init__(self, mesh: DeviceMesh, dim_specs: Iterable[Any], replicated_axes: Iterable[str] = (),
+                 partial_axes: Iterable[str] = ()) -> None:
+        if not isinstance(mesh, DeviceMesh):
+            raise ShardingError(f"ShardingSpec: mesh must be a DeviceMesh, got {type(mesh).__name__}")
+        if isinstance(dim_specs, (str, DimSpec)) or dim_specs is None:
+            raise ShardingError(f"ShardingSpec: dim_specs must be a list with one entry per dim, got {dim_specs!r}")
+        dims = tuple(DimSpec.coerce(d) for d in dim_specs)
+        rep = _axis_tuple(replicated_axes, "replicated_axes")
+        par = _axis_tuple(partial_axes, "partial_axes")
+        # Canonical axis names: "x:(1)8" on an axis of size 8 is just "x".
+        refs_by_dim = []
+        for i, d in enumerate(dims):
+            refs = merge_adjacent(_ref(mesh, a, f"dim {i}") for a in d.axes)
+            refs_by_dim.append(refs)
+            canon = tuple(str(r) for r in refs)
+            if canon != d.axes:
+                dims = dims[:i] + (DimSpec(canon, d.is_open, d.priority),) + dims[i + 1:]
+        rep_refs = tuple(_ref(mesh, a, "replicated_axes") for a in rep)
+        par_refs = tuple(_ref(mesh, a, "partial_axes") for a in par)
+        placed = [(r, f"dim {i}") for i, refs in enumerate(refs_by_dim) for r in refs]
+        placed += [(r, "replicated_axes") for r in rep_refs] + [(r, "partial_axes") for r in par_refs]
+        for (a, wa), (b, wb) in combinations(placed, 2):
+            if a.overlaps(b):
+                what = "is used twice" if a == b else f"overlaps {str(b)!r}"
+                raise ShardingError(
+                    f"ShardingSpec on @{mesh.name}: axis {str(a)!r} ({wa}) {what} ({wb}); "
+                    f"an axis may shard at most one place in a tensor")
+        set_ = object.__setattr__
+        set_(self, "mesh", mesh)
+        set_(self, "dim_specs", dims)
+        set_(self, "replicated_axes", tuple(str(r) for r in rep_refs))
+        set_(self, "partial_axes", tuple(str(r) for r in par_refs))
+        set_(self, "_refs", (tuple(refs_by_dim), par_refs))
+        set_(self, "_hash", hash((mesh, dims, self.replicated_axes, self.partial_axes)))
+        set_(self, "_layout", None)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("ShardingSpec is immutable")
+
+    def __reduce__(self):
+        return (ShardingSpec, (self.mesh, self.dim_specs, self.replicated_axes, self.partial_axes))
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, ShardingSpec) and self._hash == other._hash
+                                 and self.mesh == other.mesh and self.dim_specs == other.dim_specs
+                                 and self.replicated_axes == other.replicated_axes
+                                 and self.partial_axes == other.partial_axes)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        s = "[" + ", ".join(repr(d) for d in self.dim_specs) + "]"
+        if self.replicated_axes:
+            s += ", replicated={" + ", ".join(f'"{a}"' for a in self.replicated_axes) + "}"
+        if self.partial_axes:
+            s += ", partial={" + ", ".join(f'"{a}"' for a in self.partial_axes) + "}"
+        return s
+
+    # ---- structure -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return len(self.dim_specs)
+
+    @property
+    def dim_refs(self) -> tuple[tuple[AxisRef, ...], ...]:
+        """Per dim, the parsed axes major to minor."""
+        return self._refs[0]
+
+    @property
+    def partial_refs(self) -> tuple[AxisRef, ...]:
+        return self._refs[1]
+
+    def layout(self) -> "ShardingSpec":
+        """The same placement with propagation hints dropped: closed dims, priority 0, no replicated_axes.
+
+        Two specs with one layout hold identical blocks, so layout-level caches key on this.
+        """
+        if self._layout is None:
+            plain = tuple(DimSpec(d.axes) for d in self.dim_specs)
+            lay = self if (plain == self.dim_specs and not self.replicated_axes) else \
+                ShardingSpec(self.mesh, plain, (), self.partial_axes)
+            object.__setattr__(self, "_layout", lay)
+        return self._layout
+
+    def num_shards(self, dim: int) -> int:
+        n = 1
+        for r in self.dim_refs[dim]:
+            n *= r.size
+        return n
+
+    @property
+    def is_replicated(self) -> bool:
+        return not self.partial_axes and not any(self.dim_refs)
+
+    def check_rank(self, shape: Sequence[int], op: str = "shard", operand: str | int | None = None) -> None:
+        if len(shape) != self.rank:
+            who = f"{op}" + (f", operand {operand}" if operand is not None else "")
+            raise ShardingError(
+                f"{who}: spec {self!r} has {self.rank} dims but the tensor has shape {tuple(shape)} "
+                f"(rank {len(shape)})")
+
+    def shard_slices(self, global_shape: Sequence[int], device_id: int) -> tuple[slice, ...]:
+        from .layout import shard_slices
+        return shard_slices(self, tuple(global_shape), device_id)
+
+    def shard_shape(self, global_shape: Sequence[int], device_id: int) -> tuple[int, ...]:
+        return tuple(s.stop - s.start for s in self.shard_slices(global_shape, device_id))
+
+    def with_dims(self, dim_specs: Iterable[Any], partial_axes: Iterable[str] | None = None) -> "ShardingSpec":
+        return ShardingSpec(self.mesh, dim_specs, self.replicated_axes,
+                            self.partial_axes if partial_axes is None else partial_axes)
+
+    # ---- formats -----------------------------------------------------------------------------
+    def to_mhlo(self) -> str:
+        from .formats import to_mhlo
+        return to_mhlo(self)
+
+    @staticmethod
+    def from_mhlo(text: str, mesh: DeviceMesh, rank: int | None = None) -> "ShardingSpec":
+        from .formats import from_mhlo
+        return from_mhlo(text, mesh, rank)
+
+    def to_partition_spec(self):
+        from .formats import to_partition_spec
+        return to_partition_spec(self)
+
+    @staticmethod
+    def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> "ShardingSpec":
+        from .formats import from_partition_spec
+        return from_partition_spec(mesh, pspec)
+
+    @staticmethod
+    def replicated(mesh: DeviceMesh, rank: int, is_open: bool = False) -> "ShardingSpec":
+        return ShardingSpec(mesh, [DimSpec((), is_open)] * rank)
+
+
+def _axis_tuple(axes: Iterable[str], what: str) -> tuple[str, ...]:
+    if isinstance(axes, str):
+        axes = (axes,)
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise ShardingError(f"ShardingSpec: {what} must be a sequence of axis names, got {axes!r}") from None
+    return axes
+
+
+def _ref(mesh: DeviceMesh, axis: str, where: str) -> AxisRef:
+    try:
+        return mesh.axis_ref(axis)
+    except ShardingError as e:
+        raise ShardingError(f"ShardingSpec ({where}): {e}") from None

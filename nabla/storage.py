@@ -1,0 +1,106 @@
+"""Vectorised shard storage: all blocks of a tensor in one array, ``(*grid, *chunk)``.
+
+The grid has one entry per mesh atom (``layout.Grid``): the atom's size where the spec shards or
+holds partial sums over it, 1 where the value is replicated (stored once). Blocks are padded to the
+ceil-rule chunk; padding sits past the global end of a dim and holds no meaning. This module only
+converts between a host value and that layout and reads blocks; moving data between devices
+belongs to ``collectives``.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from .layout import chunks, grid, grid_index, shard_slices, spec_cuts
+from .spec import ShardingSpec
+
+
+def place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
+    """Lay a host value out as ``spec``; partial axes get the value at coordinate 0 and zeros elsewhere."""
+    shape = value.shape
+    g = grid(spec)
+    ch = chunks(spec, shape)
+    x = value
+    pad = [(0, prod(g.atoms[a].size for a in run) * c - n) for run, c, n in zip(g.dims, ch, shape)]
+    if any(p for _, p in pad):
+        x = np.pad(x, pad)
+    split: list[int] = []
+    dest: list[int] = []  # for each axis of `split`, its place in the stored array
+    G = len(g.shape)
+    for i, (run, c) in enumerate(zip(g.dims, ch)):
+        split += [g.atoms[a].size for a in run] + [c]
+        dest += list(run) + [G + i]
+    x = x.reshape(split)
+    order = sorted(range(len(dest)), key=lambda j: dest[j])
+    x = x.transpose(order)
+    full = [1] * (G + len(ch))
+    for j, size in zip(sorted(dest), x.shape):
+        full[j] = size
+    x = x.reshape(full)
+    if not g.partial:
+        return x
+    out = np.zeros(g.shape + ch, dtype=value.dtype)
+    first = tuple(0 if j in g.partial else slice(None) for j in range(G))
+    out[first] = x[first]
+    return out
+
+
+def assemble(data: np.ndarray, spec: ShardingSpec, shape: tuple[int, ...]) -> np.ndarray:
+    """The global value of stored blocks (a host read: partial sums are added here, not communicated)."""
+    g = grid(spec)
+    G = len(g.shape)
+    if g.partial:
+        data = data.sum(axis=tuple(g.partial), keepdims=True)
+    order: list[int] = []
+    sizes: list[int] = []
+    for i, run in enumerate(g.dims):
+        order += list(run) + [G + i]
+        sizes.append(prod(data.shape[a] for a in run) * data.shape[G + i])
+    rest = [j for j in range(G) if j not in order]  # replicated atoms: size 1
+    x = data.transpose(rest + order).reshape(sizes)
+    if tuple(x.shape) != tuple(shape):
+        x = x[tuple(slice(0, n) for n in shape)]
+    return np.ascontiguousarray(x)
+
+
+def block(data: np.ndarray, spec: ShardingSpec, shape: tuple[int, ...], device_id: int) -> np.ndarray:
+    """Device ``device_id``'s block: a view into the stored array, trimmed of padding."""
+    sl = shard_slices(spec, shape, device_id)
+    local = data[grid_index(spec, device_id)]
+    return local[tuple(slice(0, s.stop - s.start) for s in sl)]
+
+
+def pad_mask(spec: ShardingSpec, shape: tuple[int, ...], dim: int) -> np.ndarray | None:
+    """Boolean mask, broadcastable to the stored array, of the entries along ``dim`` that are not padding."""
+    g = grid(spec)
+    run = g.dims[dim]
+    c = chunks(spec, shape)[dim]
+    k = prod(g.atoms[a].size for a in run)
+    if k * c == shape[dim]:
+        return None
+    nd = len(g.shape) + len(shape)
+    pos = np.zeros([1] * nd, dtype=np.int64)
+    for a in run:  # the shard index along the dim: mixed radix over its atoms, major to minor
+        s = g.atoms[a].size
+        pos = pos * s + np.arange(s).reshape([s if j == a else 1 for j in range(nd)])
+    local = np.arange(c).reshape([c if j == len(g.shape) + dim else 1 for j in range(nd)])
+    return pos * c + local < shape[dim]
+
+
+def add_once(data: np.ndarray, spec: ShardingSpec, axes: tuple[str, ...]) -> np.ndarray:
+    """Make a value partial over ``axes`` by keeping it on coordinate 0 and zeroing the rest.
+
+    Used when a replicated value meets a partial one in an addition: it must be added once per group,
+    not once per device. Local: no data moves.
+    """
+    wider = ShardingSpec(spec.mesh, spec.dim_specs, partial_axes=tuple(spec.partial_axes) + tuple(axes))
+    cuts = spec_cuts(wider)
+    gw = grid(wider, cuts)
+    G = len(gw.shape)
+    x = data.reshape(grid(spec, cuts).shape + data.shape[len(grid(spec).shape):])
+    new = [j for j in gw.partial if x.shape[j] == 1 and gw.shape[j] > 1]
+    out = np.zeros(tuple(gw.shape[j] if j in new else x.shape[j] for j in range(G)) + x.shape[G:], dtype=x.dtype)
+    out[tuple(0 if j in new else slice(None) for j in range(G))] = x[tuple(0 if j in new else slice(None) for j in range(G))]
+    return out

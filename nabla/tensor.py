@@ -1,0 +1,212 @@
+"""Tensor: an immutable value that is either a host array or blocks sharded over a mesh (or abstract).
+
+A sharded tensor holds only its stored blocks (``storage``); ``.numpy()`` reads them back on the host.
+Arithmetic dispatches through ``executor``; the numpy-like functions live in ``ops``.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ShardingError
+from .mesh import DeviceMesh
+from .spec import ShardingSpec
+from . import storage
+
+
+class Tensor:
+    """``Tensor`` as api.md defines it; build with ``nb.tensor``, ``nb.ones``, ``Tensor.ones`` and friends."""
+
+    __slots__ = ("_data", "_spec", "_shape", "_dtype", "__weakref__")
+    __array_priority__ = 1000  # so `ndarray + Tensor` defers to Tensor.__radd__
+
+    def __init__(self, data: np.ndarray | None, spec: ShardingSpec | None, shape: tuple[int, ...],
+                 dtype: np.dtype) -> None:
+        self._data = data
+        self._spec = spec
+        self._shape = shape
+        self._dtype = dtype
+
+    # ---- construction --------------------------------------------------------------------------
+    @staticmethod
+    def _host(value: np.ndarray) -> "Tensor":
+        value = np.asarray(value)
+        if value.flags.writeable and value.base is None:
+            value.flags.writeable = False
+        elif value.flags.writeable:
+            value = value.copy()
+            value.flags.writeable = False
+        return Tensor(value, None, tuple(value.shape), value.dtype)
+
+    @staticmethod
+    def ones(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
+        return Tensor._host(np.ones(shape, dtype=dtype))
+
+    @staticmethod
+    def zeros(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
+        return Tensor._host(np.zeros(shape, dtype=dtype))
+
+    # ---- reading ---------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        return prod(self._shape)
+
+    @property
+    def sharding(self) -> ShardingSpec | None:
+        return self._spec
+
+    @property
+    def mesh(self) -> DeviceMesh | None:
+        return self._spec.mesh if self._spec is not None else None
+
+    @property
+    def is_abstract(self) -> bool:
+        return self._data is None
+
+    def _need_data(self, what: str) -> np.ndarray:
+        if self._data is None:
+            raise ShardingError(f"{what}: tensor of shape {self._shape} is abstract (nb.abstract) and holds no data")
+        return self._data
+
+    def numpy(self) -> np.ndarray:
+        """The global value (a host read of every block, not a collective; partial sums are added)."""
+        data = self._need_data("numpy")
+        if self._spec is None:
+            return np.array(data)
+        return storage.assemble(data, self._spec, self._shape)
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.numpy()
+        return out.astype(dtype) if dtype is not None else out
+
+    @property
+    def shards(self) -> dict[int, np.ndarray]:
+        """Device id -> that device's block (a read-only view; no copy). An unsharded tensor is device 0's."""
+        data = self._need_data("shards")
+        if self._spec is None:
+            return {0: data}
+        return {d: storage.block(data, self._spec, self._shape, d) for d in self._spec.mesh.devices}
+
+    def __repr__(self) -> str:
+        where = "" if self._spec is None else f", sharding={self._spec!r} on @{self._spec.mesh.name}"
+        kind = "abstract, " if self._data is None else ""
+        return f"Tensor({kind}shape={self._shape}, dtype={self._dtype}{where})"
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __bool__(self) -> bool:
+        return bool(self.numpy())
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def __int__(self) -> int:
+        return int(self.numpy())
+
+    # ---- placement ----------------------------------------------------------------------------------
+    def shard(self, mesh: DeviceMesh, dim_specs: Sequence[Any], replicated_axes: Sequence[str] = (),
+              partial_axes: Sequence[str] = ()) -> "Tensor":
+        """Place this value on ``mesh`` as ``dim_specs``; a sharded value moves with collectives.
+
+        For a host value, ``partial_axes`` puts the whole value on the first device of each partial
+        group and zeros elsewhere (as DTensor does).
+        """
+        spec = ShardingSpec(mesh, dim_specs, replicated_axes, partial_axes)
+        spec.check_rank(self._shape, "shard")
+        if self._spec is not None:
+            return self.with_sharding(mesh, dim_specs, replicated_axes, partial_axes)
+        data = None if self._data is None else storage.place(self._data, spec)
+        return Tensor(data, spec, self._shape, self._dtype)
+
+    def with_sharding(self, mesh: DeviceMesh, dim_specs: Sequence[Any], replicated_axes: Sequence[str] = (),
+                      partial_axes: Sequence[str] = ()) -> "Tensor":
+        """The same value laid out as asked, moved with simulated collectives (planned, then carried out).
+
+        May keep or remove partial axes, never add them. Open dims and priorities in ``dim_specs``
+        steer later propagation.
+        """
+        from .executor import Value, relayout
+
+        spec = ShardingSpec(mesh, dim_specs, replicated_axes, partial_axes)
+        spec.check_rank(self._shape, "with_sharding")
+        if self._spec is None:
+            if spec.partial_axes:
+                raise ShardingError(f"with_sharding: target {spec!r} is partial over {list(spec.partial_axes)} "
+                                    f"but the value is not; use .shard(...) to place a host value as partial")
+            return self.shard(mesh, dim_specs, replicated_axes)
+        v = relayout(Value(self._data, self._spec, self._shape, self._dtype), spec)
+        return Tensor(v.data, v.spec, v.shape, v.dtype)
+
+    # ---- numpy-like surface (implemented in ops) --------------------------------------------------
+    def __add__(self, o): return _ops().add(self, o)
+    def __radd__(self, o): return _ops().add(o, self)
+    def __sub__(self, o): return _ops().subtract(self, o)
+    def __rsub__(self, o): return _ops().subtract(o, self)
+    def __mul__(self, o): return _ops().multiply(self, o)
+    def __rmul__(self, o): return _ops().multiply(o, self)
+    def __truediv__(self, o): return _ops().divide(self, o)
+    def __rtruediv__(self, o): return _ops().divide(o, self)
+    def __pow__(self, o): return _ops().power(self, o)
+    def __rpow__(self, o): return _ops().power(o, self)
+    def __matmul__(self, o): return _ops().matmul(self, o)
+    def __rmatmul__(self, o): return _ops().matmul(o, self)
+    def __neg__(self): return _ops().negative(self)
+    def __pos__(self): return self
+    def __abs__(self): return _ops().abs(self)
+    def __lt__(self, o): return _ops().less(self, o)
+    def __le__(self, o): return _ops().less_equal(self, o)
+    def __gt__(self, o): return _ops().greater(self, o)
+    def __ge__(self, o): return _ops().greater_equal(self, o)
+    def __eq__(self, o): return _ops().equal(self, o)  # type: ignore[override]
+    def __ne__(self, o): return _ops().not_equal(self, o)  # type: ignore[override]
+    __hash__ = object.__hash__
+
+    def __getitem__(self, key): return _ops().getitem(self, key)
+
+    def sum(self, axis=None, keepdims=False): return _ops().sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return _ops().mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return _ops().max(self, axis, keepdims)
+    def min(self, axis=None, keepdims=False): return _ops().min(self, axis, keepdims)
+    def argmax(self, axis=None): return _ops().argmax(self, axis)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        return _ops().reshape(self, shape)
+
+    def transpose(self, *axes):
+        if len(axes) == 1 and axes[0] is not None and not isinstance(axes[0], (int, np.integer)):
+            axes = tuple(axes[0])
+        return _ops().transpose(self, axes or None)
+
+    @property
+    def T(self): return _ops().transpose(self, None)
+
+    def astype(self, dtype): return _ops().astype(self, dtype)
+
+    def to_jax(self):
+        from .interop.jax import to_jax
+        return to_jax(self)
+
+
+def _ops():
+    from . import ops
+    return ops

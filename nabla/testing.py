@@ -1,0 +1,150 @@
+"""Checks and hypothesis strategies for sharded programs, for nabla's tests and for users' own.
+
+``assert_sharded_allclose`` compares the global value and every device's block; ``assert_comm``
+pins the collectives a program ran. The strategies need hypothesis (imported on first use).
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Sequence
+
+import numpy as np
+
+from .collectives import KINDS, CommLog
+from .layout import chunks
+from .mesh import DeviceMesh
+from .spec import DimSpec, ShardingSpec
+from .tensor import Tensor
+
+
+def assert_sharded_allclose(t: Tensor, expected: Any, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """The global value equals ``expected`` and each device's block equals ``expected`` at its slice.
+
+    For a partial tensor the blocks are summands, so they are checked through their sum instead.
+    """
+    expected = np.asarray(expected)
+    assert t.shape == expected.shape, f"shape {t.shape} != expected {expected.shape}"
+    got = t.numpy()
+    exact = expected.dtype.kind in "iub" and got.dtype.kind in "iub"
+    if exact:
+        np.testing.assert_array_equal(got, expected, err_msg=f"global value of {t!r}")
+    else:
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=f"global value of {t!r}")
+    spec = t.sharding
+    if spec is None:
+        return
+    spec.check_rank(t.shape, "assert_sharded_allclose")
+    if t._data is not None:
+        stored = t._data.shape[len(t._data.shape) - t.ndim:]
+        assert stored == chunks(spec, t.shape), f"stored block shape {stored} != ceil-rule chunk {chunks(spec, t.shape)}"
+    if spec.partial_axes:
+        return
+    for d, blk in t.shards.items():
+        sl = spec.shard_slices(t.shape, d)
+        msg = f"device {d} block of {t!r} at {sl}"
+        if exact:
+            np.testing.assert_array_equal(blk, expected[sl], err_msg=msg)
+        else:
+            np.testing.assert_allclose(blk, expected[sl], rtol=rtol, atol=atol, err_msg=msg)
+
+
+def assert_comm(log: CommLog, **counts: int) -> None:
+    """The log holds exactly these counts per collective kind; kinds not named must be zero."""
+    for k in counts:
+        if k not in KINDS:
+            raise AssertionError(f"assert_comm: unknown collective kind {k!r}; kinds are {KINDS}")
+    want = {k: v for k, v in counts.items() if v}
+    got = log.counts
+    assert got == want, f"collectives {got} != expected {want}\n{log.summary()}"
+
+
+# ---- hypothesis strategies ---------------------------------------------------------------------------
+
+
+def _st():
+    import hypothesis.strategies as st
+    return st
+
+
+def meshes(max_axes: int = 3, max_devices: int = 16, custom_order: bool = True):
+    """Meshes of 1 to ``max_axes`` axes named x, y, z (sizes 1-4), sometimes with a shuffled device order."""
+    st = _st()
+
+    @st.composite
+    def build(draw):
+        n = draw(st.integers(1, max_axes))
+        sizes = []
+        for _ in range(n):
+            budget = max_devices // prod(sizes) if sizes else max_devices
+            sizes.append(draw(st.integers(1, max(1, min(4, budget)))))
+        devices = list(range(prod(sizes)))
+        if custom_order and draw(st.booleans()):
+            devices = draw(st.permutations(devices))
+        return DeviceMesh("m", tuple(sizes), ("x", "y", "z")[:n], devices)
+
+    return build()
+
+
+def specs(mesh: DeviceMesh, shape: Sequence[int], partial: bool = True, open_dims: bool = True,
+          sub_axes: bool = True):
+    """Valid specs of ``mesh`` for a tensor of ``shape``: several axes per dim, sub-axes, replicated
+    and (optionally) partial axes, open dims."""
+    st = _st()
+    rank = len(shape)
+
+    @st.composite
+    def build(draw):
+        pieces: list[str] = []
+        for name, n in zip(mesh.axis_names, mesh.shape):
+            if n == 4 and sub_axes and draw(st.booleans()):
+                pieces += [f"{name}:(1)2", f"{name}:(2)2"]
+            else:
+                pieces.append(name)
+        dims: list[list[str]] = [[] for _ in range(rank)]
+        rep, par = [], []
+        for p in draw(st.permutations(pieces)):
+            where = draw(st.integers(-3 if partial else -2, rank - 1))
+            if where >= 0:
+                dims[where].append(p)
+            elif where == -2:
+                rep.append(p)
+            elif where == -3:
+                par.append(p)
+        ds = [DimSpec(tuple(d), is_open=open_dims and draw(st.booleans())) for d in dims]
+        return ShardingSpec(mesh, ds, rep, par)
+
+    return build()
+
+
+def shapes(max_rank: int = 4, max_dim: int = 9, min_rank: int = 0):
+    st = _st()
+    return st.lists(st.integers(0, max_dim), min_size=min_rank, max_size=max_rank).map(tuple)
+
+
+def sharded_arrays(mesh: DeviceMesh | None = None, shape: Sequence[int] | None = None, partial: bool = True,
+                   dtype: str = "float32"):
+    """``(tensor, value)`` pairs: a random value placed with a random spec on a random (or given) mesh."""
+    st = _st()
+
+    @st.composite
+    def build(draw):
+        m = mesh if mesh is not None else draw(meshes())
+        shp = tuple(shape) if shape is not None else draw(shapes())
+        spec = draw(specs(m, shp, partial=partial))
+        seed = draw(st.integers(0, 2**16))
+        value = np.random.default_rng(seed).standard_normal(shp).astype(dtype)
+        t = Tensor._host(value).shard(m, spec.dim_specs, spec.replicated_axes, spec.partial_axes)
+        return t, value
+
+    return build()
+
+
+def programs(mesh: DeviceMesh | None = None, max_ops: int = 5):
+    """Random op chains: ``(run, inputs)`` where ``run(nb_or_np, *inputs)`` evaluates the chain.
+
+    Run it once with ``nabla`` on sharded inputs and once with ``numpy`` on their values, then compare.
+    Chains draw from elementwise, matmul, reductions, transpose, reshape, softmax and ``with_sharding``.
+    """
+    from ._programs import programs as _programs
+    return _programs(mesh, max_ops)
