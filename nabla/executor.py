@@ -210,10 +210,9 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
         pads = []
         for d, factors in enumerate(rule.operands[i]):
             if any(f in reduce_factors for f in factors):
-                m = storage.pad_mask(tt, shapes[i], d)
+                m = storage.pad_mask(tt, shapes[i], d, cuts)
                 if m is not None:
-                    g = grid(tt)
-                    pads.append((d, m.reshape(grid(tt, cuts).shape + m.shape[len(g.shape):])))
+                    pads.append((d, m))
         if s[0] == "h":
             preps.append(Prep("host", t, None, None, add_once, gshape, tuple(pads)))
         else:

@@ -5,7 +5,7 @@ Kernels see stored blocks with ``local.G`` grid axes in front, so one numpy call
 
 from __future__ import annotations
 
-import operator
+import builtins
 from typing import Any, Sequence
 
 import numpy as np
@@ -438,7 +438,7 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
     n_real = len([k for k in key if k is not None and k is not Ellipsis])
     if n_real > len(shape):
         raise ShardingError(f"getitem: {n_real} indices for a tensor of rank {len(shape)}")
-    if sum(k is Ellipsis for k in key) > 1:
+    if builtins.sum(k is Ellipsis for k in key) > 1:
         raise ShardingError("getitem: an index can only have a single ellipsis")
     out: list[tuple] = []
     d = 0
@@ -500,4 +500,4 @@ def abstract(shape: Sequence[int], dtype: Any = "float32") -> Tensor:
     return Tensor(None, None, shape, np.dtype(dtype))
 
 
-del operator
+

@@ -119,6 +119,12 @@ def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsi
         k = k_of(state.dims[d])
         return k == 1 or is_nested(shape[d], k, k_of(add))
 
+    def fits(d: int, state: State, add) -> bool:
+        """Adding ``add`` to dim d is a local cut now, and the rest of the target can follow later."""
+        rest = target.dims[d][len(state.dims[d]) + len(add):]
+        k = k_of(state.dims[d]) * k_of(add)
+        return nests_add(d, state, add) and (not rest or is_nested(shape[d], k, k_of(rest)))
+
     def nests_remove(d: int, state: State, remove) -> bool:
         k = k_of(state.dims[d]) // k_of(remove)
         return k == 1 or is_nested(shape[d], k, k_of(remove))
@@ -131,9 +137,8 @@ def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsi
     def used(state: State) -> set[int]:
         return set(state.partial).union(*state.dims) if state.dims else set(state.partial)
 
-    for _ in range(4 * len(atoms) * (len(shape) + 1) + 8):
-        if cur == target:
-            return steps
+    seen = {cur}
+    while cur != target:
         B = block_bytes(cur)
         busy = used(cur)
         move: Step | None = None
@@ -147,14 +152,14 @@ def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsi
         if move is None:
             for d in range(len(shape)):
                 add = tuple(a for a in _take_while(next_atoms(d, cur), lambda a: a not in busy))
-                if add and nests_add(d, cur, add):
+                if add and fits(d, cur, add):
                     move = Step("slice", names(add), 0, k_of(add), with_dim(cur, d, cur.dims[d] + add), dst=d, atoms=add)
                     break
         # 2. reduce_scatter: partial atoms the target puts next on a dim.
         if move is None:
             for d in range(len(shape)):
                 add = tuple(_take_while(next_atoms(d, cur), lambda a: a in cur.partial and a not in target.partial))
-                if add and nests_add(d, cur, add):
+                if add and fits(d, cur, add):
                     k = k_of(add)
                     move = Step("reduce_scatter", names(add), (k - 1) * B // k, k,
                                 with_dim(cur, d, cur.dims[d] + add, cur.partial - set(add)), dst=d, atoms=add)
@@ -168,7 +173,7 @@ def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsi
                     group = run[i:]
                     e = where_t.get(group[0])
                     if e is None or e == d or next_atoms(e, cur)[:len(group)] != group or \
-                            not (nests_remove(d, cur, group) and nests_add(e, cur, group)):
+                            not (nests_remove(d, cur, group) and fits(e, cur, group)):
                         continue
                     k = k_of(group)
                     mid = with_dim(cur, d, run[:i])
@@ -212,11 +217,44 @@ def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsi
                 k = k_of(red)
                 move = Step("all_reduce", names(red), 2 * (k - 1) * B // k, k,
                             State(cur.dims, cur.partial - set(red)), atoms=red)
-        if move is None:
+        if move is None or move.after in seen:
             break
         steps.append(move)
         cur = move.after
-    raise ShardingError(f"internal: reshard planner did not converge from {cur} to {target}")
+        seen.add(cur)
+    if cur == target:
+        return steps
+    return steps + _gather_then_cut(cur, target, sizes, shape, itemsize, names)
+
+
+def _gather_then_cut(cur: State, target: State, sizes, shape, itemsize: int, names) -> list[Step]:
+    """The always-valid route, for layouts the greedy moves cannot reach: gather every dim whole,
+    sum the partial atoms the target does not keep, then cut every dim to the target at once."""
+    def k_of(run) -> int:
+        return prod(sizes[a] for a in run)
+
+    steps: list[Step] = []
+    for d, run in enumerate(cur.dims):
+        if run:
+            B = prod(chunk(n, k_of(r)) for n, r in zip(shape, cur.dims)) * itemsize
+            dims = list(cur.dims)
+            dims[d] = ()
+            after = State(tuple(dims), cur.partial)
+            steps.append(Step("all_gather", names(run), (k_of(run) - 1) * B, k_of(run), after, src=d, atoms=run))
+            cur = after
+    red = tuple(sorted(a for a in cur.partial if a not in target.partial))
+    if red:
+        B = prod(shape) * itemsize
+        k = k_of(red)
+        cur = State(cur.dims, cur.partial - set(red))
+        steps.append(Step("all_reduce", names(red), 2 * (k - 1) * B // k, k, cur, atoms=red))
+    for d, run in enumerate(target.dims):
+        if run:
+            dims = list(cur.dims)
+            dims[d] = run
+            cur = State(tuple(dims), cur.partial)
+            steps.append(Step("slice", names(run), 0, k_of(run), cur, dst=d, atoms=run))
+    return steps
 
 
 def _take_while(seq, pred):

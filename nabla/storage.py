@@ -72,9 +72,10 @@ def block(data: np.ndarray, spec: ShardingSpec, shape: tuple[int, ...], device_i
     return local[tuple(slice(0, s.stop - s.start) for s in sl)]
 
 
-def pad_mask(spec: ShardingSpec, shape: tuple[int, ...], dim: int) -> np.ndarray | None:
-    """Boolean mask, broadcastable to the stored array, of the entries along ``dim`` that are not padding."""
-    g = grid(spec)
+def pad_mask(spec: ShardingSpec, shape: tuple[int, ...], dim: int, cuts=None) -> np.ndarray | None:
+    """Boolean mask, broadcastable to the stored array (on ``cuts``' grid), of the entries along ``dim``
+    that are not padding; None when the dim has none."""
+    g = grid(spec, cuts)
     run = g.dims[dim]
     c = chunks(spec, shape)[dim]
     k = prod(g.atoms[a].size for a in run)

@@ -1,0 +1,135 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import nabla as nb
+from nabla import DeviceMesh, ShardingError, ShardingSpec
+from nabla.reshard import plan
+from nabla.testing import assert_comm, assert_sharded_allclose, meshes, shapes, specs
+
+MESH = DeviceMesh("c", (2, 4), ("x", "y"))
+X = np.arange(64, dtype=np.float32).reshape(8, 8)  # 256 bytes
+
+
+def move(src_dims, dst_dims, value=X, mesh=MESH, src_partial=(), dst_partial=()):
+    t = nb.tensor(value).shard(mesh, src_dims, partial_axes=src_partial)
+    with nb.comm_log() as log:
+        u = t.with_sharding(mesh, dst_dims, partial_axes=dst_partial)
+    return u, log
+
+
+def test_dim_to_dim_is_one_all_to_all_with_minimal_bytes():
+    m = DeviceMesh("m", (4,), ("x",))
+    u, log = move(["x", None], [None, "x"], mesh=m)
+    assert_comm(log, all_to_all=1)
+    # local block 64 B, k = 4: (k-1)/k * B = 48 B per device, i.e. N(k-1)/k^2 with N = 256
+    assert log.events[0].bytes == 256 * 3 // 16 == 48
+    assert log.events[0].axes == ("x",)
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_adding_an_axis_is_a_local_slice():
+    u, log = move([None, None], ["x", "y"])
+    assert log.events == []
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_gather_bytes():
+    u, log = move(["x", None], [None, None])
+    assert_comm(log, all_gather=1)
+    assert log.events[0].bytes == (2 - 1) * 128  # (k-1) * local block
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_partial_to_replicated_is_one_all_reduce():
+    u, log = move([None, None], [None, None], src_partial=("y",))
+    assert_comm(log, all_reduce=1)
+    assert log.events[0].bytes == 2 * 3 * 256 // 4  # 2(k-1)/k * B
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_partial_to_sharded_is_one_reduce_scatter():
+    u, log = move([None, None], ["y", None], src_partial=("y",))
+    assert_comm(log, reduce_scatter=1)
+    assert log.events[0].bytes == 3 * 256 // 4  # (k-1)/k * B
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_partial_kept_while_dims_move():
+    u, log = move(["x", None], [None, "x"], src_partial=("y",), dst_partial=("y",))
+    assert_comm(log, all_to_all=1)
+    assert u.sharding.partial_axes == ("y",)
+    np.testing.assert_array_equal(u.numpy(), X)
+
+
+def test_axis_order_change_within_a_dim_is_a_permute():
+    u, log = move([("x", "y"), None], [("y", "x"), None])
+    assert_comm(log, collective_permute=1)
+    assert log.events[0].bytes == 32  # the whole local block
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_whole_multi_axis_sharding_moves_in_one_all_to_all():
+    u, log = move([("x", "y"), None], [None, ("x", "y")])
+    assert_comm(log, all_to_all=1)
+    assert log.events[0].bytes == 32 * 7 // 8
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_uneven_and_empty_shards():
+    m = DeviceMesh("m", (4,), ("x",))
+    v = np.arange(15, dtype=np.float32).reshape(5, 3)
+    u, log = move(["x", None], [None, "x"], value=v, mesh=m)
+    assert_comm(log, all_to_all=1)
+    assert_sharded_allclose(u, v, rtol=0, atol=0)
+    assert u.shards[3].shape == (5, 0)
+
+
+def test_cannot_add_partial():
+    t = nb.tensor(X).shard(MESH, ["x", None])
+    with pytest.raises(ShardingError, match=r"partial over \['y'\] but the value"):
+        t.with_sharding(MESH, ["x", None], partial_axes=["y"])
+    with pytest.raises(ShardingError, match="partial"):
+        nb.tensor(X).with_sharding(MESH, [None, None], partial_axes=["y"])
+
+
+def test_plans_are_cached_and_pure():
+    a = ShardingSpec(MESH, ["x", None])
+    b = ShardingSpec(MESH, [None, "x"])
+    assert plan((8, 8), 4, a, b) is plan((8, 8), 4, a, b)
+
+
+def test_abstract_tensors_log_without_data():
+    t = nb.abstract((1024, 1024)).shard(MESH, ["x", None])
+    with nb.comm_log() as log:
+        u = t.with_sharding(MESH, [None, "x"])
+    assert u.is_abstract and log.counts == {"all_to_all": 1}
+    assert log.total_bytes == 1024 * 1024 * 4 // 2 // 2
+
+
+def test_comm_log_summary_and_cost():
+    _, log = move(["x", None], [None, None])
+    text = log.summary()
+    assert "all_gather" in text and "128" in text and "total" in text
+    assert log.total_cost > 0 and log.events[0].cost == pytest.approx(5e-6 + 128 / 25e9)
+
+
+@given(st.data())
+def test_any_to_any_keeps_value_and_round_trips(data):
+    mesh = data.draw(meshes())
+    shape = data.draw(shapes(max_rank=3))
+    src = data.draw(specs(mesh, shape))
+    dst = data.draw(specs(mesh, shape, partial=False))
+    keep = data.draw(st.lists(st.sampled_from(src.partial_axes), unique=True)) if src.partial_axes else []
+    dst = ShardingSpec(mesh, dst.dim_specs, partial_axes=[a for a in keep if not any(
+        mesh.axis_ref(a).overlaps(mesh.axis_ref(b)) for d in dst.dim_specs for b in d.axes)])
+    value = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    t = nb.tensor(value).shard(mesh, src.dim_specs, partial_axes=src.partial_axes)
+    u = t.with_sharding(mesh, dst.dim_specs, partial_axes=dst.partial_axes)
+    assert u.sharding.layout() == dst.layout()
+    assert_sharded_allclose(u, value, rtol=1e-5, atol=1e-5)
+    if not src.partial_axes:
+        back = u.with_sharding(mesh, src.dim_specs)
+        for d in mesh.devices:
+            np.testing.assert_array_equal(back.shards[d], t.shards[d])
