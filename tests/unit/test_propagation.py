@@ -1,0 +1,221 @@
+"""Shardy-style expectation tables: input specs -> merged factor shardings -> output and operand specs."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import nabla as nb
+from nabla import DeviceMesh, DimSpec, ShardingSpec
+from nabla import rules as R
+from nabla import validity as V
+from nabla.propagation import AGGRESSIVE, BASIC, project_dim, propagate
+from nabla.testing import meshes, specs
+
+M = DeviceMesh("m", (2, 4), ("x", "y"))
+M3 = DeviceMesh("m3", (2, 2, 2), ("a", "b", "c"))
+
+
+def S(*dims, mesh=M, **kw):
+    return ShardingSpec(mesh, dims, **kw)
+
+
+def names(decision):
+    return [tuple(str(r) for r in f) for f in decision.factors]
+
+
+MATMUL = R.matmul_rule((8, 8), (8, 8))
+
+# (lhs, rhs, strategy) -> (factor axes m/k/n, lhs target, rhs target, result)
+MATMUL_TABLE = [
+    (S("x", None), S(None, "y"), BASIC, [("x",), (), ("y",)], S("x", None), S(None, "y"), '[{"x", ?}, {"y", ?}]'),
+    (S(None, "x"), S("x", None), BASIC, [(), ("x",), ()], S(None, "x"), S("x", None), '[{?}, {?}], partial={"x"}'),
+    # A[x|-] @ B[-|x] must not give C[x|x]: m keeps x, B's n is resharded
+    (S("x", None), S(None, "x"), BASIC, [("x",), (), ()], S("x", None), S(None, None), '[{"x", ?}, {?}]'),
+    # a closed replicated operand blocks under BASIC, not under AGGRESSIVE
+    (S(None, "x"), S(None, None), BASIC, [(), (), ()], S(None, None), S(None, None), "[{?}, {?}]"),
+    (S(None, "x"), S(None, None), AGGRESSIVE, [(), ("x",), ()], S(None, "x"), S("x", None),
+     '[{?}, {?}], partial={"x"}'),
+    (S(("x", "y"), None), S(None, None), BASIC, [("x", "y"), (), ()], S(("x", "y"), None), S(None, None),
+     '[{"x", "y", ?}, {?}]'),
+]
+
+
+@pytest.mark.parametrize("a, b, strat, factors, ta, tb, result", MATMUL_TABLE)
+def test_matmul_table(a, b, strat, factors, ta, tb, result):
+    d = propagate(MATMUL, (a, b), M, strat)
+    assert names(d) == factors
+    assert d.operands[0].layout() == ta.layout() and d.operands[1].layout() == tb.layout()
+    assert repr(d.result) == result
+
+
+def test_plain_operands_are_open():
+    d = propagate(MATMUL, (S(None, "x"), None), M, BASIC)
+    assert names(d) == [(), ("x",), ()]
+    assert repr(d.operands[1]) == '[{"x", ?}, {?}]'
+
+
+EW = R.elementwise_rule(((8, 8), (8, 8)))
+
+
+def test_basic_truncates_to_the_closed_prefix_aggressive_extends():
+    a, b = S("x", None), S(("x", "y"), None)
+    assert names(propagate(EW, (a, b), M, BASIC))[0] == ("x",)
+    assert names(propagate(EW, (a, b), M, AGGRESSIVE))[0] == ("x", "y")
+    # open dims may gain axes under BASIC too
+    a_open = S(DimSpec(["x"], is_open=True), None)
+    assert names(propagate(EW, (a_open, b), M, BASIC))[0] == ("x", "y")
+
+
+def test_non_prefix_lists_propagate_nothing():
+    d = propagate(EW, (S("x", None), S("y", None)), M, AGGRESSIVE)
+    assert names(d)[0] == ()
+
+
+def test_priorities_lower_wins():
+    a = S(DimSpec(["x"], priority=1), None)
+    b = S("y", None)
+    assert names(propagate(EW, (a, b), M, BASIC))[0] == ("y",)
+    assert names(propagate(EW, (S(DimSpec(["x"], priority=0), None), S(DimSpec(["y"], priority=2), None)),
+                           M, BASIC))[0] == ("x",)
+
+
+def test_aggressive_prefers_the_larger_tensor_between_conflicting_factors():
+    r = R.matmul_rule((2, 8), (8, 64))
+    a, b = S("x", None), S(None, "x")
+    assert names(propagate(r, (a, b), M, BASIC)) == [("x",), (), ()]  # factor order
+    assert names(propagate(r, (a, b), M, AGGRESSIVE)) == [(), (), ("x",)]  # b is larger
+
+
+def test_explicitly_replicated_dims_are_closed():
+    d = propagate(EW, (S("x", None), S(None, None)), M, BASIC)
+    assert names(d)[0] == ()
+    d = propagate(EW, (S("x", None), S(DimSpec([], is_open=True), None)), M, BASIC)
+    assert names(d)[0] == ("x",)
+
+
+def test_reserved_axes_are_never_used():
+    d = propagate(EW, (S(("x", "y"), None), None), M, BASIC, reserved=("y",))
+    assert names(d)[0] == ("x",)
+
+
+def test_reshape_sub_axes():
+    # 8 on [y] (y=4) -> (2, 4): y splits into y:(1)2 and y:(2)2
+    r = R.reshape_rule((8,), (2, 4))
+    d = propagate(r, (S("y"),), M, BASIC)
+    assert repr(d.result) == '[{"y:(1)2", ?}, {"y:(2)2", ?}]'
+    # and back: the sub-axes merge into y
+    back = propagate(R.reshape_rule((2, 4), (8,)), (d.result,), M, BASIC)
+    assert repr(back.result) == '[{"y", ?}]'
+
+
+def test_reshape_split_that_does_not_divide_stops():
+    r = R.reshape_rule((6,), (3, 2))
+    d = propagate(r, (S("y"),), M, BASIC)  # y=4 divides neither 3 nor 6
+    assert repr(d.result) == "[{?}, {?}]"
+
+
+def test_reshape_uneven_major_factor_is_not_sharded():
+    r = R.reshape_rule((5, 16), (80,))
+    d = propagate(r, (S(DimSpec(["y"]), None),), M, BASIC)
+    assert repr(d.result) == "[{?}]"
+
+
+def test_reshape_merge_keeps_sharding():
+    d = propagate(R.reshape_rule((8, 16), (128,)), (S("x", None),), M, BASIC)
+    assert repr(d.result) == '[{"x", ?}]'
+    d2 = propagate(R.reshape_rule((128,), (2, 64)), (d.result,), M, BASIC)
+    assert repr(d2.result) == '[{"x", ?}, {?}]'
+
+
+def test_project_dim_splits_axes_over_factors():
+    refs = [M.axis_ref("y")]
+    assert {f: [str(r) for r in v] for f, v in project_dim(refs, (0, 1), (2, 4)).items()} == \
+        {0: ["y:(1)2"], 1: ["y:(2)2"]}
+
+
+def test_replicate_factors_are_never_sharded():
+    r = R.elementwise_rule(((8, 8),), (1,), "softmax")
+    d = propagate(r, (S("x", "y"),), M, BASIC)
+    assert repr(d.result) == '[{"x", ?}, {?}]'
+
+
+def test_reduce_gives_partial():
+    r = R.reduce_rule((8, 8), (1,), False)
+    d = propagate(r, (S("x", "y"),), M, BASIC)
+    assert repr(d.result) == '[{"x", ?}], partial={"y"}'
+
+
+def test_propagation_is_cached():
+    a, b = S("x", None), S(None, "y")
+    assert propagate(MATMUL, (a, b), M, BASIC) is propagate(MATMUL, (a, b), M, BASIC)
+
+
+def test_strategy_context():
+    from nabla.propagation import current_strategy
+    assert current_strategy() == BASIC
+    with nb.strategy("aggressive"):
+        assert current_strategy() == AGGRESSIVE
+    assert current_strategy() == BASIC
+    with pytest.raises(nb.ShardingError, match="unknown strategy"):
+        with nb.strategy("greedy"):
+            pass
+
+
+# ---- the validity checker against the engine -----------------------------------------------------------
+
+def test_checker_rejects_bad_shardings():
+    with pytest.raises(nb.ShardingError, match="sharded differently|output dim"):
+        V.check_broadcast([S("x", None), S(None, "x")], [(8, 8), (8, 8)], S("x", None), (8, 8))
+    with pytest.raises(nb.ShardingError, match="broadcast"):
+        V.check_broadcast([S("x", None), S("y", None)], [(8, 8), (1, 8)], S("x", None), (8, 8))
+    with pytest.raises(nb.ShardingError, match="contracted dims differ"):
+        V.check_matmul(S(None, "x"), S(None, None), S(None, None), [(8, 8), (8, 8)])
+    with pytest.raises(nb.ShardingError, match="partial over"):
+        V.check_reduction(S("x", None), (8, 8), (1,), False, S("x", partial_axes=["y"]))
+    assert V.valid(V.check_unary, S("x", None), S("x", None))
+    assert not V.valid(V.check_unary, S("x", None), S("y", None))
+
+
+@st.composite
+def _op_case(draw):
+    mesh = draw(meshes(max_devices=8))
+    kind = draw(st.sampled_from(["ew", "bcast", "matmul", "reduce", "unary"]))
+    dim = st.integers(1, 6)
+    if kind == "matmul":
+        m, k, n = draw(dim), draw(dim), draw(dim)
+        shapes = [(m, k), (k, n)]
+    elif kind == "bcast":
+        a, b = draw(dim), draw(dim)
+        shapes = [(a, 1), (1, b)]
+    elif kind == "reduce":
+        shapes = [tuple(draw(st.lists(dim, min_size=1, max_size=3)))]
+    else:
+        s = tuple(draw(st.lists(dim, min_size=1, max_size=3)))
+        shapes = [s, s] if kind == "ew" else [s]
+    in_specs = tuple(draw(specs(mesh, s, partial=False)) for s in shapes)
+    strat = draw(st.sampled_from([BASIC, AGGRESSIVE]))
+    axes = tuple(sorted(draw(st.sets(st.integers(0, len(shapes[0]) - 1), min_size=1)))) if kind == "reduce" else ()
+    return mesh, kind, shapes, in_specs, strat, axes
+
+
+@given(_op_case())
+def test_propagated_specs_are_valid(case):
+    mesh, kind, shapes, in_specs, strat, axes = case
+    if kind == "matmul":
+        rule = R.matmul_rule(*shapes)
+    elif kind == "reduce":
+        rule = R.reduce_rule(shapes[0], axes, False)
+    else:
+        rule = R.elementwise_rule(tuple(shapes))
+    d = propagate(rule, in_specs, mesh, strat)
+    out_axes = [a for ds in d.result.dim_specs for a in ds.axes] + list(d.result.partial_axes)
+    assert len(out_axes) == len(set(out_axes))
+    out_shape = rule.result_shape
+    if kind == "matmul":
+        V.check_matmul(d.operands[0], d.operands[1], d.result, shapes)
+    elif kind == "reduce":
+        V.check_reduction(d.operands[0], shapes[0], axes, False, d.result)
+    elif kind == "unary":
+        V.check_unary(d.operands[0], d.result)
+    else:
+        V.check_broadcast(d.operands, shapes, d.result, out_shape)

@@ -1,0 +1,72 @@
+import pytest
+
+from nabla import ShardingError
+from nabla import rules as R
+from nabla.rules.core import PASS, REDUCE, REPLICATE
+
+
+def test_parse_matmul_signature():
+    r = R.parse("mk,kn->mn", [(4, 8), (8, 2)])
+    assert r.sizes == (4, 8, 2) and r.kinds == (PASS, REDUCE, PASS)
+    assert r.result_shape == (4, 2)
+    assert str(r) == "ij,jk->ik {i=4 j=8 k=2}"
+
+
+def test_parse_errors():
+    with pytest.raises(ShardingError, match="operand 1, dim 0: size 7 does not match"):
+        R.parse("mk,kn->mn", [(4, 8), (7, 2)])
+    with pytest.raises(ShardingError, match="2 operands, got 1"):
+        R.parse("mk,kn->mn", [(4, 8)])
+
+
+def test_matmul_template_broadcasts_batch():
+    r = R.matmul_rule((3, 1, 4, 5), (2, 5, 6))
+    assert r.result_shape == (3, 2, 4, 6)
+    assert r.operands[0][1] == ()  # size-1 batch dim: no factor (ONNX broadcast rule)
+    assert r.kinds[r.operands[0][3][0]] == REDUCE
+    with pytest.raises(ShardingError, match="contracted dims differ"):
+        R.matmul_rule((4, 5), (6, 2))
+
+
+def test_elementwise_broadcast_dims_get_no_factor():
+    r = R.elementwise_rule(((5, 1), (1, 7)))
+    assert r.operands == (((0,), ()), ((), (1,)))
+    assert r.result_shape == (5, 7)
+    with pytest.raises(ShardingError, match="do not broadcast"):
+        R.elementwise_rule(((5, 2), (3, 2)))
+
+
+def test_reduce_template():
+    r = R.reduce_rule((3, 4, 5), (1,), False)
+    assert r.result_shape == (3, 5) and r.kinds[1] == REDUCE
+    assert R.reduce_rule((3, 4, 5), (1,), True).result_shape == (3, 1, 5)
+    assert R.reduce_rule((3, 4), (0,), False, replicate=True).kinds[0] == REPLICATE
+
+
+def test_reshape_factors_split_and_merge():
+    r = R.reshape_rule((8, 4), (2, 16))
+    assert str(r).startswith("(ij)k->i(jk)")
+    assert r.sizes == (2, 4, 4)
+    assert str(R.reshape_rule((8, 16), (128,))).startswith("ij->(ij)")
+    assert str(R.reshape_rule((128,), (2, 64))).startswith("(ij)->ij")
+
+
+def test_reshape_coprime_run_needs_replication():
+    r = R.reshape_rule((6, 4), (4, 6))
+    assert set(r.kinds) == {REPLICATE}
+    with pytest.raises(ShardingError, match="cannot reshape size 24"):
+        R.reshape_rule((6, 4), (5, 5))
+
+
+def test_transpose_einsum_concat_index_squeeze_expand():
+    assert R.transpose_rule((2, 3, 4), (2, 0, 1)).result_shape == (4, 2, 3)
+    e = R.einsum_rule("bij,bjk->bik", ((2, 3, 4), (2, 4, 5)))
+    assert e.result_shape == (2, 3, 5) and e.kinds.count(REDUCE) == 1
+    c = R.concatenate_rule(((2, 3), (2, 5)), 1)
+    assert c.result_shape == (2, 8) and c.kinds[c.result[1][0]] == REPLICATE
+    ix = R.index_rule((4, 5, 6), (("full",), ("slice", 1, 3, 1), ("int", 2), ("new",)))
+    assert ix.result_shape == (4, 2, 1)
+    assert R.squeeze_rule((3, 1, 4), (1,)).result_shape == (3, 4)
+    assert R.expand_dims_rule((3, 4), (0, 2)).result_shape == (1, 3, 1, 4)
+    with pytest.raises(ShardingError, match="diagonals"):
+        R.einsum_rule("ii->i", ((3, 3),))
