@@ -203,8 +203,10 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
     for i, (s, t) in enumerate(zip(sigs, targets)):
         add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
         if s[0] == "c":
-            preps.append(Prep("scalar", None, None, None, add_once, (), ()))
-            continue
+            if not add_once:
+                preps.append(Prep("scalar", None, None, None, (), (), ()))
+                continue
+            t = ShardingSpec(mesh, [])  # a scalar added to a partial sum: placed, then added once
         tt = t if not add_once else ShardingSpec(mesh, t.dim_specs, partial_axes=sorted(set(t.partial_axes) | set(add_once)))
         gshape = grid(tt, cuts).shape + chunks(tt, shapes[i])
         pads = []
@@ -213,7 +215,9 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
                 m = storage.pad_mask(tt, shapes[i], d, cuts)
                 if m is not None:
                     pads.append((d, m))
-        if s[0] == "h":
+        if s[0] == "c":
+            preps.append(Prep("scalar", t, None, None, add_once, gshape, ()))
+        elif s[0] == "h":
             preps.append(Prep("host", t, None, None, add_once, gshape, tuple(pads)))
         else:
             src = s[3]
