@@ -111,7 +111,7 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Value:
             out = np.broadcast_to(out, prog.out_grid)
         out = out.reshape(grid(prog.kspec).shape + out.shape[prog.G:])
     if prog.post is not None:
-        out = reshard.execute(out, prog.result_shape, prog.kspec, prog.result, prog.post, op.name, op.reduction)
+        out = reshard.execute(out, prog.post, op.name, op.reduction)
     return Value(out, prog.result, prog.result_shape, prog.dtype)
 
 
@@ -123,12 +123,12 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool):
         p = p._replace(kind="host")
     if abstract:
         if p.kind == "sharded":
-            reshard.execute(None, a.shape, p.src, p.target, p.plan, op.name)
+            reshard.execute(None, p.plan, op.name)
         return None
     if p.kind == "host":
         x = storage.place(np.asarray(a.data), p.target)
     else:
-        x = reshard.execute(a.data, a.shape, p.src, p.target, p.plan, op.name)
+        x = reshard.execute(a.data, p.plan, op.name)
     if p.mask_axes:
         x = storage.add_once(x, p.target, p.mask_axes)
     x = x.reshape(p.grid_shape)
@@ -267,5 +267,5 @@ def _run_host(op: OpDef, args: Sequence[Any], params: tuple) -> Value:
 def relayout(v: Value, target: ShardingSpec) -> Value:
     """``with_sharding``: move stored blocks from their spec to ``target`` with planned collectives."""
     p = reshard.plan(v.shape, v.dtype.itemsize, v.spec, target)
-    out = reshard.execute(v.data, v.shape, v.spec, target, p)
+    out = reshard.execute(v.data, p)
     return Value(out, target, v.shape, v.dtype)

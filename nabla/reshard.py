@@ -40,13 +40,21 @@ class Step(NamedTuple):
     dst: int | None = None  # dim the atoms join (slice, reduce_scatter, all_to_all)
     atoms: tuple[int, ...] = ()
     order: tuple[int, ...] = ()  # permute: the dim's atoms before the move
+    sizes: tuple[int, ...] = ()  # filled by `plan`: the atoms' sizes
+    src_chunk: int = 0  # filled by `plan`: block length of `src` after the move
+    dst_chunk: int = 0  # filled by `plan`: block length of `dst` after the move
 
 
 class Segment(NamedTuple):
+    """Steps on one refinement of the mesh; the grid shapes to enter it and to leave it in."""
+
     cuts: tuple[frozenset[int], ...]
     atoms: tuple[AxisRef, ...]
     start: State
     steps: tuple[Step, ...]
+    enter: tuple[int, int]  # (grid axes of the incoming storage, grid axes of the refined start)
+    start_grid: tuple[int, ...]
+    end_grid: tuple[int, ...]
 
 
 class Plan(NamedTuple):
@@ -88,11 +96,21 @@ def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Sharding
     if cuts is not None:
         s0, atoms = _state(src, cuts)
         t, _ = _state(dst, cuts)
-        return Plan((Segment(cuts, atoms, s0, tuple(_greedy(s0, t, atoms, shape, itemsize))),))
+        steps = tuple(_fill(st, atoms, shape) for st in _greedy(s0, t, atoms, shape, itemsize))
+        if not steps:
+            return Plan(())
+        end = grid(_spec_of(dst, atoms, steps[-1].after)).shape
+        return Plan((Segment(cuts, atoms, s0, steps, (len(grid(src).shape), len(atoms)), _grid_shape(atoms, s0), end),))
     # Sub-axes of the two specs do not nest: gather to replicated on the source grid, cut on the target's.
     mid = ShardingSpec(src.mesh, [()] * len(shape), partial_axes=[a for a in src.partial_axes if a in dst.partial_axes])
     a, b = plan(shape, itemsize, src, mid), plan(shape, itemsize, mid, dst)
     return Plan(a.segments + b.segments)
+
+
+def _fill(s: Step, atoms, shape) -> Step:
+    def chunk_of(d):
+        return 0 if d is None else chunk(shape[d], prod(atoms[a].size for a in s.after.dims[d]))
+    return s._replace(sizes=tuple(atoms[a].size for a in s.atoms), src_chunk=chunk_of(s.src), dst_chunk=chunk_of(s.dst))
 
 
 def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsize: int) -> list[Step]:
@@ -267,29 +285,20 @@ def _take_while(seq, pred):
 # ---- carrying a plan out ---------------------------------------------------------------------------
 
 
-def execute(data: np.ndarray | None, shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec,
-            p: Plan, op: str = "with_sharding", reduce_op: str = "sum") -> np.ndarray | None:
-    """Run ``p`` on stored blocks ``data`` (None for abstract tensors: only the log is written)."""
-    from .layout import grid as grid_of
-
-    src, dst = src.layout(), dst.layout()
-    state_spec = src
+def execute(data: np.ndarray | None, p: Plan, op: str = "with_sharding", reduce_op: str = "sum") -> np.ndarray | None:
+    """Run plan ``p`` on stored blocks ``data`` (None for abstract tensors: only the log is written)."""
     for seg in p.segments:
-        G = len(seg.atoms)
         if data is not None:
-            data = data.reshape(_grid_shape(seg.atoms, seg.start) + data.shape[len(grid_of(state_spec).shape):])
+            data = data.reshape(seg.start_grid + data.shape[seg.enter[0]:])
         cur = seg.start
         for s in seg.steps:
-            if s.kind != "slice":
+            if s.kind != "slice" and C._active:
                 C.record(C.CommEvent(s.kind, s.axes, s.bytes, s.group, op))
             if data is not None:
-                data = _apply(data, G, s, cur, seg.atoms, shape, reduce_op)
+                data = _apply(data, seg.enter[1], s, reduce_op)
             cur = s.after
-        state_spec = _spec_of(src, seg.atoms, cur)
         if data is not None:
-            data = data.reshape(grid_of(state_spec).shape + data.shape[G:])
-    if data is not None and data.shape[:-len(shape) or None] != grid_of(dst).shape:
-        raise ShardingError(f"internal: plan {src!r} -> {dst!r} ended on grid {data.shape} not {grid_of(dst).shape}")
+            data = data.reshape(seg.end_grid + data.shape[seg.enter[1]:])
     return data
 
 
@@ -304,24 +313,19 @@ def _spec_of(like: ShardingSpec, atoms, state: State) -> ShardingSpec:
     return ShardingSpec(like.mesh, dims, partial_axes=partial)
 
 
-def _apply(x: np.ndarray, G: int, s: Step, cur: State, atoms, shape, reduce_op: str) -> np.ndarray:
-    def chunk_of(state: State, d: int) -> int:
-        return chunk(shape[d], prod(atoms[a].size for a in state.dims[d]))
-
-    sizes = [atoms[a].size for a in s.atoms]
+def _apply(x: np.ndarray, G: int, s: Step, reduce_op: str) -> np.ndarray:
     if s.kind == "collective_permute":
         return C.permute_blocks(x, s.order, s.atoms)
     if s.kind == "all_reduce":
         return C.reduce_over(x, s.atoms, reduce_op)
     if s.kind == "reduce_scatter":
         x = C.reduce_over(x, s.atoms, reduce_op)
-        return C.split_onto(x, G, s.dst, s.atoms, sizes, chunk_of(s.after, s.dst))
+        return C.split_onto(x, G, s.dst, s.atoms, s.sizes, s.dst_chunk)
     if s.kind == "slice":
-        return C.split_onto(x, G, s.dst, s.atoms, sizes, chunk_of(s.after, s.dst))
+        return C.split_onto(x, G, s.dst, s.atoms, s.sizes, s.dst_chunk)
     if s.kind == "all_gather":
-        return C.gather_into(x, G, s.src, s.atoms, chunk_of(s.after, s.src))
+        return C.gather_into(x, G, s.src, s.atoms, s.src_chunk)
     if s.kind == "all_to_all":
-        mid = s.after.dims[s.src]
-        x = C.gather_into(x, G, s.src, s.atoms, chunk(shape[s.src], prod(atoms[a].size for a in mid)))
-        return C.split_onto(x, G, s.dst, s.atoms, sizes, chunk_of(s.after, s.dst))
+        x = C.gather_into(x, G, s.src, s.atoms, s.src_chunk)
+        return C.split_onto(x, G, s.dst, s.atoms, s.sizes, s.dst_chunk)
     raise ShardingError(f"internal: unknown step {s.kind}")
