@@ -1,0 +1,134 @@
+"""Every op of api.md x every sharding of its operands, on meshes (4,), (2,2), (2,3) with uneven and
+empty shards, against numpy (the nabla analogue of DTensor's OpInfo sweep)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import nabla as nb
+from nabla import DeviceMesh
+from nabla.testing import assert_sharded_allclose
+
+MESHES = [DeviceMesh("m4", (4,), ("x",)), DeviceMesh("m22", (2, 2), ("x", "y")),
+          DeviceMesh("m23", (2, 3), ("x", "y"), devices=[5, 3, 1, 4, 2, 0])]
+SHAPE = (5, 3)  # 5 over 4 gives 2,2,1,0; 3 over 2 gives 2,1; 5 over 6 gives 1,1,1,1,1,0
+
+
+def dim_specs(mesh, rank):
+    """Every assignment of mesh axes to dims (each axis at most once, any order within a dim)."""
+    axes = list(mesh.axis_names)
+    per_dim = [None] + axes + [p for p in itertools.permutations(axes, 2)]
+    out = []
+    for combo in itertools.product(per_dim, repeat=rank):
+        used = [a for c in combo if c for a in ((c,) if isinstance(c, str) else c)]
+        if len(used) == len(set(used)):
+            out.append(list(combo))
+    return out
+
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+R = np.random.default_rng(7)
+X = (R.standard_normal(SHAPE) + 0.1).astype(np.float32)
+Y = (R.standard_normal(SHAPE) + 0.1).astype(np.float32)
+POS = np.abs(X) + 0.5
+I = R.integers(-5, 5, SHAPE).astype(np.int32)
+
+# name -> (nabla fn of the sharded operand t, numpy fn of its value v, input value)
+UNARY = {
+    "exp": (nb.exp, np.exp, X), "log": (nb.log, np.log, POS), "tanh": (nb.tanh, np.tanh, X),
+    "sin": (nb.sin, np.sin, X), "cos": (nb.cos, np.cos, X), "sqrt": (nb.sqrt, np.sqrt, POS),
+    "abs": (nb.abs, np.abs, X), "negative": (nb.negative, np.negative, X), "neg_op": (lambda t: -t, np.negative, X),
+    "relu": (nb.relu, lambda v: np.maximum(v, 0), X), "sigmoid": (nb.sigmoid, lambda v: 1 / (1 + np.exp(-v)), X),
+    "sum": (lambda t: t.sum(), np.sum, X), "sum0": (lambda t: nb.sum(t, 0), lambda v: v.sum(0), X),
+    "sum1k": (lambda t: t.sum(1, keepdims=True), lambda v: v.sum(1, keepdims=True), X),
+    "mean": (lambda t: t.mean(), np.mean, X), "mean0": (lambda t: nb.mean(t, 0), lambda v: v.mean(0), X),
+    "max": (lambda t: t.max(), np.max, X), "max1": (lambda t: nb.max(t, 1), lambda v: v.max(1), X),
+    "min0k": (lambda t: t.min(0, keepdims=True), lambda v: v.min(0, keepdims=True), X),
+    "argmax": (lambda t: t.argmax(), np.argmax, X), "argmax0": (lambda t: nb.argmax(t, 0), lambda v: v.argmax(0), X),
+    "argmax1": (lambda t: t.argmax(1), lambda v: v.argmax(1), X),
+    "softmax1": (lambda t: nb.softmax(t, 1), lambda v: _softmax(v, 1), X),
+    "softmax0": (lambda t: nb.softmax(t, 0), lambda v: _softmax(v, 0), X),
+    "T": (lambda t: t.T, lambda v: v.T, X), "transpose": (lambda t: nb.transpose(t, (1, 0)), np.transpose, X),
+    "swapaxes": (lambda t: nb.swapaxes(t, 0, 1), lambda v: np.swapaxes(v, 0, 1), X),
+    "reshape15": (lambda t: t.reshape(15), lambda v: v.reshape(15), X),
+    "reshape351": (lambda t: nb.reshape(t, (3, 5, 1)), lambda v: v.reshape(3, 5, 1), X),
+    "broadcast_to": (lambda t: nb.broadcast_to(t, (2, 5, 3)), lambda v: np.broadcast_to(v, (2, 5, 3)), X),
+    "expand_dims": (lambda t: nb.expand_dims(t, 1), lambda v: np.expand_dims(v, 1), X),
+    "squeeze": (lambda t: nb.squeeze(nb.expand_dims(t, 0)), lambda v: v, X),
+    "getitem": (lambda t: t[1:4, ::2], lambda v: v[1:4, ::2], X), "getitem_int": (lambda t: t[2], lambda v: v[2], X),
+    "getitem_none": (lambda t: t[:, None, 1:], lambda v: v[:, None, 1:], X),
+    "concatenate0": (lambda t: nb.concatenate([t, t], 0), lambda v: np.concatenate([v, v], 0), X),
+    "concatenate1": (lambda t: nb.concatenate([t, t * 2], 1), lambda v: np.concatenate([v, v * 2], 1), X),
+    "matmul": (lambda t: t @ Y.T, lambda v: v @ Y.T, X), "rmatmul": (lambda t: Y.T @ t, lambda v: Y.T @ v, X),
+    "matmul_self": (lambda t: nb.matmul(t.T, t), lambda v: v.T @ v, X),
+    "einsum": (lambda t: nb.einsum("ij,kj->ik", t, Y), lambda v: np.einsum("ij,kj->ik", v, Y), X),
+    "pow_scalar": (lambda t: t ** 2, lambda v: v ** 2, X), "rpow": (lambda t: 2.0 ** t, lambda v: 2.0 ** v, X),
+    "astype": (lambda t: t.astype("float64"), lambda v: v.astype(np.float64), X),
+    "int_add": (lambda t: t + 3, lambda v: v + 3, I), "int_mul": (lambda t: t * t, lambda v: v * v, I),
+    "int_sum": (lambda t: t.sum(0), lambda v: v.sum(0), I), "int_max": (lambda t: t.max(1), lambda v: v.max(1), I),
+    "int_div": (lambda t: t / 2, lambda v: v / 2, I),
+}
+BINARY = {
+    "add": (nb.add, np.add), "subtract": (nb.subtract, np.subtract), "multiply": (nb.multiply, np.multiply),
+    "divide": (nb.divide, np.divide), "maximum": (nb.maximum, np.maximum), "minimum": (nb.minimum, np.minimum),
+    "power": (lambda a, b: nb.power(nb.abs(a), b), lambda a, b: np.power(np.abs(a), b)),
+    "less": (lambda a, b: a < b, np.less), "less_equal": (lambda a, b: a <= b, np.less_equal),
+    "greater": (lambda a, b: a > b, np.greater), "greater_equal": (lambda a, b: a >= b, np.greater_equal),
+    "equal": (lambda a, b: a == b, np.equal), "not_equal": (lambda a, b: a != b, np.not_equal),
+    "where": (lambda a, b: nb.where(a > b, a, b), lambda a, b: np.where(a > b, a, b)),
+    "matmul_T": (lambda a, b: a @ b.T, lambda a, b: a @ b.T),
+}
+
+
+def check(got, want, what):
+    try:
+        assert_sharded_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-5)
+    except AssertionError as e:
+        raise AssertionError(f"{what}: {e}") from None
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.name)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_ops_on_every_sharding(mesh, name):
+    fn, ref, value = UNARY[name]
+    want = ref(value)
+    for spec in dim_specs(mesh, 2):
+        t = nb.tensor(value).shard(mesh, spec)
+        check(fn(t), want, f"{name} on {value.shape} sharded {spec} over {mesh!r}")
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.name)
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_ops_on_every_pair_of_shardings(mesh, name):
+    fn, ref = BINARY[name]
+    want = ref(X, Y)
+    specs = dim_specs(mesh, 2)
+    for sa, sb in itertools.product(specs, specs[::2]):
+        a, b = nb.tensor(X).shard(mesh, sa), nb.tensor(Y).shard(mesh, sb)
+        check(fn(a, b), want, f"{name} on {X.shape} sharded {sa} and {sb} over {mesh!r}")
+    for sa in specs:  # with host operands on either side
+        a = nb.tensor(X).shard(mesh, sa)
+        check(fn(a, Y), want, f"{name}(sharded {sa}, host) over {mesh!r}")
+        check(fn(nb.tensor(Y), a), ref(Y, X), f"{name}(host, sharded {sa}) over {mesh!r}")
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.name)
+def test_partial_inputs_through_every_linear_and_nonlinear_op(mesh):
+    axis = mesh.axis_names[-1]
+    for spec in dim_specs(mesh, 2):
+        if any(axis in ((s,) if isinstance(s, str) else (s or ())) for s in spec):
+            continue
+        p = nb.tensor(X).shard(mesh, spec, partial_axes=[axis])
+        for name in ("exp", "sum0", "T", "reshape15", "matmul", "max1", "getitem", "concatenate1", "neg_op"):
+            fn, ref, _ = UNARY[name]
+            check(fn(p), ref(X), f"{name} of partial[{axis}] sharded {spec} over {mesh!r}")
+        check(p + Y, X + Y, f"partial + host over {mesh!r} {spec}")
+        check(p * 3.0, X * 3.0, f"partial * scalar over {mesh!r} {spec}")
+        check(p - p, X - X, f"partial - partial over {mesh!r} {spec}")
+        check(p * p, X * X, f"partial * partial over {mesh!r} {spec}")
+        check(p / 2.0, X / 2.0, f"partial / scalar over {mesh!r} {spec}")
