@@ -28,8 +28,8 @@ def _arg(x: Any, op: str, i: int) -> Any:
         a = np.asarray(x)
     except Exception as e:  # noqa: BLE001 - reported as the op's error
         raise ShardingError(f"{op}: operand {i} of type {type(x).__name__} is not array-like ({e})") from None
-    if a.dtype == object:
-        raise ShardingError(f"{op}: operand {i} of type {type(x).__name__} is not a numeric array")
+    if a.dtype.kind not in "biufc":
+        raise ShardingError(f"{op}: operand {i} ({type(x).__name__} of dtype {a.dtype}) is not a numeric array")
     return Value(a, None, a.shape, a.dtype)
 
 
@@ -53,12 +53,9 @@ def _align(arrays: list, local: Local) -> list:
     return out
 
 
-def _ew_rule(shapes, *params):
-    return R.elementwise_rule(tuple(shapes), op="elementwise")
-
-
 def _elementwise(name: str, fn, linear: str | None = None, linear_args=None, dtype="sample") -> OpDef:
-    return OpDef(name, _ew_rule, lambda arrays, local: fn(*_align(arrays, local)), linear, linear_args, dtype=dtype)
+    return OpDef(name, lambda shapes, *params: R.elementwise_rule(tuple(shapes), op=name),
+                 lambda arrays, local: fn(*_align(arrays, local)), linear, linear_args, dtype=dtype)
 
 
 def _relu(x):
@@ -423,7 +420,8 @@ def _index_kernel(arrays, local):
         if e[0] == "full":
             idx.append(slice(None))
         elif e[0] == "slice":
-            idx.append(slice(*e[1:]))
+            start, stop, step = e[1:]
+            idx.append(slice(start, stop if stop >= 0 else None, step))  # slice.indices gives -1 for "past 0"
         elif e[0] == "int":
             idx.append(e[1])
         else:

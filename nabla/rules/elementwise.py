@@ -36,7 +36,12 @@ def elementwise_rule(shapes: tuple[tuple[int, ...], ...], replicate_dims: tuple[
 
 @lru_cache(maxsize=4096)
 def broadcast_to_rule(shape: tuple[int, ...], target: tuple[int, ...]) -> Rule:
-    if len(target) < len(shape) or broadcast_shapes((shape, target), "broadcast_to") != tuple(target):
-        raise ShardingError(f"broadcast_to: cannot broadcast shape {shape} to {target}")
+    try:
+        ok = len(target) >= len(shape) and broadcast_shapes((shape, target), "broadcast_to") == tuple(target)
+    except ShardingError:
+        ok = False
+    if not ok:
+        raise ShardingError(f"broadcast_to: cannot broadcast shape {shape} to {target}: each dim must match "
+                            f"the target's or be 1")
     rule = elementwise_rule((shape, tuple(target)), op="broadcast_to")
     return rule._replace(operands=rule.operands[:1])
