@@ -1,0 +1,1 @@
+"""Bridges to other frameworks; each imports its framework only when called."""
