@@ -83,8 +83,7 @@ def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Sharding
     """The collectives that turn blocks laid out as ``src`` into ``dst``, fewest bytes first."""
     src, dst = src.layout(), dst.layout()
     if src.mesh != dst.mesh:
-        raise ShardingError(f"with_sharding: source is on mesh {src.mesh!r}, target on {dst.mesh!r}; "
-                            f"move between meshes with nb.tensor(t.numpy()).shard(...)")
+        return _across_meshes(shape, itemsize, src, dst)
     src.check_rank(shape, "with_sharding", "source")
     dst.check_rank(shape, "with_sharding", "target")
     extra = set(dst.partial_axes) - set(src.partial_axes)
@@ -105,6 +104,24 @@ def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Sharding
     mid = ShardingSpec(src.mesh, [()] * len(shape), partial_axes=[a for a in src.partial_axes if a in dst.partial_axes])
     a, b = plan(shape, itemsize, src, mid), plan(shape, itemsize, mid, dst)
     return Plan(a.segments + b.segments)
+
+
+def _across_meshes(shape, itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> Plan:
+    """Same devices in another order: lay out as asked on the source mesh, then every device sends its
+    block to the device that holds that grid position in the target mesh (one collective_permute)."""
+    a, b = src.mesh, dst.mesh
+    if (a.shape, a.axis_names) != (b.shape, b.axis_names) or set(a.devices) != set(b.devices):
+        raise ShardingError(f"with_sharding: source is on mesh {a!r}, target on {b!r}; only a change of device "
+                            f"order between meshes of one shape, axes and devices is a reshard (otherwise use "
+                            f"nb.tensor(t.numpy()).shard(...))")
+    here = ShardingSpec(a, dst.dim_specs, partial_axes=dst.partial_axes)
+    first = plan(shape, itemsize, src, here)
+    moved = tuple(n for i, n in enumerate(a.axis_names) if any(a.coords(d)[i] != b.coords(d)[i] for d in a.devices))
+    block = prod(chunk(n, here.num_shards(i)) for i, n in enumerate(shape)) * itemsize
+    g = grid(here).shape
+    state = State((), frozenset())
+    relabel = Step("collective_permute", moved, block, prod(b.shape[a.axis_index(n)] for n in moved), state)
+    return Plan(first.segments + (Segment((), (), state, (relabel,), (len(g), len(g)), g, g),))
 
 
 def _fill(s: Step, atoms, shape) -> Step:
@@ -315,7 +332,7 @@ def _spec_of(like: ShardingSpec, atoms, state: State) -> ShardingSpec:
 
 def _apply(x: np.ndarray, G: int, s: Step, reduce_op: str) -> np.ndarray:
     if s.kind == "collective_permute":
-        return C.permute_blocks(x, s.order, s.atoms)
+        return C.permute_blocks(x, s.order, s.atoms) if s.order else x  # no order: devices relabelled
     if s.kind == "all_reduce":
         return C.reduce_over(x, s.atoms, reduce_op)
     if s.kind == "reduce_scatter":

@@ -133,3 +133,23 @@ def test_any_to_any_keeps_value_and_round_trips(data):
         back = u.with_sharding(mesh, src.dim_specs)
         for d in mesh.devices:
             np.testing.assert_array_equal(back.shards[d], t.shards[d])
+
+
+def test_device_order_change_is_one_collective_permute():
+    a = DeviceMesh("m", (2, 2), ("x", "y"))
+    b = DeviceMesh("m", (2, 2), ("x", "y"), devices=[1, 0, 3, 2])  # swapped along y
+    x = np.arange(16.0).reshape(4, 4)
+    t = nb.tensor(x).shard(a, ["x", "y"])
+    with nb.comm_log() as log:
+        u = t.with_sharding(b, ["x", "y"])
+    assert_comm(log, collective_permute=1)
+    assert log.events[0].axes == ("y",) and log.events[0].bytes == 4 * 8
+    assert u.mesh == b
+    assert_sharded_allclose(u, x, rtol=0, atol=0)
+    np.testing.assert_array_equal(u.shards[0], t.shards[1])  # device 0 took device 1's grid place
+
+
+def test_unrelated_meshes_are_refused():
+    t = nb.tensor(X).shard(MESH, ["x", None])
+    with pytest.raises(ShardingError, match="only a change of device order"):
+        t.with_sharding(DeviceMesh("q", (8,), ("x",)), ["x", None])

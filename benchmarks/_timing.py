@@ -1,0 +1,32 @@
+"""Median-of-calibrated-repeats timing shared by nabla and its peers (each run in its own process)."""
+
+from __future__ import annotations
+
+import time
+from statistics import median
+from typing import Callable
+
+
+def measure(fn: Callable[[], object], quick: bool = False, sync: Callable[[object], object] = lambda r: r) -> float:
+    """Seconds per call: calibrate a loop to ~budget, repeat it, return the median."""
+    budget = 0.02 if quick else 0.2
+    repeats = 3 if quick else 7
+    sync(fn())  # warm up: caches, compilation
+    n = 1
+    while True:
+        t = time.perf_counter()
+        for _ in range(n):
+            r = fn()
+        sync(r)
+        dt = time.perf_counter() - t
+        if dt >= budget or n >= 1 << 20:
+            break
+        n = max(n * 2, int(n * budget / max(dt, 1e-9)))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(n):
+            r = fn()
+        sync(r)
+        times.append((time.perf_counter() - t) / n)
+    return median(times)
