@@ -66,7 +66,6 @@ class Prep(NamedTuple):
     kind: str  # "sharded", "host", "scalar"
     target: ShardingSpec | None
     plan: reshard.Plan | None
-    src: ShardingSpec | None
     mask_axes: tuple[str, ...]  # partial axes this operand must be added once over
     grid_shape: tuple[int, ...]  # its stored shape in the kernel's common grid
     pads: tuple[tuple[int, Any], ...]  # (dim, mask) of padded reduce dims to neutralise
@@ -132,9 +131,8 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool):
     if p.mask_axes:
         x = storage.add_once(x, p.target, p.mask_axes)
     x = x.reshape(p.grid_shape)
-    for dim, mask in p.pads:
-        fill = _neutral(op.reduction, x.dtype)
-        x = np.where(mask, x, fill)
+    for _, mask in p.pads:  # padding inside a reduced dim must not count: fill it with the neutral value
+        x = np.where(mask, x, _neutral(op.reduction, x.dtype))
     return x
 
 
@@ -204,7 +202,7 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
         add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
         if s[0] == "c":
             if not add_once:
-                preps.append(Prep("scalar", None, None, None, (), (), ()))
+                preps.append(Prep("scalar", None, None, (), (), ()))
                 continue
             t = ShardingSpec(mesh, [])  # a scalar added to a partial sum: placed, then added once
         tt = t if not add_once else ShardingSpec(mesh, t.dim_specs, partial_axes=sorted(set(t.partial_axes) | set(add_once)))
@@ -216,12 +214,11 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
                 if m is not None:
                     pads.append((d, m))
         if s[0] == "c":
-            preps.append(Prep("scalar", t, None, None, add_once, gshape, ()))
+            preps.append(Prep("scalar", t, None, add_once, gshape, ()))
         elif s[0] == "h":
-            preps.append(Prep("host", t, None, None, add_once, gshape, tuple(pads)))
+            preps.append(Prep("host", t, None, add_once, gshape, tuple(pads)))
         else:
-            src = s[3]
-            preps.append(Prep("sharded", t, reshard.plan(shapes[i], s[2].itemsize, src, t), src, add_once,
+            preps.append(Prep("sharded", t, reshard.plan(shapes[i], s[2].itemsize, s[3], t), add_once,
                               gshape, tuple(pads)))
     kspec = post_src or result
     out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)

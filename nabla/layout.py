@@ -134,6 +134,3 @@ def grid_index(spec: ShardingSpec, device_id: int) -> tuple[int, ...]:
 def storage_shape(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     return grid(spec).shape + chunks(spec, shape)
 
-
-def valid_lengths(spec: ShardingSpec, shape: tuple[int, ...], device_id: int) -> tuple[int, ...]:
-    return tuple(s.stop - s.start for s in shard_slices(spec, shape, device_id))

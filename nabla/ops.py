@@ -38,10 +38,6 @@ def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
     return Tensor(v.data, v.spec, v.shape, v.dtype)
 
 
-def _rank_of(a: Any) -> int:
-    return np.ndim(a) if not isinstance(a, np.ndarray) else a.ndim
-
-
 def _align(arrays: list, local: Local) -> list:
     """Give every block the result's rank (singletons after the grid axes) so numpy broadcasts by dim."""
     rank = len(local.out_chunk)
@@ -153,8 +149,7 @@ _MATMUL = OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel,
 
 def matmul(a, b) -> Tensor:
     """numpy's matmul; 1-D operands are lifted to matrices and the added dim removed, as numpy does."""
-    ra, rb = _rank_of(a if not isinstance(a, Tensor) else a._data) if not isinstance(a, Tensor) else a.ndim, \
-        _rank_of(b) if not isinstance(b, Tensor) else b.ndim
+    ra, rb = _ndim(a), _ndim(b)
     if ra == 0 or rb == 0:
         raise ShardingError(f"matmul: operands must have at least 1 dim, got ranks {ra} and {rb}")
     a2 = expand_dims(a, 0) if ra == 1 else a
@@ -170,8 +165,6 @@ def matmul(a, b) -> Tensor:
 def _einsum_kernel(arrays, local):
     subscripts = local.params[0]
     G = local.G
-    grid_letters = "".join(chr(0x100 + i) for i in range(G))  # numpy einsum accepts only letters
-    del grid_letters
     lhs, _, rhs = subscripts.replace(" ", "").partition("->")
     if not _:
         rhs = None
