@@ -163,33 +163,27 @@ def matmul(a, b) -> Tensor:
 
 
 def _einsum_kernel(arrays, local):
-    subscripts = local.params[0]
+    """Carry the grid axes through as extra leading letters, so one einsum serves every device."""
+    subscripts = local.params[0].replace(" ", "")
     G = local.G
-    lhs, _, rhs = subscripts.replace(" ", "").partition("->")
-    if not _:
-        rhs = None
-    terms = lhs.split(",")
     if G == 0:
         return np.einsum(subscripts, *arrays)
-    # Carry grid axes through an ellipsis-free einsum by naming them with unused letters.
-    used = set(subscripts)
-    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used]
+    lhs, arrow, rhs = subscripts.partition("->")
+    terms = lhs.split(",")
+    if not arrow:  # numpy's implicit output: ellipsis dims, then the letters used once, sorted
+        letters = lhs.replace(".", "").replace(",", "")
+        rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in subscripts]
     g = "".join(free[:G])
-    pre = [g + t for t in terms]
-    out = g + (rhs if rhs is not None else "")
-    if rhs is None:
-        letters = "".join(terms)
-        out = g + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    arrays = [np.broadcast_to(a, np.broadcast_shapes(*(x.shape[:G] for x in arrays)) + a.shape[G:]) for a in arrays]
-    return np.einsum(",".join(pre) + "->" + out, *arrays)
+    grid = np.broadcast_shapes(*(a.shape[:G] for a in arrays))
+    arrays = [np.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
+    return np.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *arrays)
 
 
 _EINSUM = OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul")
 
 
 def einsum(subscripts: str, *operands) -> Tensor:
-    if "..." in subscripts:
-        raise ShardingError("einsum: ellipsis is not supported on sharded operands yet; spell the dims out")
     return _call(_EINSUM, operands, (subscripts,))
 
 

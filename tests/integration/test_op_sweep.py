@@ -67,6 +67,8 @@ UNARY = {
     "matmul": (lambda t: t @ Y.T, lambda v: v @ Y.T, X), "rmatmul": (lambda t: Y.T @ t, lambda v: Y.T @ v, X),
     "matmul_self": (lambda t: nb.matmul(t.T, t), lambda v: v.T @ v, X),
     "einsum": (lambda t: nb.einsum("ij,kj->ik", t, Y), lambda v: np.einsum("ij,kj->ik", v, Y), X),
+    "einsum_ellipsis": (lambda t: nb.einsum("...j,kj", t, Y), lambda v: np.einsum("...j,kj", v, Y), X),
+    "einsum_implicit": (lambda t: nb.einsum("ij,ik", t, t), lambda v: np.einsum("ij,ik", v, v), X),
     "pow_scalar": (lambda t: t ** 2, lambda v: v ** 2, X), "rpow": (lambda t: 2.0 ** t, lambda v: 2.0 ** v, X),
     "astype": (lambda t: t.astype("float64"), lambda v: v.astype(np.float64), X),
     "int_add": (lambda t: t + 3, lambda v: v + 3, I), "int_mul": (lambda t: t * t, lambda v: v * v, I),
