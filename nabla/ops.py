@@ -15,6 +15,8 @@ from .errors import ShardingError
 from .executor import SCALARS, Local, OpDef, Value, run
 from .tensor import Tensor
 
+ArrayLike = Any  # a Tensor, a numpy array, or a Python scalar
+
 
 # ---- plumbing --------------------------------------------------------------------------------------
 
@@ -94,30 +96,30 @@ _UNARY = {
 _WHERE = _elementwise("where", np.where, "add", (1, 2))
 
 
-def add(a, b): return _call(_BINARY["add"], (a, b))
-def subtract(a, b): return _call(_BINARY["subtract"], (a, b))
-def multiply(a, b): return _call(_BINARY["multiply"], (a, b))
-def divide(a, b): return _call(_BINARY["divide"], (a, b))
-def power(a, b): return _call(_BINARY["power"], (a, b))
-def maximum(a, b): return _call(_BINARY["maximum"], (a, b))
-def minimum(a, b): return _call(_BINARY["minimum"], (a, b))
-def less(a, b): return _call(_BINARY["less"], (a, b))
-def less_equal(a, b): return _call(_BINARY["less_equal"], (a, b))
-def greater(a, b): return _call(_BINARY["greater"], (a, b))
-def greater_equal(a, b): return _call(_BINARY["greater_equal"], (a, b))
-def equal(a, b): return _call(_BINARY["equal"], (a, b))
-def not_equal(a, b): return _call(_BINARY["not_equal"], (a, b))
-def negative(x): return _call(_UNARY["negative"], (x,))
-def exp(x): return _call(_UNARY["exp"], (x,))
-def log(x): return _call(_UNARY["log"], (x,))
-def tanh(x): return _call(_UNARY["tanh"], (x,))
-def sin(x): return _call(_UNARY["sin"], (x,))
-def cos(x): return _call(_UNARY["cos"], (x,))
-def sqrt(x): return _call(_UNARY["sqrt"], (x,))
-def abs(x): return _call(_UNARY["abs"], (x,))  # noqa: A001 - numpy's name
-def relu(x): return _call(_UNARY["relu"], (x,))
-def sigmoid(x): return _call(_UNARY["sigmoid"], (x,))
-def where(cond, a, b): return _call(_WHERE, (cond, a, b))
+def add(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["add"], (a, b))
+def subtract(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["subtract"], (a, b))
+def multiply(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["multiply"], (a, b))
+def divide(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["divide"], (a, b))
+def power(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["power"], (a, b))
+def maximum(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["maximum"], (a, b))
+def minimum(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["minimum"], (a, b))
+def less(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["less"], (a, b))
+def less_equal(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["less_equal"], (a, b))
+def greater(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["greater"], (a, b))
+def greater_equal(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["greater_equal"], (a, b))
+def equal(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["equal"], (a, b))
+def not_equal(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["not_equal"], (a, b))
+def negative(x: ArrayLike) -> Tensor: return _call(_UNARY["negative"], (x,))
+def exp(x: ArrayLike) -> Tensor: return _call(_UNARY["exp"], (x,))
+def log(x: ArrayLike) -> Tensor: return _call(_UNARY["log"], (x,))
+def tanh(x: ArrayLike) -> Tensor: return _call(_UNARY["tanh"], (x,))
+def sin(x: ArrayLike) -> Tensor: return _call(_UNARY["sin"], (x,))
+def cos(x: ArrayLike) -> Tensor: return _call(_UNARY["cos"], (x,))
+def sqrt(x: ArrayLike) -> Tensor: return _call(_UNARY["sqrt"], (x,))
+def abs(x: ArrayLike) -> Tensor: return _call(_UNARY["abs"], (x,))  # noqa: A001
+def relu(x: ArrayLike) -> Tensor: return _call(_UNARY["relu"], (x,))
+def sigmoid(x: ArrayLike) -> Tensor: return _call(_UNARY["sigmoid"], (x,))
+def where(cond: ArrayLike, a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_WHERE, (cond, a, b))
 
 
 def _astype_kernel(arrays, local):
@@ -127,7 +129,7 @@ def _astype_kernel(arrays, local):
 _ASTYPE = OpDef("astype", lambda shapes, dt: R.elementwise_rule(tuple(shapes)), _astype_kernel, dtype="sample")
 
 
-def astype(x, dtype) -> Tensor:
+def astype(x: ArrayLike, dtype: Any) -> Tensor:
     return _call(_ASTYPE, (x,), (np.dtype(dtype),))
 
 
@@ -147,7 +149,7 @@ def _matmul_kernel(arrays, local):
 _MATMUL = OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel, "mul")
 
 
-def matmul(a, b) -> Tensor:
+def matmul(a: ArrayLike, b: ArrayLike) -> Tensor:
     """numpy's matmul; 1-D operands are lifted to matrices and the added dim removed, as numpy does."""
     ra, rb = _ndim(a), _ndim(b)
     if ra == 0 or rb == 0:
@@ -183,7 +185,9 @@ def _einsum_kernel(arrays, local):
 _EINSUM = OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul")
 
 
-def einsum(subscripts: str, *operands) -> Tensor:
+def einsum(subscripts: str, *operands: ArrayLike) -> Tensor:
+    """numpy's einsum (no repeated letters within one operand); contracted letters sharded on the
+    operands give partial sums."""
     return _call(_EINSUM, operands, (subscripts,))
 
 
@@ -226,11 +230,11 @@ def _shape(x) -> tuple[int, ...]:
     return x.shape if isinstance(x, Tensor) else np.shape(x)
 
 
-def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
+def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
     return _call(_SUM, (x,), (_axes(axis, _ndim(x), "sum"), bool(keepdims)))
 
 
-def mean(x, axis=None, keepdims: bool = False) -> Tensor:
+def mean(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
     axes = _axes(axis, _ndim(x), "mean")
     count = 1
     for a in axes:
@@ -241,11 +245,11 @@ def mean(x, axis=None, keepdims: bool = False) -> Tensor:
     return divide(s, s.dtype.type(count) if count else s.dtype.type(np.nan))
 
 
-def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def max(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return _call(_MAX, (x,), (_axes(axis, _ndim(x), "max"), bool(keepdims)))
 
 
-def min(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+def min(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return _call(_MIN, (x,), (_axes(axis, _ndim(x), "min"), bool(keepdims)))
 
 
@@ -264,7 +268,8 @@ _ARGMAX = OpDef("argmax", lambda shapes, axis: R.reduce_rule(
     reduction="sum", dtype=np.intp)
 
 
-def argmax(x, axis=None) -> Tensor:
+def argmax(x: ArrayLike, axis: int | None = None) -> Tensor:
+    """Global indices; the searched dim is gathered first (argmax is not linear)."""
     if axis is not None:
         axis = _axes(axis, _ndim(x), "argmax")[0]
     return _call(_ARGMAX, (x,), (axis,))
@@ -283,7 +288,8 @@ _SOFTMAX = OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],)
                  _softmax_kernel)
 
 
-def softmax(x, axis: int = -1) -> Tensor:
+def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
+    """Along ``axis``, which must be whole on each device (it is gathered if sharded)."""
     return _call(_SOFTMAX, (x,), (_axes(axis, _ndim(x), "softmax")[0],))
 
 
@@ -299,7 +305,7 @@ _TRANSPOSE = OpDef("transpose", lambda shapes, perm: R.transpose_rule(shapes[0],
                    dtype="same")
 
 
-def transpose(x, axes: Sequence[int] | None = None) -> Tensor:
+def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> Tensor:
     n = _ndim(x)
     perm = tuple(range(n))[::-1] if axes is None else tuple(int(a) % n if n else a for a in axes)
     if sorted(perm) != list(range(n)):
@@ -307,7 +313,7 @@ def transpose(x, axes: Sequence[int] | None = None) -> Tensor:
     return _call(_TRANSPOSE, (x,), (perm,))
 
 
-def swapaxes(x, axis1: int, axis2: int) -> Tensor:
+def swapaxes(x: ArrayLike, axis1: int, axis2: int) -> Tensor:
     n = _ndim(x)
     a, b = _axes(axis1, n, "swapaxes")[0], _axes(axis2, n, "swapaxes")[0]
     perm = list(range(n))
@@ -324,7 +330,8 @@ _RESHAPE = OpDef("reshape", lambda shapes, target: R.reshape_rule(shapes[0], tar
                  dtype="same")
 
 
-def reshape(x, shape) -> Tensor:
+def reshape(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
+    """Keeps the sharding wherever the dims split or merge into common factors (sub-axes where needed)."""
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
     src = _shape(x)
     total = 1
@@ -352,7 +359,7 @@ _BROADCAST = OpDef("broadcast_to", lambda shapes, target: R.broadcast_to_rule(sh
                    "add", dtype="same")
 
 
-def broadcast_to(x, shape) -> Tensor:
+def broadcast_to(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
     return _call(_BROADCAST, (x,), (shape,))
 
@@ -367,14 +374,14 @@ _SQUEEZE = OpDef("squeeze", lambda shapes, axes: R.squeeze_rule(shapes[0], axes)
                  dtype="same")
 
 
-def expand_dims(x, axis) -> Tensor:
+def expand_dims(x: ArrayLike, axis: int | Sequence[int]) -> Tensor:
     n = _ndim(x)
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     axes = _axes(axes, n + len(axes), "expand_dims")
     return _call(_EXPAND, (x,), (axes,))
 
 
-def squeeze(x, axis=None) -> Tensor:
+def squeeze(x: ArrayLike, axis: int | Sequence[int] | None = None) -> Tensor:
     shape = _shape(x)
     axes = tuple(d for d, s in enumerate(shape) if s == 1) if axis is None else _axes(axis, len(shape), "squeeze")
     for a in axes:
@@ -393,7 +400,8 @@ def _concat_kernel(arrays, local):
 _CONCAT = OpDef("concatenate", lambda shapes, axis: R.concatenate_rule(tuple(shapes), axis), _concat_kernel, "add")
 
 
-def concatenate(tensors: Sequence[Any], axis: int = 0) -> Tensor:
+def concatenate(tensors: Sequence[ArrayLike], axis: int = 0) -> Tensor:
+    """The concatenated dim is gathered on every operand first; the other dims keep their sharding."""
     tensors = list(tensors)
     if not tensors:
         raise ShardingError("concatenate: needs at least one operand")
@@ -453,7 +461,8 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
     return tuple(out)
 
 
-def getitem(x, key) -> Tensor:
+def getitem(x: ArrayLike, key: Any) -> Tensor:
+    """Basic indexing; dims that are cut (not taken whole) are gathered first."""
     return _call(_INDEX, (x,), (_normalize_key(key, _shape(x)),))
 
 
@@ -467,15 +476,15 @@ def tensor(value: Any, dtype: Any = None) -> Tensor:
     return Tensor._host(np.array(value, dtype=dtype))
 
 
-def ones(shape, dtype: Any = "float32") -> Tensor:
+def ones(shape: int | Sequence[int], dtype: Any = "float32") -> Tensor:
     return Tensor.ones(shape, dtype)
 
 
-def zeros(shape, dtype: Any = "float32") -> Tensor:
+def zeros(shape: int | Sequence[int], dtype: Any = "float32") -> Tensor:
     return Tensor.zeros(shape, dtype)
 
 
-def arange(*args, dtype: Any = None) -> Tensor:
+def arange(*args: int | float, dtype: Any = None) -> Tensor:
     return Tensor._host(np.arange(*args, dtype=dtype))
 
 

@@ -206,3 +206,57 @@ def test_propagated_specs_are_valid(case):
         V.check_unary(d.operands[0], d.result)
     else:
         V.check_broadcast(d.operands, shapes, d.result, out_shape)
+
+
+# ---- one table per template: (rule, input specs, strategy) -> (factor axes, operand targets, result) -----
+
+O = DimSpec([], is_open=True)
+TEMPLATE_TABLE = [
+    # elementwise, n-ary with broadcasting: a size-1 broadcast dim gets no factor sharding (ONNX)
+    ("elementwise", R.elementwise_rule(((8, 1), (1, 8))), (S("x", None), S(None, "y")), BASIC,
+     [("x",), ("y",)], ['[{"x"}, {}]', '[{}, {"y"}]'], '[{"x", ?}, {"y", ?}]'),
+    ("elementwise 3-ary", R.elementwise_rule(((8, 8), (8,), (8, 8))), (S("x", O), S("y"), S(O, O)), BASIC,
+     [("x",), ("y",)], ['[{"x"}, {"y"}]', '[{"y"}]', '[{"x"}, {"y"}]'], '[{"x", ?}, {"y", ?}]'),
+    # reduce: the reduced factor sharded gives partial sums; keepdims leaves an unsharded size-1 dim
+    ("reduce keepdims", R.reduce_rule((8, 8), (0,), True), (S("x", "y"),), BASIC,
+     [("x",), ("y",)], ['[{"x"}, {"y"}]'], '[{?}, {"y", ?}], partial={"x"}'),
+    ("reduce all", R.reduce_rule((8, 8), (0, 1), False), (S(("x", "y"), None),), BASIC,
+     [("x", "y"), ()], ['[{"x", "y"}, {}]'], '[], partial={"x", "y"}'),
+    # transpose: factors follow the permutation
+    ("transpose", R.transpose_rule((4, 8, 2), (2, 0, 1)), (S("y", "x", None),), BASIC,
+     [("y",), ("x",), ()], ['[{"y"}, {"x"}, {}]'], '[{?}, {"y", ?}, {"x", ?}]'),
+    # reshape: a merge keeps the major dim's axes, and the minor dim's only when the major is whole on
+    # them (here x=2 covers half of 4 rows, so y is dropped); a split yields sub-axes; coprime runs replicate
+    ("reshape merge", R.reshape_rule((4, 8), (32,)), (S("x", "y"),), BASIC,
+     [("x",), ()], ['[{"x"}, {}]'], '[{"x", ?}]'),
+    ("reshape merge whole", R.reshape_rule((2, 8), (16,)), (S("x", "y"),), BASIC,
+     [("x",), ("y",)], ['[{"x"}, {"y"}]'], '[{"x", "y", ?}]'),
+    ("reshape split", R.reshape_rule((32,), (4, 8)), (S(("x", "y")),), BASIC,
+     [("x", "y:(1)2"), ("y:(2)2",)], ['[{"x", "y"}]'], '[{"x", "y:(1)2", ?}, {"y:(2)2", ?}]'),
+    ("reshape coprime", R.reshape_rule((6, 4), (4, 6)), (S("x", "y"),), BASIC,
+     [(), (), (), ()], ['[{}, {}]'], "[{?}, {?}]"),
+    # concatenate: the concat dim is gathered, the others pass through
+    ("concatenate", R.concatenate_rule(((8, 2), (8, 6)), 1), (S("x", "y"), S(O, None)), BASIC,
+     [("x",), (), (), (), ()], ['[{"x"}, {}]', '[{"x"}, {}]'], '[{"x", ?}, {?}]'),
+    # einsum: batch and contraction from the subscripts
+    ("einsum", R.einsum_rule("bij,bjk->bik", ((2, 4, 8), (2, 8, 4))), (S("x", None, "y"), S(O, "y", O)), BASIC,
+     [("x",), (), ("y",), ()], ['[{"x"}, {}, {"y"}]', '[{"x"}, {"y"}, {}]'], '[{"x", ?}, {?}, {?}], partial={"y"}'),
+    # slicing: whole dims pass, cut dims are gathered
+    ("index", R.index_rule((8, 8), (("full",), ("slice", 0, 4, 1))), (S("x", "y"),), BASIC,
+     [("x",), (), ()], ['[{"x"}, {}]'], '[{"x", ?}, {?}]'),
+    # BASIC vs AGGRESSIVE: a closed operand keeps the shorter list under BASIC only
+    ("basic", R.elementwise_rule(((8,), (8,))), (S("x"), S(("x", "y"))), BASIC,
+     [("x",)], ['[{"x"}]', '[{"x"}]'], '[{"x", ?}]'),
+    ("aggressive", R.elementwise_rule(((8,), (8,))), (S("x"), S(("x", "y"))), AGGRESSIVE,
+     [("x", "y")], ['[{"x", "y"}]', '[{"x", "y"}]'], '[{"x", "y", ?}]'),
+]
+
+
+@pytest.mark.parametrize("name, rule, ins, strat, factors, targets, result", TEMPLATE_TABLE,
+                         ids=[t[0] for t in TEMPLATE_TABLE])
+def test_template_table(name, rule, ins, strat, factors, targets, result):
+    d = propagate(rule, ins, M, strat)
+    real = [f for f, size in enumerate(rule.sizes) if size > 1 or names(d)[f]]
+    assert [names(d)[f] for f in real] == factors
+    assert [repr(t.layout()) for t in d.operands] == targets
+    assert repr(d.result) == result
