@@ -289,8 +289,14 @@ _SOFTMAX = OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],)
 
 
 def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
-    """Along ``axis``, which must be whole on each device (it is gathered if sharded)."""
-    return _call(_SOFTMAX, (x,), (_axes(axis, _ndim(x), "softmax")[0],))
+    """Along ``axis``. When that dim is sharded it is not gathered: the row max and the row sum are
+    reduced across devices instead (two all_reduces of one value per row)."""
+    ax = _axes(axis, _ndim(x), "softmax")[0]
+    spec = x.sharding if isinstance(x, Tensor) else None
+    if spec is not None and spec.dim_specs[ax].axes and x.size:
+        e = exp(x - max(x, ax, keepdims=True))
+        return e / sum(e, ax, keepdims=True)
+    return _call(_SOFTMAX, (x,), (ax,))
 
 
 # ---- moving elements -------------------------------------------------------------------------------

@@ -228,3 +228,15 @@ def test_matmul_with_1d_operands():
     assert_sharded_allclose(nb.matmul(v, A.T), v @ a.T, **TOL)
     V = nb.tensor(v).shard(mesh, ["x"])
     assert_sharded_allclose(V @ V, v @ v, **TOL)
+
+
+def test_softmax_over_a_sharded_dim_reduces_rows_instead_of_gathering():
+    mesh = MESHES_1D[1]
+    x = rnd(4, 64)
+    t = nb.tensor(x).shard(mesh, [None, "x"])
+    with nb.comm_log() as log:
+        s = nb.softmax(t, axis=1)
+    assert_comm(log, all_reduce=2)  # row max, then row sum: 4 values per row each
+    assert log.total_bytes == 2 * (2 * 3 * 4 * 4 // 4)  # vs all_gather of the rows: 3 * 4*16*4 = 768 B
+    assert s.sharding.dim_specs[1].axes == ("x",)
+    assert_sharded_allclose(s, _np_softmax(x), **TOL)
