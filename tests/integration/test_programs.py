@@ -240,3 +240,30 @@ def test_softmax_over_a_sharded_dim_reduces_rows_instead_of_gathering():
     assert log.total_bytes == 2 * (2 * 3 * 4 * 4 // 4)  # vs all_gather of the rows: 3 * 4*16*4 = 768 B
     assert s.sharding.dim_specs[1].axes == ("x",)
     assert_sharded_allclose(s, _np_softmax(x), **TOL)
+
+
+@pytest.mark.parametrize("mesh", DPTP, ids=lambda m: m.name)
+def test_multi_head_attention_needs_one_all_reduce(mesh):
+    """Megatron attention: batch over dp, heads over tp; only the output projection's sum crosses devices."""
+    B, S, D, H = 4, 6, 16, 4
+    Dh = D // H
+    x = rnd(B, S, D)
+    ws = [rnd(D, D, seed=i) * 0.3 for i in range(4)]
+    X = nb.tensor(x).shard(mesh, ["dp", None, None])
+    Wq, Wk, Wv = (nb.tensor(w).shard(mesh, [None, "tp"]) for w in ws[:3])
+    Wo = nb.tensor(ws[3]).shard(mesh, ["tp", None])
+
+    def heads(lib, t, w):
+        return lib.reshape(lib.matmul(t, w), (B, S, H, Dh))
+
+    with nb.comm_log() as log:
+        q, k, v = heads(nb, X, Wq), heads(nb, X, Wk), heads(nb, X, Wv)
+        p = nb.softmax(nb.einsum("bqhd,bkhd->bhqk", q, k) * 0.5, axis=-1)
+        o = nb.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, S, D) @ Wo
+        out = (o + X).with_sharding(mesh, ["dp", None, None])
+    assert_comm(log, all_reduce=1)
+    assert q.sharding.dim_specs[2].axes == ("tp",)  # heads stay on tp through the reshape
+    qn, kn, vn = (np.reshape(x @ w, (B, S, H, Dh)) for w in ws[:3])
+    pn = _np_softmax(np.einsum("bqhd,bkhd->bhqk", qn, kn) * 0.5)
+    want = np.einsum("bhqk,bkhd->bqhd", pn, vn).reshape(B, S, D) @ ws[3] + x
+    assert_sharded_allclose(out, want, rtol=1e-4, atol=1e-4)
