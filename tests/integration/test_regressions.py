@@ -59,3 +59,14 @@ def test_negative_step_slices():
 def test_ellipsis_index_with_sum_shadowing():
     t = nb.tensor(np.arange(24.0).reshape(2, 3, 4)).shard(M22, ["x", None, "y"])
     assert_sharded_allclose(t[..., 1], np.arange(24.0).reshape(2, 3, 4)[..., 1], rtol=0, atol=0)
+
+
+def test_partial_sums_over_different_axes_add():
+    # p is partial over x, q over y: p + q is partial over both, each summand added once
+    v, w = np.arange(6.0).reshape(2, 3), np.ones((2, 3))
+    p = nb.tensor(v).shard(M22, [None, None], partial_axes=["x"])
+    q = nb.tensor(w).shard(M22, [None, None], partial_axes=["y"])
+    r = p + q
+    assert r.sharding.partial_axes == ("x", "y")
+    assert_sharded_allclose(r, v + w)
+    assert_sharded_allclose(p * q, v * w)  # a product of sums over different axes is their double sum

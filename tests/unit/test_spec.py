@@ -80,3 +80,10 @@ def test_bad_types():
         ShardingSpec(MESH, [3])
     with pytest.raises(ShardingError, match="one entry per dim"):
         ShardingSpec(MESH, "dp")
+
+
+def test_partial_and_replicated_axes_are_sets():
+    a = ShardingSpec(MESH, [None], partial_axes=["tp", "dp"])
+    b = ShardingSpec(MESH, [None], partial_axes=["dp", "tp"])
+    assert a == b and a.partial_axes == ("dp", "tp")
+    assert ShardingSpec(MESH, [None], replicated_axes=["tp", "dp"]).replicated_axes == ("dp", "tp")
