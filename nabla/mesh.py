@@ -44,6 +44,8 @@ class AxisRef(NamedTuple):
         """Two parts of one axis may both be used only if they are disjoint pieces of one factorisation."""
         if self.name != other.name:
             return False
+        if self == other:  # also for axes of size 1, which occupy no room in the factorisation
+            return True
         lo, hi = sorted((self, other), key=lambda r: r.pre)
         end = lo.pre * lo.size
         return not (end <= hi.pre and hi.pre % end == 0)

@@ -70,3 +70,15 @@ def test_partial_sums_over_different_axes_add():
     assert r.sharding.partial_axes == ("x", "y")
     assert_sharded_allclose(r, v + w)
     assert_sharded_allclose(p * q, v * w)  # a product of sums over different axes is their double sum
+
+
+def test_size_one_axes_are_not_used_twice():
+    # found by the thorough profile: x=1 counted as not overlapping itself, so two factors took it
+    m = DeviceMesh("m", (1, 1), ("x", "y"))
+    import pytest
+    with pytest.raises(nb.ShardingError, match="used twice"):
+        ShardingSpec(m, ["x", "x"])
+    a = nb.tensor(np.ones((2, 2), np.float32)).shard(m, [("x", "y"), None])
+    b = nb.tensor(np.ones((2, 1), np.float32)).shard(m, [("x", "y"), None])
+    with nb.strategy("aggressive"):
+        assert_sharded_allclose(a @ b, np.full((2, 1), 2.0, np.float32))
