@@ -104,8 +104,23 @@ class Tensor:
 
     def __repr__(self) -> str:
         where = "" if self._spec is None else f", sharding={self._spec!r} on @{self._spec.mesh.name}"
-        kind = "abstract, " if self._data is None else ""
-        return f"Tensor({kind}shape={self._shape}, dtype={self._dtype}{where})"
+        if self._data is None:
+            return f"Tensor(abstract, shape={self._shape}, dtype={self._dtype}{where})"
+        if self.size > 64:  # a summary, not a host read of a large value
+            return f"Tensor(shape={self._shape}, dtype={self._dtype}{where})"
+        body = np.array2string(self.numpy(), separator=", ", prefix="Tensor(")
+        return f"Tensor({body}, dtype={self._dtype}{where})"
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def item(self):
+        """The value of a one-element tensor as a Python scalar (a host read)."""
+        return self.numpy().item()
+
+    def tolist(self):
+        return self.numpy().tolist()
 
     def __len__(self) -> int:
         if not self._shape:

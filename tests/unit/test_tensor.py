@@ -80,3 +80,13 @@ def test_reshard_to_another_spec_keeps_value(pair, data):
     target = data.draw(specs(t.mesh, t.shape, partial=False))
     u = t.shard(t.mesh, target.dim_specs)
     assert_sharded_allclose(u, x, rtol=0, atol=0)
+
+
+def test_repr_iteration_and_scalars():
+    m = DeviceMesh("m", (2,), ("x",))
+    t = nb.arange(6.0).reshape(2, 3).shard(m, ["x", None])
+    assert repr(t) == 'Tensor([[0., 1., 2.],\n        [3., 4., 5.]], dtype=float64, sharding=[{"x"}, {}] on @m)'
+    assert [row.tolist() for row in t] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert t.sum().item() == 15.0 and len(t) == 2
+    assert repr(nb.abstract((3,))) == "Tensor(abstract, shape=(3,), dtype=float32)"
+    assert repr(nb.ones((10, 10))) == "Tensor(shape=(10, 10), dtype=float32)"
