@@ -269,10 +269,20 @@ _ARGMAX = OpDef("argmax", lambda shapes, axis: R.reduce_rule(
 
 
 def argmax(x: ArrayLike, axis: int | None = None) -> Tensor:
-    """Global indices; the searched dim is gathered first (argmax is not linear)."""
-    if axis is not None:
-        axis = _axes(axis, _ndim(x), "argmax")[0]
-    return _call(_ARGMAX, (x,), (axis,))
+    """Global indices of the first maximum. When the searched dim is sharded it is not gathered: the max
+    is reduced across devices, then the smallest index holding it (NaN counts as the max, as in numpy)."""
+    if axis is None:
+        if isinstance(x, Tensor) and x.sharding is not None and x.ndim > 1:
+            return argmax(reshape(x, (-1,)), 0)
+        return _call(_ARGMAX, (x,), (None,))
+    ax = _axes(axis, _ndim(x), "argmax")[0]
+    spec = x.sharding if isinstance(x, Tensor) else None
+    if spec is not None and spec.dim_specs[ax].axes and x.shape[ax]:
+        n = x.shape[ax]
+        iota = np.arange(n, dtype=np.intp).reshape((n,) + (1,) * (x.ndim - 1 - ax))
+        hits = where(x != x, iota, where(x == max(x, ax, keepdims=True), iota, n))
+        return min(hits, ax)
+    return _call(_ARGMAX, (x,), (ax,))
 
 
 def _softmax_kernel(arrays, local):

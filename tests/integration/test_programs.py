@@ -267,3 +267,15 @@ def test_multi_head_attention_needs_one_all_reduce(mesh):
     pn = _np_softmax(np.einsum("bqhd,bkhd->bhqk", qn, kn) * 0.5)
     want = np.einsum("bhqk,bkhd->bqhd", pn, vn).reshape(B, S, D) @ ws[3] + x
     assert_sharded_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_argmax_over_vocab_parallel_logits_reduces_instead_of_gathering():
+    mesh = MESHES_1D[1]
+    logits = rnd(3, 1000)
+    logits[1, 5] = np.nan  # numpy's argmax reports the first NaN
+    t = nb.tensor(logits).shard(mesh, [None, "x"])
+    with nb.comm_log() as log:
+        best = t.argmax(1)
+    assert_comm(log, all_reduce=2)  # the max, then the first index holding it: 3 values per row each
+    assert log.total_bytes < 100  # an all_gather of the rows would send 9000 bytes per device
+    assert_sharded_allclose(best, logits.argmax(1))
