@@ -222,6 +222,12 @@ class Tensor:
         return to_jax(self)
 
 
+_OPS = []
+
+
 def _ops():
-    from . import ops
-    return ops
+    """The ops module, imported on first use (it imports this module)."""
+    if not _OPS:
+        from . import ops
+        _OPS.append(ops)
+    return _OPS[0]
