@@ -96,10 +96,11 @@ def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Sharding
         s0, atoms = _state(src, cuts)
         t, _ = _state(dst, cuts)
         steps = tuple(_fill(st, atoms, shape) for st in _greedy(s0, t, atoms, shape, itemsize))
-        if not steps:
+        if not steps and grid(src).shape == grid(dst).shape:
             return Plan(())
-        end = grid(_spec_of(dst, atoms, steps[-1].after)).shape
-        return Plan((Segment(cuts, atoms, s0, steps, (len(grid(src).shape), len(atoms)), _grid_shape(atoms, s0), end),))
+        # no steps but other grids: one placement spelled two ways (a size-1 axis between sub-axes)
+        return Plan((Segment(cuts, atoms, s0, steps, (len(grid(src).shape), len(atoms)), _grid_shape(atoms, s0),
+                             grid(dst).shape),))
     # Sub-axes of the two specs do not nest: gather to replicated on the source grid, cut on the target's.
     mid = ShardingSpec(src.mesh, [()] * len(shape), partial_axes=[a for a in src.partial_axes if a in dst.partial_axes])
     a, b = plan(shape, itemsize, src, mid), plan(shape, itemsize, mid, dst)
@@ -322,12 +323,6 @@ def execute(data: np.ndarray | None, p: Plan, op: str = "with_sharding", reduce_
 def _grid_shape(atoms, state: State) -> tuple[int, ...]:
     used = set(state.partial).union(*state.dims) if state.dims else set(state.partial)
     return tuple(a.size if j in used else 1 for j, a in enumerate(atoms))
-
-
-def _spec_of(like: ShardingSpec, atoms, state: State) -> ShardingSpec:
-    dims = [tuple(str(r) for r in merge_adjacent([atoms[a] for a in run])) for run in state.dims]
-    partial = [str(r) for r in merge_adjacent([atoms[a] for a in sorted(state.partial)])]
-    return ShardingSpec(like.mesh, dims, partial_axes=partial)
 
 
 def _apply(x: np.ndarray, G: int, s: Step, reduce_op: str) -> np.ndarray:

@@ -82,3 +82,14 @@ def test_size_one_axes_are_not_used_twice():
     b = nb.tensor(np.ones((2, 1), np.float32)).shard(m, [("x", "y"), None])
     with nb.strategy("aggressive"):
         assert_sharded_allclose(a @ b, np.full((2, 1), 2.0, np.float32))
+
+
+def test_one_placement_spelled_two_ways():
+    # found by the thorough profile: a size-1 axis between two sub-axes of x is the same placement as
+    # x itself, but the stored grids differ; the empty plan must still regrid the blocks
+    m = DeviceMesh("m", (4, 2, 1), ("x", "y", "z"))
+    for shape in [(0,), (5,), (8,)]:
+        v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        for a, b in [([("y", "x:(1)2", "z", "x:(2)2")], [("x", "y", "z")]),
+                     ([("x", "y", "z")], [("x:(1)2", "z", "x:(2)2")])]:
+            assert_sharded_allclose(nb.tensor(v).shard(m, a).with_sharding(m, b), v, rtol=0, atol=0)
