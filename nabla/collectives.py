@@ -1,10 +1,6 @@
-"""Simulated collectives on vectorised storage, and the comm log that records every one.
-
-Each collective is an array move along grid atoms (see ``layout.Grid``): all_gather moves atoms into
-a dim, a slice or the scatter half of reduce_scatter/all_to_all moves part of a dim onto atoms,
-all_reduce sums over atoms, collective_permute reorders blocks among devices. Arrays here are
-``(*grid, *chunk)``; nothing builds the global value.
-"""
+"""Simulated collectives as array moves along grid atoms of vectorised storage (all_gather moves atoms
+into a dim, all_to_all/reduce_scatter/slices move part of a dim onto atoms, all_reduce sums over atoms,
+collective_permute reorders blocks), and the comm log that records every one."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Eager SPMD dispatch: propagate, reshard operands where the factors demand, run one local kernel
-over all devices at once, wrap the result. Works on raw values; ``ops`` turns them into Tensors.
-
-Everything that depends only on (op, params, shapes, dtypes, specs, strategy) is decided once and
-cached as a ``Program``; a repeated call costs one dict lookup plus the array work.
-"""
+"""Eager SPMD dispatch: propagate, reshard operands where the factors demand, run one local kernel over
+all devices at once, wrap the result. Everything that depends only on (op, params, shapes, dtypes,
+specs, strategy) is decided once and cached as a ``Program``; ``ops`` turns results into Tensors."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Text and JAX formats of a ShardingSpec: HLO/MHLO sharding strings (seed 003) and ``PartitionSpec``.
-
-HLO semantics follow XLA: tile dims map to tensor dims in order; with ``last_tile_dim_replicate``
-the last tile dim lists the replicas of each tile. jax is imported only when a PartitionSpec is asked for.
-"""
+"""Text and JAX formats of a ShardingSpec: HLO/MHLO sharding strings (seed 003) with XLA's semantics
+(tile dims map to tensor dims in order; ``last_tile_dim_replicate`` lists each tile's replicas), and
+JAX ``PartitionSpec`` (jax is imported only when one is asked for)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Where each block of a sharded tensor lives: the ceil rule, per-device slices, and the device grid.
-
-Pure and cached on (spec, shape). A dim of size ``n`` over ``k`` shards gives each ``c = ceil(n / k)``
-elements (5 over 4: 2, 2, 1, 0). Blocks are stored padded to ``c`` (see ``storage``), so the grid is
-an even split of the global value padded to ``k * c``.
-"""
+"""Where each block lives: the ceil rule (a dim of ``n`` over ``k`` shards gives each ``ceil(n / k)``,
+5 over 4: 2, 2, 1, 0), per-device slices, and the device grid of mesh atoms. Pure and cached on
+(spec, shape); blocks are stored padded to the ceil chunk (see ``storage``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Factor-based sharding propagation (Shardy; seed 002): collect dims -> factors, merge, update factors -> dims.
-
-Pure and data-free: works on (rule, specs) only and is cached, so a seen op costs one dict lookup.
-The executor decides partial-sum handling and passes the axes that must stay free as ``reserved``.
-"""
+"""Factor-based sharding propagation (Shardy; seed 002): collect dims -> factors, merge, update
+factors -> dims. Pure and data-free, cached on (rule, specs, strategy); the executor decides what
+happens to partial sums and passes the axes that must stay free as ``reserved``."""
 
 from __future__ import annotations
 

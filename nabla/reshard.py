@@ -1,12 +1,6 @@
-"""Plan, then move: a pure, cached planner from (shape, dtype, source spec, target spec) to collectives.
-
-Works per mesh atom (``layout.Grid``): where each atom is in the source (a dim and its place in the
-dim's major-to-minor list, partial, or unused) and where in the target. Cheapest moves first:
-local slices, reduce_scatter, all_to_all between dims, block permutes; all_reduce for partial
-atoms the target replicates; all_gather only for atoms that must leave a dim with nowhere to go.
-Uneven dims (ceil rule) move one atom at a time only where the shards nest; elsewhere the dim is
-gathered whole and cut again. ``execute`` carries a plan out on stored blocks.
-"""
+"""Plan, then move: a pure, cached planner from (shape, dtype, source spec, target spec) to the
+fewest-bytes list of collectives, worked out per mesh atom, and ``execute``, which carries a plan out.
+Uneven dims move one atom at a time where their ceil-rule blocks nest, else are gathered and cut again."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Vectorised shard storage: all blocks of a tensor in one array, ``(*grid, *chunk)``.
-
-The grid has one entry per mesh atom (``layout.Grid``): the atom's size where the spec shards or
-holds partial sums over it, 1 where the value is replicated (stored once). Blocks are padded to the
-ceil-rule chunk; padding sits past the global end of a dim and holds no meaning. This module only
-converts between a host value and that layout and reads blocks; moving data between devices
-belongs to ``collectives``.
-"""
+"""Vectorised shard storage: all blocks of a tensor in one array ``(*grid, *chunk)``, one grid entry per
+mesh atom (1 where the value is replicated), blocks padded to the ceil-rule chunk. Converts host values
+to and from that layout and reads blocks; moving data between devices belongs to ``collectives``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Tensor: an immutable value that is either a host array or blocks sharded over a mesh (or abstract).
-
-A sharded tensor holds only its stored blocks (``storage``); ``.numpy()`` reads them back on the host.
-Arithmetic dispatches through ``executor``; the numpy-like functions live in ``ops``.
-"""
+"""Tensor: an immutable value that is a host array, blocks sharded over a mesh, or abstract (no data).
+A sharded tensor holds only its stored blocks; arithmetic dispatches through ``executor``, and the
+numpy-like functions live in ``ops``."""
 
 from __future__ import annotations
 

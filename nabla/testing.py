@@ -1,8 +1,6 @@
-"""Checks and hypothesis strategies for sharded programs, for nabla's tests and for users' own.
-
-``assert_sharded_allclose`` compares the global value and every device's block; ``assert_comm``
-pins the collectives a program ran. The strategies need hypothesis (imported on first use).
-"""
+"""Checks and hypothesis strategies for sharded programs, for nabla's tests and for users' own:
+``assert_sharded_allclose`` (global value and every block), ``assert_comm`` (exact collective counts),
+and the strategies ``meshes``, ``specs``, ``shapes``, ``sharded_arrays``, ``programs`` (need hypothesis)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The ONNX sharding validity checker (seed 001): is a proposed (inputs, output) sharding valid for an op?
-
-Independent of propagation on purpose, so it can test it. Each check raises ``ShardingError``
-naming the rule broken; ``valid(...)`` returns a bool. Partial sums (``partial_axes``) extend seed
-001's reduction rule: a reduction sharded over its reduced dims may leave the cross-device sum
-pending, and then the output is partial over exactly those axes.
-"""
+"""The ONNX validity checker (seed 001): is a proposed (inputs, output) sharding valid for an op?
+Independent of propagation so it can test it; partial sums extend seed 001's reduction rule (a sharded
+reduced dim may leave its cross-device sum pending as ``partial_axes``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""``t.to_jax()`` and ``nb.from_jax``: the same blocks on real jax devices, with the equivalent NamedSharding.
-
-Device ``d`` of a nabla mesh is ``jax.devices()[d]``; on CPU, set
-``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before jax starts to get ``N`` devices.
-"""
+"""``t.to_jax()`` and ``nb.from_jax``: the same blocks on real jax devices with the equivalent
+NamedSharding. Device ``d`` of a mesh is ``jax.devices()[d]`` (on CPU, start jax with
+``XLA_FLAGS=--xla_force_host_platform_device_count=N``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Op sharding rules: one factor format for every op (Shardy's ``OpShardingRule``, seed 002's templates).
-
-A rule names factors with sizes; every operand and result dim maps to a list of factors, major to
-minor (reshape maps one dim to several). A factor's kind says how sharding it behaves:
-``pass`` (in the result: shard freely), ``reduce`` (contracted: sharded operands give partial sums),
-``replicate`` (the op needs the whole factor on each device, e.g. the dim a softmax or concat runs along).
-Rules are pure data, hashable, and built by the templates in this package from shapes.
-"""
+Factors have sizes and kinds (``pass``, ``reduce``: sharded gives partial sums, ``replicate``: must be
+whole); every operand and result dim maps to factors, major to minor. Rules are hashable data."""
 
 from __future__ import annotations
 
