@@ -1,6 +1,7 @@
 """nabla: an eager SPMD tensor framework; numpy-like code on tensors sharded over a named device mesh."""
 
 from . import random
+from .array_backend import backend
 from .collectives import CommEvent, CommLog, comm_log
 from .errors import ShardingError
 from .mesh import DeviceMesh
@@ -26,9 +27,6 @@ def from_jax(array) -> Tensor:
     return _from(array)
 
 
-def backend(name: str):
-    from .interop.backend import backend as _backend
-    return _backend(name)
 
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -11,6 +11,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .array_backend import xp
+
 KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "collective_permute")
 
 
@@ -22,7 +24,7 @@ def gather_into(x: np.ndarray, G: int, dim: int, atoms: Sequence[int], new_chunk
     m = len(atoms)
     if m == 0:
         return _fit(x, G + dim, new_chunk)
-    y = np.moveaxis(x, list(atoms), [G - m + dim + i for i in range(m)])
+    y = xp(x).moveaxis(x, list(atoms), [G - m + dim + i for i in range(m)])
     shp = y.shape
     c = shp[G + dim]
     merged = shp[:G - m + dim] + (prod(shp[G - m + dim:G + dim]) * c,) + shp[G + dim + 1:]
@@ -47,24 +49,22 @@ def split_onto(x: np.ndarray, G: int, dim: int, atoms: Sequence[int], sizes: Seq
     y = x.reshape(keep + x.shape[G:G + dim] + tuple(sizes) + (new_chunk,) + x.shape[G + dim + 1:])
     src = [G - m + dim + i for i in range(m)]
     order = sorted(range(m), key=lambda i: atoms[i])
-    return np.moveaxis(y, [src[i] for i in order], [atoms[i] for i in order])
+    return xp(y).moveaxis(y, [src[i] for i in order], [atoms[i] for i in order])
 
 
 def reduce_over(x: np.ndarray, atoms: Sequence[int], op: str = "sum") -> np.ndarray:
-    fn = {"sum": np.sum, "max": np.max, "min": np.min}[op]
+    fn = getattr(xp(x), op)
     return fn(x, axis=tuple(atoms), keepdims=True)
 
 
 def permute_blocks(x: np.ndarray, dim_before: Sequence[int], dim_after: Sequence[int]) -> np.ndarray:
     """Devices that held block ``radix(coords, before)`` of a dim now hold ``radix(coords, after)``."""
-    G = x.ndim
     sizes = {a: x.shape[a] for a in dim_before}
-    by_pos = np.moveaxis(x, list(dim_before), list(range(len(dim_before))))
+    by_pos = xp(x).moveaxis(x, list(dim_before), list(range(len(dim_before))))
     rest = by_pos.shape[len(dim_before):]
     by_pos = by_pos.reshape((prod(sizes.values()),) + rest)
     y = by_pos.reshape(tuple(sizes[a] for a in dim_after) + rest)
-    del G
-    return np.moveaxis(y, list(range(len(dim_after))), list(dim_after))
+    return xp(y).moveaxis(y, list(range(len(dim_after))), list(dim_after))
 
 
 def _fit(x: np.ndarray, axis: int, n: int) -> np.ndarray:
@@ -76,7 +76,7 @@ def _fit(x: np.ndarray, axis: int, n: int) -> np.ndarray:
         return x[(slice(None),) * axis + (slice(0, n),)]
     pad = [(0, 0)] * x.ndim
     pad[axis] = (0, n - c)
-    return np.pad(x, pad)
+    return xp(x).pad(x, pad)
 
 
 # ---- the comm log --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from . import array_backend as B
 from . import reshard, storage
 from .errors import ShardingError
 from .layout import chunks, grid, merge_cuts, spec_cuts
@@ -92,26 +93,30 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Value:
         return _run_host(op, args, params)
     prog = _program(op, tuple(_sig(a) for a in args), params, current_strategy())
     abstract = any(isinstance(a, Value) and a.data is None for a in args)
-    arrays = []
-    for a, p in zip(args, prog.preps):
-        arrays.append(_prepare(a, p, prog, op, abstract))
+    on_jax = not abstract and B.wanted(*(a.data for a in args if isinstance(a, Value)))
+    arrays = [_prepare(a, p, prog, op, abstract, on_jax) for a, p in zip(args, prog.preps)]
     if abstract:
         out = None
     else:
         with np.errstate(all="ignore"):  # padding past a dim's end may hold anything
             out = op.kernel(arrays, prog.local)
-        out = np.asarray(out)
+        xp = B.xp(out) if on_jax else np
+        out = xp.asarray(out)
         if out.dtype != prog.dtype:
             out = out.astype(prog.dtype)
         if out.shape[:prog.G] != prog.out_grid[:prog.G] or len(out.shape) != len(prog.out_grid):
-            out = np.broadcast_to(out, prog.out_grid)
+            out = xp.broadcast_to(out, prog.out_grid)
         out = out.reshape(grid(prog.kspec).shape + out.shape[prog.G:])
+        if on_jax:
+            out = B.put(out, prog.kspec)
     if prog.post is not None:
         out = reshard.execute(out, prog.post, op.name, op.reduction)
+        if on_jax:
+            out = B.put(out, prog.result)
     return Value(out, prog.result, prog.result_shape, prog.dtype)
 
 
-def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool):
+def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool, on_jax: bool):
     if p.kind == "scalar":
         if not p.mask_axes:
             return a
@@ -125,11 +130,13 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool):
         x = storage.place(np.asarray(a.data), p.target)
     else:
         x = reshard.execute(a.data, p.plan, op.name)
+    if on_jax:  # blocks that moved, or a host value joining them, go to the devices that own them
+        x = B.put(x, p.target)
     if p.mask_axes:
         x = storage.add_once(x, p.target, p.mask_axes)
     x = x.reshape(p.grid_shape)
     for _, mask in p.pads:  # padding inside a reduced dim must not count: fill it with the neutral value
-        x = np.where(mask, x, _neutral(op.reduction, x.dtype))
+        x = B.xp(x).where(mask, x, _neutral(op.reduction, x.dtype))
     return x
 
 
@@ -262,4 +269,6 @@ def relayout(v: Value, target: ShardingSpec) -> Value:
     """``with_sharding``: move stored blocks from their spec to ``target`` with planned collectives."""
     p = reshard.plan(v.shape, v.dtype.itemsize, v.spec, target)
     out = reshard.execute(v.data, p)
+    if out is not None and B.wanted(out):
+        out = B.put(out, target)
     return Value(out, target, v.shape, v.dtype)

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import rules as R
+from .array_backend import xp as _xp
 from .errors import ShardingError
 from .executor import SCALARS, Local, OpDef, Value, run
 from .tensor import Tensor
@@ -45,55 +46,63 @@ def _align(arrays: list, local: Local) -> list:
     rank = len(local.out_chunk)
     out = []
     for a in arrays:
-        if isinstance(a, np.ndarray) and a.ndim - local.G < rank:
+        if hasattr(a, "ndim") and not isinstance(a, np.generic) and a.ndim - local.G < rank:
             a = a.reshape(a.shape[:local.G] + (1,) * (rank - a.ndim + local.G) + a.shape[local.G:])
         out.append(a)
     return out
 
 
 def _elementwise(name: str, fn, linear: str | None = None, linear_args=None, dtype="sample") -> OpDef:
-    return OpDef(name, lambda shapes, *params: R.elementwise_rule(tuple(shapes), op=name),
-                 lambda arrays, local: fn(*_align(arrays, local)), linear, linear_args, dtype=dtype)
+    """``fn`` names the function in numpy and jax.numpy alike, or is ``fn(xp, *blocks)``."""
+    np_f = getattr(np, fn) if isinstance(fn, str) else (lambda *a: fn(np, *a))
+
+    def kernel(arrays, local):
+        xp = _xp(*arrays)
+        f = np_f if xp is np else getattr(xp, fn) if isinstance(fn, str) else (lambda *a: fn(xp, *a))
+        return f(*_align(arrays, local))
+
+    return OpDef(name, lambda shapes, *params: R.elementwise_rule(tuple(shapes), op=name), kernel, linear,
+                 linear_args, dtype=dtype)
 
 
-def _relu(x):
-    return np.maximum(x, x.dtype.type(0) if isinstance(x, np.ndarray) else 0)
+def _relu(xp, x):
+    return xp.maximum(x, x.dtype.type(0) if hasattr(x, "dtype") else 0)
 
 
-def _sigmoid(x):
-    x = np.asarray(x)
+def _sigmoid(xp, x):
+    x = xp.asarray(x)
     one = x.dtype.type(1) if x.dtype.kind == "f" else 1.0
-    return one / (one + np.exp(-x))
+    return one / (one + xp.exp(-x))
 
 
 _BINARY = {
-    "add": _elementwise("add", np.add, "add"),
-    "subtract": _elementwise("subtract", np.subtract, "add"),
-    "multiply": _elementwise("multiply", np.multiply, "mul"),
-    "divide": _elementwise("divide", np.true_divide, "mul", (0,)),
-    "power": _elementwise("power", np.power),
-    "maximum": _elementwise("maximum", np.maximum),
-    "minimum": _elementwise("minimum", np.minimum),
-    "less": _elementwise("less", np.less),
-    "less_equal": _elementwise("less_equal", np.less_equal),
-    "greater": _elementwise("greater", np.greater),
-    "greater_equal": _elementwise("greater_equal", np.greater_equal),
-    "equal": _elementwise("equal", np.equal),
-    "not_equal": _elementwise("not_equal", np.not_equal),
+    "add": _elementwise("add", "add", "add"),
+    "subtract": _elementwise("subtract", "subtract", "add"),
+    "multiply": _elementwise("multiply", "multiply", "mul"),
+    "divide": _elementwise("divide", "divide", "mul", (0,)),
+    "power": _elementwise("power", "power"),
+    "maximum": _elementwise("maximum", "maximum"),
+    "minimum": _elementwise("minimum", "minimum"),
+    "less": _elementwise("less", "less"),
+    "less_equal": _elementwise("less_equal", "less_equal"),
+    "greater": _elementwise("greater", "greater"),
+    "greater_equal": _elementwise("greater_equal", "greater_equal"),
+    "equal": _elementwise("equal", "equal"),
+    "not_equal": _elementwise("not_equal", "not_equal"),
 }
 _UNARY = {
-    "negative": _elementwise("negative", np.negative, "add"),
-    "exp": _elementwise("exp", np.exp),
-    "log": _elementwise("log", np.log),
-    "tanh": _elementwise("tanh", np.tanh),
-    "sin": _elementwise("sin", np.sin),
-    "cos": _elementwise("cos", np.cos),
-    "sqrt": _elementwise("sqrt", np.sqrt),
-    "abs": _elementwise("abs", np.abs),
+    "negative": _elementwise("negative", "negative", "add"),
+    "exp": _elementwise("exp", "exp"),
+    "log": _elementwise("log", "log"),
+    "tanh": _elementwise("tanh", "tanh"),
+    "sin": _elementwise("sin", "sin"),
+    "cos": _elementwise("cos", "cos"),
+    "sqrt": _elementwise("sqrt", "sqrt"),
+    "abs": _elementwise("abs", "abs"),
     "relu": _elementwise("relu", _relu),
     "sigmoid": _elementwise("sigmoid", _sigmoid),
 }
-_WHERE = _elementwise("where", np.where, "add", (1, 2))
+_WHERE = _elementwise("where", "where", "add", (1, 2))
 
 
 def add(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["add"], (a, b))
@@ -143,7 +152,7 @@ def _matmul_kernel(arrays, local):
     # give both operands the result's batch rank so grid axes line up
     a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
     b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
-    return np.matmul(a, b)
+    return _xp(a, b).matmul(a, b)
 
 
 _MATMUL = OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel, "mul")
@@ -169,7 +178,7 @@ def _einsum_kernel(arrays, local):
     subscripts = local.params[0].replace(" ", "")
     G = local.G
     if G == 0:
-        return np.einsum(subscripts, *arrays)
+        return _xp(*arrays).einsum(subscripts, *arrays)
     lhs, arrow, rhs = subscripts.partition("->")
     terms = lhs.split(",")
     if not arrow:  # numpy's implicit output: ellipsis dims, then the letters used once, sorted
@@ -177,9 +186,10 @@ def _einsum_kernel(arrays, local):
         rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
     free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in subscripts]
     g = "".join(free[:G])
+    xp = _xp(*arrays)
     grid = np.broadcast_shapes(*(a.shape[:G] for a in arrays))
-    arrays = [np.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
-    return np.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *arrays)
+    arrays = [xp.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
+    return xp.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *arrays)
 
 
 _EINSUM = OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul")
@@ -208,18 +218,18 @@ def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _reduction(name: str, fn, linear, reduction, replicate=False) -> OpDef:
+def _reduction(name: str, linear, reduction, replicate=False) -> OpDef:
     def kernel(arrays, local):
         axes, keepdims = local.params
-        return fn(arrays[0], axis=tuple(local.G + a for a in axes), keepdims=keepdims)
+        return getattr(_xp(arrays[0]), name)(arrays[0], axis=tuple(local.G + a for a in axes), keepdims=keepdims)
 
     return OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, replicate),
                  kernel, linear, None, reduction)
 
 
-_SUM = _reduction("sum", np.sum, "add", "sum")
-_MAX = _reduction("max", np.max, None, "max")
-_MIN = _reduction("min", np.min, None, "min")
+_SUM = _reduction("sum", "add", "sum")
+_MAX = _reduction("max", None, "max")
+_MIN = _reduction("min", None, "min")
 
 
 def _ndim(x) -> int:
@@ -259,8 +269,8 @@ def _argmax_kernel(arrays, local):
     if axis is None:
         G = local.G
         flat = x.reshape(x.shape[:G] + (-1,))
-        return np.argmax(flat, axis=G)
-    return np.argmax(x, axis=local.G + axis)
+        return _xp(x).argmax(flat, axis=G)
+    return _xp(x).argmax(x, axis=local.G + axis)
 
 
 _ARGMAX = OpDef("argmax", lambda shapes, axis: R.reduce_rule(
@@ -287,11 +297,12 @@ def argmax(x: ArrayLike, axis: int | None = None) -> Tensor:
 
 def _softmax_kernel(arrays, local):
     x = arrays[0]
+    xp = _xp(x)
     if x.size == 0:
-        return np.exp(x)
+        return xp.exp(x)
     ax = local.G + local.params[0]
-    e = np.exp(x - np.max(x, axis=ax, keepdims=True))
-    return e / np.sum(e, axis=ax, keepdims=True)
+    e = xp.exp(x - xp.max(x, axis=ax, keepdims=True))
+    return e / xp.sum(e, axis=ax, keepdims=True)
 
 
 _SOFTMAX = OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "softmax"),
@@ -368,7 +379,7 @@ def reshape(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
 
 def _broadcast_kernel(arrays, local):
     x = _align(arrays, local)[0]
-    return np.broadcast_to(x, x.shape[:local.G] + local.out_chunk)
+    return _xp(x).broadcast_to(x, x.shape[:local.G] + local.out_chunk)
 
 
 _BROADCAST = OpDef("broadcast_to", lambda shapes, target: R.broadcast_to_rule(shapes[0], target), _broadcast_kernel,
@@ -408,9 +419,10 @@ def squeeze(x: ArrayLike, axis: int | Sequence[int] | None = None) -> Tensor:
 
 def _concat_kernel(arrays, local):
     G = local.G
+    xp = _xp(*arrays)
     grid = np.broadcast_shapes(*(a.shape[:G] for a in arrays))
-    arrays = [np.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
-    return np.concatenate(arrays, axis=G + local.params[0])
+    arrays = [xp.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
+    return xp.concatenate(arrays, axis=G + local.params[0])
 
 
 _CONCAT = OpDef("concatenate", lambda shapes, axis: R.concatenate_rule(tuple(shapes), axis), _concat_kernel, "add")

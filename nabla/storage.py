@@ -8,12 +8,19 @@ from math import prod
 
 import numpy as np
 
+from . import array_backend as B
 from .layout import chunks, grid, grid_index, shard_slices, spec_cuts
 from .spec import ShardingSpec
 
 
 def place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
-    """Lay a host value out as ``spec``; partial axes get the value at coordinate 0 and zeros elsewhere."""
+    """Lay a host value out as ``spec``; partial axes get the value at coordinate 0 and zeros elsewhere.
+    Under the jax backend the blocks then go to the devices that own them."""
+    x = _place(np.asarray(value), spec)
+    return B.put(x, spec) if B.active() == "jax" else x
+
+
+def _place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
     shape = value.shape
     g = grid(spec)
     ch = chunks(spec, shape)
@@ -44,6 +51,7 @@ def place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
 
 def assemble(data: np.ndarray, spec: ShardingSpec, shape: tuple[int, ...]) -> np.ndarray:
     """The global value of stored blocks (a host read: partial sums are added here, not communicated)."""
+    data = B.to_host(data)
     g = grid(spec)
     G = len(g.shape)
     if g.partial:
@@ -64,6 +72,8 @@ def block(data: np.ndarray, spec: ShardingSpec, shape: tuple[int, ...], device_i
     """Device ``device_id``'s block: a view into the stored array, trimmed of padding."""
     sl = shard_slices(spec, shape, device_id)
     local = data[grid_index(spec, device_id)]
+    if B.is_jax(local):  # that device's own shard, copied to the host
+        local = B.to_host(local)
     return local[tuple(slice(0, s.stop - s.start) for s in sl)]
 
 
@@ -97,6 +107,7 @@ def add_once(data: np.ndarray, spec: ShardingSpec, axes: tuple[str, ...]) -> np.
     G = len(gw.shape)
     x = data.reshape(grid(spec, cuts).shape + data.shape[len(grid(spec).shape):])
     new = [j for j in gw.partial if x.shape[j] == 1 and gw.shape[j] > 1]
-    out = np.zeros(tuple(gw.shape[j] if j in new else x.shape[j] for j in range(G)) + x.shape[G:], dtype=x.dtype)
-    out[tuple(0 if j in new else slice(None) for j in range(G))] = x[tuple(0 if j in new else slice(None) for j in range(G))]
-    return out
+    xp = B.xp(x)
+    first = np.zeros(tuple(gw.shape[j] if j in new else 1 for j in range(G)) + (1,) * (x.ndim - G), dtype=bool)
+    first[(0,) * x.ndim] = True
+    return xp.where(first, x, xp.zeros((), dtype=x.dtype))
