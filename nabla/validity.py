@@ -4,6 +4,7 @@ reduced dim may leave its cross-device sum pending as ``partial_axes``)."""
 
 from __future__ import annotations
 
+from math import prod
 from typing import Sequence
 
 from .errors import ShardingError
@@ -12,6 +13,18 @@ from .spec import ShardingSpec
 
 def _axes(spec: ShardingSpec, dim: int) -> tuple[str, ...]:
     return spec.dim_specs[dim].axes
+
+
+def _uncovered(spec: ShardingSpec, axes, by) -> list[str]:
+    """Axes of ``axes`` not made up of pieces in ``by`` (``x`` is made up of ``x:(1)2`` and ``x:(2)2``)."""
+    refs = [spec.mesh.axis_ref(a) for a in by]
+    out = []
+    for a in axes:
+        r = spec.mesh.axis_ref(a)
+        inside = [b for b in refs if b.name == r.name and b.pre >= r.pre and b.pre * b.size <= r.pre * r.size]
+        if prod(b.size for b in inside) != r.size:
+            out.append(a)
+    return out
 
 
 def _fail(op: str, msg: str) -> ShardingError:
@@ -71,8 +84,7 @@ def check_reduction(inp: ShardingSpec, shape: Sequence[int], axes: Sequence[int]
         want = () if d in axes else _axes(inp, d)
         if _axes(out, o) != want:
             raise _fail(op, f"output dim {o} is {out.dim_specs[o]!r}, expected {list(want)} from input dim {d}")
-    reduced = {a for d in axes for a in _axes(inp, d)}
-    extra = set(out.partial_axes) - reduced - set(inp.partial_axes)
+    extra = _uncovered(out, out.partial_axes, [a for d in axes for a in _axes(inp, d)] + list(inp.partial_axes))
     if extra:
         raise _fail(op, f"output is partial over {sorted(extra)}, which shard no reduced dim")
 
@@ -95,8 +107,7 @@ def check_matmul(a: ShardingSpec, b: ShardingSpec, out: ShardingSpec, shapes: Se
             j = d - (batch_out - (len(shape) - 2))
             if j >= 0 and shape[j] != 1 and _axes(spec, j) != _axes(out, d):
                 raise _fail(op, f"batch dim {d}: operand {i} is {spec.dim_specs[j]!r}, output {out.dim_specs[d]!r}")
-    k_axes = set(_axes(a, len(sa) - 1))
-    extra = set(out.partial_axes) - k_axes - set(a.partial_axes) - set(b.partial_axes)
+    extra = _uncovered(out, out.partial_axes, list(_axes(a, len(sa) - 1)) + list(a.partial_axes) + list(b.partial_axes))
     if extra:
         raise _fail(op, f"output is partial over {sorted(extra)}, which shard no contracted dim")
 

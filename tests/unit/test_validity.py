@@ -40,3 +40,13 @@ def test_matmul_and_reduction_accept_the_partial_extension():
     V.check_matmul(S(None, "x"), S("x", None), S(None, None, partial_axes=["x"]), [(8, 8), (8, 8)])
     V.check_reduction(S("x", "y"), (8, 8), (1,), False, ShardingSpec(M, ["x"], partial_axes=["y"]))
     V.check_reduction(S("x", "y"), (8, 8), (1,), True, S("x", None))
+
+
+def test_partial_axes_made_of_sub_axis_pieces():
+    # found by the thorough profile: reducing dims sharded x:(1)2 and x:(2)2 leaves a sum partial over x
+    m = DeviceMesh("m", (4, 1), ("x", "y"))
+    inp = ShardingSpec(m, ["x:(1)2", "y", "x:(2)2"])
+    V.check_reduction(inp, (2, 1, 2), (0, 2), False, ShardingSpec(m, ["y"], partial_axes=["x"]))
+    with pytest.raises(nb.ShardingError, match="partial over"):
+        V.check_reduction(ShardingSpec(m, ["x:(1)2", "y", None]), (2, 1, 2), (0, 2), False,
+                          ShardingSpec(m, ["y"], partial_axes=["x"]))
