@@ -189,7 +189,7 @@ def main() -> None:
                      ours["e_numpy_add"]))
     rows.append(("e", "add 1021x1024 on 8 devices (uneven: padded blocks)", ours["e_add_uneven"], None, None,
                  ours["e_numpy_add_uneven"]))
-    rows.append(("e", "sum over the uneven sharded dim (padding masked)", ours["e_sum_uneven"], None, None,
+    rows.append(("e", "sum over the uneven sharded dim (padding neutralised; partial sums)", ours["e_sum_uneven"], None, None,
                  ours["e_numpy_sum_uneven"]))
     rows.append(("f", "MLP relu(x@w1)@w2, x[dp|-] w1[-|tp] w2[tp|-]", ours["f_mlp"], j("f_mlp"), d("f_mlp"),
                  ours["f_numpy_mlp"]))

@@ -66,7 +66,7 @@ class Prep(NamedTuple):
     plan: reshard.Plan | None
     mask_axes: tuple[str, ...]  # partial axes this operand must be added once over
     grid_shape: tuple[int, ...]  # its stored shape in the kernel's common grid
-    pads: tuple[tuple[int, Any], ...]  # (dim, mask) of padded reduce dims to neutralise
+    pads: tuple[tuple, ...]  # index regions of padding inside reduced dims, to neutralise
 
 
 class Program(NamedTuple):
@@ -135,8 +135,8 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool, on_jax: 
     if p.mask_axes:
         x = storage.add_once(x, p.target, p.mask_axes)
     x = x.reshape(p.grid_shape)
-    for _, mask in p.pads:  # padding inside a reduced dim must not count: fill it with the neutral value
-        x = B.xp(x).where(mask, x, _neutral(op.reduction, x.dtype))
+    if p.pads:  # padding inside a reduced dim must not count: fill it with the neutral value
+        x = storage.fill(x, p.pads, _neutral(op.reduction, x.dtype))
     return x
 
 
@@ -214,9 +214,7 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
         pads = []
         for d, factors in enumerate(rule.operands[i]):
             if any(f in reduce_factors for f in factors):
-                m = storage.pad_mask(tt, shapes[i], d, cuts)
-                if m is not None:
-                    pads.append((d, m))
+                pads += storage.pad_regions(tt, shapes[i], d, cuts)
         if s[0] == "c":
             preps.append(Prep("scalar", t, None, add_once, gshape, ()))
         elif s[0] == "h":

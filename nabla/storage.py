@@ -77,22 +77,37 @@ def block(data: np.ndarray, spec: ShardingSpec, shape: tuple[int, ...], device_i
     return local[tuple(slice(0, s.stop - s.start) for s in sl)]
 
 
-def pad_mask(spec: ShardingSpec, shape: tuple[int, ...], dim: int, cuts=None) -> np.ndarray | None:
-    """Boolean mask, broadcastable to the stored array (on ``cuts``' grid), of the entries along ``dim``
-    that are not padding; None when the dim has none."""
+def pad_regions(spec: ShardingSpec, shape: tuple[int, ...], dim: int, cuts=None) -> tuple[tuple, ...]:
+    """Index tuples (into the stored array on ``cuts``' grid) of the padding along ``dim``: for each shard
+    whose block runs past the dim's end, its grid position and the tail of its chunk. At most one per shard."""
     g = grid(spec, cuts)
     run = g.dims[dim]
     c = chunks(spec, shape)[dim]
-    k = prod(g.atoms[a].size for a in run)
-    if k * c == shape[dim]:
-        return None
-    nd = len(g.shape) + len(shape)
-    pos = np.zeros([1] * nd, dtype=np.int64)
-    for a in run:  # the shard index along the dim: mixed radix over its atoms, major to minor
-        s = g.atoms[a].size
-        pos = pos * s + np.arange(s).reshape([s if j == a else 1 for j in range(nd)])
-    local = np.arange(c).reshape([c if j == len(g.shape) + dim else 1 for j in range(nd)])
-    return pos * c + local < shape[dim]
+    sizes = [g.atoms[a].size for a in run]
+    n = shape[dim]
+    regions = []
+    for p in range(prod(sizes)):
+        valid = min(max(n - p * c, 0), c)
+        if valid == c:
+            continue
+        idx: list = [slice(None)] * (len(g.shape) + len(shape))
+        for a, coord in zip(run, np.unravel_index(p, sizes) if sizes else ()):
+            idx[a] = int(coord)
+        idx[len(g.shape) + dim] = slice(valid, None)
+        regions.append(tuple(idx))
+    return tuple(regions)
+
+
+def fill(data, regions: tuple[tuple, ...], value):
+    """A copy of ``data`` with ``value`` written into ``regions`` (padding made neutral for a reduction)."""
+    if B.is_jax(data):
+        for idx in regions:
+            data = data.at[idx].set(value)
+        return data
+    data = data.copy()
+    for idx in regions:
+        data[idx] = value
+    return data
 
 
 def add_once(data: np.ndarray, spec: ShardingSpec, axes: tuple[str, ...]) -> np.ndarray:

@@ -32,11 +32,14 @@ def test_partial_place_puts_value_on_first_device_of_each_group():
     np.testing.assert_array_equal(storage.assemble(d, s, (4, 2)), x)
 
 
-def test_pad_mask_marks_only_past_the_end():
+def test_pad_regions_mark_only_past_the_end():
     s = ShardingSpec(DeviceMesh("m", (4,), ("x",)), ["x"])
-    m = storage.pad_mask(s, (5,), 0)
-    assert m.reshape(4, 2).tolist() == [[True, True], [True, True], [True, False], [False, False]]
-    assert storage.pad_mask(s, (8,), 0) is None
+    regions = storage.pad_regions(s, (5,), 0)  # blocks 2,2,1,0: shard 2 pads its last slot, shard 3 both
+    assert regions == ((2, slice(1, None)), (3, slice(0, None)))
+    assert storage.pad_regions(s, (8,), 0) == ()
+    d = storage.place(np.arange(5.0), s)
+    assert storage.fill(d, regions, -1.0).tolist() == [[0, 1], [2, 3], [4, -1], [-1, -1]]
+    assert d[3].tolist() == [0.0, 0.0]  # the stored blocks themselves are untouched
 
 
 def test_add_once_keeps_coordinate_zero():
