@@ -79,8 +79,8 @@ def nabla_side(quick: bool) -> dict:
     u2 = nb.tensor(rnd(1021, 1024, seed=1)).shard(m8, ["x", None])
     out["e_add_uneven"] = measure(lambda: u1 + u2, quick)
     out["e_sum_uneven"] = measure(lambda: u1.sum(0), quick)
-    g1 = rnd(1021, 1024)
-    out["e_numpy_add_uneven"] = measure(lambda: g1 + g1, quick)
+    g1, g2 = rnd(1021, 1024), rnd(1021, 1024, seed=1)
+    out["e_numpy_add_uneven"] = measure(lambda: g1 + g2, quick)
     out["e_numpy_sum_uneven"] = measure(lambda: g1.sum(0), quick)
 
     xm, w1, w2 = rnd(64, 256), rnd(256, 1024, seed=1), rnd(1024, 256, seed=2)
