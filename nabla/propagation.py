@@ -47,6 +47,7 @@ class _Entry(NamedTuple):
     is_open: bool
     priority: int
     size: int  # elements of the tensor it comes from: AGGRESSIVE prefers larger tensors
+    banned: tuple[AxisRef, ...] = ()  # the tensor's explicitly replicated axes: never shard it on them
 
 
 _NO_PRIORITY = 1 << 30
@@ -103,6 +104,11 @@ def _merge_factor(entries: list[_Entry], strat: str) -> tuple[tuple[AxisRef, ...
         closed = [len(e.axes) for e in top if not e.is_open]
         if closed:
             axes = axes[:min(closed)]
+    banned = [b for e in entries for b in e.banned]
+    for i, r in enumerate(axes):  # explicitly replicated axes hold in every strategy
+        if _overlaps_any(r, banned):
+            axes = axes[:i]
+            break
     size = max((e.size for e in top if e.axes and axes[:len(e.axes)] == e.axes), default=0)
     return axes, p, size
 
@@ -123,9 +129,10 @@ def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMe
         if spec.rank != len(dims):
             raise ShardingError(f"propagate: operand {k} spec {spec!r} has rank {spec.rank}, rule {rule} wants {len(dims)}")
         tsize = prod(prod(rule.sizes[f] for f in d) for d in dims)
+        banned = tuple(mesh.axis_ref(a) for a in spec.replicated_axes)
         for ds, refs, factors in zip(spec.dim_specs, spec.dim_refs, dims):
             for f, axes in project_dim(refs, factors, rule.sizes).items():
-                entries[f].append(_Entry(tuple(axes), ds.is_open, ds.priority, tsize))
+                entries[f].append(_Entry(tuple(axes), ds.is_open, ds.priority, tsize, banned))
 
     merged = [_merge_factor(entries[f], strat) if rule.kinds[f] != REPLICATE else ((), _NO_PRIORITY, 0)
               for f in range(nf)]

@@ -279,3 +279,15 @@ def test_argmax_over_vocab_parallel_logits_reduces_instead_of_gathering():
     assert_comm(log, all_reduce=2)  # the max, then the first index holding it: 3 values per row each
     assert log.total_bytes < 100  # an all_gather of the rows would send 9000 bytes per device
     assert_sharded_allclose(best, logits.argmax(1))
+
+
+def test_replicated_axes_in_with_sharding_are_respected_downstream():
+    mesh = DPTP[1]
+    x = rnd(8, 8)
+    other = nb.tensor(x).shard(mesh, [None, "tp"])
+    pinned = nb.tensor(x).shard(mesh, ["dp", None]).with_sharding(
+        mesh, ["dp", DimSpec([], is_open=True)], replicated_axes=["tp"])
+    with nb.strategy("aggressive"):
+        r = pinned + other
+    assert r.sharding.dim_specs[1].axes == ()  # tp may not shard the pinned operand, so it is gathered
+    assert_sharded_allclose(r, x + x, **TOL)

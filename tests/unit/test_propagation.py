@@ -260,3 +260,14 @@ def test_template_table(name, rule, ins, strat, factors, targets, result):
     assert [names(d)[f] for f in real] == factors
     assert [repr(t.layout()) for t in d.operands] == targets
     assert repr(d.result) == result
+
+
+@pytest.mark.parametrize("strat", [BASIC, AGGRESSIVE])
+def test_explicitly_replicated_axes_are_respected(strat):
+    open_dims = [DimSpec([], is_open=True), DimSpec([], is_open=True)]
+    free = ShardingSpec(M, open_dims)
+    pinned = ShardingSpec(M, open_dims, replicated_axes=["x"])
+    assert names(propagate(EW, (S("x", None), free), M, strat))[0] == ("x",)  # an open operand takes x...
+    assert names(propagate(EW, (S("x", None), pinned), M, strat))[0] == ()  # ...unless it is replicated on x
+    both = S(("y", "x"), None)
+    assert names(propagate(EW, (both, pinned), M, strat))[0] == ("y",)  # truncated at the banned axis
