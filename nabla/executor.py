@@ -160,23 +160,8 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
     mesh = meshes.pop()
     rule = op.rule(shapes, *params)
     dtype = _dtype(op, sigs, params)
-    # Partial sums: which stay partial (linear use), which are summed while resharding.
-    partial = [set(s[3].partial_axes) if s[0] == "s" else set() for s in sigs]
-    in_dims = [set(a for d in s[3].dim_specs for a in d.axes) if s[0] == "s" else set() for s in sigs]
+    keep, keep_by = _surviving_partials(op, sigs, shapes)
     linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
-    keep: set[str] = set()
-    if op.linear:
-        for i in linear_args:
-            for a in partial[i]:
-                if not any(a in in_dims[j] for j in range(len(sigs)) if j != i):
-                    keep.add(a)
-    keep_by = [partial[i] & keep if i in linear_args else set() for i in range(len(sigs))]
-    if op.linear == "mul":  # one operand per axis keeps its partial sums: the largest, so the smaller are summed
-        owner: dict[str, int] = {}
-        for i in sorted(range(len(sigs)), key=lambda i: -prod(shapes[i])):
-            for a in sorted(keep_by[i]):
-                owner.setdefault(a, i)
-        keep_by = [{a for a in keep_by[i] if owner[a] == i} for i in range(len(sigs))]
     reserved = tuple(sorted(keep))
     prop_specs = tuple(_strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
     dec = propagate(rule, prop_specs, mesh, strat, reserved)
@@ -227,6 +212,32 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
     post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None
     return Program(tuple(preps), G, kspec, result, result_shape, out_grid,
                    Local(G, chunks(kspec, result_shape), params), post, dtype)
+
+
+def _surviving_partials(op: OpDef, sigs: tuple, shapes) -> tuple[set[str], list[set[str]]]:
+    """Which partial axes stay partial through ``op`` (all of them, and per operand); the rest are summed
+    while the operands are resharded. Design decision 4: linear uses keep the sum pending, unless another
+    operand's dims use the axis (then one reduce_scatter beats gathering that operand); a product keeps
+    each axis on one operand (the largest), as a product of two sums needs one of them summed."""
+    n = len(sigs)
+    partial = [set(s[3].partial_axes) if s[0] == "s" else set() for s in sigs]
+    in_dims = [[s[3].mesh.axis_ref(a) for d in s[3].dim_specs for a in d.axes] if s[0] == "s" else [] for s in sigs]
+    linear_args = range(n) if op.linear_args is None else op.linear_args
+    keep: set[str] = set()
+    if op.linear:
+        for i in linear_args:
+            for a in partial[i]:
+                ref = sigs[i][3].mesh.axis_ref(a)
+                if not any(ref.overlaps(b) for j in range(n) if j != i for b in in_dims[j]):
+                    keep.add(a)
+    keep_by = [partial[i] & keep if i in linear_args else set() for i in range(n)]
+    if op.linear == "mul":
+        owner: dict[str, int] = {}
+        for i in sorted(range(n), key=lambda i: -prod(shapes[i])):
+            for a in sorted(keep_by[i]):
+                owner.setdefault(a, i)
+        keep_by = [{a for a in keep_by[i] if owner[a] == i} for i in range(n)]
+    return keep, keep_by
 
 
 def _strip_partial(spec: ShardingSpec) -> ShardingSpec:
