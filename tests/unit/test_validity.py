@@ -37,9 +37,10 @@ def test_broadcast_composition_by_device_sets():
 
 
 def test_matmul_and_reduction_accept_the_partial_extension():
-    V.check_matmul(S(None, "x"), S("x", None), S(None, None, partial_axes=["x"]), [(8, 8), (8, 8)])
-    V.check_reduction(S("x", "y"), (8, 8), (1,), False, ShardingSpec(M, ["x"], partial_axes=["y"]))
-    V.check_reduction(S("x", "y"), (8, 8), (1,), True, S("x", None))
+    assert V.valid(V.check_matmul, S(None, "x"), S("x", None), S(None, None, partial_axes=["x"]), [(8, 8), (8, 8)])
+    assert V.valid(V.check_reduction, S("x", "y"), (8, 8), (1,), False, ShardingSpec(M, ["x"], partial_axes=["y"]))
+    assert V.valid(V.check_reduction, S("x", "y"), (8, 8), (1,), True, S("x", None))
+    assert not V.valid(V.check_reduction, S("x", "y"), (8, 8), (1,), True, S("x", "y"))
 
 
 def test_partial_axes_made_of_sub_axis_pieces():
