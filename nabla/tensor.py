@@ -113,11 +113,11 @@ class Tensor:
         for i in range(len(self)):
             yield self[i]
 
-    def item(self):
+    def item(self) -> Any:
         """The value of a one-element tensor as a Python scalar (a host read)."""
         return self.numpy().item()
 
-    def tolist(self):
+    def tolist(self) -> Any:
         return self.numpy().tolist()
 
     def __len__(self) -> int:
@@ -194,28 +194,28 @@ class Tensor:
 
     def __getitem__(self, key): return _ops().getitem(self, key)
 
-    def sum(self, axis=None, keepdims=False): return _ops().sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return _ops().mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims=False): return _ops().max(self, axis, keepdims)
-    def min(self, axis=None, keepdims=False): return _ops().min(self, axis, keepdims)
-    def argmax(self, axis=None): return _ops().argmax(self, axis)
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().sum(self, axis, keepdims)
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().mean(self, axis, keepdims)
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().max(self, axis, keepdims)
+    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().min(self, axis, keepdims)
+    def argmax(self, axis: int | None = None) -> Tensor: return _ops().argmax(self, axis)
 
-    def reshape(self, *shape):
+    def reshape(self, *shape: Any) -> Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = tuple(shape[0])
         return _ops().reshape(self, shape)
 
-    def transpose(self, *axes):
+    def transpose(self, *axes: Any) -> Tensor:
         if len(axes) == 1 and axes[0] is not None and not isinstance(axes[0], (int, np.integer)):
             axes = tuple(axes[0])
         return _ops().transpose(self, axes or None)
 
     @property
-    def T(self): return _ops().transpose(self, None)
+    def T(self) -> Tensor: return _ops().transpose(self, None)
 
-    def astype(self, dtype): return _ops().astype(self, dtype)
+    def astype(self, dtype: Any) -> Tensor: return _ops().astype(self, dtype)
 
-    def to_jax(self):
+    def to_jax(self) -> Any:
         from .interop.jax import to_jax
         return to_jax(self)
 
