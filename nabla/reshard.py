@@ -34,6 +34,7 @@ class Step(NamedTuple):
     dst: int | None = None  # dim the atoms join (slice, reduce_scatter, all_to_all)
     atoms: tuple[int, ...] = ()
     order: tuple[int, ...] = ()  # permute: the dim's atoms before the move
+    moves: tuple = ()  # permute: per dim (dim, atoms leaving, atoms arriving, their sizes, block length)
     sizes: tuple[int, ...] = ()  # filled by `plan`: the atoms' sizes
     src_chunk: int = 0  # filled by `plan`: block length of `src` after the move
     dst_chunk: int = 0  # filled by `plan`: block length of `dst` after the move
@@ -172,12 +173,28 @@ def _greedy(cur: State, target: State, atoms: tuple[AxisRef, ...], shape, itemsi
         B = block_bytes(cur)
         busy = used(cur)
         move: Step | None = None
-        # 0. same atoms in another order on a dim: devices swap whole blocks.
-        for d, run in enumerate(cur.dims):
-            want = target.dims[d][:len(run)]
-            if run and run != want and set(run) == set(want):
-                move = Step("collective_permute", names(run), B, k_of(run), with_dim(cur, d, want), src=d, atoms=want, order=run)
-                break
+        # 0. every dim keeps its shard count but other atoms (or another order) pick each block: every
+        #    device needs one block that another device holds, one collective_permute of a block each.
+        if cur.partial == target.partial:
+            moves = []
+            for d, run in enumerate(cur.dims):
+                lcp = 0
+                while lcp < min(len(run), len(target.dims[d])) and run[lcp] == target.dims[d][lcp]:
+                    lcp += 1
+                old, new = run[lcp:], target.dims[d][lcp:]
+                if k_of(old) != k_of(new):
+                    moves = []
+                    break
+                if old or new:
+                    moves.append((d, old, new))
+            leaving = {a for _, old, _ in moves for a in old}
+            arriving = [a for _, _, new in moves for a in new]
+            if moves and all(a in leaving or a not in busy for a in arriving):
+                group = prod(k_of(old) for _, old, _ in moves)
+                move = Step("collective_permute", names(tuple(leaving | set(arriving))), B, group, target,
+                            moves=tuple((d, old, new, tuple(sizes[a] for a in new),
+                                         chunk(shape[d], k_of(target.dims[d])))
+                                        for d, old, new in moves))
         # 1. local slices: atoms that are free and next in a target dim.
         if move is None:
             for d in range(len(shape)):
@@ -321,7 +338,19 @@ def _grid_shape(atoms, state: State) -> tuple[int, ...]:
 
 def _apply(x: np.ndarray, G: int, s: Step, reduce_op: str) -> np.ndarray:
     if s.kind == "collective_permute":
-        return C.permute_blocks(x, s.order, s.atoms) if s.order else x  # no order: devices relabelled
+        if not s.moves:  # devices relabelled between meshes: the grid is unchanged
+            return x
+        if all(set(old) == set(new) for _, old, new, _, _ in s.moves):
+            for _, old, new, _, _ in s.moves:
+                x = C.permute_blocks(x, old, new)
+            return x
+        # other atoms pick the blocks; a dim's block length is the same before and after, so move the
+        # leaving atoms into their dims, then cut the dims onto the arriving atoms
+        for d, old, _, sizes, c in s.moves:
+            x = C.gather_into(x, G, d, old, c * prod(sizes))
+        for d, _, new, sizes, c in s.moves:
+            x = C.split_onto(x, G, d, new, sizes, c)
+        return x
     if s.kind == "all_reduce":
         return C.reduce_over(x, s.atoms, reduce_op)
     if s.kind == "reduce_scatter":

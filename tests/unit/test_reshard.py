@@ -153,3 +153,17 @@ def test_unrelated_meshes_are_refused():
     t = nb.tensor(X).shard(MESH, ["x", None])
     with pytest.raises(ShardingError, match="only a change of device order"):
         t.with_sharding(DeviceMesh("q", (8,), ("x",)), ["x", None])
+
+
+def test_same_shard_counts_with_other_axes_is_one_permute():
+    m = DeviceMesh("m", (4, 4), ("x", "y"))
+    v = np.arange(64, dtype=np.float32).reshape(8, 8)
+    for src, dst in [(["x", None], ["y", None]), (["x", "y"], ["y", "x"]),
+                     ([("x", "y:(1)2"), None], [("y", "x:(1)2"), None])]:
+        t = nb.tensor(v).shard(m, src)
+        with nb.comm_log() as log:
+            u = t.with_sharding(m, dst)
+        assert_comm(log, collective_permute=1)
+        block = 4 * int(np.prod([t.sharding.shard_shape(v.shape, 0)]))
+        assert log.events[0].bytes == block  # one block per device, instead of (k-1) blocks to gather
+        assert_sharded_allclose(u, v, rtol=0, atol=0)
