@@ -121,9 +121,12 @@ def programs(mesh: DeviceMesh | None, max_ops: int):
                     else _softmax_np(x, axis), lambda a: a)
             elif kind == "slice":
                 n = cur.shape[0]
-                lo = draw(st.integers(0, n))
-                hi = draw(st.integers(lo, n))
-                add(f"[{lo}:{hi}]", lambda lib, x, xs, lo=lo, hi=hi: x[lo:hi], lambda a, lo=lo, hi=hi: a[lo:hi])
+                if draw(st.booleans()):
+                    add("[::-1]", lambda lib, x, xs: x[::-1], lambda a: a[::-1])
+                else:
+                    lo = draw(st.integers(0, n))
+                    hi = draw(st.integers(lo, n))
+                    add(f"[{lo}:{hi}]", lambda lib, x, xs, lo=lo, hi=hi: x[lo:hi], lambda a, lo=lo, hi=hi: a[lo:hi])
             elif kind == "expand":
                 add("expand_dims(0)", lambda lib, x, xs: lib.expand_dims(x, 0), lambda a: np.expand_dims(a, 0))
         return prog

@@ -11,12 +11,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from . import array_backend as B
+from . import collectives as C
 from . import reshard, storage
 from .errors import ShardingError
 from .layout import chunks, grid, merge_cuts, spec_cuts
 from .mesh import DeviceMesh
 from .propagation import current_strategy, propagate
-from .rules.core import REDUCE, Rule
+from .rules.core import PERMUTE, REDUCE, Rule
 from .spec import ShardingSpec
 
 SCALARS = (bool, int, float, complex, np.generic)
@@ -67,6 +68,8 @@ class Prep(NamedTuple):
     mask_axes: tuple[str, ...]  # partial axes this operand must be added once over
     grid_shape: tuple[int, ...]  # its stored shape in the kernel's common grid
     pads: tuple[tuple, ...]  # index regions of padding inside reduced dims, to neutralise
+    flips: tuple[int, ...] = ()  # grid axes of permutation factors: block p moves to device k-1-p
+    flip_event: tuple = ()  # (axes, bytes per device, group) of that collective_permute
 
 
 class Program(NamedTuple):
@@ -122,6 +125,8 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool, on_jax: 
             return a
         a = Value(np.asarray(a, dtype=prog.dtype), None, (), prog.dtype)
         p = p._replace(kind="host")
+    if p.flip_event and C._active:
+        C.record(C.CommEvent("collective_permute", *p.flip_event, op.name))
     if abstract:
         if p.kind == "sharded":
             reshard.execute(None, p.plan, op.name)
@@ -137,6 +142,8 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool, on_jax: 
     x = x.reshape(p.grid_shape)
     if p.pads:  # padding inside a reduced dim must not count: fill it with the neutral value
         x = storage.fill(x, p.pads, _neutral(op.reduction, x.dtype))
+    if p.flips:  # a permutation factor: each device takes the mirrored block (mixed radix: flip every digit)
+        x = B.xp(x).flip(x, axis=p.flips)
     return x
 
 
@@ -200,13 +207,23 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
         for d, factors in enumerate(rule.operands[i]):
             if any(f in reduce_factors for f in factors):
                 pads += storage.pad_regions(tt, shapes[i], d, cuts)
+        flips: list[int] = []
+        flipped: list[str] = []
+        for d, factors in enumerate(rule.operands[i]):
+            if any(rule.kinds[f] == PERMUTE for f in factors) and tt.dim_specs[d].axes:
+                flips += grid(tt, cuts).dims[d]
+                flipped += tt.dim_specs[d].axes
+        flip_event = ()
+        if flips:
+            flip_event = (tuple(flipped), prod(chunks(tt, shapes[i])) * s[2].itemsize,
+                          prod(grid(tt, cuts).shape[a] for a in flips))
         if s[0] == "c":
             preps.append(Prep("scalar", t, None, add_once, gshape, ()))
         elif s[0] == "h":
-            preps.append(Prep("host", t, None, add_once, gshape, tuple(pads)))
+            preps.append(Prep("host", t, None, add_once, gshape, tuple(pads), tuple(flips), flip_event))
         else:
             preps.append(Prep("sharded", t, reshard.plan(shapes[i], s[2].itemsize, s[3], t), add_once,
-                              gshape, tuple(pads)))
+                              gshape, tuple(pads), tuple(flips), flip_event))
     kspec = post_src or result
     out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
     post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None

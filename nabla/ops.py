@@ -442,6 +442,8 @@ def _index_kernel(arrays, local):
     for e in key:
         if e[0] == "full":
             idx.append(slice(None))
+        elif e[0] == "reverse":  # blocks were already swapped across devices: reverse each one locally
+            idx.append(slice(None, None, -1))
         elif e[0] == "slice":
             start, stop, step = e[1:]
             idx.append(slice(start, stop if stop >= 0 else None, step))  # slice.indices gives -1 for "past 0"
@@ -474,7 +476,12 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
             out.append(("new",))
         elif isinstance(k, slice):
             start, stop, step = k.indices(shape[d])
-            out.append(("full",) if (start, stop, step) == (0, shape[d], 1) else ("slice", start, stop, step))
+            if (start, stop, step) == (0, shape[d], 1):
+                out.append(("full",))
+            elif step == -1 and start == shape[d] - 1 and stop == -1:
+                out.append(("reverse",))
+            else:
+                out.append(("slice", start, stop, step))
             d += 1
         elif isinstance(k, (int, np.integer)):
             if not -shape[d] <= k < shape[d]:

@@ -11,7 +11,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 from .errors import ShardingError
 from .mesh import AxisRef, DeviceMesh, merge_adjacent
-from .rules.core import REDUCE, REPLICATE, Rule
+from .rules.core import PERMUTE, REDUCE, REPLICATE, Rule
 from .spec import DimSpec, ShardingSpec
 
 BASIC, AGGRESSIVE = "basic", "aggressive"
@@ -154,6 +154,9 @@ def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMe
         factor_axes[f] = tuple(keep)
         taken += keep
 
+    for f, kind in enumerate(rule.kinds):  # a permutation moves whole blocks: only even shards map onto each other
+        while kind == PERMUTE and factor_axes[f] and rule.sizes[f] % prod(r.size for r in factor_axes[f]):
+            factor_axes[f] = factor_axes[f][:-1]
     _make_representable(rule, factor_axes)
 
     def dims_of(dims, old: ShardingSpec | None, is_result: bool) -> list[DimSpec]:

@@ -1,6 +1,6 @@
 """Op sharding rules: one factor format for every op (Shardy's ``OpShardingRule``, seed 002's templates).
-Factors have sizes and kinds (``pass``, ``reduce``: sharded gives partial sums, ``replicate``: must be
-whole); every operand and result dim maps to factors, major to minor. Rules are hashable data."""
+Factors have sizes and kinds (``pass``; ``reduce``: sharded gives partial sums; ``replicate``: must be
+whole; ``permute``: shards evenly, blocks change devices); every dim maps to factors, major to minor."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from typing import NamedTuple, Sequence
 
 from ..errors import ShardingError
 
-PASS, REDUCE, REPLICATE = "pass", "reduce", "replicate"
+PASS, REDUCE, REPLICATE, PERMUTE = "pass", "reduce", "replicate", "permute"
 
 
 class Rule(NamedTuple):

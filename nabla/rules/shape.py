@@ -6,7 +6,7 @@ from functools import lru_cache
 from math import gcd, prod
 
 from ..errors import ShardingError
-from .core import PASS, REPLICATE, Rule, build
+from .core import PASS, PERMUTE, REPLICATE, Rule, build
 
 
 @lru_cache(maxsize=4096)
@@ -128,8 +128,9 @@ def concatenate_rule(shapes: tuple[tuple[int, ...], ...], axis: int) -> Rule:
 
 @lru_cache(maxsize=4096)
 def index_rule(shape: tuple[int, ...], key: tuple[tuple, ...]) -> Rule:
-    """Basic indexing, ``key`` normalised to entries ``("full",)``, ``("slice", start, stop, step)``,
-    ``("int", i)`` and ``("new",)``: whole dims pass through, cut dims need replication."""
+    """Basic indexing, ``key`` normalised to entries ``("full",)``, ``("reverse",)``, ``("slice", start,
+    stop, step)``, ``("int", i)`` and ``("new",)``: whole dims pass through, a reversed dim is a
+    permutation factor (block ``p`` comes from block ``k-1-p``), cut dims need replication."""
     sizes: list[int] = []
     kinds: list[str] = []
     operand: list[tuple[int, ...]] = []
@@ -141,9 +142,9 @@ def index_rule(shape: tuple[int, ...], key: tuple[tuple, ...]) -> Rule:
             continue
         n = shape[d]
         d += 1
-        if entry[0] == "full":
+        if entry[0] in ("full", "reverse"):
             sizes.append(n)
-            kinds.append(PASS)
+            kinds.append(PASS if entry[0] == "full" else PERMUTE)
             f = (len(sizes) - 1,) if n != 1 else ()
             operand.append(f)
             result.append(f)

@@ -62,6 +62,7 @@ UNARY = {
     "squeeze": (lambda t: nb.squeeze(nb.expand_dims(t, 0)), lambda v: v, X),
     "getitem": (lambda t: t[1:4, ::2], lambda v: v[1:4, ::2], X), "getitem_int": (lambda t: t[2], lambda v: v[2], X),
     "getitem_none": (lambda t: t[:, None, 1:], lambda v: v[:, None, 1:], X),
+    "reverse": (lambda t: t[::-1, ::-1], lambda v: v[::-1, ::-1], X),
     "concatenate0": (lambda t: nb.concatenate([t, t], 0), lambda v: np.concatenate([v, v], 0), X),
     "concatenate1": (lambda t: nb.concatenate([t, t * 2], 1), lambda v: np.concatenate([v, v * 2], 1), X),
     "matmul": (lambda t: t @ Y.T, lambda v: v @ Y.T, X), "rmatmul": (lambda t: Y.T @ t, lambda v: Y.T @ v, X),

@@ -291,3 +291,17 @@ def test_replicated_axes_in_with_sharding_are_respected_downstream():
         r = pinned + other
     assert r.sharding.dim_specs[1].axes == ()  # tp may not shard the pinned operand, so it is gathered
     assert_sharded_allclose(r, x + x, **TOL)
+
+
+def test_reversing_a_sharded_dim_is_one_collective_permute():
+    mesh = DPTP[2]  # custom device order
+    x = rnd(8, 12)
+    t = nb.tensor(x).shard(mesh, ["dp", "tp"])
+    with nb.comm_log() as log:
+        r = t[::-1, ::-1]
+    assert_comm(log, collective_permute=1)
+    assert log.events[0].bytes == 4 * 3 * 4  # one (4, 3) float32 block per device
+    assert r.sharding.dim_specs[0].axes == ("dp",) and r.sharding.dim_specs[1].axes == ("tp",)
+    assert_sharded_allclose(r, x[::-1, ::-1], rtol=0, atol=0)
+    uneven = nb.tensor(rnd(6, 3)).shard(DeviceMesh("m4", (4,), ("x",)), ["x", None])
+    assert_sharded_allclose(uneven[::-1], uneven.numpy()[::-1], rtol=0, atol=0)  # gathered instead

@@ -271,3 +271,10 @@ def test_explicitly_replicated_axes_are_respected(strat):
     assert names(propagate(EW, (S("x", None), pinned), M, strat))[0] == ()  # ...unless it is replicated on x
     both = S(("y", "x"), None)
     assert names(propagate(EW, (both, pinned), M, strat))[0] == ("y",)  # truncated at the banned axis
+
+
+def test_permutation_factors_shard_evenly_only():
+    r8 = R.index_rule((8,), (("reverse",),))
+    assert repr(propagate(r8, (S("y"),), M, BASIC).result) == '[{"y", ?}]'
+    r6 = R.index_rule((6,), (("reverse",),))  # 6 over 4 is uneven: mirrored blocks would not line up
+    assert repr(propagate(r6, (S("y"),), M, BASIC).result) == "[{?}]"

@@ -70,3 +70,9 @@ def test_transpose_einsum_concat_index_squeeze_expand():
     assert R.expand_dims_rule((3, 4), (0, 2)).result_shape == (1, 3, 1, 4)
     with pytest.raises(ShardingError, match="diagonals"):
         R.einsum_rule("ii->i", ((3, 3),))
+
+
+def test_reversing_a_dim_is_a_permutation_factor():
+    from nabla.rules.core import PERMUTE
+    r = R.index_rule((8, 4), (("reverse",), ("full",)))
+    assert r.kinds[r.operands[0][0][0]] == PERMUTE and r.result == r.operands[0]
