@@ -127,7 +127,3 @@ def grid_index(spec: ShardingSpec, device_id: int) -> tuple[int, ...]:
                  for a, s in zip(g.atoms, g.shape))
 
 
-@lru_cache(maxsize=65536)
-def storage_shape(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return grid(spec).shape + chunks(spec, shape)
-

@@ -33,7 +33,6 @@ class Step(NamedTuple):
     src: int | None = None  # dim the atoms leave (gather, all_to_all, permute)
     dst: int | None = None  # dim the atoms join (slice, reduce_scatter, all_to_all)
     atoms: tuple[int, ...] = ()
-    order: tuple[int, ...] = ()  # permute: the dim's atoms before the move
     moves: tuple = ()  # permute: per dim (dim, atoms leaving, atoms arriving, their sizes, block length)
     sizes: tuple[int, ...] = ()  # filled by `plan`: the atoms' sizes
     src_chunk: int = 0  # filled by `plan`: block length of `src` after the move

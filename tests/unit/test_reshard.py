@@ -97,7 +97,10 @@ def test_cannot_add_partial():
 def test_plans_are_cached_and_pure():
     a = ShardingSpec(MESH, ["x", None])
     b = ShardingSpec(MESH, [None, "x"])
-    assert plan((8, 8), 4, a, b) is plan((8, 8), 4, a, b)
+    p = plan((8, 8), 4, a, b)
+    assert p is plan((8, 8), 4, a, b)
+    assert [s.kind for s in p.collectives] == ["all_to_all"] and p.total_bytes == 64
+    assert plan((8, 8), 4, a, a).steps == ()
 
 
 def test_abstract_tensors_log_without_data():
