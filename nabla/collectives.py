@@ -162,6 +162,11 @@ def comm_log() -> Iterator[CommLog]:
         _active.remove(log)
 
 
+def logging() -> bool:
+    """Whether any comm log is open (callers skip building events when none is)."""
+    return bool(_active)
+
+
 def record(event: CommEvent) -> None:
     for log in _active:
         log.events.append(event)

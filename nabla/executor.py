@@ -78,7 +78,8 @@ class Program(NamedTuple):
     kspec: ShardingSpec  # the layout the kernel's output is in
     result: ShardingSpec  # the layout handed back (differs when max/min must be reduced across devices)
     result_shape: tuple[int, ...]
-    out_grid: tuple[int, ...]
+    out_grid: tuple[int, ...]  # the kernel's output on the common grid
+    kspec_grid: tuple[int, ...]  # the same output on kspec's own grid
     local: Local
     post: reshard.Plan | None
     dtype: np.dtype
@@ -109,7 +110,7 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Value:
             out = out.astype(prog.dtype)
         if out.shape[:prog.G] != prog.out_grid[:prog.G] or len(out.shape) != len(prog.out_grid):
             out = xp.broadcast_to(out, prog.out_grid)
-        out = out.reshape(grid(prog.kspec).shape + out.shape[prog.G:])
+        out = out.reshape(prog.kspec_grid + out.shape[prog.G:])
         if on_jax:
             out = B.put(out, prog.kspec)
     if prog.post is not None:
@@ -125,7 +126,7 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, abstract: bool, on_jax: 
             return a
         a = Value(np.asarray(a, dtype=prog.dtype), None, (), prog.dtype)
         p = p._replace(kind="host")
-    if p.flip_event and C._active:
+    if p.flip_event and C.logging():
         C.record(C.CommEvent("collective_permute", *p.flip_event, op.name))
     if abstract:
         if p.kind == "sharded":
@@ -227,7 +228,7 @@ def _program(op: OpDef, sigs: tuple, params: tuple, strat: str) -> Program:
     kspec = post_src or result
     out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
     post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None
-    return Program(tuple(preps), G, kspec, result, result_shape, out_grid,
+    return Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape,
                    Local(G, chunks(kspec, result_shape), params), post, dtype)
 
 

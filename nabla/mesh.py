@@ -121,11 +121,6 @@ class DeviceMesh:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
-    def device_grid(self) -> np.ndarray:
-        """Device ids laid out on the mesh (read-only)."""
-        return self._grid
-
     def axis_index(self, name: str) -> int:
         try:
             return self.axis_names.index(name)

@@ -320,7 +320,7 @@ def execute(data: np.ndarray | None, p: Plan, op: str = "with_sharding", reduce_
             data = data.reshape(seg.start_grid + data.shape[seg.enter[0]:])
         cur = seg.start
         for s in seg.steps:
-            if s.kind != "slice" and C._active:
+            if s.kind != "slice" and C.logging():
                 C.record(C.CommEvent(s.kind, s.axes, s.bytes, s.group, op))
             if data is not None:
                 data = _apply(data, seg.enter[1], s, reduce_op)

@@ -178,10 +178,6 @@ class ShardingSpec:
     def shard_shape(self, global_shape: Sequence[int], device_id: int) -> tuple[int, ...]:
         return tuple(s.stop - s.start for s in self.shard_slices(global_shape, device_id))
 
-    def with_dims(self, dim_specs: Iterable[Any], partial_axes: Iterable[str] | None = None) -> "ShardingSpec":
-        return ShardingSpec(self.mesh, dim_specs, self.replicated_axes,
-                            self.partial_axes if partial_axes is None else partial_axes)
-
     # ---- formats -----------------------------------------------------------------------------
     def to_mhlo(self) -> str:
         from .formats import to_mhlo
