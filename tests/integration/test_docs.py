@@ -93,8 +93,8 @@ def test_skip_marker_is_recognised(tmp_path: Path) -> None:
     page.write_text("text\n\n```python\nx = 1\n```\n\n<!-- skip-test: needs two processes -->\n```python\n"
                     "raise SystemExit(1)\n```\n\n```python\nassert x == 1\n```\n", encoding="utf-8")
     found, skipped = blocks(page)
-    assert [first for first, _ in found] == [4, 14] and skipped == ["needs two processes"]
-    assert script(page).splitlines()[13] == "assert x == 1"
+    assert [first for first, _ in found] == [4, 13] and skipped == ["needs two processes"]
+    assert script(page).splitlines()[12] == "assert x == 1" and "SystemExit" not in script(page)
 
 
 def test_mkdocs_build_is_strict_and_clean(tmp_path: Path) -> None:
