@@ -23,7 +23,7 @@ from .specs import spec_to_onnx
 def annotate(model: Any, mesh: DeviceMesh, input_shardings: Mapping[str, Any] | None = None) -> onnx.ModelProto:
     """A copy of ``model`` with a ``DeviceConfigurationProto`` for ``mesh`` (named after it) and every
     node's input and output specs under it. ``input_shardings`` maps graph input names to a
-    ``ShardingSpec`` or a list of dim specs; other inputs are replicated (seed 001), and open, as
+    ``ShardingSpec`` or a list of dim specs; other inputs are replicated (as the ONNX sharding formalism says), and open, as
     ``run`` places them."""
     src = load(model)
     if not isinstance(mesh, DeviceMesh):

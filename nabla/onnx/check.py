@@ -21,7 +21,7 @@ from .specs import config_mesh
 
 def check(model: Any) -> None:
     """Raise ``ShardingError`` naming the node, the tensor, the dim and the rule at the first sharding
-    that makes no sense under seed 001; return None when every configuration is valid."""
+    that makes no sense under the ONNX sharding formalism; return None when every configuration is valid."""
     model = load(model)
     configs = list(model.configuration)
     names = [c.name for c in configs]

@@ -366,7 +366,7 @@ class _Runner(Walker):
 
 
 def run(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None = None) -> dict[str, Tensor]:
-    """Run an ONNX model eagerly on nabla (see api.md, "ONNX"): sharded inputs keep their sharding,
+    """Run an ONNX model eagerly on nabla: sharded inputs keep their sharding,
     other inputs and initializers are placed replicated and open, annotations act as ``with_sharding``,
     and graph outputs come back with no partial axes."""
     model = load(model)

@@ -130,7 +130,7 @@ def _order_text(devices: list[int], groups: dict[int, list[int]]) -> str:
 def spec_to_onnx(spec: ShardingSpec, tensor_name: str) -> onnx.ShardingSpecProto:
     """The ``ShardingSpecProto`` of ``spec``: one ``sharded_dim`` per sharded dim (in dim order), the
     devices of each shard in row-major order of the shards, and device groups (keys -1, -2, ..., as in
-    seed 001) when each shard has replicas. Open dims, priorities and ``replicated_axes`` are
+    the ONNX sharding formalism) when each shard has replicas. Open dims, priorities and ``replicated_axes`` are
     propagation hints ONNX has no place for; partial axes cannot be expressed and raise."""
     if not isinstance(spec, ShardingSpec):
         raise ShardingError(f"spec_to_onnx: expected a ShardingSpec, got {type(spec).__name__}")
