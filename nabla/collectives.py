@@ -11,6 +11,8 @@ from functools import lru_cache
 from math import prod
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+import numpy as np
+
 from .backends import xp
 from .cost import current as current_cost_model
 
@@ -100,10 +102,15 @@ def _moveaxis_perm(ndim: int, source: Sequence[int], destination: Sequence[int])
 
 def reduce_over(x: Any, atoms: Sequence[int], op: str = "sum") -> Any:
     """Sum (or max/min) the partial summands held along grid ``atoms``, keeping the dtype."""
+    if type(x) is np.ndarray:  # what np.sum/np.max call, without their Python wrapper
+        return _UFUNCS[op].reduce(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype if op == "sum" else None)
     fn = getattr(xp(x), op)
     if op == "sum":
         return fn(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype)
     return fn(x, axis=tuple(atoms), keepdims=True)
+
+
+_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 
 def permute_blocks(x: Any, dim_before: Sequence[int], dim_after: Sequence[int]) -> Any:
