@@ -5,6 +5,7 @@ moves and the op is a plain numpy function, the cached program calls it directly
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from math import prod
 from typing import Any, Callable, NamedTuple, Sequence
@@ -49,11 +50,17 @@ _SIGS: list[tuple] = []
 _SCALAR_IDS: dict[type, int] = {}
 
 
+_SIG_LOCK = threading.Lock()
+
+
 def _sig_id(sig: tuple) -> int:
     i = _SIG_IDS.get(sig)
     if i is None:
-        i = _SIG_IDS[sig] = len(_SIGS)
-        _SIGS.append(sig)
+        with _SIG_LOCK:  # two threads meeting a new signature at once must not share an id
+            i = _SIG_IDS.get(sig)
+            if i is None:
+                _SIGS.append(sig)
+                i = _SIG_IDS[sig] = len(_SIGS) - 1
     return i
 
 
