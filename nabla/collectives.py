@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
+
+import numpy as np
 
 from .backends import xp
 from .cost import current as current_cost_model
@@ -47,42 +50,67 @@ def kinds() -> tuple[str, ...]:
 
 def gather_into(x: Any, G: int, dim: int, atoms: Sequence[int], new_chunk: int) -> Any:
     """Move grid ``atoms`` (major to minor) to the minor end of ``dim``; they become replicas (size 1)."""
-    m = len(atoms)
-    if m == 0:
+    if not atoms:
         return _fit(x, G + dim, new_chunk)
-    y = xp(x).moveaxis(x, list(atoms), [G - m + dim + i for i in range(m)])
-    shp = y.shape
-    c = shp[G + dim]
-    merged = shp[:G - m + dim] + (prod(shp[G - m + dim:G + dim]) * c,) + shp[G + dim + 1:]
-    y = y.reshape(merged)
-    keep = [j for j in range(G) if j not in set(atoms)]
-    grid = [1] * G
-    for j, s in zip(keep, y.shape[:G - m]):
-        grid[j] = s
-    y = y.reshape(tuple(grid) + y.shape[G - m:])
-    return _fit(y, G + dim, new_chunk)
+    perm, merged = _gather_layout(x.shape, G, dim, tuple(atoms))
+    return _fit(x.transpose(perm).reshape(merged), G + dim, new_chunk)
 
 
 def split_onto(x: Any, G: int, dim: int, atoms: Sequence[int], sizes: Sequence[int], new_chunk: int) -> Any:
     """Cut the minor end of ``dim`` into ``sizes`` pieces placed on grid ``atoms`` (currently size 1)."""
-    m = len(atoms)
-    if m == 0:
+    if not atoms:
         return _fit(x, G + dim, new_chunk)
-    k = prod(sizes)
-    x = _fit(x, G + dim, k * new_chunk)
-    keep = tuple(s for j, s in enumerate(x.shape[:G]) if j not in set(atoms))
-    y = x.reshape(keep + x.shape[G:G + dim] + tuple(sizes) + (new_chunk,) + x.shape[G + dim + 1:])
+    x = _fit(x, G + dim, prod(sizes) * new_chunk)
+    cut, perm = _split_layout(x.shape, G, dim, tuple(atoms), tuple(sizes), new_chunk)
+    return x.reshape(cut).transpose(perm)
+
+
+@lru_cache(maxsize=8192)
+def _gather_layout(shape: tuple[int, ...], G: int, dim: int, atoms: tuple[int, ...]):
+    """The transpose and reshape that carry out ``gather_into`` on blocks of ``shape`` (pure arithmetic)."""
+    m = len(atoms)
+    dest = [G - m + dim + i for i in range(m)]
+    perm = _moveaxis_perm(len(shape), atoms, dest)
+    moved = tuple(shape[a] for a in perm)
+    merged = moved[:G - m + dim] + (prod(moved[G - m + dim:G + dim + 1]),) + moved[G + dim + 1:]
+    kept = set(atoms)
+    grid = [1] * G
+    for j, s in zip((j for j in range(G) if j not in kept), merged[:G - m]):
+        grid[j] = s
+    return perm, tuple(grid) + merged[G - m:]
+
+
+@lru_cache(maxsize=8192)
+def _split_layout(shape: tuple[int, ...], G: int, dim: int, atoms: tuple[int, ...], sizes: tuple[int, ...],
+                  new_chunk: int):
+    """The reshape and transpose that carry out ``split_onto`` on blocks of ``shape`` (pure arithmetic)."""
+    m = len(atoms)
+    keep = tuple(s for j, s in enumerate(shape[:G]) if j not in set(atoms))
+    cut = keep + shape[G:G + dim] + sizes + (new_chunk,) + shape[G + dim + 1:]
     src = [G - m + dim + i for i in range(m)]
     order = sorted(range(m), key=lambda i: atoms[i])
-    return xp(y).moveaxis(y, [src[i] for i in order], [atoms[i] for i in order])
+    return cut, _moveaxis_perm(len(cut), [src[i] for i in order], [atoms[i] for i in order])
+
+
+def _moveaxis_perm(ndim: int, source: Sequence[int], destination: Sequence[int]) -> tuple[int, ...]:
+    """The axis order ``np.moveaxis(x, source, destination)`` produces, as one transpose."""
+    order = [n for n in range(ndim) if n not in set(source)]
+    for d, s in sorted(zip(destination, source)):
+        order.insert(d, s)
+    return tuple(order)
 
 
 def reduce_over(x: Any, atoms: Sequence[int], op: str = "sum") -> Any:
     """Sum (or max/min) the partial summands held along grid ``atoms``, keeping the dtype."""
+    if type(x) is np.ndarray:  # what np.sum/np.max call, without their Python wrapper
+        return _UFUNCS[op].reduce(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype if op == "sum" else None)
     fn = getattr(xp(x), op)
     if op == "sum":
         return fn(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype)
     return fn(x, axis=tuple(atoms), keepdims=True)
+
+
+_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 
 def permute_blocks(x: Any, dim_before: Sequence[int], dim_after: Sequence[int]) -> Any:

@@ -248,7 +248,7 @@ def visualize_sharding(t: Any, plain: bool | None = None, max_width: int = 80, f
     if plain is None:
         plain = not (_has_rich() and hasattr(out, "isatty") and out.isatty())
     if not plain and not _has_rich():
-        raise ShardingError("visualize_sharding(plain=False) needs rich (pip install rich)")
+        raise ShardingError("visualize_sharding(plain=False) needs rich: pip install 'nabla-spmd[viz]'")
     if plain or t.sharding is None:
         print(render_sharding(t, plain=True, max_width=max_width), file=out)
         return None

@@ -5,6 +5,7 @@ moves and the op is a plain numpy function, the cached program calls it directly
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from math import prod
 from typing import Any, Callable, NamedTuple, Sequence
@@ -49,11 +50,17 @@ _SIGS: list[tuple] = []
 _SCALAR_IDS: dict[type, int] = {}
 
 
+_SIG_LOCK = threading.Lock()
+
+
 def _sig_id(sig: tuple) -> int:
     i = _SIG_IDS.get(sig)
     if i is None:
-        i = _SIG_IDS[sig] = len(_SIGS)
-        _SIGS.append(sig)
+        with _SIG_LOCK:  # two threads meeting a new signature at once must not share an id
+            i = _SIG_IDS.get(sig)
+            if i is None:
+                _SIGS.append(sig)
+                i = _SIG_IDS[sig] = len(_SIGS) - 1
     return i
 
 
@@ -202,7 +209,8 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple
                 break
             if be is backends.NUMPY and type(d) is not np.ndarray:
                 be = backends.of(d)
-    arrays = [(a._data if p.view is None else a._data.reshape(p.view)) if p.direct and be is not None
+    arrays = [(a._data if p.view is None else _view(a._data, p.view))
+              if p.direct and be is not None and (be is backends.NUMPY or not p.plan.segments)
               else _prepare(a, p, prog, op, be) for a, p in zip(args, prog.preps)]
     if be is None:
         out = None
@@ -272,6 +280,54 @@ def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, op: str, be) -> An
     if v._spec.partial_axes:
         v._moved[key] = x
     return x
+
+
+def _view(x: Any, chain: tuple) -> Any:
+    for kind, arg in chain:
+        x = x.reshape(arg) if kind == "reshape" else x.transpose(arg)
+    return x
+
+
+class _ShapeOnly:
+    """Stands in for stored blocks while a plan of local cuts is run once on shapes only, to record the
+    reshapes and transposes it amounts to; anything else (padding, trimming) is refused."""
+
+    def __init__(self, shape: tuple[int, ...], ops: list) -> None:
+        self.shape, self.ndim, self._ops = tuple(shape), len(shape), ops
+
+    def reshape(self, shape):
+        shape = tuple(shape)
+        if prod(shape) != prod(self.shape):
+            raise ValueError("not a reshape")
+        self._ops.append(("reshape", shape))
+        return _ShapeOnly(shape, self._ops)
+
+    def transpose(self, perm):
+        self._ops.append(("transpose", tuple(perm)))
+        return _ShapeOnly(tuple(self.shape[a] for a in perm), self._ops)
+
+
+def _local_only(plan: reshard.Plan) -> bool:
+    return all(C.REGISTRY[s.kind].local for seg in plan.segments for s in seg.steps)
+
+
+def _view_chain(stored: tuple[int, ...], plan: reshard.Plan, gshape: tuple[int, ...]) -> tuple | None:
+    """A plan of local cuts as a chain of views (no copy, no Python per step), or None when it needs more."""
+    ops: list = []
+    try:
+        out = reshard.execute(_ShapeOnly(stored, ops), plan).reshape(gshape)
+    except (ValueError, TypeError, AttributeError, IndexError):
+        return None
+    chain: list = []
+    for kind, arg in ops:
+        if kind == "transpose" and arg == tuple(range(len(arg))):
+            continue
+        if kind == "reshape" and chain and chain[-1][0] == "reshape":
+            chain.pop()  # two reshapes in a row are the last one
+        chain.append((kind, arg))
+    if chain and chain[0] == ("reshape", stored):
+        chain.pop(0)
+    return tuple(chain) if out.shape == gshape else None
 
 
 def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
@@ -351,9 +407,12 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
         else:
             plan = reshard.plan(shapes[i], s[2].itemsize, s[3], t)
             stored = grid(s[3]).shape + chunks(s[3], shapes[i])
-            direct = not plan.segments and not add_once and not local
-            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct,
-                              None if stored == gshape else gshape))
+            view = None if stored == gshape else (("reshape", gshape),)  # a chain of views to take
+            direct = not add_once and not local and (not plan.segments or _local_only(plan))
+            if direct and plan.segments:
+                view = _view_chain(stored, plan, gshape)
+                direct = view is not None
+            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct, view))
     kspec = post_src or result
     out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
     post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None

@@ -61,6 +61,8 @@ def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
 def _align(arrays: list, local: Local) -> list:
     """Give every block the result's rank (singletons after the grid axes) so numpy broadcasts by dim."""
     rank = len(local.out_chunk)
+    if all(getattr(a, "ndim", -1) == local.G + rank for a in arrays):
+        return arrays
     out = []
     for a in arrays:
         if hasattr(a, "ndim") and not isinstance(a, np.generic) and a.ndim - local.G < rank:
@@ -374,9 +376,15 @@ def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
 
 
 def _reduction(name: str, linear, reduction, replicate=False) -> OpDef:
+    ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}[name]
+
     def kernel(arrays, local):
         axes, keepdims = local.params
-        return getattr(_xp(arrays[0]), name)(arrays[0], axis=tuple(local.G + a for a in axes), keepdims=keepdims)
+        x = arrays[0]
+        axis = tuple(local.G + a for a in axes)
+        if type(x) is np.ndarray:  # what np.sum/np.max call, without their Python wrapper
+            return ufunc.reduce(x, axis=axis, keepdims=keepdims)
+        return getattr(_xp(x), name)(x, axis=axis, keepdims=keepdims)
 
     return OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, replicate),
                  kernel, linear, None, reduction)

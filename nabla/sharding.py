@@ -139,6 +139,10 @@ def to_spec(mesh: Any, dim_specs: Any, rank: int | None, replicated_axes: Sequen
         if isinstance(dim_specs, (str, DimSpec)):
             raise ShardingError(f"{op}: dim_specs must be a list with one entry per dim (or a ShardingSpec, a "
                                 f"PartitionSpec), got {_show(dim_specs)}; for a 1-D tensor write [{dim_specs!r}]")
+        if not isinstance(dim_specs, (list, tuple)):
+            raise ShardingError(f"{op}: dim_specs must be a list with one entry per dim (each None, an axis name, "
+                                f"a tuple of axis names or a DimSpec), a ShardingSpec, a PartitionSpec or an "
+                                f"nb.NamedSharding; got {type(dim_specs).__name__} {_show(dim_specs)}")
         dims, rep, par = dim_specs, (), ()
     spec = ShardingSpec(mesh, dims, _merge(rep, replicated_axes), _merge(par, partial_axes))
     if padded and rank is not None:

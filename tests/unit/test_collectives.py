@@ -143,3 +143,33 @@ def test_logs_and_strategies_are_per_thread():
         go.set()
         th.join(5)
     assert seen["other"] == 1 and mine.events == []  # the thread's collective went to its own log only
+
+
+def test_strategy_backend_and_cost_model_are_per_thread_and_per_task():
+    import asyncio
+    import threading
+
+    seen = {}
+
+    def other():
+        seen["thread"] = (nb.propagation.current_strategy(), nb.backends.active().name, nb.cost.current())
+
+    slow = nb.CostModel(latency=1e-3)
+    with nb.strategy("basic"), nb.cost_model(slow):
+        th = threading.Thread(target=other)
+        th.start()
+        th.join(5)
+        mine = (nb.propagation.current_strategy(), nb.cost.current())
+    assert seen["thread"] == ("aggressive", "numpy", nb.CostModel()) and mine == ("basic", slow)
+
+    async def task(name, strategy, results):
+        with nb.strategy(strategy):
+            await asyncio.sleep(0)  # the other task runs here, inside its own block
+            results[name] = nb.propagation.current_strategy()
+
+    async def both():
+        results = {}
+        await asyncio.gather(task("a", "basic", results), task("b", "aggressive", results))
+        return results
+
+    assert asyncio.run(both()) == {"a": "basic", "b": "aggressive"}

@@ -76,3 +76,4 @@ def test_a_partial_value_is_summed_once_for_many_uses():
     ref = a.numpy() @ w.numpy()
     np.testing.assert_allclose(t.numpy(), np.tanh(ref), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(e.numpy(), np.exp(ref), rtol=1e-5, atol=1e-6)
+

@@ -114,3 +114,13 @@ def test_jax_partition_specs_are_padded_and_open():
     with pytest.raises(ShardingError, match="unknown axis 'x'"):
         nb.tensor(X).shard(MESH, P("x"))
     assert nb.NamedSharding(MESH, P("tp")).spec == ShardingSpec(MESH, ["tp"])
+
+
+def test_a_placement_of_the_wrong_type_lists_the_forms_accepted():
+    m = nb.DeviceMesh("m", (2,), ("x",))
+    t = nb.tensor(np.ones(4))
+    for bad in (object(), 5, {"x": 0}):
+        with pytest.raises(nb.ShardingError, match="shard: dim_specs must be a list .* a ShardingSpec, a "
+                                                    "PartitionSpec or an nb.NamedSharding; got"):
+            t.shard(m, bad)
+    assert t.shard(m, ("x",)).sharding == t.shard(m, ["x"]).sharding

@@ -32,7 +32,7 @@ def test_constructors():
     assert (t.ndim, t.size, t.shape) == (2, 4, (2, 2))
 
 
-def test_tensors_are_immutable():
+def test_a_placed_value_does_not_follow_its_source_and_blocks_are_read_only():
     src = np.zeros(3)
     t = nb.tensor(src)
     src[0] = 5
