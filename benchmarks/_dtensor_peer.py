@@ -70,6 +70,7 @@ def main(devices: int, quick: bool) -> dict:
             u1 = distribute_tensor(T(1021, 1024), line, [S0])  # uneven: torch.chunk's blocks
             u2 = distribute_tensor(T(1021, 1024, seed=1), line, [S0])
             eager["add_uneven"] = timed(lambda: u1 + u2)
+            eager["sum_uneven_partial"] = timed(lambda: u1.sum(0))  # Partial, as nabla's
             eager["sum_uneven"] = timed(lambda: u1.sum(0).redistribute(line, [R]))
             out["train_dtensor"] = training(torch, mesh, distribute_tensor, R, S0, S1, quick)
         line = init_device_mesh("cpu", (devices,), mesh_dim_names=("x",))

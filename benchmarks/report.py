@@ -325,23 +325,28 @@ def show(res: dict, stream=None) -> None:
         try:
             from rich.console import Console
             from rich.table import Table as RTable
-            rich = (Console(file=stream), RTable)
+            from rich.text import Text
+            rich = (Console(file=stream), RTable, Text)
         except ImportError:
             pass
     if rich is None:
         stream.write(markdown(res))
         return
-    console, RTable = rich
-    console.print(environment_line(res))
+    console, RTable, Text = rich
+
+    def plain(c: str):  # no rich markup ("[dp,tp]" is not a style) and no markdown emphasis
+        return Text(str(c).replace("**", "").replace("`", ""))
+
+    console.print(environment_line(res), markup=False, highlight=False)
     for t in tables(res):
         rt = RTable(*t.header, title=t.title)
         for r in t.rows:
-            rt.add_row(*r)
+            rt.add_row(*map(plain, r))
         console.print(rt)
         for p in t.outro:
-            console.print(p)
+            console.print(plain(p))
     for p in plan(res) + [f"note: {n}" for n in res.get("notes", [])]:
-        console.print(p)
+        console.print(plain(p))
 
 
 def splice(readme: str, section: str) -> str:

@@ -141,7 +141,7 @@ def cases(quick: bool) -> dict:
 
     def case(cid, f, g=None):
         fns = {"nabla": f} | ({"numpy": g} if g is not None else {})
-        t = interleaved(fns, quick, rounds=1 if quick else 3)
+        t = interleaved(fns, quick, rounds=2 if quick else 3)
         out[cid] = {"nabla_us": t["nabla"] * 1e6, "numpy_us": t["numpy"] * 1e6 if g is not None else None,
                     "nabla_comm": comm(f)}
 
@@ -206,7 +206,8 @@ CASES = [
     ("contract", 8, "[256,1024] @ [1024,256], K on tp, all_reduced to replicated"),
 ] + [(f"add_1024_{n}", n, f"add 1024^2, [x,-] on a 1-d mesh of {n}") for n in SCALING] + [
     ("add_uneven", 8, "add 1021x1024, [x,-] on 8 (uneven: nabla pads blocks; JAX cannot place uneven shards)"),
-    ("sum_uneven_partial", 8, "sum over that uneven sharded dim, nabla left as partial sums (no all_reduce)"),
+    ("sum_uneven_partial", 8, "sum over that uneven sharded dim, left as partial sums (no all_reduce; "
+                              "DTensor: Partial)"),
     ("sum_uneven", 8, "sum over that uneven sharded dim, all_reduced to replicated"),
     ("mlp", 8, "MLP relu(x@w1)@w2, 64x256x1024x256, x[dp,-] w1[-,tp] w2[tp,-], all_reduced to [dp,-]"),
 ]
