@@ -7,7 +7,8 @@ Both sides run one compiled XLA program per step on the same 8 devices with the 
 nabla's is nabla's trace lowered through shard_map (nb.jit), JAX's is the same step written in jax.numpy
 under jax.jit with NamedSharding in/out shardings (XLA's SPMD partitioner chooses its collectives). Timed:
 calling the compiled step on arguments already on the devices (medians of calibrated repeats,
-interleaved rounds, best round kept; ``_timing.interleaved``). ``run.py`` runs this in a child process. Also reported: bytes per device each program's HLO sends.
+interleaved rounds, best round kept; ``_timing.interleaved``). Also reported: bytes per device each
+program's HLO sends. ``run.py`` runs this in a child process and folds it into ``results.json``.
 """
 
 from __future__ import annotations
