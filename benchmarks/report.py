@@ -300,7 +300,7 @@ def markdown(res: dict) -> str:
         environment_line(res),
     ]
     if res["mode"] == "quick":
-        lines += ["", "**A quick run** (short timings on a shared machine): indicative only; a full run on a "
+        lines += ["", "**A quick run** (`--quick`: short timings, few rounds): indicative only; a full run on a "
                       "quiet machine replaces it."]
     for t in tables(res):
         lines += ["", f"### {t.title}", ""]
