@@ -462,7 +462,7 @@ def main() -> None:
             notes.append(f"ResNet-50 skipped: {missing} not installed (pip install -e '.[onnx]')")
         else:
             log("ResNet-50 against onnxruntime")
-            res["onnx"], err = child([str(HERE / "onnx_models.py"), "--rounds", "1" if args.quick else "7",
+            res["onnx"], err = child([str(HERE / "onnx_models.py"), "--rounds", "2" if args.quick else "7",
                                       "--threads", str(THREADS)])
             if err:
                 notes.append(f"ResNet-50 skipped: {err}")
