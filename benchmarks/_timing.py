@@ -1,4 +1,8 @@
-"""Median-of-calibrated-repeats timing shared by nabla and its peers (each run in its own process)."""
+"""Timing shared by nabla and its peers (each peer runs in its own process).
+
+``measure``: seconds per call, the median of calibrated repeats. ``interleaved``: several functions
+measured in alternating rounds, each keeping its best round, so that load from other processes on a
+shared machine slows every side alike instead of whichever happened to run during a burst."""
 
 from __future__ import annotations
 
@@ -30,3 +34,15 @@ def measure(fn: Callable[[], object], quick: bool = False, sync: Callable[[objec
         sync(r)
         times.append((time.perf_counter() - t) / n)
     return median(times)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], quick: bool = False, rounds: int | None = None,
+                sync: Callable[[object], object] = lambda r: r) -> dict[str, float]:
+    """Seconds per call of each function: ``measure`` in ``rounds`` alternating rounds, best round kept."""
+    rounds = rounds or (2 if quick else 5)
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = measure(fn, quick, sync)
+            best[name] = min(best.get(name, t), t)
+    return best

@@ -2,11 +2,13 @@
 
     python benchmarks/jit_training.py [--quick] [--json PATH]
 
-Both sides run one compiled XLA program per step on the same 8 devices with the same shardings:
+Both sides run one compiled XLA program per step on the same 8 devices with the same shardings
+(x, y [dp,-], w1 [-,tp], w2 [tp,-] on a 2x4 mesh, batch 256, 512 -> 2048 -> 512, float32, SGD):
 nabla's is nabla's trace lowered through shard_map (nb.jit), JAX's is the same step written in jax.numpy
 under jax.jit with NamedSharding in/out shardings (XLA's SPMD partitioner chooses its collectives). Timed:
 calling the compiled step on arguments already on the devices (medians of calibrated repeats,
-interleaved). Also reported: bytes per device each program's HLO sends.
+interleaved rounds, best round kept; ``_timing.interleaved``). Also reported: bytes per device each
+program's HLO sends. ``run.py`` runs this in a child process and folds it into ``results.json``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 
@@ -31,29 +34,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import nabla as nb  # noqa: E402
 import xla_harness as H  # noqa: E402
+from _timing import interleaved  # noqa: E402
 
 BATCH, DIN, HIDDEN, DOUT = 256, 512, 2048, 512
 LR = 0.01
-
-
-def median_time(fn, quick: bool) -> float:
-    fn()
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt > (0.05 if quick else 0.2):
-            break
-        n *= 2
-    reps = [None] * (5 if quick else 11)
-    for i in range(len(reps)):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        reps[i] = (time.perf_counter() - t0) / n
-    return float(np.median(reps))
 
 
 def main() -> dict:
@@ -111,20 +95,12 @@ def main() -> dict:
     np.testing.assert_allclose(float(v_nb), float(v_jax), rtol=1e-4)
     np.testing.assert_allclose(p_nb["w1"].numpy(), np.asarray(p_jax["w1"]), rtol=1e-4, atol=1e-5)
 
-    def run_nabla():
-        jax.block_until_ready(compiled(*arrays))
-
-    def run_jax():
-        jax.block_until_ready(jcompiled(jp, jx, jy))
-
-    t_nb, t_jax = [], []
-    for _ in range(3):  # interleaved
-        t_nb.append(median_time(run_nabla, args.quick))
-        t_jax.append(median_time(run_jax, args.quick))
+    t = interleaved({"nabla": lambda: compiled(*arrays), "jax": lambda: jcompiled(jp, jx, jy)}, args.quick,
+                    rounds=3 if args.quick else 7, sync=jax.block_until_ready)
     res = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "numpy": np.__version__,
-           "shape": [BATCH, DIN, HIDDEN, DOUT], "devices": 8,
-           "nabla_jit_ms": min(t_nb) * 1e3, "jax_jit_ms": min(t_jax) * 1e3,
-           "ratio": min(t_nb) / min(t_jax),
+           "shape": [BATCH, DIN, HIDDEN, DOUT], "devices": 8, "optimizer": f"SGD({LR})",
+           "nabla_jit_ms": t["nabla"] * 1e3, "jax_jit_ms": t["jax"] * 1e3,
+           "ratio": t["nabla"] / t["jax"],
            "nabla_bytes": sum(c.bytes for c in nabla_hlo), "xla_bytes": sum(c.bytes for c in jax_hlo),
            "nabla_collectives": [f"{c.kind}:{c.bytes}" for c in nabla_hlo],
            "xla_collectives": [f"{c.kind}:{c.bytes}" for c in jax_hlo]}

@@ -1,7 +1,9 @@
 """ResNet-50 inference through nabla.onnx against onnxruntime, and every light model on a 4-device mesh.
 
-    python benchmarks/onnx_models.py [--threads 1] [--rounds 5] [--batch 8] [--json benchmarks/onnx_results.json]
+    python benchmarks/onnx_models.py [--threads 1] [--rounds 5] [--batch 8] [--json PATH]
     python benchmarks/onnx_models.py --models [--json ...]   # all nine light models, rows and channels sharded
+
+``benchmarks/run.py`` runs the ResNet-50 part in a child process and folds it into ``results.json``.
 
 The model is onnx's light ResNet-50 (``onnx/backend/test/data/light``: the real architecture, 224x224 input)
 with seeded random weights (``nabla.onnx.zoo``), its batch widened to ``--batch`` and its final softmax
@@ -29,9 +31,10 @@ def _threads() -> int:
     return 1
 
 
-THREADS = _threads()
-for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(THREADS)  # before numpy loads its BLAS
+THREADS = _threads()  # 0: the libraries' defaults
+if THREADS > 0:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(THREADS)  # before numpy loads its BLAS
 
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -126,17 +129,37 @@ def resnet(batch: int, rounds: int) -> dict:
             fn()
             times[name].append(time.perf_counter() - t)
     med = {k: median(v) for k, v in times.items()}
+    split = {"nabla 8 devices, batch sharded": conv_split(model, mesh, inp, ["d", None, None, None]),
+             "nabla 8 devices, rows sharded": conv_split(model, mesh, inp, [None, None, "d", None])}
     base = med["onnxruntime"]
     print(f"\nResNet-50 (onnx light model, random weights), batch {batch}, 3x224x224, float32; "
           f"{THREADS} thread(s) for onnxruntime and BLAS; median of {rounds} interleaved rounds\n")
-    print("| run | median s | vs onnxruntime | first run s | max rel. error | collectives |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| run | median s | vs onnxruntime | first run s | max rel. error | collectives | devices used |")
+    print("|---|---:|---:|---:|---:|---|---|")
     for k in runs:
-        print(f"| {k} | {med[k]:.3f} | {med[k] / base:.2f}x | {first[k]:.2f} | {errors[k]:.1e} | {comm[k]} |")
+        print(f"| {k} | {med[k]:.3f} | {med[k] / base:.2f}x | {first[k]:.2f} | {errors[k]:.1e} | {comm[k]} | "
+              f"{split.get(k, '')} |")
     return {"model": "light_resnet50 (random weights)", "batch": batch, "input": [batch, 3, 224, 224],
             "rounds": rounds, "median_s": med, "ratio_to_onnxruntime": {k: med[k] / base for k in med},
-            "first_run_s": first, "max_rel_error": errors, "collectives": comm,
-            "all_s": times}
+            "first_run_s": first, "max_rel_error": errors, "collectives": comm, "mesh": repr(mesh),
+            "conv_outputs_split": split, "all_s": times}
+
+
+def conv_split(model, mesh: DeviceMesh, inp: str, dims: list) -> str:
+    """How many Conv outputs nabla's propagation splits over all of ``mesh``'s devices (nox.annotate walks
+    the graph on abstract inputs with the specs ``nox.run`` applies): evidence the run uses every device."""
+    annotated = nox.annotate(model, mesh, {inp: dims})
+    convs = [n for n in annotated.graph.node if n.op_type == "Conv"]
+    split = 0
+    for n in convs:
+        conf = [c for c in n.device_configurations if c.configuration_id == mesh.name][0]
+        spec = [s for s in conf.sharding_spec if s.tensor_name == n.output[0]][0]
+        shards = 1
+        for sd in spec.sharded_dim:
+            for ss in sd.simple_sharding:
+                shards *= ss.num_shards
+        split += shards == mesh.size
+    return f"{split}/{len(convs)} Conv outputs split {mesh.size} ways"
 
 
 # ---- every light model on 4 devices ----------------------------------------------------------------------------
@@ -188,7 +211,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--models", action="store_true", help="also run every light model on 4 devices")
-    ap.add_argument("--json", type=Path, default=None, help="write the numbers here (merged into the file)")
+    ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
     args = ap.parse_args()
     info = machine()
     print(f"{info['date']}  {info['cpu']} ({info['cores']} cores)  numpy {info['numpy']}  onnxruntime "
@@ -200,9 +223,7 @@ def main() -> None:
         result["light_models"] = models()
     info["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     if args.json:
-        old = json.loads(args.json.read_text()) if args.json.exists() else {}
-        old.update(result)
-        args.json.write_text(json.dumps(old, indent=1) + "\n")
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
         print(f"\nwritten to {args.json}")
 
 
