@@ -5,6 +5,7 @@ and its collectives show in the comm log as ``backward``; each gradient ends wit
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -12,7 +13,8 @@ import numpy as np
 from . import collectives as C
 from .errors import ShardingError
 from .tensor import Tensor
-from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, paused, topological, tracing_whole
+from .trace import (LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, differentiating, outer_live, paused, recording,
+                    topological, tracing_whole)
 
 # ---- pytrees: nested dict, list and tuple of tensors --------------------------------------------------------
 
@@ -90,25 +92,51 @@ def _detach(t: Any) -> Any:
     return t
 
 
-def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor]) -> dict[int, Tensor]:
-    """Cotangents of every traced leaf the outputs depend on, by ``id`` of the leaf."""
+class _Op:
+    """A node op that runs no kernel (autodiff's own records): its name and its VJP."""
+
+    def __init__(self, name: str, vjp: Callable) -> None:
+        self.name, self.vjp = name, vjp
+
+    def __repr__(self) -> str:
+        return f"_Op({self.name})"
+
+
+# a sharded gradient read back for a host primal: its cotangent is the host cotangent, as it is
+_TO_HOST = _Op("gather to host", lambda g, node, out: (g,))
+
+
+def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
+                  wrt: Sequence[int] | None = None) -> dict[int, Tensor]:
+    """Cotangents of the traced leaves the outputs depend on, by ``id`` of the leaf: the leaves whose ids are
+    in ``wrt`` (``vjp``'s), or every LEAF node (``backward()``). A leaf of an inner differentiation made from a
+    traced value is, to an outer pass, that value itself. Inside an enclosing differentiation the ops of this
+    pass are recorded (so a gradient of a gradient differentiates them); otherwise they record nothing."""
     from .ops import add
-    order = topological(outputs)
+    stop = None if wrt is None else set(wrt)
+    order = topological(outputs, stop)
+    is_leaf = (lambda v: v._node.op == LEAF) if stop is None else (lambda v: id(v) in stop)
+    needed: set[int] = set()  # the values that depend on a leaf: only their cotangents are worth computing
+    for v in order:
+        if is_leaf(v) or any(id(a) in needed for a in v._node.args):
+            needed.add(id(v))
     ct: dict[int, Tensor] = {}
-    for o, c in zip(outputs, cotangents):
-        if o._node is not None:
-            ct[id(o)] = c if id(o) not in ct else add(ct[id(o)], c)
     leaves: dict[int, Tensor] = {}
-    with paused(), C.phase("backward"):
+    with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
+        for o, c in zip(outputs, cotangents):
+            if id(o) in needed:
+                ct[id(o)] = c if id(o) not in ct else add(ct[id(o)], c)
         for v in reversed(order):
+            if id(v) not in needed:
+                continue
             g = ct.pop(id(v), None)
             if g is None:
                 continue
             node = v._node
-            if node.op == LEAF:
+            if is_leaf(v):
                 leaves[id(v)] = g
                 continue
-            if node.op in (RELAYOUT, PLACE):  # the same value in another layout: its cotangent too
+            if node.op in (RELAYOUT, PLACE, LEAF):  # the same value (another layout; an inner pass's leaf)
                 parts = (g,)
             else:
                 if node.op.vjp is None:
@@ -116,15 +144,26 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor]) -> di
                 with C.user_op(f"d {node.op.name}"):
                     parts = node.op.vjp(g, node, v)
             for a, c in zip(node.args, parts):
-                if c is None or getattr(a, "_node", None) is None:
+                if c is None or id(a) not in needed:
                     continue
                 ct[id(a)] = c if id(a) not in ct else add(ct[id(a)], c)
     return leaves
 
 
+def _to_host(g: Tensor) -> Tensor:
+    """A sharded gradient as a host tensor (a host read), still differentiable when it is being recorded."""
+    from .ops import tensor
+    if g.is_abstract:
+        return Tensor(None, None, g.shape, g.dtype)
+    out = tensor(g.numpy())
+    if g._node is not None and recording() and not tracing_whole():
+        out._node = Node(_TO_HOST, (), (g,))
+    return out
+
+
 def _finish(g: Tensor | None, primal: Tensor) -> Tensor:
     """A gradient as its primal is laid out: same shape, dtype and dim specs, no pending sums."""
-    from .ops import tensor, zeros
+    from .ops import zeros
     spec = primal.sharding
     with C.phase("backward"):
         if g is None:
@@ -133,12 +172,19 @@ def _finish(g: Tensor | None, primal: Tensor) -> Tensor:
         if g.dtype != primal.dtype:
             g = g.astype(primal.dtype)
         if spec is None:
-            return g if g.sharding is None else (tensor(g.numpy()) if not g.is_abstract else
-                                                   Tensor(None, None, g.shape, g.dtype))
+            return g if g.sharding is None else _to_host(g)
         if g.sharding is None:
             return g.shard(spec.mesh, spec.dim_specs)
         dims = [type(d)(d.axes) for d in spec.dim_specs]  # closed: exactly the primal's axes
         return g.with_sharding(spec.mesh, dims)
+
+
+def _gradients(got: dict[int, Tensor], traced: Sequence[Tensor], primals: Sequence[Tensor]) -> list[Tensor]:
+    """The finished gradients of ``traced`` leaves; detached unless an enclosing differentiation needs them."""
+    live = outer_live()
+    with (contextlib.nullcontext() if live else paused()):
+        out = [_finish(got.get(id(t)), x) for t, x in zip(traced, primals)]
+    return out if live else [_detach(g) for g in out]
 
 
 def _ones_like(t: Tensor) -> Tensor:
@@ -156,7 +202,8 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False):
         flat.append(leaves)
         trees.append(tree)
         traced.append([_leaf(x, "vjp") for x in leaves])
-    res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
+    with differentiating():
+        res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
     if has_aux:
         if not (isinstance(res, tuple) and len(res) == 2):
             raise ShardingError("vjp: with has_aux=True, f must return (output, aux)")
@@ -174,11 +221,11 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False):
         for o, c in zip(out_leaves, cts):
             if o.shape != c.shape:
                 raise ShardingError(f"vjp: cotangent of shape {c.shape} for an output of shape {o.shape}")
-        got = backward_pass(out_leaves, cts)
-        return tuple(unflatten(tree, [_finish(got.get(id(t)), x) for t, x in zip(tr, fl)])
-                     for tree, tr, fl in zip(trees, traced, flat))
+        got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr])
+        return tuple(unflatten(tree, _gradients(got, tr, fl)) for tree, tr, fl in zip(trees, traced, flat))
 
-    out = unflatten(out_tree, [_detach(o) for o in out_leaves])
+    # inside an enclosing differentiation the result stays recorded: the outer pass differentiates through it
+    out = unflatten(out_tree, out_leaves if outer_live() else [_detach(o) for o in out_leaves])
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
@@ -241,5 +288,5 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
     got = backward_pass([out], [_as_tensor(cotangent, "backward")])
     for v in topological([out]):
         if v._node.op == LEAF and id(v) in got:
-            g = _finish(got[id(v)], v)
+            g, = _gradients(got, [v], [v])
             v.grad = g if v.grad is None else v.grad + g

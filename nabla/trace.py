@@ -27,6 +27,7 @@ class Node(NamedTuple):
 LEAF_NODE = Node(LEAF)
 _recording: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("nabla_differentiating", default=0)
 
 
 def recording() -> bool:
@@ -45,6 +46,22 @@ def paused() -> Iterator[None]:
         yield
     finally:
         _recording.reset(token)
+
+
+@contextlib.contextmanager
+def differentiating() -> Iterator[None]:
+    """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
+    inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate."""
+    token = _depth.set(_depth.get() + 1)
+    try:
+        yield
+    finally:
+        _depth.reset(token)
+
+
+def outer_live() -> bool:
+    """Whether an enclosing differentiation is running, so a backward pass must be recorded, not paused."""
+    return _depth.get() > 0 and _recording.get()
 
 
 def tracing_whole() -> bool:
@@ -69,8 +86,9 @@ def tracked(args) -> bool:
     return False
 
 
-def topological(outputs) -> list:
-    """Every tracked value the outputs depend on, operands before the values made from them."""
+def topological(outputs, stop=None) -> list:
+    """Every tracked value the outputs depend on, operands before the values made from them; the operands
+    of values whose ``id`` is in ``stop`` are not visited (a backward pass stops at its own leaves)."""
     order, seen = [], set()
     stack = [(v, False) for v in outputs if getattr(v, "_node", None) is not None]
     while stack:
@@ -82,6 +100,8 @@ def topological(outputs) -> list:
             continue
         seen.add(id(v))
         stack.append((v, True))
+        if stop is not None and id(v) in stop:
+            continue
         for a in v._node.args:
             if getattr(a, "_node", None) is not None and id(a) not in seen:
                 stack.append((a, False))
