@@ -12,6 +12,7 @@ import numpy as np
 
 from . import collectives as C
 from .errors import ShardingError
+from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
 from .tensor import Tensor
 from .trace import (LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, differentiating, outer_live, paused, recording,
                     topological, tracing_whole)
@@ -92,6 +93,14 @@ def _detach(t: Any) -> Any:
     return t
 
 
+def _unreduced(c: Tensor, v: Any) -> tuple:
+    """The mesh axes along which cotangent ``c`` varies but per-device value ``v`` does not."""
+    cs, vs = getattr(c, "_spec", None), getattr(v, "_spec", None)
+    if not isinstance(cs, ManualSpec) or not isinstance(vs, ManualSpec):
+        return ()
+    return tuple(a for a in cs.varying if a not in vs.varying)
+
+
 class _Op:
     """A node op that runs no kernel (autodiff's own records): its name and its VJP."""
 
@@ -120,33 +129,55 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     for v in order:
         if is_leaf(v) or any(id(a) in needed for a in v._node.args):
             needed.add(id(v))
-    ct: dict[int, Tensor] = {}
+    # cotangents by value, grouped by the mesh axes along which they vary but the value does not (per-device
+    # code: contributions that are still per-device summands); a plain value has one group, ()
+    ct: dict[int, dict[tuple, Tensor]] = {}
     leaves: dict[int, Tensor] = {}
+
+    def accumulate(a, c):
+        extra = _unreduced(c, a)
+        groups = ct.setdefault(id(a), {})
+        groups[extra] = c if extra not in groups else add(groups[extra], c)
+
     with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
         for o, c in zip(outputs, cotangents):
             if id(o) in needed:
-                ct[id(o)] = c if id(o) not in ct else add(ct[id(o)], c)
+                accumulate(o, c)
         for v in reversed(order):
             if id(v) not in needed:
                 continue
-            g = ct.pop(id(v), None)
-            if g is None:
+            groups = ct.pop(id(v), None)
+            if groups is None:
                 continue
             node = v._node
+            if node.op == SM_IN or getattr(node.op, "raw_cotangent", False):
+                # these transpose each group as it is (into shard_map: partial sums over its axes; all_gather: a
+                # psum_scatter of the summands along the gathered axes)
+                for g in groups.values():
+                    fn = in_vjp if node.op == SM_IN else node.op.vjp
+                    for arg, c in zip(node.args, fn(g, node, v)):
+                        if c is not None and id(arg) in needed:
+                            accumulate(arg, c)
+                continue
+            g = None
+            for extra, part in groups.items():  # per-device summands are summed over their axes (a psum)
+                part = settle(part, v) if extra else part
+                g = part if g is None else add(g, part)
             if is_leaf(v):
                 leaves[id(v)] = g
                 continue
             if node.op in (RELAYOUT, PLACE, LEAF):  # the same value (another layout; an inner pass's leaf)
                 parts = (g,)
+            elif node.op == SM_OUT:  # out of nb.shard_map
+                parts = out_vjp(g, node, v)
             else:
                 if node.op.vjp is None:
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
                 with C.user_op(f"d {node.op.name}"):
                     parts = node.op.vjp(g, node, v)
-            for a, c in zip(node.args, parts):
-                if c is None or id(a) not in needed:
-                    continue
-                ct[id(a)] = c if id(a) not in ct else add(ct[id(a)], c)
+            for arg, c in zip(node.args, parts):
+                if c is not None and id(arg) in needed:
+                    accumulate(arg, c)
     return leaves
 
 
@@ -166,6 +197,9 @@ def _finish(g: Tensor | None, primal: Tensor) -> Tensor:
     from .ops import zeros
     spec = primal.sharding
     with C.phase("backward"):
+        if isinstance(spec, ManualSpec):  # a per-device value (differentiated inside nb.shard_map)
+            g = manual_constant(0.0, primal) if g is None else as_manual(g, spec.mesh)
+            return g if g.dtype == primal.dtype else g.astype(primal.dtype)
         if g is None:
             g = zeros(primal.shape, primal.dtype)
             return g if spec is None else g.shard(spec.mesh, spec.dim_specs)
@@ -189,6 +223,8 @@ def _gradients(got: dict[int, Tensor], traced: Sequence[Tensor], primals: Sequen
 
 def _ones_like(t: Tensor) -> Tensor:
     from .ops import ones
+    if isinstance(t.sharding, ManualSpec):
+        return manual_constant(1.0, t)
     one = ones(t.shape, t.dtype)
     return one if t.sharding is None else one.shard(t.mesh, [() for _ in t.shape])
 
