@@ -274,6 +274,11 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
         for n in nums:
             if not -len(args) <= n < len(args):
                 raise ShardingError(f"grad: argnums {argnums} out of range for {len(args)} positional arguments")
+        seen = [n % len(args) for n in nums]
+        if len(set(seen)) != len(seen):  # each would get a separate copy and only one of them the gradient
+            dup = next(n for n in seen if seen.count(n) > 1)
+            raise ShardingError(f"grad: argnums {argnums} names argument {dup} more than once; name each argument "
+                                f"once (jax.grad fails on repeated argnums too)")
 
         def g(*diff):
             full = list(args)

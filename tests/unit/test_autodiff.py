@@ -77,6 +77,19 @@ def test_errors_are_clear():
         nb.grad(lambda t: t.sum(), argnums=3)(nb.tensor(np.ones(3)))
 
 
+@pytest.mark.parametrize("argnums", [(0, 0), (1, -1), (0, 1, 0)])
+def test_repeated_argnums_are_refused(argnums):
+    """jax.grad fails on repeated argnums (an internal TypeError); a silently wrong first gradient is worse."""
+    a, b = nb.tensor(np.array([1.0, 2.0])), nb.tensor(np.array([3.0, 4.0]))
+    with pytest.raises(ShardingError, match="more than once"):
+        nb.grad(lambda x, y: (x * y * y).sum(), argnums=argnums)(a, b)
+    with pytest.raises(Exception):
+        jax.grad(lambda x, y: (x * y * y).sum(), argnums=argnums)(a.numpy(), b.numpy())
+    ga, gb = nb.grad(lambda x, y: (x * y * y).sum(), argnums=(1, 0))(a, b)  # distinct, any order: fine
+    np.testing.assert_allclose(ga.numpy(), 2 * a.numpy() * b.numpy())
+    np.testing.assert_allclose(gb.numpy(), b.numpy() ** 2)
+
+
 # ---- higher order: the backward pass inside an enclosing differentiation is recorded ----------------------
 
 
