@@ -292,6 +292,12 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
             shape = getattr(out, "shape", None)
             raise ShardingError(f"grad: f must return a scalar (0-d) tensor, got {type(out).__name__}"
                                 + (f" of shape {shape}" if shape is not None else ""))
+        if out.dtype.kind != "f":  # jax.grad's rule, with its reasons
+            why = ("For holomorphic differentiation of a complex function, or a non-holomorphic one with complex "
+                   "outputs, use nb.vjp directly" if out.dtype.kind == "c" else
+                   "For differentiation of functions with integer outputs, use nb.vjp directly")
+            raise ShardingError(f"grad: requires real-valued outputs (a floating dtype), but got {out.dtype} "
+                                f"(nb.grad is not holomorphic). {why}.")
         grads = fn(_ones_like(out))
         grads = grads[0] if single else grads
         return ((out, res[2]), grads) if has_aux else (out, grads)

@@ -90,6 +90,52 @@ def test_repeated_argnums_are_refused(argnums):
     np.testing.assert_allclose(gb.numpy(), b.numpy() ** 2)
 
 
+# ---- complex values and the points where jax picks a derivative ---------------------------------------------
+
+
+def test_complex_inputs_equal_jax():
+    """A real loss of complex inputs: jax's convention (for |z|: conj(z) / |z|, 0 at 0), sharded."""
+    mesh = DeviceMesh("m", (2,), ("x",))
+    z = R.standard_normal((4, 3)) + 1j * R.standard_normal((4, 3))
+    z[0, 0] = 0
+    m = R.standard_normal((3, 3))
+    cases = [(lambda t: nb.abs(t).sum(), lambda t: jnp.abs(t).sum()),
+             (lambda t: (nb.abs(nb.exp(t) * t + nb.sin(t) @ m) ** 2).mean(),
+              lambda t: (jnp.abs(jnp.exp(t) * t + jnp.sin(t) @ m) ** 2).mean())]
+    for f, jf in cases:
+        t = nb.tensor(z).shard(mesh, ["x", None])
+        g = nb.grad(f)(t)
+        assert g.dtype == z.dtype and g.sharding.layout() == t.sharding.layout()
+        assert_sharded_allclose(g, np.asarray(jax.grad(jf)(z)), rtol=1e-12, atol=1e-12)
+
+
+def test_grad_of_a_complex_or_integer_output_is_refused_as_in_jax():
+    z = nb.tensor(np.array([1.0 + 1.0j, 2.0]))
+    with pytest.raises(ShardingError, match="holomorphic"):
+        nb.grad(lambda t: (t * t).sum())(z)
+    with pytest.raises(TypeError, match="holomorphic"):
+        jax.grad(lambda t: (t * t).sum())(z.numpy())
+    with pytest.raises(ShardingError, match="integer outputs"):
+        nb.grad(lambda t: (t * 2.0).sum().astype("int64"))(nb.tensor(np.ones(2)))
+    out, fn = nb.vjp(lambda t: t * t, z)  # the vjp itself is defined, as in jax
+    want = jax.vjp(lambda t: t * t, z.numpy())[1](np.ones(2, complex))[0]
+    np.testing.assert_allclose(fn(nb.tensor(np.ones(2, complex)))[0].numpy(), want)
+
+
+def test_derivatives_at_zero_match_jax():
+    """|x| at 0 and -0: 1; x ** 0.0 at 0: nan (0 * 0**-1); x ** 0 (an integer power) at 0: 0; d(a ** b)/db
+    at a == 0: 0 (log taken of 1 there)."""
+    x = np.array([0.0, -0.0, 1.5, -2.0])
+    b = np.array([0.0, -1.0, 2.0, 0.5])
+    cases = [(lambda t: nb.abs(t), jnp.abs, x), (lambda t: t ** 0.0, lambda t: t ** 0.0, x),
+             (lambda t: t ** 0, lambda t: t ** 0, x), (lambda t: t ** 0.5, lambda t: t ** 0.5, np.abs(x)),
+             (lambda t: nb.tensor(np.abs(x)) ** t, lambda t: np.abs(x) ** t, b)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for f, jf, v in cases:
+            got = nb.grad(lambda t: f(t).sum())(nb.tensor(v)).numpy()
+            np.testing.assert_array_equal(got, np.asarray(jax.grad(lambda t: jf(t).sum())(v)))
+
+
 # ---- higher order: the backward pass inside an enclosing differentiation is recorded ----------------------
 
 
