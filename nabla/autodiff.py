@@ -14,7 +14,7 @@ from . import collectives as C
 from .errors import ShardingError
 from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
 from .tensor import Tensor
-from .trace import (LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, differentiating, outer_live, paused, recording,
+from .trace import (LEAF, PLACE, RELAYOUT, Node, differentiating, outer_live, paused, recording,
                     topological, tracing_whole)
 
 # ---- pytrees: nested dict, list and tuple of tensors --------------------------------------------------------
@@ -82,8 +82,40 @@ def _leaf(t: Tensor, what: str) -> Tensor:
                             f"gradients need float or complex inputs (cast with .astype('float32'))")
     leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
     # a leaf made from a traced value remembers it (a whole-program trace computes it from there)
-    leaf._node = LEAF_NODE if t._node is None else Node(LEAF, (), (t,))
+    leaf._node = GRAD_LEAF if t._node is None else Node(LEAF, GRAD_LEAF.params, (t,))
     return leaf
+
+
+GRAD_LEAF = Node(LEAF, ("autodiff",))  # a value being differentiated (not a twin nb.explain or ONNX export traces)
+
+
+def differentiated(t: Tensor) -> bool:
+    """Whether ``t`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
+    if t._node is None or not recording():
+        return False
+    return any(v._node.op == LEAF and v._node.params == GRAD_LEAF.params for v in topological([t]))
+
+
+def _from_local_vjp(g, node, out):
+    """Each block that the value was assembled from gets its block of the cotangent: the device holding it
+    (a replica that was only checked against it gets none; every summand of a partial value gets it)."""
+    from .ops import getitem
+    spec, devices, holders = node.params
+    return tuple(getitem(g, spec.shard_slices(out.shape, d)) if d in holders else None for d in devices)
+
+
+_FROM_LOCAL = None
+
+
+def record_from_local(out: Tensor, blocks: dict, spec: Any, holders: set) -> None:
+    """``nb.from_local`` of traced blocks: the result records them, so gradients reach them."""
+    global _FROM_LOCAL
+    if not recording():
+        return
+    if _FROM_LOCAL is None:
+        _FROM_LOCAL = _Op("from_local", _from_local_vjp)
+    devices = tuple(blocks)
+    out._node = Node(_FROM_LOCAL, (spec, devices, frozenset(holders)), tuple(blocks[d] for d in devices))
 
 
 def _detach(t: Any) -> Any:
@@ -244,6 +276,9 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False):
         if not (isinstance(res, tuple) and len(res) == 2):
             raise ShardingError("vjp: with has_aux=True, f must return (output, aux)")
         res, aux = res
+        if not outer_live():  # returned as values: no record keeps f's activations alive
+            aux_leaves, aux_tree = flatten(aux)
+            aux = unflatten(aux_tree, [_detach(x) for x in aux_leaves])
     out_leaves, out_tree = flatten(res)
     for o in out_leaves:
         if not isinstance(o, Tensor):

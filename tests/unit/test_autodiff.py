@@ -136,6 +136,50 @@ def test_derivatives_at_zero_match_jax():
             np.testing.assert_array_equal(got, np.asarray(jax.grad(lambda t: jf(t).sum())(v)))
 
 
+# ---- what the results hold on to, and the ways out of and into the trace ----------------------------------
+
+
+def test_aux_is_returned_detached_and_frees_the_activations():
+    import gc
+    import weakref
+    seen = []
+
+    def f(w):
+        h = nb.tanh(nb.tensor(np.ones((4, 3))) @ w)
+        seen.append(weakref.ref(h))
+        return (h * h).sum(), {"h2": h * 2.0, "n": 3}
+
+    (g, aux) = nb.grad(f, has_aux=True)(nb.tensor(R.standard_normal((3, 2))))
+    assert aux["h2"]._node is None and aux["n"] == 3
+    gc.collect()
+    assert seen[0]() is None  # nothing returned keeps the forward's activations alive
+
+
+def test_to_local_refuses_and_from_local_differentiates():
+    mesh = DeviceMesh("m", (2, 2), ("x", "y"))
+    x = R.standard_normal(4)
+    w = R.standard_normal(4)
+    with pytest.raises(ShardingError, match="to_local"):
+        nb.grad(lambda t: nb.tensor(t.to_local(0)).sum())(nb.tensor(x).shard(mesh, ["x"]))
+    leaf = nb.tensor(x).shard(mesh, ["x"]).trace()
+    with pytest.raises(ShardingError, match="to_local"):
+        (leaf * 2.0).to_local(0)
+    assert isinstance(nb.tensor(x).shard(mesh, ["x"]).to_local(0), np.ndarray)  # untraced: as before
+
+    def sharded(t):  # device (i, j) holds rows [2i, 2i+2); the y replicas are only checked against each other
+        blocks = {d: t[2 * mesh.coords(d)[0]:2 * mesh.coords(d)[0] + 2] for d in mesh.devices}
+        return nb.from_local(blocks, mesh, ["x"])
+
+    def partial(t):  # y holds summands 0.25 t and 0.75 t
+        return nb.from_local({d: t * (0.25, 0.75)[mesh.coords(d)[1]] for d in mesh.devices}, mesh, [None],
+                             partial_axes=["y"])
+
+    want = np.asarray(jax.grad(lambda t: (jnp.sin(t) * w).sum())(x))
+    for build in (sharded, partial):
+        g = nb.grad(lambda t: (nb.sin(build(t)) * w).sum())(nb.tensor(x))
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-12)
+
+
 # ---- higher order: the backward pass inside an enclosing differentiation is recorded ----------------------
 
 
