@@ -170,3 +170,68 @@ def test_windowed_op_gradients_equal_jax(name, fn, jfn):
         assert_sharded_allclose(gx, gx_want, rtol=1e-9, atol=1e-9)
         if name.startswith("conv"):
             assert_sharded_allclose(gw, gw_want, rtol=1e-9, atol=1e-9)
+
+
+# ---- finite differences, where jax.grad has no twin ---------------------------------------------------------
+
+
+def _central_differences(f, x, eps=1e-6):
+    """df/dx by central differences in float64, for ``f`` taking a batch (m, *x.shape) to m scalars: every
+    element perturbed both ways in one batch."""
+    n = x.size
+    basis = np.eye(n).reshape((n,) + x.shape) * eps
+    vals = np.asarray(f(np.concatenate([x + basis, x - basis]))).reshape(2, n)
+    return ((vals[0] - vals[1]) / (2 * eps)).reshape(x.shape)
+
+
+def _reduce_window(v, kind, kernel, stride, pads, dilation, include=True):
+    """jax's forward of a dilated pool (its VJP is what jax lacks for max): window sums or maxima."""
+    k, s, d = (1, 1) + kernel, (1, 1) + stride, (1, 1) + dilation
+    p = [(0, 0), (0, 0)] + list(pads)
+    if kind == "max":
+        return jax.lax.reduce_window(v, -jnp.inf, jax.lax.max, k, s, p, window_dilation=d)
+    total = jax.lax.reduce_window(v, 0.0, jax.lax.add, k, s, p, window_dilation=d)
+    one = jnp.ones_like(v[:1])  # the divisor does not depend on the batch (computed once: XLA folds it)
+    ones = one if not include else jnp.pad(one, p, constant_values=1.0)
+    count = jax.lax.reduce_window(ones, 0.0, jax.lax.add, k, s, p if not include else [(0, 0)] * 4,
+                                  window_dilation=d)
+    return total / count
+
+
+DILATED = [  # (name, kind, kernel, stride, padding, dilation, count_include_pad)
+    ("max_dil", "max", (3, 2), (2, 1), ((1, 2), (1, 1)), (2, 3), True),
+    ("max_dil_stride", "max", (2, 2), (1, 2), ((0, 1), (2, 0)), (3, 2), True),
+    ("avg_dil", "avg", (3, 2), (2, 1), ((1, 2), (1, 1)), (2, 3), True),
+    ("avg_dil_nopad", "avg", (2, 3), (1, 1), ((1, 1), (2, 1)), (2, 2), False),
+]
+
+
+@pytest.mark.parametrize("name,kind,kernel,stride,pads,dilation,include", DILATED, ids=[d[0] for d in DILATED])
+def test_dilated_pool_gradients_equal_central_differences(name, kind, kernel, stride, pads, dilation, include):
+    """jax.grad of a max reduce_window with window dilation raises NotImplementedError, so nabla's gradient is
+    checked against central differences of jax's forward (float64) on sharded batch, channel and spatial dims."""
+    mesh = DeviceMesh("m22", (2, 2), ("x", "y"))
+    x = np.random.default_rng(21).standard_normal((2, 2, 9, 8))
+    out_shape = _reduce_window(x, kind, kernel, stride, pads, dilation, include).shape
+    wt = weights(out_shape)
+
+    @jax.jit
+    def losses(batch):  # (m, *x.shape) -> m values of sum(pool(x) * wt)
+        out = _reduce_window(batch.reshape((-1,) + x.shape[1:]), kind, kernel, stride, pads, dilation, include)
+        return (out.reshape((batch.shape[0],) + out_shape) * wt).reshape(batch.shape[0], -1).sum(-1)
+
+    want = _central_differences(losses, x)
+    if kind == "max":
+        with pytest.raises(NotImplementedError):
+            jax.grad(lambda v: (_reduce_window(v, kind, kernel, stride, pads, dilation) * wt).sum())(x)
+    else:  # jax differentiates a dilated window sum: the two references agree
+        np.testing.assert_allclose(
+            jax.jit(jax.grad(lambda v: (_reduce_window(v, kind, kernel, stride, pads, dilation, include) * wt).sum()))(
+                x), want, rtol=1e-6, atol=1e-7)
+    pool = (lambda t: nb.max_pool(t, kernel, stride, pads, dilation)) if kind == "max" else \
+        (lambda t: nb.avg_pool(t, kernel, stride, pads, include, dilation))
+    for spec in ([None, None, "x", "y"], ["x", "y", None, None], [None, "x", "y", None], ["y", None, None, "x"]):
+        t = nb.tensor(x).shard(mesh, spec)
+        g = nb.grad(lambda a: (pool(a) * wt).sum())(t)
+        assert g.sharding.layout() == t.sharding.layout()
+        assert_sharded_allclose(g, want, rtol=1e-6, atol=1e-7)
