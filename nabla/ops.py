@@ -118,7 +118,6 @@ _UNARY = {
     "abs": _elementwise("abs", "abs"),
     "relu": _elementwise("relu", _relu),
     "sigmoid": _elementwise("sigmoid", _sigmoid),
-    "conjugate": _elementwise("conjugate", "conjugate", "add"),
 }
 _WHERE = _elementwise("where", "where", "add", (1, 2))
 
@@ -146,7 +145,6 @@ def sqrt(x: ArrayLike) -> Tensor: return _call(_UNARY["sqrt"], (x,))
 def abs(x: ArrayLike) -> Tensor: return _call(_UNARY["abs"], (x,))  # noqa: A001
 def relu(x: ArrayLike) -> Tensor: return _call(_UNARY["relu"], (x,))
 def sigmoid(x: ArrayLike) -> Tensor: return _call(_UNARY["sigmoid"], (x,))
-def conjugate(x: ArrayLike) -> Tensor: return _call(_UNARY["conjugate"], (x,))  # for complex derivatives
 def where(cond: ArrayLike, a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_WHERE, (cond, a, b))
 
 
@@ -243,15 +241,14 @@ _UNARY["cos"].vjp = _unary_vjp(lambda g, x, o: -(g * sin(x)))
 _UNARY["sqrt"].vjp = _unary_vjp(lambda g, x, o: g / (o * 2.0))
 def _abs_dx(g, x, o):
     """d|x|/dx: the sign, 1 at 0 (as jax: select(x >= 0, g, -g)); for complex x, conj(x) / |x| (jax's
-    convention for a real function of a complex value), 0 at 0."""
+    convention for a real function of a complex value) = |x| / x, 0 at 0."""
     if isinstance(x, Value) and x._dtype.kind == "c":
         zero = equal(o, 0)
-        return g * where(zero, 0.0, conjugate(x) / where(zero, 1.0, o))
+        return g * where(zero, 0.0, o / where(zero, 1.0, x))
     return g * (_mask(greater_equal(x, 0), g) * 2.0 - 1.0)
 
 
 _UNARY["abs"].vjp = _unary_vjp(_abs_dx)
-_UNARY["conjugate"].vjp = _unary_vjp(lambda g, x, o: conjugate(g))
 _UNARY["relu"].vjp = _unary_vjp(lambda g, x, o: g * _mask(greater(x, 0), g))
 _UNARY["sigmoid"].vjp = _unary_vjp(lambda g, x, o: g * (o * (1.0 - o)))
 _WHERE.vjp = lambda g, node, out: (None, _unbroadcast(where(node.args[0], g, 0.0), node.args[1]),
