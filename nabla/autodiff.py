@@ -6,6 +6,7 @@ and its collectives show in the comm log as ``backward``; each gradient ends wit
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -148,11 +149,13 @@ _TO_HOST = _Op("gather to host", lambda g, node, out: (g,))
 
 
 def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
-                  wrt: Sequence[int] | None = None) -> dict[int, Tensor]:
+                  wrt: Sequence[int] | None = None, labels: dict[int, str] | None = None) -> dict[int, Tensor]:
     """Cotangents of the traced leaves the outputs depend on, by ``id`` of the leaf: the leaves whose ids are
     in ``wrt`` (``vjp``'s), or every LEAF node (``backward()``). A leaf of an inner differentiation made from a
     traced value is, to an outer pass, that value itself. Inside an enclosing differentiation the ops of this
-    pass are recorded (so a gradient of a gradient differentiates them); otherwise they record nothing."""
+    pass are recorded (so a gradient of a gradient differentiates them); otherwise they record nothing.
+    Collectives are logged under the public op each VJP belongs to (``softmax``, not the ``max`` inside it),
+    and the sums of cotangents under the value they are for (``grad of p['w1']`` for a leaf in ``labels``)."""
     from .ops import add
     stop = None if wrt is None else set(wrt)
     order = topological(outputs, stop)
@@ -166,10 +169,17 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     ct: dict[int, dict[tuple, Tensor]] = {}
     leaves: dict[int, Tensor] = {}
 
+    def label(a) -> str:
+        return (labels or {}).get(id(a)) or (a._node.name if a._node.op != LEAF else "grad of a traced tensor")
+
     def accumulate(a, c):
         extra = _unreduced(c, a)
         groups = ct.setdefault(id(a), {})
-        groups[extra] = c if extra not in groups else add(groups[extra], c)
+        if extra not in groups:
+            groups[extra] = c
+        else:
+            with C.user_op(label(a)):
+                groups[extra] = add(groups[extra], c)
 
     with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
         for o, c in zip(outputs, cotangents):
@@ -187,25 +197,29 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                 # psum_scatter of the summands along the gathered axes)
                 for g in groups.values():
                     fn = in_vjp if node.op == SM_IN else node.op.vjp
-                    for arg, c in zip(node.args, fn(g, node, v)):
+                    with C.user_op(node.user or ("shard_map" if node.op == SM_IN else node.op.name)):
+                        parts = fn(g, node, v)
+                    for arg, c in zip(node.args, parts):
                         if c is not None and id(arg) in needed:
                             accumulate(arg, c)
                 continue
             g = None
-            for extra, part in groups.items():  # per-device summands are summed over their axes (a psum)
-                part = settle(part, v) if extra else part
-                g = part if g is None else add(g, part)
+            with C.user_op(label(v)):
+                for extra, part in groups.items():  # per-device summands are summed over their axes (a psum)
+                    part = settle(part, v) if extra else part
+                    g = part if g is None else add(g, part)
             if is_leaf(v):
                 leaves[id(v)] = g
                 continue
             if node.op in (RELAYOUT, PLACE, LEAF):  # the same value (another layout; an inner pass's leaf)
                 parts = (g,)
             elif node.op == SM_OUT:  # out of nb.shard_map
-                parts = out_vjp(g, node, v)
+                with C.user_op(node.user or "shard_map"):
+                    parts = out_vjp(g, node, v)
             else:
                 if node.op.vjp is None:
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
-                with C.user_op(f"d {node.op.name}"):
+                with C.user_op(node.name):
                     parts = node.op.vjp(g, node, v)
             for arg, c in zip(node.args, parts):
                 if c is not None and id(arg) in needed:
@@ -245,11 +259,16 @@ def _finish(g: Tensor | None, primal: Tensor) -> Tensor:
         return g.with_sharding(spec.mesh, dims)
 
 
-def _gradients(got: dict[int, Tensor], traced: Sequence[Tensor], primals: Sequence[Tensor]) -> list[Tensor]:
-    """The finished gradients of ``traced`` leaves; detached unless an enclosing differentiation needs them."""
+def _gradients(got: dict[int, Tensor], traced: Sequence[Tensor], primals: Sequence[Tensor],
+               labels: dict[int, str] | None = None) -> list[Tensor]:
+    """The finished gradients of ``traced`` leaves; detached unless an enclosing differentiation needs them. The
+    final sums and moves are logged as ``grad of <parameter path>``."""
     live = outer_live()
+    out = []
     with (contextlib.nullcontext() if live else paused()):
-        out = [_finish(got.get(id(t)), x) for t, x in zip(traced, primals)]
+        for t, x in zip(traced, primals):
+            with C.user_op((labels or {}).get(id(t), "grad of a traced tensor")):
+                out.append(_finish(got.get(id(t)), x))
     return out if live else [_detach(g) for g in out]
 
 
@@ -263,13 +282,42 @@ def _ones_like(t: Tensor) -> Tensor:
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False):
     """``out, vjp_fn = nb.vjp(f, *primals)``: ``vjp_fn(cotangent)`` returns one gradient pytree per primal."""
-    flat, trees, traced = [], [], []
+    return _vjp(f, primals, has_aux, [_arg_name(f, i) for i in range(len(primals))])
+
+
+def _arg_name(f: Callable, i: int) -> str:
+    """The name of ``f``'s positional parameter ``i`` (``args[2]`` for a ``*args``), for the comm log."""
+    try:
+        params = list(inspect.signature(f).parameters.values())
+    except (TypeError, ValueError):
+        return f"arg{i}"
+    for j, p in enumerate(params):
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return f"{p.name}[{i - j}]"
+        if j == i and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            return p.name
+    return f"arg{i}"
+
+
+def _paths(tree: Any, prefix: str) -> list[str]:
+    """Each leaf's path in ``tree`` (as ``flatten`` orders them), JAX's keystr style: ``p['w1']``, ``layers[0]``."""
+    if isinstance(tree, dict):
+        return [q for k, v in tree.items() for q in _paths(v, f"{prefix}[{k!r}]")]
+    if isinstance(tree, (list, tuple)):
+        return [q for i, v in enumerate(tree) for q in _paths(v, f"{prefix}[{i}]")]
+    return [] if tree is None else [prefix]
+
+
+def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str]):
+    flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
         leaves = [_as_tensor(x, "vjp") for x in leaves]
         flat.append(leaves)
         trees.append(tree)
         traced.append([_leaf(x, "vjp") for x in leaves])
+        for t, path in zip(traced[-1], _paths(p, names[i])):
+            labels[id(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
     with differentiating():
         res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
     if has_aux:
@@ -292,8 +340,8 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False):
         for o, c in zip(out_leaves, cts):
             if o.shape != c.shape:
                 raise ShardingError(f"vjp: cotangent of shape {c.shape} for an output of shape {o.shape}")
-        got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr])
-        return tuple(unflatten(tree, _gradients(got, tr, fl)) for tree, tr, fl in zip(trees, traced, flat))
+        got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels)
+        return tuple(unflatten(tree, _gradients(got, tr, fl, labels)) for tree, tr, fl in zip(trees, traced, flat))
 
     # inside an enclosing differentiation the result stays recorded: the outer pass differentiates through it
     out = unflatten(out_tree, out_leaves if outer_live() else [_detach(o) for o in out_leaves])
@@ -321,7 +369,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
                 full[n] = d
             return f(*full, **kwargs)
 
-        res = vjp(g, *(args[n] for n in nums), has_aux=has_aux)
+        res = _vjp(g, [args[n] for n in nums], has_aux, [_arg_name(f, n % len(args)) for n in nums])
         out, fn = res[0], res[1]
         if not isinstance(out, Tensor) or out.shape != ():
             shape = getattr(out, "shape", None)

@@ -11,17 +11,36 @@ from typing import Any, Iterator, NamedTuple
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
 
-class Node(NamedTuple):
+class _Record(NamedTuple):
+    op: Any
+    params: tuple
+    args: tuple
+    prog: Any
+    settled: tuple
+    user: str
+
+
+class Node(_Record):
     """How a value was made: ``op`` is an OpDef, or LEAF (a traced input), RELAYOUT (``with_sharding``) or
     PLACE (a host value put on a mesh); ``args`` its operands (values or Python scalars); ``prog`` what the
     executor decided for it (its reshard plans and local steps), or the relayout's plan; ``settled``, per
-    operand, the summed layout used instead of a partial operand whose sum an earlier use already paid."""
+    operand, the summed layout used instead of a partial operand whose sum an earlier use already paid;
+    ``user``, the public op it ran for (``softmax`` for the max and sum inside it), read from the comm log's
+    op name when the node is made, so a backward pass names its collectives after it."""
 
-    op: Any
-    params: tuple = ()
-    args: tuple = ()
-    prog: Any = None
-    settled: tuple = ()
+    __slots__ = ()
+
+    def __new__(cls, op: Any, params: tuple = (), args: tuple = (), prog: Any = None, settled: tuple = (),
+                user: str | None = None) -> "Node":
+        if user is None:
+            from .collectives import _op
+            user = _op.get()
+        return super().__new__(cls, op, params, args, prog, settled, user)
+
+    @property
+    def name(self) -> str:
+        """The op's name for people: the public op it ran for, else its own."""
+        return self.user or getattr(self.op, "name", None) or str(self.op)
 
 
 LEAF_NODE = Node(LEAF)

@@ -333,6 +333,40 @@ def test_attention_with_heads_on_tp_moves_nothing():
         assert_sharded_allclose(g, np.asarray(wg), rtol=1e-4, atol=1e-5)
 
 
+def test_backward_collectives_are_named_after_user_ops_and_parameters():
+    """The summary names backward collectives as the forward's: the public op (softmax, not the max inside it),
+    and a gradient's final sum after its parameter's path, never internal names (d max, add, with_sharding)."""
+    import re
+    mesh = DeviceMesh("m", (2, 4), ("dp", "tp"))
+    params, x, y = _mlp(mesh)
+
+    def loss(p, x, y):
+        return ((nb.softmax(nb.relu(x @ p["w1"]) @ p["w2"], 0) - y) ** 2).mean()
+
+    with nb.comm_log() as log:
+        nb.value_and_grad(loss)(params, x, y)
+    rows = [re.split(r"\s{2,}", line.strip()) for line in log.summary().splitlines()[2:-1]]
+    table = {(r[0], r[1], r[2]): (int(r[3]), r[4].replace(",", ""), r[6]) for r in rows}
+    assert table == {
+        ("forward", "all_reduce", "tp"): (1, "96", "softmax"),  # the matmul's pending sum, made for softmax
+        ("forward", "all_reduce", "dp"): (2, "32", "softmax"),  # softmax over the dp-sharded batch: max and sum
+        ("backward", "reduce_scatter", "dp"): (1, "64", "softmax"),
+        ("backward", "all_reduce", "dp"): (4, "672", "softmax, grad of p['w1'], grad of p['w2']"),
+    }, log.summary()
+    by_op = {}
+    for e in log.events:
+        by_op.setdefault((e.phase, e.op), []).append((e.kind, e.bytes))
+    assert by_op[("backward", "grad of p['w1']")] == [("all_reduce", 512)]  # 2 (k-1)/k x the [16, 8] block
+    assert by_op[("backward", "grad of p['w2']")] == [("all_reduce", 128)]
+    # a positional argument, a list of them, and the seed-002 spelling
+    w = nb.random.normal((16, 32)).shard(mesh, [None, "tp"])
+    with nb.comm_log() as log:
+        nb.grad(lambda ws, x: (nb.tanh(x @ ws[0]) ** 2).sum())([w], x)
+        leaf = w.trace()
+        (nb.tanh(x @ leaf) ** 2).sum().backward()
+    assert [e.op for e in log.events if e.phase == "backward"] == ["grad of ws[0]", "grad of a traced tensor"]
+
+
 def test_abstract_training_step_plans_1024_devices():
     """The comm plan of a whole training step (value_and_grad, then Adam's update) of a 24-layer Megatron MLP
     stack on 1,024 devices, without data: forward one tp all_reduce per layer; backward one tp all_reduce per
