@@ -367,6 +367,62 @@ def test_backward_collectives_are_named_after_user_ops_and_parameters():
     assert [e.op for e in log.events if e.phase == "backward"] == ["grad of ws[0]", "grad of a traced tensor"]
 
 
+# forward move (kind, mesh shape, primal dims, primal partial axes, moved-to dims) and the cotangent's layout: a
+# constant laid out as the cotangent of the moved value arrives (partial where the move summed or gathered)
+MOVES = {
+    "all_gather": ((4,), ["x", None], (), [None, None], ([None, None], ("x",))),
+    "reduce_scatter": ((4,), [None, None], ("x",), ["x", None], (["x", None], ())),
+    "all_reduce": ((4,), [None, None], ("x",), [None, None], ([None, None], ("x",))),
+    "all_to_all": ((4,), ["x", None], (), [None, "x"], ([None, "x"], ())),
+    "collective_permute": ((2, 2), [("x", "y"), None], (), [("y", "x"), None], ([("y", "x"), None], ())),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MOVES))
+def test_backward_of_each_move_is_the_registry_transpose(kind):
+    """For each collective kind, the backward of a forward move of that kind (``with_sharding``) is the move the
+    collective registry names as its transpose (all_gather <-> reduce_scatter, all_reduce and all_to_all and
+    collective_permute their own), with the bytes the ring formula gives for the transposed block."""
+    from nabla.collectives import REGISTRY
+    shape = MOVES[kind][0]
+    mesh = DeviceMesh("m", shape, ("x", "y")[:len(shape)])
+    dims, partial, moved, (ct_dims, ct_partial) = MOVES[kind][1:]
+    value = R.standard_normal((8, 8))
+    c = R.standard_normal((8, 8))
+    x = nb.tensor(value).shard(mesh, dims, partial_axes=partial)
+    const = nb.tensor(c).shard(mesh, ct_dims, partial_axes=ct_partial)
+    with nb.comm_log() as log:
+        g = nb.grad(lambda t: (t.with_sharding(mesh, moved) * const).sum())(x)
+    fwd = [(e.kind, e.bytes) for e in log.events if e.phase == "forward"]
+    bwd = [(e.kind, e.bytes) for e in log.events if e.phase == "backward"]
+    k = 4
+    whole, block = 8 * 8 * 8, 8 * 8 * 8 // k
+    src_block = whole if partial or dims == [None, None] else block  # the block each device holds before the move
+    assert fwd == [(kind, REGISTRY[kind].ring_bytes(src_block, k))]
+    back = REGISTRY[kind].transpose
+    ct_block = whole if ct_partial or ct_dims == [None, None] else block
+    assert bwd == [(back, REGISTRY[back].ring_bytes(ct_block, k))]
+    assert {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}.get(kind, kind) == back
+    assert g.sharding.partial_axes == () and [d.axes for d in g.sharding.dim_specs] == [
+        d.axes for d in x.sharding.dim_specs]
+    np.testing.assert_allclose(g.numpy(), c)  # d sum(t * c) / dt
+
+
+def test_backward_of_a_local_slice_moves_nothing_until_the_gradient_is_laid_out():
+    """A local slice's transpose (the registry's local_pad) communicates nothing: the cotangent stays as sliced
+    blocks, and only the gradient's final layout (replicated, as its primal) gathers them, once."""
+    from nabla.collectives import REGISTRY
+    assert REGISTRY["slice"].transpose == "local_pad" and REGISTRY["slice"].local
+    mesh = DeviceMesh("m", (4,), ("x",))
+    x = nb.tensor(R.standard_normal((8, 6))).shard(mesh, [None, None])
+    c = R.standard_normal((8, 6))
+    with nb.comm_log() as log:
+        g = nb.grad(lambda t: (nb.exp(t.with_sharding(mesh, ["x", None])) * c).sum())(x)
+    assert [(e.phase, e.kind, e.bytes, e.op) for e in log.events] == [
+        ("backward", "all_gather", 3 * 2 * 6 * 8, "grad of t")]
+    np.testing.assert_allclose(g.numpy(), np.exp(x.numpy()) * c)
+
+
 def test_abstract_training_step_plans_1024_devices():
     """The comm plan of a whole training step (value_and_grad, then Adam's update) of a 24-layer Megatron MLP
     stack on 1,024 devices, without data: forward one tp all_reduce per layer; backward one tp all_reduce per
