@@ -327,10 +327,19 @@ def _all_gather_vjp(g, node, out):
         g = psum(g, other)
     along = [a for a in axes if a in g.sharding.varying]
     if len(along) == len(axes):
-        return (psum_scatter(g, axes, axis, tiled),)
+        return (_transpose_of("all_gather")(g, axes, axis, tiled),)
     if along:
         g = psum(g, tuple(along))
     return (_own_block(g, axes, axis, tiled),)
+
+
+def _transpose_of(name: str):
+    """The nb.lax collective whose move is the transpose of ``name``'s, as the collective registry pairs them
+    (all_gather <-> reduce_scatter, all_to_all and collective_permute their own)."""
+    kind = {"all_gather": "all_gather", "psum_scatter": "reduce_scatter", "all_to_all": "all_to_all",
+            "ppermute": "collective_permute"}[name]
+    return {"reduce_scatter": psum_scatter, "all_gather": all_gather, "all_to_all": all_to_all,
+            "collective_permute": ppermute}[C.REGISTRY[kind].transpose]
 
 
 def _psum_scatter_vjp(g, node, out):
@@ -339,18 +348,18 @@ def _psum_scatter_vjp(g, node, out):
     x, = node.args
     axes, d, tiled = node.params
     k = prod(x.sharding.mesh.axis_size(a) for a in axes if a not in x.sharding.varying)
-    ct = all_gather(g, axes, d, tiled)
+    ct = _transpose_of("psum_scatter")(g, axes, d, tiled)
     return (ct * float(k) if k != 1 else ct,)
 
 
 def _all_to_all_vjp(g, node, out):
     axes, s, c, tiled = node.params
-    return (all_to_all(g, axes, c, s, tiled),)
+    return (_transpose_of("all_to_all")(g, axes, c, s, tiled),)
 
 
 def _ppermute_vjp(g, node, out):
     axes, perm = node.params
-    return (ppermute(g, axes, [(t, s) for s, t in perm]),)
+    return (_transpose_of("ppermute")(g, axes, [(t, s) for s, t in perm]),)
 
 
 _VJPS = {"psum": _psum_vjp, "all_gather": _all_gather_vjp, "psum_scatter": _psum_scatter_vjp,

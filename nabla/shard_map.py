@@ -257,6 +257,10 @@ def as_manual(g: Tensor, mesh: DeviceMesh) -> Tensor:
         return g
     if g.sharding is not None:
         raise ShardingError(f"grad: a global cotangent {g.sharding!r} for a per-device value inside nb.shard_map")
+    from .trace import recording, tracing_whole
+    if g._node is not None and recording() and not tracing_whole():
+        raise ShardingError("grad: a host cotangent that is itself being differentiated met a per-device value "
+                            "inside nb.shard_map; this derivative cannot be differentiated again")
     data = None if g._data is None else np.asarray(g._data).reshape((1,) * mesh.ndim + g.shape)
     return Tensor(data, ManualSpec(mesh, ()), g.shape, g.dtype)
 

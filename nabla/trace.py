@@ -8,6 +8,8 @@ import contextlib
 import contextvars
 from typing import Any, Iterator, NamedTuple
 
+from .collectives import _op as _user_op
+
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
 
@@ -33,8 +35,7 @@ class Node(_Record):
     def __new__(cls, op: Any, params: tuple = (), args: tuple = (), prog: Any = None, settled: tuple = (),
                 user: str | None = None) -> "Node":
         if user is None:
-            from .collectives import _op
-            user = _op.get()
+            user = _user_op.get()
         return super().__new__(cls, op, params, args, prog, settled, user)
 
     @property
