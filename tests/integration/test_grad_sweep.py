@@ -149,6 +149,22 @@ def test_grad_on_every_sharding_equals_jax(mesh, name):
             raise AssertionError(f"{what}: {e}") from None
 
 
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_second_order_on_shardings_equals_jax(name):
+    """Every op's VJP differentiates again: a Hessian-vector product (grad of <grad, v>) against jax on (2, 2)."""
+    fn, jfn, value = UNARY[name]
+    mesh = MESHES[1]
+    w = weights(np.shape(jfn(value)))
+    v = weights(value.shape, seed=8)
+    want = np.asarray(jax.grad(lambda a: (jax.grad(lambda u: (jfn(u) * w).sum())(a) * v).sum())(value))
+    cases = subsample(placements(mesh, 2), f"hvp {name}")
+    for spec, partial in cases if FULL else cases[::3]:
+        t = nb.tensor(value).shard(mesh, spec, partial_axes=partial)
+        g = nb.grad(lambda a: (nb.grad(lambda u: (fn(u) * w).sum())(a) * v).sum())(t)
+        check_layout(g, t, f"hvp of {name} on {spec} partial {partial}")
+        assert_sharded_allclose(g, want, rtol=1e-9, atol=1e-9)
+
+
 BINARY = {
     "add": (nb.add, jnp.add), "subtract": (nb.subtract, jnp.subtract), "multiply": (nb.multiply, jnp.multiply),
     "divide": (lambda a, b: a / (b * b + 1.0), lambda a, b: a / (b * b + 1.0)),
