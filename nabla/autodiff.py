@@ -5,14 +5,18 @@ and its collectives show in the comm log as ``backward``; each gradient ends wit
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import collectives as C
 from .errors import ShardingError
+from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
 from .tensor import Tensor
-from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, paused, topological, tracing_whole
+from .trace import (LEAF, PLACE, RELAYOUT, Node, differentiating, outer_live, paused, recording,
+                    topological, tracing_whole)
 
 # ---- pytrees: nested dict, list and tuple of tensors --------------------------------------------------------
 
@@ -79,8 +83,40 @@ def _leaf(t: Tensor, what: str) -> Tensor:
                             f"gradients need float or complex inputs (cast with .astype('float32'))")
     leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
     # a leaf made from a traced value remembers it (a whole-program trace computes it from there)
-    leaf._node = LEAF_NODE if t._node is None else Node(LEAF, (), (t,))
+    leaf._node = GRAD_LEAF if t._node is None else Node(LEAF, GRAD_LEAF.params, (t,))
     return leaf
+
+
+GRAD_LEAF = Node(LEAF, ("autodiff",))  # a value being differentiated (not a twin nb.explain or ONNX export traces)
+
+
+def differentiated(t: Tensor) -> bool:
+    """Whether ``t`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
+    if t._node is None or not recording():
+        return False
+    return any(v._node.op == LEAF and v._node.params == GRAD_LEAF.params for v in topological([t]))
+
+
+def _from_local_vjp(g, node, out):
+    """Each block that the value was assembled from gets its block of the cotangent: the device holding it
+    (a replica that was only checked against it gets none; every summand of a partial value gets it)."""
+    from .ops import getitem
+    spec, devices, holders = node.params
+    return tuple(getitem(g, spec.shard_slices(out.shape, d)) if d in holders else None for d in devices)
+
+
+_FROM_LOCAL = None
+
+
+def record_from_local(out: Tensor, blocks: dict, spec: Any, holders: set) -> None:
+    """``nb.from_local`` of traced blocks: the result records them, so gradients reach them."""
+    global _FROM_LOCAL
+    if not recording():
+        return
+    if _FROM_LOCAL is None:
+        _FROM_LOCAL = _Op("from_local", _from_local_vjp)
+    devices = tuple(blocks)
+    out._node = Node(_FROM_LOCAL, (spec, devices, frozenset(holders)), tuple(blocks[d] for d in devices))
 
 
 def _detach(t: Any) -> Any:
@@ -90,77 +126,207 @@ def _detach(t: Any) -> Any:
     return t
 
 
-def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor]) -> dict[int, Tensor]:
-    """Cotangents of every traced leaf the outputs depend on, by ``id`` of the leaf."""
+def _unreduced(c: Tensor, v: Any) -> tuple:
+    """The mesh axes along which cotangent ``c`` varies but per-device value ``v`` does not."""
+    cs, vs = getattr(c, "_spec", None), getattr(v, "_spec", None)
+    if not isinstance(cs, ManualSpec) or not isinstance(vs, ManualSpec):
+        return ()
+    return tuple(a for a in cs.varying if a not in vs.varying)
+
+
+class _Op:
+    """A node op that runs no kernel (autodiff's own records): its name and its VJP."""
+
+    def __init__(self, name: str, vjp: Callable) -> None:
+        self.name, self.vjp = name, vjp
+
+    def __repr__(self) -> str:
+        return f"_Op({self.name})"
+
+
+# a sharded gradient read back for a host primal: its cotangent is the host cotangent, as it is
+_TO_HOST = _Op("gather to host", lambda g, node, out: (g,))
+
+
+def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
+                  wrt: Sequence[int] | None = None, labels: dict[int, str] | None = None) -> dict[int, Tensor]:
+    """Cotangents of the traced leaves the outputs depend on, by ``id`` of the leaf: the leaves whose ids are
+    in ``wrt`` (``vjp``'s), or every LEAF node (``backward()``). A leaf of an inner differentiation made from a
+    traced value is, to an outer pass, that value itself. Inside an enclosing differentiation the ops of this
+    pass are recorded (so a gradient of a gradient differentiates them); otherwise they record nothing.
+    Collectives are logged under the public op each VJP belongs to (``softmax``, not the ``max`` inside it),
+    and the sums of cotangents under the value they are for (``grad of p['w1']`` for a leaf in ``labels``)."""
     from .ops import add
-    order = topological(outputs)
-    ct: dict[int, Tensor] = {}
-    for o, c in zip(outputs, cotangents):
-        if o._node is not None:
-            ct[id(o)] = c if id(o) not in ct else add(ct[id(o)], c)
+    stop = None if wrt is None else set(wrt)
+    order = topological(outputs, stop)
+    is_leaf = (lambda v: v._node.op == LEAF) if stop is None else (lambda v: id(v) in stop)
+    needed: set[int] = set()  # the values that depend on a leaf: only their cotangents are worth computing
+    for v in order:
+        if is_leaf(v) or any(id(a) in needed for a in v._node.args):
+            needed.add(id(v))
+    # cotangents by value, grouped by the mesh axes along which they vary but the value does not (per-device
+    # code: contributions that are still per-device summands); a plain value has one group, ()
+    ct: dict[int, dict[tuple, Tensor]] = {}
     leaves: dict[int, Tensor] = {}
-    with paused(), C.phase("backward"):
+
+    def label(a) -> str:
+        return (labels or {}).get(id(a)) or (a._node.name if a._node.op != LEAF else "grad of a traced tensor")
+
+    def accumulate(a, c):
+        extra = _unreduced(c, a)
+        groups = ct.setdefault(id(a), {})
+        if extra not in groups:
+            groups[extra] = c
+        else:
+            with C.user_op(label(a)):
+                groups[extra] = add(groups[extra], c)
+
+    with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
+        for o, c in zip(outputs, cotangents):
+            if id(o) in needed:
+                accumulate(o, c)
         for v in reversed(order):
-            g = ct.pop(id(v), None)
-            if g is None:
+            if id(v) not in needed:
+                continue
+            groups = ct.pop(id(v), None)
+            if groups is None:
                 continue
             node = v._node
-            if node.op == LEAF:
+            if node.op == SM_IN or getattr(node.op, "raw_cotangent", False):
+                # these transpose each group as it is (into shard_map: partial sums over its axes; all_gather: a
+                # psum_scatter of the summands along the gathered axes)
+                for g in groups.values():
+                    fn = in_vjp if node.op == SM_IN else node.op.vjp
+                    with C.user_op(node.user or ("shard_map" if node.op == SM_IN else node.op.name)):
+                        parts = fn(g, node, v)
+                    for arg, c in zip(node.args, parts):
+                        if c is not None and id(arg) in needed:
+                            accumulate(arg, c)
+                continue
+            g = None
+            with C.user_op(label(v)):
+                for extra, part in groups.items():  # per-device summands are summed over their axes (a psum)
+                    part = settle(part, v) if extra else part
+                    g = part if g is None else add(g, part)
+            if is_leaf(v):
                 leaves[id(v)] = g
                 continue
-            if node.op in (RELAYOUT, PLACE):  # the same value in another layout: its cotangent too
+            if node.op in (RELAYOUT, PLACE, LEAF):  # the same value (another layout; an inner pass's leaf)
                 parts = (g,)
+            elif node.op == SM_OUT:  # out of nb.shard_map
+                with C.user_op(node.user or "shard_map"):
+                    parts = out_vjp(g, node, v)
             else:
                 if node.op.vjp is None:
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
-                with C.user_op(f"d {node.op.name}"):
+                with C.user_op(node.name):
                     parts = node.op.vjp(g, node, v)
-            for a, c in zip(node.args, parts):
-                if c is None or getattr(a, "_node", None) is None:
-                    continue
-                ct[id(a)] = c if id(a) not in ct else add(ct[id(a)], c)
+            for arg, c in zip(node.args, parts):
+                if c is not None and id(arg) in needed:
+                    accumulate(arg, c)
     return leaves
+
+
+def _to_host(g: Tensor) -> Tensor:
+    """A sharded gradient as a host tensor (a host read), still differentiable when it is being recorded."""
+    from .ops import tensor
+    if g.is_abstract:
+        return Tensor(None, None, g.shape, g.dtype)
+    out = tensor(g.numpy())
+    if g._node is not None and recording() and not tracing_whole():
+        out._node = Node(_TO_HOST, (), (g,))
+    return out
 
 
 def _finish(g: Tensor | None, primal: Tensor) -> Tensor:
     """A gradient as its primal is laid out: same shape, dtype and dim specs, no pending sums."""
-    from .ops import tensor, zeros
+    from .ops import zeros
     spec = primal.sharding
     with C.phase("backward"):
+        if isinstance(spec, ManualSpec):  # a per-device value (differentiated inside nb.shard_map)
+            g = manual_constant(0.0, primal) if g is None else as_manual(g, spec.mesh)
+            return g if g.dtype == primal.dtype else g.astype(primal.dtype)
         if g is None:
             g = zeros(primal.shape, primal.dtype)
             return g if spec is None else g.shard(spec.mesh, spec.dim_specs)
         if g.dtype != primal.dtype:
             g = g.astype(primal.dtype)
         if spec is None:
-            return g if g.sharding is None else (tensor(g.numpy()) if not g.is_abstract else
-                                                   Tensor(None, None, g.shape, g.dtype))
+            return g if g.sharding is None else _to_host(g)
         if g.sharding is None:
             return g.shard(spec.mesh, spec.dim_specs)
         dims = [type(d)(d.axes) for d in spec.dim_specs]  # closed: exactly the primal's axes
         return g.with_sharding(spec.mesh, dims)
 
 
+def _gradients(got: dict[int, Tensor], traced: Sequence[Tensor], primals: Sequence[Tensor],
+               labels: dict[int, str] | None = None) -> list[Tensor]:
+    """The finished gradients of ``traced`` leaves; detached unless an enclosing differentiation needs them. The
+    final sums and moves are logged as ``grad of <parameter path>``."""
+    live = outer_live()
+    out = []
+    with (contextlib.nullcontext() if live else paused()):
+        for t, x in zip(traced, primals):
+            with C.user_op((labels or {}).get(id(t), "grad of a traced tensor")):
+                out.append(_finish(got.get(id(t)), x))
+    return out if live else [_detach(g) for g in out]
+
+
 def _ones_like(t: Tensor) -> Tensor:
     from .ops import ones
+    if isinstance(t.sharding, ManualSpec):
+        return manual_constant(1.0, t)
     one = ones(t.shape, t.dtype)
     return one if t.sharding is None else one.shard(t.mesh, [() for _ in t.shape])
 
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False):
     """``out, vjp_fn = nb.vjp(f, *primals)``: ``vjp_fn(cotangent)`` returns one gradient pytree per primal."""
-    flat, trees, traced = [], [], []
+    return _vjp(f, primals, has_aux, [_arg_name(f, i) for i in range(len(primals))])
+
+
+def _arg_name(f: Callable, i: int) -> str:
+    """The name of ``f``'s positional parameter ``i`` (``args[2]`` for a ``*args``), for the comm log."""
+    try:
+        params = list(inspect.signature(f).parameters.values())
+    except (TypeError, ValueError):
+        return f"arg{i}"
+    for j, p in enumerate(params):
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return f"{p.name}[{i - j}]"
+        if j == i and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            return p.name
+    return f"arg{i}"
+
+
+def _paths(tree: Any, prefix: str) -> list[str]:
+    """Each leaf's path in ``tree`` (as ``flatten`` orders them), JAX's keystr style: ``p['w1']``, ``layers[0]``."""
+    if isinstance(tree, dict):
+        return [q for k, v in tree.items() for q in _paths(v, f"{prefix}[{k!r}]")]
+    if isinstance(tree, (list, tuple)):
+        return [q for i, v in enumerate(tree) for q in _paths(v, f"{prefix}[{i}]")]
+    return [] if tree is None else [prefix]
+
+
+def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str]):
+    flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
         leaves = [_as_tensor(x, "vjp") for x in leaves]
         flat.append(leaves)
         trees.append(tree)
         traced.append([_leaf(x, "vjp") for x in leaves])
-    res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
+        for t, path in zip(traced[-1], _paths(p, names[i])):
+            labels[id(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
+    with differentiating():
+        res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
     if has_aux:
         if not (isinstance(res, tuple) and len(res) == 2):
             raise ShardingError("vjp: with has_aux=True, f must return (output, aux)")
         res, aux = res
+        if not outer_live():  # returned as values: no record keeps f's activations alive
+            aux_leaves, aux_tree = flatten(aux)
+            aux = unflatten(aux_tree, [_detach(x) for x in aux_leaves])
     out_leaves, out_tree = flatten(res)
     for o in out_leaves:
         if not isinstance(o, Tensor):
@@ -174,11 +340,11 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False):
         for o, c in zip(out_leaves, cts):
             if o.shape != c.shape:
                 raise ShardingError(f"vjp: cotangent of shape {c.shape} for an output of shape {o.shape}")
-        got = backward_pass(out_leaves, cts)
-        return tuple(unflatten(tree, [_finish(got.get(id(t)), x) for t, x in zip(tr, fl)])
-                     for tree, tr, fl in zip(trees, traced, flat))
+        got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels)
+        return tuple(unflatten(tree, _gradients(got, tr, fl, labels)) for tree, tr, fl in zip(trees, traced, flat))
 
-    out = unflatten(out_tree, [_detach(o) for o in out_leaves])
+    # inside an enclosing differentiation the result stays recorded: the outer pass differentiates through it
+    out = unflatten(out_tree, out_leaves if outer_live() else [_detach(o) for o in out_leaves])
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
@@ -191,6 +357,11 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
         for n in nums:
             if not -len(args) <= n < len(args):
                 raise ShardingError(f"grad: argnums {argnums} out of range for {len(args)} positional arguments")
+        seen = [n % len(args) for n in nums]
+        if len(set(seen)) != len(seen):  # each would get a separate copy and only one of them the gradient
+            dup = next(n for n in seen if seen.count(n) > 1)
+            raise ShardingError(f"grad: argnums {argnums} names argument {dup} more than once; name each argument "
+                                f"once (jax.grad fails on repeated argnums too)")
 
         def g(*diff):
             full = list(args)
@@ -198,12 +369,18 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
                 full[n] = d
             return f(*full, **kwargs)
 
-        res = vjp(g, *(args[n] for n in nums), has_aux=has_aux)
+        res = _vjp(g, [args[n] for n in nums], has_aux, [_arg_name(f, n % len(args)) for n in nums])
         out, fn = res[0], res[1]
         if not isinstance(out, Tensor) or out.shape != ():
             shape = getattr(out, "shape", None)
             raise ShardingError(f"grad: f must return a scalar (0-d) tensor, got {type(out).__name__}"
                                 + (f" of shape {shape}" if shape is not None else ""))
+        if out.dtype.kind != "f":  # jax.grad's rule, with its reasons
+            why = ("For holomorphic differentiation of a complex function, or a non-holomorphic one with complex "
+                   "outputs, use nb.vjp directly" if out.dtype.kind == "c" else
+                   "For differentiation of functions with integer outputs, use nb.vjp directly")
+            raise ShardingError(f"grad: requires real-valued outputs (a floating dtype), but got {out.dtype} "
+                                f"(nb.grad is not holomorphic). {why}.")
         grads = fn(_ones_like(out))
         grads = grads[0] if single else grads
         return ((out, res[2]), grads) if has_aux else (out, grads)
@@ -241,5 +418,5 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
     got = backward_pass([out], [_as_tensor(cotangent, "backward")])
     for v in topological([out]):
         if v._node.op == LEAF and id(v) in got:
-            g = _finish(got[id(v)], v)
+            g, = _gradients(got, [v], [v])
             v.grad = g if v.grad is None else v.grad + g

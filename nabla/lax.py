@@ -23,7 +23,9 @@ class LaxOp:
 
     def __init__(self, name: str, params: tuple) -> None:
         self.name, self.params = name, params
-        self.vjp = None
+        self.vjp = _VJPS.get(name)
+        # all_gather takes its cotangent as it comes (varying along the gathered axes: a psum_scatter)
+        self.raw_cotangent = name == "all_gather"
 
     def lower(self, x, dev):
         lax = dev.lax
@@ -284,3 +286,82 @@ def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:
     if tracing_whole():  # nb.jit computes it on each device
         out._node = Node(LaxOp("axis_index", (names,)), (names,), (), "manual")
     return out
+
+
+# ---- transposes (each written with these collectives, so it differentiates again) ---------------------------
+
+
+def _psum_vjp(g, node, out):
+    """psum of a value varying along the axes: each summand's cotangent is the (invariant) result's, no
+    communication. Along axes it does not vary on, psum multiplied it by their size: so is the cotangent."""
+    x, = node.args
+    axes, = node.params
+    mesh = x.sharding.mesh
+    k = prod(mesh.axis_size(a) for a in axes if a not in x.sharding.varying)
+    return (g * float(k) if k != 1 else g,)
+
+
+def _own_block(g: Tensor, axes: tuple[str, ...], axis: int, tiled: bool) -> Tensor:
+    """Each device's own piece of ``g`` (the same on every device of ``axes``) along ``axis``: picked with a
+    one-hot of its index, no communication."""
+    from .ops import arange, equal, reshape, sum as nsum
+    mesh = g.sharding.mesh
+    k = prod(mesh.axis_size(a) for a in axes)
+    shape = list(g.shape)
+    if tiled:
+        g = reshape(g, tuple(shape[:axis]) + (k, shape[axis] // k) + tuple(shape[axis + 1:]))
+    hot = equal(arange(k), axis_index(axes, like=g)).astype(g.dtype)
+    hot = reshape(hot, (k,) + (1,) * (g.ndim - axis - 1))
+    return nsum(g * hot, axis)
+
+
+def _all_gather_vjp(g, node, out):
+    """all_gather's transpose: psum_scatter of a cotangent that varies along the gathered axes (the registry's
+    all_gather -> reduce_scatter); of one that does not, each device's own block, with no communication."""
+    from .shard_map import as_manual
+    x, = node.args
+    axes, axis, tiled = node.params
+    g = as_manual(g, x.sharding.mesh)
+    other = tuple(a for a in g.sharding.varying if a not in out.sharding.varying and a not in axes)
+    if other:
+        g = psum(g, other)
+    along = [a for a in axes if a in g.sharding.varying]
+    if len(along) == len(axes):
+        return (_transpose_of("all_gather")(g, axes, axis, tiled),)
+    if along:
+        g = psum(g, tuple(along))
+    return (_own_block(g, axes, axis, tiled),)
+
+
+def _transpose_of(name: str):
+    """The nb.lax collective whose move is the transpose of ``name``'s, as the collective registry pairs them
+    (all_gather <-> reduce_scatter, all_to_all and collective_permute their own)."""
+    kind = {"all_gather": "all_gather", "psum_scatter": "reduce_scatter", "all_to_all": "all_to_all",
+            "ppermute": "collective_permute"}[name]
+    return {"reduce_scatter": psum_scatter, "all_gather": all_gather, "all_to_all": all_to_all,
+            "collective_permute": ppermute}[C.REGISTRY[kind].transpose]
+
+
+def _psum_scatter_vjp(g, node, out):
+    """psum_scatter's transpose is all_gather (the registry's reduce_scatter -> all_gather); along axes the
+    operand does not vary on, the sum multiplied it by their size, as for psum."""
+    x, = node.args
+    axes, d, tiled = node.params
+    k = prod(x.sharding.mesh.axis_size(a) for a in axes if a not in x.sharding.varying)
+    ct = _transpose_of("psum_scatter")(g, axes, d, tiled)
+    return (ct * float(k) if k != 1 else ct,)
+
+
+def _all_to_all_vjp(g, node, out):
+    axes, s, c, tiled = node.params
+    return (_transpose_of("all_to_all")(g, axes, c, s, tiled),)
+
+
+def _ppermute_vjp(g, node, out):
+    axes, perm = node.params
+    return (_transpose_of("ppermute")(g, axes, [(t, s) for s, t in perm]),)
+
+
+_VJPS = {"psum": _psum_vjp, "all_gather": _all_gather_vjp, "psum_scatter": _psum_scatter_vjp,
+         "all_to_all": _all_to_all_vjp, "ppermute": _ppermute_vjp}
+# pmax and pmin have no derivative (nor in JAX); axis_index has no operand

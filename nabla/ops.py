@@ -205,13 +205,17 @@ def _unary_vjp(dx):
 
 
 def _pow_da(g, a, b, out):
-    # d(a**b)/da = b * a**(b-1), 0 where b == 0 (as jax)
-    return g * where(equal(b, 0), 0.0, multiply(b, power(a, subtract(b, 1))))
+    """d(a**b)/da = b * a**(b-1), as jax: for an integer exponent 0 where b == 0 (jax's integer_pow); for a float
+    one as it comes (0.0 * 0**-1: nan at a == 0, b == 0)."""
+    d = multiply(b, power(a, subtract(b, 1)))
+    integer = isinstance(b, (int, np.integer)) and not isinstance(b, bool) or \
+        isinstance(b, Value) and b._dtype.kind in "iu"
+    return g * (where(equal(b, 0), 0.0, d) if integer else d)
 
 
 def _pow_db(g, a, b, out):
-    safe = where(equal(a, 0), 1.0, a)  # d(a**b)/db = a**b log a, 0 where a == 0 (as jax)
-    return g * where(equal(a, 0), 0.0, out * log(safe))
+    """d(a**b)/db = a**b log a, with log 1 where a == 0 (as jax: 0 there unless a**b is not finite)."""
+    return g * (out * log(where(equal(a, 0), 1.0, a)))
 
 
 def _tie(g, a, b, win):
@@ -237,7 +241,16 @@ _UNARY["tanh"].vjp = _unary_vjp(lambda g, x, o: g * (1.0 - o * o))
 _UNARY["sin"].vjp = _unary_vjp(lambda g, x, o: g * cos(x))
 _UNARY["cos"].vjp = _unary_vjp(lambda g, x, o: -(g * sin(x)))
 _UNARY["sqrt"].vjp = _unary_vjp(lambda g, x, o: g / (o * 2.0))
-_UNARY["abs"].vjp = _unary_vjp(lambda g, x, o: g * (_mask(greater(x, 0), g) - _mask(less(x, 0), g)))
+def _abs_dx(g, x, o):
+    """d|x|/dx: the sign, 1 at 0 (as jax: select(x >= 0, g, -g)); for complex x, conj(x) / |x| (jax's
+    convention for a real function of a complex value) = |x| / x, 0 at 0."""
+    if isinstance(x, Value) and x._dtype.kind == "c":
+        zero = equal(o, 0)
+        return g * where(zero, 0.0, o / where(zero, 1.0, x))
+    return g * (_mask(greater_equal(x, 0), g) * 2.0 - 1.0)
+
+
+_UNARY["abs"].vjp = _unary_vjp(_abs_dx)
 _UNARY["relu"].vjp = _unary_vjp(lambda g, x, o: g * _mask(greater(x, 0), g))
 _UNARY["sigmoid"].vjp = _unary_vjp(lambda g, x, o: g * (o * (1.0 - o)))
 _WHERE.vjp = lambda g, node, out: (None, _unbroadcast(where(node.args[0], g, 0.0), node.args[1]),

@@ -13,9 +13,22 @@ from .errors import ShardingError
 
 
 def _zeros_like(p):
-    from .ops import zeros
-    z = zeros(p.shape, p.dtype)
-    return z if p.sharding is None else z.shard(p.mesh, p.sharding.dim_specs)
+    """Zeros laid out as ``p``: abstract for an abstract ``p`` (a plan without data stays without data), and
+    for a sharded one made directly as its stored blocks (no global array is ever built)."""
+    from .ops import abstract, zeros
+    from .tensor import Tensor
+    spec = p.sharding
+    if spec is None:
+        return abstract(p.shape, p.dtype) if p.is_abstract else zeros(p.shape, p.dtype)
+    spec = type(spec)(spec.mesh, spec.dim_specs, spec.replicated_axes)  # no pending sums in a fresh state
+    if p.is_abstract:
+        return Tensor(None, spec, p.shape, p.dtype)
+    from . import backends
+    from .layout import chunks, grid
+    data = backends.active().commit(np.zeros(grid(spec).shape + chunks(spec, p.shape), dtype=p.dtype), spec)
+    if isinstance(data, np.ndarray):
+        data.flags.writeable = False
+    return Tensor(data, spec, p.shape, p.dtype)
 
 
 def _like(x, p):

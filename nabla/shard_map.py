@@ -94,9 +94,7 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
 
     def wrapped(*args: Tensor):
         from .ops import tensor
-        specs = list(in_specs) if isinstance(in_specs, (list, tuple)) and len(in_specs) == len(args) else None
-        if specs is None:
-            raise ShardingError(f"shard_map: {len(args)} arguments but in_specs {in_specs!r} (one spec per argument)")
+        specs = _per_argument(in_specs, len(args))
         manual = []
         for i, (a, s) in enumerate(zip(args, specs)):
             t = a if isinstance(a, Tensor) else tensor(a)
@@ -123,6 +121,33 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
         return results[0] if single else type(out)(results)
 
     return wrapped
+
+
+def _spec_like(s: Any) -> bool:
+    """Whether ``s`` spells a whole value's layout (not one dim's entry)."""
+    from .sharding import _is_pspec
+    return s is None or isinstance(s, (list, tuple, ShardingSpec)) or _is_pspec(s)
+
+
+def _dim_like(e: Any) -> bool:
+    return e is None or isinstance(e, str) or hasattr(e, "axes") or (
+        isinstance(e, tuple) and all(isinstance(a, str) for a in e))
+
+
+def _per_argument(in_specs: Any, n: int) -> list:
+    """One spec per argument. As in JAX, in_specs is a prefix of the arguments: one spec (a PartitionSpec, a
+    ShardingSpec, or a bare list of dim entries) applies to every argument."""
+    from .sharding import _is_pspec
+    if isinstance(in_specs, ShardingSpec) or _is_pspec(in_specs) or in_specs is None:
+        return [in_specs] * n
+    if isinstance(in_specs, (list, tuple)):
+        entries = list(in_specs)
+        if len(entries) == n and all(_spec_like(e) for e in entries):
+            return entries
+        if all(_dim_like(e) for e in entries):  # a bare spec of dim entries
+            return [entries] * n
+    raise ShardingError(f"shard_map: {n} arguments but in_specs {in_specs!r}: give one spec per argument, or one "
+                        f"spec for all of them")
 
 
 def _to_manual(t: Tensor, spec: ShardingSpec) -> Tensor:
@@ -211,3 +236,78 @@ def manual_run(op, args: Sequence[Any], params: tuple, make: Callable):
 
 def manual_block_bytes(t: Tensor) -> int:
     return prod(t.shape) * t.dtype.itemsize
+
+
+# ---- derivatives: what crosses into and out of per-device code, and the varying axes of cotangents ------------
+
+
+def manual_constant(value: float, like: Tensor) -> Tensor:
+    """``value`` in ``like``'s block shape and dtype, the same on every device (varying along no axis)."""
+    mesh = like.sharding.mesh
+    data = None
+    if like._data is not None:
+        data = np.full((1,) * mesh.ndim + like.shape, value, dtype=like.dtype)
+        data.flags.writeable = False
+    return Tensor(data, ManualSpec(mesh, ()), like.shape, like.dtype)
+
+
+def as_manual(g: Tensor, mesh: DeviceMesh) -> Tensor:
+    """A host cotangent of a per-device value, as a per-device value (the same block on every device)."""
+    if isinstance(g.sharding, ManualSpec):
+        return g
+    if g.sharding is not None:
+        raise ShardingError(f"grad: a global cotangent {g.sharding!r} for a per-device value inside nb.shard_map")
+    from .trace import recording, tracing_whole
+    if g._node is not None and recording() and not tracing_whole():
+        raise ShardingError("grad: a host cotangent that is itself being differentiated met a per-device value "
+                            "inside nb.shard_map; this derivative cannot be differentiated again")
+    data = None if g._data is None else np.asarray(g._data).reshape((1,) * mesh.ndim + g.shape)
+    return Tensor(data, ManualSpec(mesh, ()), g.shape, g.dtype)
+
+
+def settle(g: Tensor, v: Tensor) -> Tensor:
+    """The cotangent of per-device value ``v``: where ``g`` varies along mesh axes ``v`` does not, ``v`` was used
+    on every device of those axes alike, so its cotangent is the sum over them (a psum: JAX's transpose of the
+    implicit broadcast of an invariant value)."""
+    from .lax import psum
+    g = as_manual(g, v.sharding.mesh)
+    extra = tuple(a for a in g.sharding.varying if a not in v.sharding.varying)
+    return psum(g, extra) if extra else g
+
+
+def in_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
+    """Into shard_map: the per-device cotangents are the blocks of the global one. Where they vary along axes
+    the in_spec does not split (the argument was copied to those devices), the global cotangent is their sum:
+    left pending, as partial sums over those axes (no communication until a sum is needed)."""
+    t, = node.args
+    spec, = node.params
+    mesh = spec.mesh
+    g = as_manual(g, mesh)
+    split = _axes_of(spec, "in_spec")
+    extra = [a for a in g.sharding.varying if a not in split]
+    gspec = ShardingSpec(mesh, spec.dim_specs, partial_axes=extra)
+    data = None
+    if g._data is not None:
+        from .backends import xp
+        from .layout import grid
+        data = xp(g._data).broadcast_to(g._data, ManualSpec(mesh, split + extra).grid() + g.shape).reshape(
+            grid(gspec).shape + g.shape)
+    res = Tensor(data, gspec, t.shape, g.dtype)
+    if tracked((g,)):
+        res._node = Node(SM_OUT, (gspec,), (g,))
+    return (res,)
+
+
+def out_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
+    """Out of shard_map: each device's cotangent is its block of the global one laid out as the out_spec (pending
+    sums made; partial axes of the spec, from ``in_vjp``, are those blocks copied along them)."""
+    spec, = node.params
+    mesh = spec.mesh
+    whole = ShardingSpec(mesh, [tuple(d.axes) for d in spec.dim_specs])
+    if g.sharding is None:
+        g = g.shard(mesh, whole.dim_specs)
+    elif g.sharding.mesh != mesh:
+        raise ShardingError(f"grad: a cotangent on mesh {g.sharding.mesh!r} for a shard_map output on {mesh!r}")
+    else:
+        g = g.with_sharding(mesh, whole.dim_specs)
+    return (_to_manual(g, whole),)

@@ -224,6 +224,12 @@ class Tensor(Value):
             raise ShardingError(f"to_local: device {device_id!r} is not in mesh {mesh!r} "
                                 f"(devices {list(mesh.devices)})")
         data = self._need_data("to_local")
+        if self._node is not None:
+            from .autodiff import differentiated
+            if differentiated(self):  # a host array: the gradient would silently stop here
+                raise ShardingError(f"to_local: this tensor depends on a value being differentiated, and to_local "
+                                    f"returns a host array that gradients cannot flow through; compute on the "
+                                    f"tensor (or in nb.shard_map code) instead")
         return storage.block(data, self._spec, self._shape, device_id)
 
     # ---- numpy-like surface (implemented in ops) --------------------------------------------------
@@ -375,7 +381,12 @@ def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: S
     data = backends.active().commit(data, spec)
     if isinstance(data, np.ndarray):
         data.flags.writeable = False
-    return Tensor(data, spec, shape, dtype)
+    out = Tensor(data, spec, shape, dtype)
+    traced = {d: b for d, b in by_dev.items() if isinstance(b, Tensor) and b._node is not None}
+    if traced:  # blocks computed from values being differentiated: gradients reach them
+        from .autodiff import record_from_local
+        record_from_local(out, traced, spec, set(holder.values()))
+    return out
 
 
 def device_put(x: Any, sharding: Any) -> Tensor:

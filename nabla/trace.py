@@ -8,25 +8,46 @@ import contextlib
 import contextvars
 from typing import Any, Iterator, NamedTuple
 
+from .collectives import _op as _user_op
+
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
 
-class Node(NamedTuple):
+class _Record(NamedTuple):
+    op: Any
+    params: tuple
+    args: tuple
+    prog: Any
+    settled: tuple
+    user: str
+
+
+class Node(_Record):
     """How a value was made: ``op`` is an OpDef, or LEAF (a traced input), RELAYOUT (``with_sharding``) or
     PLACE (a host value put on a mesh); ``args`` its operands (values or Python scalars); ``prog`` what the
     executor decided for it (its reshard plans and local steps), or the relayout's plan; ``settled``, per
-    operand, the summed layout used instead of a partial operand whose sum an earlier use already paid."""
+    operand, the summed layout used instead of a partial operand whose sum an earlier use already paid;
+    ``user``, the public op it ran for (``softmax`` for the max and sum inside it), read from the comm log's
+    op name when the node is made, so a backward pass names its collectives after it."""
 
-    op: Any
-    params: tuple = ()
-    args: tuple = ()
-    prog: Any = None
-    settled: tuple = ()
+    __slots__ = ()
+
+    def __new__(cls, op: Any, params: tuple = (), args: tuple = (), prog: Any = None, settled: tuple = (),
+                user: str | None = None) -> "Node":
+        if user is None:
+            user = _user_op.get()
+        return super().__new__(cls, op, params, args, prog, settled, user)
+
+    @property
+    def name(self) -> str:
+        """The op's name for people: the public op it ran for, else its own."""
+        return self.user or getattr(self.op, "name", None) or str(self.op)
 
 
 LEAF_NODE = Node(LEAF)
 _recording: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("nabla_differentiating", default=0)
 
 
 def recording() -> bool:
@@ -45,6 +66,22 @@ def paused() -> Iterator[None]:
         yield
     finally:
         _recording.reset(token)
+
+
+@contextlib.contextmanager
+def differentiating() -> Iterator[None]:
+    """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
+    inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate."""
+    token = _depth.set(_depth.get() + 1)
+    try:
+        yield
+    finally:
+        _depth.reset(token)
+
+
+def outer_live() -> bool:
+    """Whether an enclosing differentiation is running, so a backward pass must be recorded, not paused."""
+    return _depth.get() > 0 and _recording.get()
 
 
 def tracing_whole() -> bool:
@@ -69,8 +106,9 @@ def tracked(args) -> bool:
     return False
 
 
-def topological(outputs) -> list:
-    """Every tracked value the outputs depend on, operands before the values made from them."""
+def topological(outputs, stop=None) -> list:
+    """Every tracked value the outputs depend on, operands before the values made from them; the operands
+    of values whose ``id`` is in ``stop`` are not visited (a backward pass stops at its own leaves)."""
     order, seen = [], set()
     stack = [(v, False) for v in outputs if getattr(v, "_node", None) is not None]
     while stack:
@@ -82,6 +120,8 @@ def topological(outputs) -> list:
             continue
         seen.add(id(v))
         stack.append((v, True))
+        if stop is not None and id(v) in stop:
+            continue
         for a in v._node.args:
             if getattr(a, "_node", None) is not None and id(a) not in seen:
                 stack.append((a, False))

@@ -1,7 +1,14 @@
-"""Gradients of every op on every sharding against jax.grad (float64), on meshes with uneven and empty
-shards: the value, the gradient's shape and dtype, and its layout (the primal's dim specs, nothing pending)."""
+"""Gradients of every op on every sharding against jax.grad (float64), on the op sweep's meshes (4,), (2,2) and
+(2,3) with uneven and empty shards, primals held as partial sums included: the value, the gradient's shape and
+dtype, and its layout (the primal's dim specs, nothing pending).
+
+Unary ops run on every placement. Of the pairs of placements of binary ops, and of the (x, w) placements of
+convolutions and normalizations, CI runs a deterministic part (a different part per op, so that every case is
+covered by some op); ``NABLA_FULL_SWEEP=1`` or ``HYPOTHESIS_PROFILE=thorough`` runs them all."""
 
 import itertools
+import os
+import zlib
 
 import numpy as np
 import pytest
@@ -14,12 +21,15 @@ jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
 jnp = jax.numpy
 
-MESHES = [DeviceMesh("m4", (4,), ("x",)), DeviceMesh("m23", (2, 3), ("x", "y"), devices=[5, 3, 1, 4, 2, 0])]
+MESHES = [DeviceMesh("m4", (4,), ("x",)), DeviceMesh("m22", (2, 2), ("x", "y")),
+          DeviceMesh("m23", (2, 3), ("x", "y"), devices=[5, 3, 1, 4, 2, 0])]
+FULL = os.environ.get("NABLA_FULL_SWEEP") == "1" or os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
 SHAPE = (5, 3)
 R = np.random.default_rng(11)
 X = R.standard_normal(SHAPE) + 0.1
 Y = R.standard_normal(SHAPE) + 0.1
 POS = np.abs(X) + 0.5
+Z3 = R.standard_normal((5, 2, 3))
 
 
 def dim_specs(mesh, rank):
@@ -31,6 +41,35 @@ def dim_specs(mesh, rank):
         if len(used) == len(set(used)):
             out.append(list(combo))
     return out
+
+
+def placements(mesh, rank):
+    """Every dim-spec assignment, and each again held as partial sums over each axis it leaves free (and over
+    all of them): ``(dim specs, partial axes)``."""
+    out = []
+    for spec in dim_specs(mesh, rank):
+        used = {a for c in spec if c for a in ((c,) if isinstance(c, str) else c)}
+        free = [a for a in mesh.axis_names if a not in used]
+        out.append((spec, ()))
+        out += [(spec, (a,)) for a in free]
+        if len(free) > 1:
+            out.append((spec, tuple(free)))
+    return out
+
+
+def subsample(cases, key, mesh=None):
+    """All of ``cases`` under FULL or on a one-axis mesh; otherwise every other one, from an offset that depends on
+    ``key`` (so that across ops every case runs)."""
+    if FULL or (mesh is not None and mesh.ndim == 1):
+        return list(cases)
+    return list(cases)[zlib.crc32(key.encode()) % 2::2]
+
+
+def check_layout(g, t, what):
+    """A gradient has its primal's dim specs and no pending sums."""
+    assert g.sharding.partial_axes == (), f"{what}: gradient left partial {g.sharding}"
+    assert [d.axes for d in g.sharding.dim_specs] == [d.axes for d in t.sharding.dim_specs], \
+        f"{what}: gradient laid out {g.sharding}"
 
 
 def weights(shape, seed=3):
@@ -77,6 +116,12 @@ UNARY = {
                     lambda v: v * jnp.argmax(v, 1).astype(jnp.float64).reshape(5, 1), X),
     "layer_norm": (lambda t: nb.layer_norm(t), lambda v: (v - v.mean(-1, keepdims=True)) / jnp.sqrt(
         v.var(-1, keepdims=True) + 1e-5), X),
+    "transpose_axes": (lambda t: nb.transpose(nb.broadcast_to(t[:, None, :], (5, 2, 3)) * Z3, (2, 0, 1)),
+                       lambda v: jnp.transpose(jnp.broadcast_to(v[:, None, :], (5, 2, 3)) * Z3, (2, 0, 1)), X),
+    "einsum_ellipsis": (lambda t: nb.einsum("...j,kj->...k", t, Y[:2]), lambda v: jnp.einsum("...j,kj->...k", v, Y[:2]),
+                        X),
+    "einsum_ellipsis_mid": (lambda t: nb.einsum("i...,i->...", t * Z3[:, 0, :], Y[:, 0]),
+                            lambda v: jnp.einsum("i...,i->...", v * Z3[:, 0, :], Y[:, 0]), X),
 }
 
 
@@ -92,16 +137,32 @@ def test_grad_on_every_sharding_equals_jax(mesh, name):
     out_shape = np.shape(jfn(value))
     f, jf = loss_pair(fn, jfn, out_shape)
     want = np.asarray(jax.grad(jf)(value))
-    for spec in dim_specs(mesh, 2):
-        t = nb.tensor(value).shard(mesh, spec)
+    for spec, partial in placements(mesh, 2):
+        t = nb.tensor(value).shard(mesh, spec, partial_axes=partial)
         g = nb.grad(f)(t)
-        what = f"d {name} on {value.shape} sharded {spec} over {mesh!r}"
+        what = f"d {name} on {value.shape} sharded {spec} (partial over {partial}) over {mesh!r}"
         assert g.shape == value.shape and g.dtype == value.dtype, what
-        assert g.sharding.layout() == t.sharding.layout(), f"{what}: gradient laid out {g.sharding}"
+        check_layout(g, t, what)
         try:
             assert_sharded_allclose(g, want, rtol=1e-9, atol=1e-9)
         except AssertionError as e:
             raise AssertionError(f"{what}: {e}") from None
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_second_order_on_shardings_equals_jax(name):
+    """Every op's VJP differentiates again: a Hessian-vector product (grad of <grad, v>) against jax on (2, 2)."""
+    fn, jfn, value = UNARY[name]
+    mesh = MESHES[1]
+    w = weights(np.shape(jfn(value)))
+    v = weights(value.shape, seed=8)
+    want = np.asarray(jax.grad(lambda a: (jax.grad(lambda u: (jfn(u) * w).sum())(a) * v).sum())(value))
+    cases = subsample(placements(mesh, 2), f"hvp {name}")
+    for spec, partial in cases if FULL else cases[::3]:
+        t = nb.tensor(value).shard(mesh, spec, partial_axes=partial)
+        g = nb.grad(lambda a: (nb.grad(lambda u: (fn(u) * w).sum())(a) * v).sum())(t)
+        check_layout(g, t, f"hvp of {name} on {spec} partial {partial}")
+        assert_sharded_allclose(g, want, rtol=1e-9, atol=1e-9)
 
 
 BINARY = {
@@ -110,6 +171,9 @@ BINARY = {
     "power": (lambda a, b: nb.power(nb.abs(a) + 0.5, b), lambda a, b: jnp.power(jnp.abs(a) + 0.5, b)),
     "maximum": (nb.maximum, jnp.maximum), "matmul_T": (lambda a, b: a @ b.T, lambda a, b: a @ b.T),
     "broadcast_row": (lambda a, b: a * b[:1], lambda a, b: a * b[:1]),
+    "minimum": (nb.minimum, jnp.minimum),
+    "where": (lambda a, b: nb.where(a > b, a * b, b - a), lambda a, b: jnp.where(a > b, a * b, b - a)),
+    "einsum_ellipsis": (lambda a, b: nb.einsum("...i,...i->...", a, b), lambda a, b: jnp.einsum("...i,...i->...", a, b)),
 }
 
 
@@ -119,11 +183,15 @@ def test_grads_of_both_operands_on_pairs_of_shardings(mesh, name):
     fn, jfn = BINARY[name]
     w = weights(np.shape(jfn(X, Y)))
     want = [np.asarray(g) for g in jax.grad(lambda a, b: (jfn(a, b) * w).sum(), argnums=(0, 1))(X, Y)]
-    specs = dim_specs(mesh, 2)
-    for sa, sb in list(itertools.product(specs, specs))[::3]:
-        a, b = nb.tensor(X).shard(mesh, sa), nb.tensor(Y).shard(mesh, sb)
+    specs = placements(mesh, 2)
+    pairs = list(itertools.product(specs, specs))
+    step = 1 if FULL else max(1, len(pairs) // 24)  # pairs grow as the square of the placements: a stride
+    for (sa, pa), (sb, pb) in pairs[zlib.crc32(name.encode()) % step::step]:
+        a, b = nb.tensor(X).shard(mesh, sa, partial_axes=pa), nb.tensor(Y).shard(mesh, sb, partial_axes=pb)
         ga, gb = nb.grad(lambda p, q: (fn(p, q) * w).sum(), argnums=(0, 1))(a, b)
-        assert ga.sharding.layout() == a.sharding.layout() and gb.sharding.layout() == b.sharding.layout()
+        what = f"d {name} of ({sa} partial {pa}, {sb} partial {pb}) over {mesh!r}"
+        check_layout(ga, a, what)
+        check_layout(gb, b, what)
         assert_sharded_allclose(ga, want[0], rtol=1e-9, atol=1e-9)
         assert_sharded_allclose(gb, want[1], rtol=1e-9, atol=1e-9)
 
@@ -138,35 +206,165 @@ def test_partial_inputs_get_gradients_too():
     assert_sharded_allclose(g, want, rtol=1e-9, atol=1e-9)
 
 
-WINDOW = [  # conv / pools with spatial, channel and batch shardings
-    ("conv", lambda t, w: nb.conv(t, w, stride=(2, 1), padding=((1, 1), (0, 1)), dilation=(1, 2)),
-     lambda v, w: jax.lax.conv_general_dilated(v, w, (2, 1), [(1, 1), (0, 1)], rhs_dilation=(1, 2))),
-    ("conv_groups", lambda t, w: nb.conv(t, w[:, :2], padding=1, groups=2),
-     lambda v, w: jax.lax.conv_general_dilated(v, w[:, :2], (1, 1), [(1, 1), (1, 1)], feature_group_count=2)),
-    ("max_pool", lambda t, w: nb.max_pool(t, 3, 2, 1),
-     lambda v, w: jax.lax.reduce_window(v, -jnp.inf, jax.lax.max, (1, 1, 3, 3), (1, 1, 2, 2),
-                                        [(0, 0), (0, 0), (1, 1), (1, 1)])),
-    ("avg_pool", lambda t, w: nb.avg_pool(t, 2, 1, 1, count_include_pad=False),
-     lambda v, w: jax.lax.reduce_window(v, 0.0, jax.lax.add, (1, 1, 2, 2), (1, 1, 1, 1),
-                                        [(0, 0), (0, 0), (1, 1), (1, 1)]) /
-     jax.lax.reduce_window(jnp.ones_like(v), 0.0, jax.lax.add, (1, 1, 2, 2), (1, 1, 1, 1),
-                           [(0, 0), (0, 0), (1, 1), (1, 1)])),
+def _jconv(v, w, stride=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), groups=1, bias=None):
+    out = jax.lax.conv_general_dilated(v, w, stride, list(pads), rhs_dilation=dilation, feature_group_count=groups)
+    return out if bias is None else out + bias[None, :, None, None]
+
+
+def _jpool(v, kind, kernel, stride, pads, include=True):
+    k, s, p = (1, 1) + kernel, (1, 1) + stride, [(0, 0), (0, 0)] + list(pads)
+    if kind == "max":
+        return jax.lax.reduce_window(v, -jnp.inf, jax.lax.max, k, s, p)
+    total = jax.lax.reduce_window(v, 0.0, jax.lax.add, k, s, p)
+    if include:
+        return total / np.prod(kernel)
+    return total / jax.lax.reduce_window(jnp.ones_like(v), 0.0, jax.lax.add, k, s, p)
+
+
+WINDOW = [  # conv / pools with spatial, channel and batch shardings: (name, nabla, jax), all of (x, w, bias)
+    ("conv", lambda t, w, b: nb.conv(t, w, stride=(2, 1), padding=((1, 1), (0, 1)), dilation=(1, 2)),
+     lambda v, w, b: _jconv(v, w, (2, 1), [(1, 1), (0, 1)], (1, 2))),
+    ("conv_bias", lambda t, w, b: nb.conv(t, w, b, padding=1), lambda v, w, b: _jconv(v, w, pads=[(1, 1)] * 2, bias=b)),
+    ("conv_groups", lambda t, w, b: nb.conv(t, w[:, :2], padding=1, groups=2),
+     lambda v, w, b: _jconv(v, w[:, :2], pads=[(1, 1), (1, 1)], groups=2)),
+    ("max_pool", lambda t, w, b: nb.max_pool(t, 3, 2, 1), lambda v, w, b: _jpool(v, "max", (3, 3), (2, 2), [(1, 1)] * 2)),
+    ("avg_pool", lambda t, w, b: nb.avg_pool(t, 2, 1, 1, count_include_pad=False),
+     lambda v, w, b: _jpool(v, "avg", (2, 2), (1, 1), [(1, 1)] * 2, False)),
+    ("avg_pool_include_pad", lambda t, w, b: nb.avg_pool(t, (3, 2), (2, 1), ((1, 2), (0, 1)), count_include_pad=True),
+     lambda v, w, b: _jpool(v, "avg", (3, 2), (2, 1), [(1, 2), (0, 1)], True)),
+    ("global_avg_pool", lambda t, w, b: nb.global_avg_pool(t), lambda v, w, b: v.mean((2, 3), keepdims=True)),
+]
+# x (N, C, H, W) and w (O, I, kh, kw) placements; for convolutions w is also sharded on O and I, and the bias on O
+X_SPECS = ([None, None, "x", None], ["x", None, "y", None], [None, "x", None, "y"], ["y", None, None, "x"])
+W_SPECS = ([None] * 4, ["x", None, None, None], [None, "y", None, None], ["y", "x", None, None])
+
+
+@pytest.mark.parametrize("mesh", MESHES[1:], ids=lambda m: m.name)
+@pytest.mark.parametrize("name,fn,jfn", WINDOW, ids=[w[0] for w in WINDOW])
+def test_windowed_op_gradients_equal_jax(mesh, name, fn, jfn):
+    x = R.standard_normal((2, 4, 9, 7))
+    w = R.standard_normal((4, 4, 3, 2))
+    bias = R.standard_normal(4)
+    out = jfn(x, w, bias)
+    wt = weights(out.shape)
+    want = [np.asarray(g) for g in jax.grad(lambda a, b, c: (jfn(a, b, c) * wt).sum(), (0, 1, 2))(x, w, bias)]
+    conv = name.startswith("conv")
+    cases = list(itertools.product(X_SPECS, W_SPECS if conv else W_SPECS[:1]))
+    for xs, ws in subsample(cases, f"{name} {mesh.name}") if conv else cases:
+        t = nb.tensor(x).shard(mesh, xs)
+        u = nb.tensor(w).shard(mesh, ws)
+        c = nb.tensor(bias).shard(mesh, ws[:1])
+        gx, gw, gb = nb.grad(lambda a, b, c: (fn(a, b, c) * wt).sum(), (0, 1, 2))(t, u, c)
+        what = f"d {name} with x {xs}, w {ws} over {mesh!r}"
+        for g, primal, ref in zip((gx, gw, gb), (t, u, c), want):
+            check_layout(g, primal, what)
+            try:
+                assert_sharded_allclose(g, ref, rtol=1e-9, atol=1e-9)
+            except AssertionError as e:
+                raise AssertionError(f"{what}: {e}") from None
+
+
+def _jbatch_norm(x, mean, var, scale, bias, eps=1e-5):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return (x - mean.reshape(shape)) / jnp.sqrt(var.reshape(shape) + eps) * scale.reshape(shape) + bias.reshape(shape)
+
+
+def _jlayer_norm(x, scale, bias, axes, eps=1e-5):
+    mu = x.mean(axes, keepdims=True)
+    return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(axes, keepdims=True) + eps) * scale + bias
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.name)
+def test_normalization_gradients_of_every_input_equal_jax(mesh):
+    """batch_norm with respect to all five inputs, layer_norm with respect to x, scale and bias over a tuple of
+    axes; channels, batch and normalised dims sharded, parameters sharded like their dims."""
+    r = np.random.default_rng(17)
+    x = r.standard_normal((4, 6, 5, 3))
+    mean, var = r.standard_normal(6), np.abs(r.standard_normal(6)) + 0.5
+    scale, bias = r.standard_normal(6), r.standard_normal(6)
+    wt = weights(x.shape)
+    want = [np.asarray(g) for g in jax.grad(lambda *a: (_jbatch_norm(*a) * wt).sum(), tuple(range(5)))(
+        x, mean, var, scale, bias)]
+    a0, a1 = mesh.axis_names[0], mesh.axis_names[-1]
+    for xs in subsample(([None] * 4, [None, a0, None, None], [a0, a1 if a1 != a0 else None, None, None],
+                         [None, a1, a0 if a0 != a1 else None, None]), f"bn {mesh.name}", mesh):
+        ts = [nb.tensor(x).shard(mesh, xs)] + [nb.tensor(v).shard(mesh, [xs[1]]) for v in (mean, var, scale, bias)]
+        grads = nb.grad(lambda *a: (nb.batch_norm(*a) * wt).sum(), tuple(range(5)))(*ts)
+        for g, t, ref in zip(grads, ts, want):
+            check_layout(g, t, f"d batch_norm with x {xs} over {mesh!r}")
+            assert_sharded_allclose(g, ref, rtol=1e-9, atol=1e-9)
+    s2, b2 = r.standard_normal((5, 3)), r.standard_normal((5, 3))
+    want = [np.asarray(g) for g in jax.grad(lambda a, b, c: (_jlayer_norm(a, b, c, (2, 3)) * wt).sum(), (0, 1, 2))(
+        x, s2, b2)]
+    for xs in subsample(([None] * 4, [a0, None, a1 if a1 != a0 else None, None], [None, None, a0, None],
+                         [None, a0, None, a1 if a1 != a0 else None]), f"ln {mesh.name}", mesh):
+        ts = [nb.tensor(x).shard(mesh, xs), nb.tensor(s2).shard(mesh, xs[2:]), nb.tensor(b2).shard(mesh, xs[2:])]
+        grads = nb.grad(lambda a, b, c: (nb.layer_norm(a, b, c, axis=(-2, -1)) * wt).sum(), (0, 1, 2))(*ts)
+        for g, t, ref in zip(grads, ts, want):
+            check_layout(g, t, f"d layer_norm with x {xs} over {mesh!r}")
+            assert_sharded_allclose(g, ref, rtol=1e-9, atol=1e-9)
+
+
+# ---- finite differences, where jax.grad has no twin ---------------------------------------------------------
+
+
+def _central_differences(f, x, eps=1e-6):
+    """df/dx by central differences in float64, for ``f`` taking a batch (m, *x.shape) to m scalars: every
+    element perturbed both ways in one batch."""
+    n = x.size
+    basis = np.eye(n).reshape((n,) + x.shape) * eps
+    vals = np.asarray(f(np.concatenate([x + basis, x - basis]))).reshape(2, n)
+    return ((vals[0] - vals[1]) / (2 * eps)).reshape(x.shape)
+
+
+def _reduce_window(v, kind, kernel, stride, pads, dilation, include=True):
+    """jax's forward of a dilated pool (its VJP is what jax lacks for max): window sums or maxima."""
+    k, s, d = (1, 1) + kernel, (1, 1) + stride, (1, 1) + dilation
+    p = [(0, 0), (0, 0)] + list(pads)
+    if kind == "max":
+        return jax.lax.reduce_window(v, -jnp.inf, jax.lax.max, k, s, p, window_dilation=d)
+    total = jax.lax.reduce_window(v, 0.0, jax.lax.add, k, s, p, window_dilation=d)
+    one = jnp.ones_like(v[:1])  # the divisor does not depend on the batch (computed once: XLA folds it)
+    ones = one if not include else jnp.pad(one, p, constant_values=1.0)
+    count = jax.lax.reduce_window(ones, 0.0, jax.lax.add, k, s, p if not include else [(0, 0)] * 4,
+                                  window_dilation=d)
+    return total / count
+
+
+DILATED = [  # (name, kind, kernel, stride, padding, dilation, count_include_pad)
+    ("max_dil", "max", (3, 2), (2, 1), ((1, 2), (1, 1)), (2, 3), True),
+    ("max_dil_stride", "max", (2, 2), (1, 2), ((0, 1), (2, 0)), (3, 2), True),
+    ("avg_dil", "avg", (3, 2), (2, 1), ((1, 2), (1, 1)), (2, 3), True),
+    ("avg_dil_nopad", "avg", (2, 3), (1, 1), ((1, 1), (2, 1)), (2, 2), False),
 ]
 
 
-@pytest.mark.parametrize("name,fn,jfn", WINDOW, ids=[w[0] for w in WINDOW])
-def test_windowed_op_gradients_equal_jax(name, fn, jfn):
+@pytest.mark.parametrize("name,kind,kernel,stride,pads,dilation,include", DILATED, ids=[d[0] for d in DILATED])
+def test_dilated_pool_gradients_equal_central_differences(name, kind, kernel, stride, pads, dilation, include):
+    """jax.grad of a max reduce_window with window dilation raises NotImplementedError, so nabla's gradient is
+    checked against central differences of jax's forward (float64) on sharded batch, channel and spatial dims."""
     mesh = DeviceMesh("m22", (2, 2), ("x", "y"))
-    x = R.standard_normal((2, 4, 9, 7))
-    w = R.standard_normal((4, 4, 3, 2))
-    out = jfn(x, w)
-    wt = weights(out.shape)
-    gx_want, gw_want = (np.asarray(g) for g in jax.grad(lambda a, b: (jfn(a, b) * wt).sum(), (0, 1))(x, w))
-    for spec in ([None, None, "x", None], ["x", None, "y", None], [None, "x", None, "y"], ["y", None, None, "x"]):
+    x = np.random.default_rng(21).standard_normal((2, 2, 9, 8))
+    out_shape = _reduce_window(x, kind, kernel, stride, pads, dilation, include).shape
+    wt = weights(out_shape)
+
+    @jax.jit
+    def losses(batch):  # (m, *x.shape) -> m values of sum(pool(x) * wt)
+        out = _reduce_window(batch.reshape((-1,) + x.shape[1:]), kind, kernel, stride, pads, dilation, include)
+        return (out.reshape((batch.shape[0],) + out_shape) * wt).reshape(batch.shape[0], -1).sum(-1)
+
+    want = _central_differences(losses, x)
+    if kind == "max":
+        with pytest.raises(NotImplementedError):
+            jax.grad(lambda v: (_reduce_window(v, kind, kernel, stride, pads, dilation) * wt).sum())(x)
+    else:  # jax differentiates a dilated window sum: the two references agree
+        np.testing.assert_allclose(
+            jax.jit(jax.grad(lambda v: (_reduce_window(v, kind, kernel, stride, pads, dilation, include) * wt).sum()))(
+                x), want, rtol=1e-6, atol=1e-7)
+    pool = (lambda t: nb.max_pool(t, kernel, stride, pads, dilation)) if kind == "max" else \
+        (lambda t: nb.avg_pool(t, kernel, stride, pads, include, dilation))
+    for spec in ([None, None, "x", "y"], ["x", "y", None, None], [None, "x", "y", None], ["y", None, None, "x"]):
         t = nb.tensor(x).shard(mesh, spec)
-        u = nb.tensor(w).shard(mesh, [None] * 4)
-        gx, gw = nb.grad(lambda a, b: (fn(a, b) * wt).sum(), (0, 1))(t, u)
-        assert gx.sharding.layout() == t.sharding.layout()
-        assert_sharded_allclose(gx, gx_want, rtol=1e-9, atol=1e-9)
-        if name.startswith("conv"):
-            assert_sharded_allclose(gw, gw_want, rtol=1e-9, atol=1e-9)
+        g = nb.grad(lambda a: (pool(a) * wt).sum())(t)
+        assert g.sharding.layout() == t.sharding.layout()
+        assert_sharded_allclose(g, want, rtol=1e-6, atol=1e-7)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
+jnp = jax.numpy
 
 import nabla as nb  # noqa: E402
 from nabla import DeviceMesh, ShardingError  # noqa: E402
@@ -119,3 +120,96 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ShardingError, match="global tensor inside shard_map"):
         g = nb.tensor(np.ones((8, 2))).shard(M, ["dp", None])
         nb.shard_map(lambda x: x + g, M, [["tp", None]], ["tp", None])(nb.tensor(np.ones((8, 2))))
+
+
+# ---- gradients through shard_map: each collective's transpose, against jax.grad of jax.shard_map ------------
+
+GRAD_EXTRA = {
+    # psum of a value that does not vary along the axis multiplies it by the axis size: so does its transpose
+    "psum_invariant": (lambda x: nb.lax.psum(x, "tp"), lambda x: jax.lax.psum(x, "tp"), [["dp", None]], ["dp", "tp"],
+                       (X,)),
+    "psum_scatter_varying": (lambda x: nb.lax.psum_scatter(x, "tp", scatter_dimension=0),
+                             lambda x: jax.lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True),
+                             [["dp", "tp"]], [("dp", "tp"), None], (X,)),
+    # a cotangent varying along the gathered axis: the transpose is a reduce_scatter
+    "all_gather_varying": (lambda x: nb.lax.all_gather(x, "tp", axis=1) * (nb.lax.axis_index("tp").astype("float32")
+                                                                             + 1.0),
+                           lambda x: jax.lax.all_gather(x, "tp", axis=1, tiled=True) * (
+                               jax.lax.axis_index("tp").astype(np.float32) + 1.0),
+                           [["dp", "tp"]], ["dp", "tp"], (X,)),
+    "ppermute_partial": (lambda x: nb.lax.ppermute(x, "tp", [(0, 2), (2, 3), (3, 0)]),
+                         lambda x: jax.lax.ppermute(x, "tp", [(0, 2), (2, 3), (3, 0)]), [["tp", None]], ["tp", None],
+                         (X,)),
+    "replicated_in": (lambda x, w: x * w.sum(), lambda x, w: x * w.sum(), [["dp", "tp"], [None, None]], ["dp", "tp"],
+                      (X, W)),
+}
+# the backward collectives of each: (kind, axes), the transposes of the forward ones
+GRAD_KINDS = {"psum": [("all_reduce", ("dp",))], "all_gather": [], "all_gather_stack": [], "psum_scatter": [("all_gather", ("tp",))],
+              "all_to_all": [("all_to_all", ("tp",))], "all_to_all_2axes": [("all_to_all", ("dp", "tp"))],
+              "ppermute": [("collective_permute", ("tp",))], "axis_index": [],
+              # w's blocks are used by every dp row: each hop's cotangent is summed over dp first (as jax does)
+              "ring_matmul": [("collective_permute", ("tp",))] * 3 + [("all_reduce", ("dp",))] * 4, "psum_invariant": [("all_reduce", ("tp",))],
+              "psum_scatter_varying": [("all_gather", ("tp",))],
+              "all_gather_varying": [("reduce_scatter", ("tp",))], "ppermute_partial": [("collective_permute", ("tp",))],
+              "replicated_in": [("all_reduce", ("dp", "tp"))]}
+
+
+@pytest.mark.parametrize("name", sorted(set(PROGRAMS) - {"pmax"} | set(GRAD_EXTRA)))
+def test_gradients_through_shard_map_equal_jax(name):
+    fn, jfn, ins, out, args = {**PROGRAMS, **GRAD_EXTRA}[name][:5]
+    jf = jax.shard_map(jfn, mesh=JM, in_specs=tuple(_pspec(s) for s in ins), out_specs=_pspec(out), check_vma=False)
+    wt = np.random.default_rng(1).standard_normal(np.shape(jf(*args))).astype(np.float32)
+    nums = tuple(range(len(args)))
+    want = jax.grad(lambda *a: (jnp.sin(jf(*a)) * wt).sum(), argnums=nums)(*args)
+    prog = nb.shard_map(fn, M, ins, out)
+    placed = [nb.tensor(a).shard(M, s) for a, s in zip(args, ins)]
+    with nb.comm_log() as log:
+        got = nb.grad(lambda *a: (nb.sin(prog(*a)) * wt).sum(), argnums=nums)(*placed)
+    for g, wg, p in zip(got, want, placed):
+        assert g.sharding.layout() == p.sharding.layout()
+        np.testing.assert_allclose(g.numpy(), np.asarray(wg), rtol=2e-4, atol=2e-4)
+    bwd = [(e.kind, e.axes) for e in log.events if e.phase == "backward"]
+    assert sorted(bwd) == sorted(GRAD_KINDS[name]), bwd
+
+
+def test_second_order_through_shard_map_equals_jax():
+    """A Hessian-vector product of a loss computed per device with psum and ppermute."""
+    def body(x, w, lib):
+        y = lib.lax.ppermute(lib.tanh(x @ w), "tp", [(i, (i + 1) % 4) for i in range(4)])
+        return lib.lax.psum(y * y, "tp")
+
+    v = np.random.default_rng(3).standard_normal((8, 4)).astype(np.float32)
+    jf = jax.shard_map(lambda x, w: body(x, w, jnp_lib), mesh=JM, in_specs=(P("dp", "tp"), P("tp", None)),
+                       out_specs=P("dp", None), check_vma=False)
+    prog = nb.shard_map(lambda x, w: body(x, w, nb), M, [["dp", "tp"], ["tp", None]], ["dp", None])
+    want = jax.grad(lambda w: (jax.grad(lambda u: jf(X, u).sum())(w) * v).sum())(W)
+    got = nb.grad(lambda w: (nb.grad(lambda u: prog(nb.tensor(X), u).sum())(w) * v).sum())(nb.tensor(W))
+    np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+class jnp_lib:  # jax spelled as nabla is, for code written once for both
+    lax = jax.lax
+    tanh = staticmethod(jnp.tanh)
+
+
+def test_grad_inside_shard_map_and_bare_in_specs():
+    """A per-device gradient (nb.grad inside fn), and in_specs given as one spec for a one-argument fn (JAX's
+    pytree prefix): a PartitionSpec or a bare list."""
+    def jbody(x):
+        return jax.grad(lambda y: (jnp.sin(y) * jax.lax.axis_index("tp")).sum())(x)
+
+    def body(x):
+        return nb.grad(lambda y: (nb.sin(y) * nb.lax.axis_index("tp").astype("float32")).sum())(x)
+
+    want = jax.shard_map(jbody, mesh=JM, in_specs=P("dp", "tp"), out_specs=P("dp", "tp"), check_vma=False)(X)
+    for spec in (P("dp", "tp"), ["dp", "tp"]):
+        got = nb.shard_map(body, M, spec, ["dp", "tp"])(nb.tensor(X))
+        np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-5, atol=1e-5)
+    two = nb.shard_map(lambda a, b: a * b, M, P("dp", None), P("dp", None))(nb.tensor(X), nb.tensor(X))
+    np.testing.assert_allclose(two.numpy(), X * X, rtol=1e-6)
+
+
+def test_pmax_has_no_gradient_as_in_jax():
+    prog = nb.shard_map(lambda x: nb.lax.pmax(x, "tp"), M, [["dp", "tp"]], ["dp", None])
+    with pytest.raises(ShardingError, match="pmax"):
+        nb.grad(lambda x: prog(x).sum())(nb.tensor(X))
