@@ -5,10 +5,13 @@ would run them. The child gets 8 forced jax CPU devices (``XLA_FLAGS``, set befo
 blocks that use ``nb.jit``, ``nb.backend("jax")`` or ``to_jax`` run as written. A block is left out only when
 the line before it is ``<!-- skip-test: reason -->`` (for things like multi-process launch commands).
 Line numbers in a failing block's traceback are the page's own: the script keeps every line in place.
+A ```text block that follows a tested ```python block (nothing but blank lines between) is what that block
+prints, or a run of its lines: the test compares them, so no output shown in the docs can go stale.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import subprocess
@@ -25,8 +28,19 @@ FENCE = re.compile(r"^```(?P<lang>[\w+-]*)\s*$")
 
 def blocks(page: Path) -> tuple[list[tuple[int, list[str]]], list[str]]:
     """The page's ```python blocks as (first code line number, lines), and the skip reasons met."""
+    found, skipped, _ = _scan(page)
+    return found, skipped
+
+
+def outputs(page: Path) -> dict[int, list[str]]:
+    """For each tested ```python block (by its first code line) followed by a ```text block: that text."""
+    return _scan(page)[2]
+
+
+def _scan(page: Path):
     lines = page.read_text(encoding="utf-8").splitlines()
-    out, skipped, i = [], [], 0
+    out, skipped, shown, i = [], [], {}, 0
+    last_python_end = None  # the fence line closing the last tested python block
     while i < len(lines):
         m = FENCE.match(lines[i])
         if not m or not m.group("lang"):
@@ -43,10 +57,18 @@ def blocks(page: Path) -> tuple[list[tuple[int, list[str]]], list[str]]:
             skip = SKIP.match(before)
             if skip:
                 skipped.append(skip.group("reason"))
+                last_python_end = None
             else:
                 out.append((start + 1, lines[start:end]))
+                last_python_end = end
+        elif lang == "text" and last_python_end is not None and \
+                all(not x.strip() for x in lines[last_python_end + 1:i]):
+            shown[out[-1][0]] = lines[start:end]
+            last_python_end = None
+        else:
+            last_python_end = None
         i = end + 1
-    return out, skipped
+    return out, skipped, shown
 
 
 def script(page: Path) -> str:
@@ -55,7 +77,20 @@ def script(page: Path) -> str:
     text = [""] * n
     for first, code in blocks(page)[0]:
         text[first - 1:first - 1 + len(code)] = code
+        text[first - 2] = f"print({MARK!r} + '{first}', flush=True)"  # on the fence line: where its output starts
     return "\n".join(text) + "\n"
+
+
+MARK = "\x00block at line "
+
+
+def printed(stdout: str) -> dict[int, list[str]]:
+    """What each block printed, by its first code line."""
+    out: dict[int, list[str]] = {}
+    for part in stdout.split(MARK)[1:]:
+        first, _, rest = part.partition("\n")
+        out[int(first)] = rest.splitlines()
+    return out
 
 
 def _rel(p: Path) -> str:
@@ -76,6 +111,14 @@ def test_page_snippets_run(page: Path, tmp_path: Path) -> None:
                          timeout=300)
     assert out.returncode == 0, (f"a Python block of {_rel(page)} failed (line numbers are the page's):\n"
                                  f"{out.stderr[-3000:]}")
+    got = printed(out.stdout)
+    for first, want in outputs(page).items():
+        have = [line.rstrip() for line in got.get(first, [])]
+        want = [line.rstrip() for line in want]
+        shown = any(have[k:k + len(want)] == want for k in range(len(have) - len(want) + 1))
+        assert shown, (
+            f"{_rel(page)}: the ```text block after the Python block at line {first} is not (a run of the lines) "
+            f"what it prints:\n" + "\n".join(difflib.unified_diff(want, have, "page", "printed", lineterm="")))
 
 
 def test_readme_and_docs_have_snippets() -> None:
@@ -95,6 +138,17 @@ def test_skip_marker_is_recognised(tmp_path: Path) -> None:
     found, skipped = blocks(page)
     assert [first for first, _ in found] == [4, 13] and skipped == ["needs two processes"]
     assert script(page).splitlines()[12] == "assert x == 1" and "SystemExit" not in script(page)
+
+
+def test_text_after_a_block_is_its_output(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("```python\nprint(1 + 1)\n```\n\n```text\n2\n```\n\nprose\n\n```text\nnot an output\n```\n"
+                    "```python\nx = 3\n```\nprose\n```text\nnot one either\n```\n", encoding="utf-8")
+    assert outputs(page) == {2: ["2"]}
+    done = subprocess.run([sys.executable, "-c", script(page)], capture_output=True, text=True)
+    assert printed(done.stdout) == {2: ["2"], 15: []}
+    page.write_text("```python\nprint(1)\nprint(2)\nprint(3)\n```\n```text\n2\n3\n```\n", encoding="utf-8")
+    assert outputs(page) == {2: ["2", "3"]}
 
 
 def test_mkdocs_build_is_strict_and_clean(tmp_path: Path) -> None:
