@@ -523,7 +523,7 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
     from .executor import OpDef, Value
     from .propagation import current_strategy
     from .tensor import Tensor
-    from .trace import LEAF, PLACE, RELAYOUT
+    from .trace import LEAF, PLACE, RELAYOUT, whole
 
     strat, model = current_strategy(), current_cost_model()
     leaves = _named_leaves(fn, args, kwargs)
@@ -534,7 +534,7 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
             tw = _twin(v)
             table[id(v)] = tw
             names[id(tw)] = name
-    with C.comm_log() as log:
+    with C.comm_log() as log, whole():  # backward passes inside fn (nb.grad) are recorded too
         out = fn(*_replace_leaves(args, table), **_replace_leaves(kwargs, table))
     outs = [o for _, o in _named_leaves(lambda *a: None, (out,), {}) if isinstance(o, Tensor)]
     order = _program_order(outs)
@@ -550,6 +550,8 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
         argnames = ", ".join(names.get(id(a), "const") if isinstance(a, Value) else repr(a) for a in node.args)
         opname = node.op.name if isinstance(node.op, OpDef) else {RELAYOUT: "with_sharding", PLACE: "shard"}[node.op]
         title = f"{names[id(v)]} = {opname}({argnames})"
+        if node.user and node.user != opname:  # a step of a public op (softmax's max), or a gradient's reduction
+            title += f"    (in {node.user})"
         lines: list[_Line] = []
         evs: list = []
         for i, a in enumerate(node.args):

@@ -8,7 +8,7 @@ import contextlib
 import contextvars
 from typing import Any, Iterator, NamedTuple
 
-from .collectives import _op as _user_op
+from .collectives import _op as _user_op, _phase
 
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
@@ -36,6 +36,8 @@ class Node(_Record):
                 user: str | None = None) -> "Node":
         if user is None:
             user = _user_op.get()
+            if user and _phase.get() == "backward" and not user.startswith("grad of"):
+                user = f"gradient of {user}"  # a step of the backward pass of the public op ``user``
         return super().__new__(cls, op, params, args, prog, settled, user)
 
     @property

@@ -107,6 +107,27 @@ def test_explain_walks_the_ops_and_gives_each_collective_its_reason(capsys):
     assert "softmax" in text.split("comm log of the run:")[1]  # the run's own comm log, user op named
 
 
+def test_explain_follows_the_backward_pass_of_grad_and_names_the_public_op_of_each_step():
+    m = nb.DeviceMesh("m", (4,), ("dp",))
+    x = nb.ones((8, 4)).shard(m, ["dp", None])
+    w = nb.ones((4, 2)).shard(m, [None, None])
+    text = nb.explain(nb.grad(lambda w, x: (x @ w).sum()), w, x, show=False)
+    titles = [line for line in text.splitlines() if line.startswith("%")]
+    # d/dw sum(x @ w) = x.T @ ones: a contraction over the dp-sharded batch, then the dp sum of its summands
+    assert titles == ["%1 = transpose(args[1])    (in gradient of matmul)",
+                      "%2 = matmul(%1, const)    (in gradient of matmul)",
+                      "%3 = with_sharding(%2)    (in grad of w)"], titles
+    assert "[?|?] Σdp -> [-|-]: all_reduce over dp (group of 4): 48 B/device, est. 30.0 us" in text
+    assert "total: 1 collective, 48 B/device, est. 30.0 us" in text
+
+    y = nb.random.normal((8, 16)).shard(m, ["dp", None])
+    steps = [line for line in nb.explain(lambda y: nb.softmax(y, axis=0), y, show=False).splitlines()
+             if line.startswith("%")]
+    assert steps == ["%1 = max(y)    (in softmax)", "%2 = subtract(y, %1)    (in softmax)",
+                     "%3 = exp(%2)    (in softmax)", "%4 = sum(%3)    (in softmax)",
+                     "%5 = divide(%3, %4)    (in softmax)"], steps
+
+
 def test_explain_says_why_fsdp_gathers_the_weight():
     x, _, _ = _mlp_args()
     w = nb.random.normal((16, 32), seed=4).shard(MESH, ["dp", None])
