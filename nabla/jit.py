@@ -485,39 +485,41 @@ def _place_local(full, spec: ShardingSpec, dev):
     return x
 
 
+class _StepContext:
+    """What a collective's lowering (``Collective.lower``) sees: jax, this device, the step's mesh atoms."""
+
+    def __init__(self, dev, refs, shape: tuple[int, ...], reduce_op: str) -> None:
+        self.lax, self.xp, self.dev = dev.lax, dev.xp, dev
+        self.refs = refs
+        self.names = dev.axis_names(refs)
+        self.k = prod(r.size for r in refs)
+        self.shape = shape
+        self.reduce_op = reduce_op
+
+    def index(self):
+        """This device's position along the step's atoms (mixed radix, major first)."""
+        return self.dev.linear(self.refs)
+
+    def fit(self, x, axis: int, n: int):
+        return _fit(self.xp, x, axis, n)
+
+    def exchange(self, x, src: ShardingSpec, dst: ShardingSpec):
+        return _lower_exchange(x, src, dst, self.shape, self.dev)
+
+
 def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str = "sum"):
-    """A reshard plan as jax.lax collectives on one device's block."""
-    lax, xp = dev.lax, dev.xp
+    """A reshard plan as jax.lax collectives on one device's block: each step through its registry entry's
+    ``lower`` (its jax.lax twin)."""
     for seg in plan.segments:
         for s in seg.steps:
             if s.fused:
                 continue
-            refs = [seg.atoms[a] for a in s.atoms]
-            names = dev.axis_names(refs)
-            k = prod(s.sizes) if s.sizes else 1
-            if s.kind == "slice":
-                x = _fit(xp, x, s.dst, k * s.dst_chunk)
-                x = lax.dynamic_slice_in_dim(x, dev.linear(refs) * s.dst_chunk, s.dst_chunk, axis=s.dst)
-            elif s.kind == "all_gather":
-                x = _fit(xp, lax.all_gather(x, names, axis=s.src, tiled=True), s.src, s.src_chunk)
-            elif s.kind == "all_reduce":
-                x = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[reduce_op](x, names)
-            elif s.kind == "reduce_scatter":
-                x = _fit(xp, x, s.dst, k * s.dst_chunk)
-                if reduce_op == "sum":
-                    x = lax.psum_scatter(x, names, scatter_dimension=s.dst, tiled=True)
-                else:
-                    x = {"max": lax.pmax, "min": lax.pmin}[reduce_op](x, names)
-                    x = lax.dynamic_slice_in_dim(x, dev.linear(refs) * s.dst_chunk, s.dst_chunk, axis=s.dst)
-            elif s.kind == "all_to_all":
-                x = _fit(xp, x, s.dst, k * s.dst_chunk)
-                x = lax.all_to_all(x, names, split_axis=s.dst, concat_axis=s.src, tiled=True)
-                x = _fit(xp, x, s.src, s.src_chunk)
-            elif s.kind == "collective_permute" and s.exchange:
-                x = _lower_exchange(x, s.exchange[0], s.exchange[1], shape, dev)
-            else:
-                raise ShardingError(f"jit: no lowering for a {s.kind} step (a move to another device order "
-                                    f"cannot be compiled; keep one mesh inside nb.jit)")
+            c = C.REGISTRY.get(s.kind)
+            if c is None or c.lower is None:
+                raise ShardingError(f"jit: the collective {s.kind!r} has no jax.lax lowering, so a plan using it "
+                                    f"cannot be compiled; give its registry entry one "
+                                    f"(Collective(..., lower=fn), fn(block, step, ctx) -> block)")
+            x = c.lower(x, s, _StepContext(dev, [seg.atoms[a] for a in s.atoms], tuple(shape), reduce_op))
     return x
 
 
