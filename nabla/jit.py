@@ -40,16 +40,18 @@ class Jitted:
         functools.update_wrapper(self, fn)
 
     def lower(self, *args: Any) -> "Lowered":
-        leaves, tree = flatten(args)
+        return self._lowered(*flatten(args))
+
+    def _lowered(self, leaves: list, tree: Any) -> "Lowered":
         key = (tree, tuple(_signature(x) for x in leaves))
-        if key not in self._cache:
-            self._cache[key] = Lowered(self.fn, leaves, tree)
-        lowered = self._cache[key]
-        lowered._example = args
+        lowered = self._cache.get(key)
+        if lowered is None:
+            lowered = self._cache[key] = Lowered(self.fn, leaves, tree)
         return lowered
 
     def __call__(self, *args: Any) -> Any:
-        return self.lower(*args)(*args)
+        leaves, tree = flatten(args)
+        return self._lowered(leaves, tree)._run(leaves)
 
 
 def _signature(x: Any) -> Any:
@@ -64,7 +66,8 @@ def _signature(x: Any) -> Any:
 
 class Lowered:
     """One trace of ``fn`` and its compiled program: ``comm_log`` (nabla's planned collectives), ``as_text()``
-    (the compiled HLO), and calling it runs the program on jax devices."""
+    (the compiled HLO), and calling it runs the program on jax devices. The jax program is traced here, from
+    the inputs' shapes and layouts alone (no argument is kept), and compiled on first use."""
 
     def __init__(self, fn: Callable, leaves: list, tree: Any) -> None:
         import jax
@@ -88,39 +91,48 @@ class Lowered:
                                     f"{type(o).__name__}")
         self._inputs = [i for i, x in enumerate(twins) if isinstance(x, Tensor)]
         self._program = _Program(twins, outs)
+        with _x64():
+            self._traced = self._program.jitted().trace(*self._program.avals())
         self._compiled = None
 
-    def _arrays(self, args: tuple) -> list:
-        leaves, _ = flatten(args)
-        return self._program.inputs([leaves[i] for i in self._inputs])
+    def compile(self):
+        """The compiled XLA executable (compiled once, on first use)."""
+        if self._compiled is None:
+            with _x64():
+                self._compiled = self._traced.lower().compile()
+        return self._compiled
 
-    def compiled(self, args: tuple):
+    def compiled(self, args: tuple) -> tuple:
+        """(the executable, ``args`` as the jax arrays it takes): to time the compiled program alone."""
+        leaves, _ = flatten(args)
         with _x64():
-            arrays = self._arrays(args)
-            if self._compiled is None:
-                self._compiled = self._program.jitted().lower(*arrays).compile()
-        return self._compiled, arrays
+            return self.compile(), self._program.inputs([leaves[i] for i in self._inputs])
 
     def as_text(self, *args: Any) -> str:
-        """The compiled HLO (for the arguments this was lowered with, or ``args``)."""
-        return self.compiled(args or self._example)[0].as_text()
+        """The compiled HLO (one program per trace: any ``args`` of this signature give the same text)."""
+        return self.compile().as_text()
 
     def __call__(self, *args: Any) -> Any:
-        fn, arrays = self.compiled(args)
+        leaves, _ = flatten(args)
+        return self._run(leaves)
+
+    def _run(self, leaves: list) -> Any:
+        fn = self.compile()
         with _x64():
-            outs = fn(*arrays)
+            outs = fn(*self._program.inputs([leaves[i] for i in self._inputs]))
         return unflatten(self._out_tree, self._program.outputs(outs))
 
 
 @contextlib.contextmanager
 def _x64():
-    """numpy's dtypes on jax: float64 and int64 stay 64-bit while compiling and running (restored after)."""
-    be = backends.get("jax")
-    token = be.enter()
-    try:
+    """numpy's dtypes on jax: float64 and int64 stay 64-bit while tracing, compiling and running. The switch is
+    jax's thread-local context (the global ``jax_enable_x64`` is never written), entered only when it is off."""
+    import jax
+    if jax.config.jax_enable_x64:
         yield
-    finally:
-        be.leave(token)
+        return
+    with jax.enable_x64(True):
+        yield
 
 
 # ---- the per-device program ---------------------------------------------------------------------------
@@ -212,6 +224,19 @@ class _Program:
             arrays.append(jax.device_put(self.global_array(value, spec),
                                          NamedSharding(self.jmesh, self.pspec(spec, len(value._shape)))))
         return arrays
+
+    def avals(self) -> list:
+        """The jax global arrays ``inputs`` gives, as shapes, dtypes and shardings (to trace without data)."""
+        import jax
+        from jax.sharding import NamedSharding
+        out = []
+        for spec, shape, dtype in [(t.sharding, t.shape, t.dtype) for t in self.twins] + \
+                                  [(spec, v._shape, v._dtype) for v, spec in self.consts]:
+            g = (1,) * len(self.atoms) if spec is None else grid(spec, self.cuts).shape
+            block = tuple(shape) if spec is None else chunks(spec, shape)
+            out.append(jax.ShapeDtypeStruct(g + block, dtype,
+                                            sharding=NamedSharding(self.jmesh, self.pspec(spec, len(shape)))))
+        return out
 
     def outputs(self, arrays) -> list:
         out = []

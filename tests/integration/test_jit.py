@@ -182,3 +182,27 @@ def test_a_retrace_happens_per_signature():
     assert len(f._cache) == 1
     f(nb.tensor(T(8, 8)).shard(M, [None, "tp"]))
     assert len(f._cache) == 2
+
+
+def test_jit_never_writes_the_global_x64_flag_and_keeps_no_argument_alive(monkeypatch):
+    """float64 stays float64 through nb.jit (jax's thread-local x64 switch), the global jax_enable_x64 is
+    never written, and neither the cache nor the lowered program keeps the last arguments alive."""
+    import gc
+    import weakref
+
+    writes = []
+    real = jax.config.update
+    monkeypatch.setattr(jax.config, "update", lambda name, value: (writes.append(name), real(name, value))[1])
+    before = jax.config.jax_enable_x64
+    f = nb.jit(lambda x: nb.exp(x) * 2)
+    v = T(8, 8, dtype=np.float64)
+    x = nb.tensor(v).shard(M, ["dp", None])
+    got = f(x)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got.numpy(), np.exp(v) * 2, rtol=1e-12)
+    assert "HloModule" in f.lower(x).as_text()
+    assert "jax_enable_x64" not in writes and jax.config.jax_enable_x64 == before
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None
