@@ -93,6 +93,7 @@ class Lowered:
         self._program = _Program(twins, outs)
         with _x64():
             self._traced = self._program.jitted().trace(*self._program.avals())
+        self.comm_log = _emitted(log, self._program.body.skipped)
         self._compiled = None
 
     def compile(self):
@@ -121,6 +122,23 @@ class Lowered:
         with _x64():
             outs = fn(*self._program.inputs([leaves[i] for i in self._inputs]))
         return unflatten(self._out_tree, self._program.outputs(outs))
+
+
+def _emitted(log: C.CommLog, skipped: list) -> C.CommLog:
+    """The trace's comm log without the events of moves the program does not make again: for each, the
+    latest logged event of the same kind, axes, bytes and group (a later use repeating an earlier move)."""
+    out = C.CommLog()
+    events = list(log.events)
+    for e in skipped:
+        for i in range(len(events) - 1, -1, -1):
+            f = events[i]
+            if f is not None and (f.kind, f.axes, f.bytes, f.group) == (e.kind, e.axes, e.bytes, e.group):
+                events[i] = None
+                break
+        else:
+            raise ShardingError(f"internal: jit skipped a repeated {e!r} the trace did not log")
+    out.events = [e for e in events if e is not None]
+    return out
 
 
 @contextlib.contextmanager
@@ -374,7 +392,9 @@ class _Body:
         for t, a in zip(prog.twins, arrays):
             env[id(t)] = strip(a)
         consts = [strip(a) for a in arrays[len(prog.twins):]]
-        moved: dict = {}
+        self.skipped = []  # events the trace logged for work the program does not do again
+        mover = _Mover(dev, self.skipped)
+        made: dict = {}  # (op, params, operands, layout) -> the value first made so (its canonical id)
 
         def value_of(a):
             if id(a) in env:
@@ -386,18 +406,28 @@ class _Body:
                 return env[id(a)]
             return consts[prog._const_index[(id(a), None)]]
 
+        def same_as(v, key) -> bool:
+            """Whether an equal value (the same op of the same operands, in the same layout) was made already:
+            then ``v`` is that value (XLA would merge the two computations, their collectives included)."""
+            first = made.setdefault(key, v)
+            if first is v:
+                return False
+            mover.alias(v, first)
+            env[id(v)] = env[id(first)]
+            return True
+
         for v in prog.order:
             node = v._node
             if node.op == LEAF:
                 if node.args:  # a differentiation variable made from a traced value: the same blocks
                     env[id(v)] = value_of(node.args[0])
+                    mover.alias(v, node.args[0])
                 continue
             if node.op == RELAYOUT:
                 a = node.args[0]
-                x = _lower_plan(value_of(a), node.prog, a._shape, dev)
-                if a._spec.partial_axes:
-                    moved[(id(a), node.params[0].layout())] = x
-                env[id(v)] = x
+                x = mover.move(a, value_of, a._spec, node.params[0], node.prog)
+                if not same_as(v, (RELAYOUT, mover.cid(a), node.params[0].layout())):
+                    env[id(v)] = x
                 continue
             if node.op == PLACE:
                 env[id(v)] = _place_local(host_of(node.args[0]), node.params[0], dev)
@@ -418,7 +448,16 @@ class _Body:
                 arrays_ = [host_of(a) if isinstance(a, Value) else a for a in node.args]
                 env[id(v)] = xp.asarray(node.op.kernel(arrays_, Local(0, v.shape, node.params)))
                 continue
-            env[id(v)] = _lower_op(v, node, value_of, host_of, moved, dev)
+            key = _op_key(node, mover)
+            if key is not None and key in made:
+                _lower_operands(node, value_of, host_of, mover, dev, dry=True)  # what eager moved for it
+                if node.prog.post is not None:
+                    self.skipped += node.prog.post.events
+                same_as(v, key)
+                continue
+            env[id(v)] = _lower_op(v, node, value_of, host_of, mover, dev)
+            if key is not None:
+                made[key] = v
         outs = []
         for o in prog.outs:
             x = env[id(o)] if id(o) in env else value_of(o)
@@ -426,10 +465,84 @@ class _Body:
         return tuple(outs)
 
 
-def _lower_op(v, node, value_of, host_of, moved, dev):
+def _op_key(node, mover) -> tuple | None:
+    """What makes an op's result: the op, its params, its operands (by canonical value, or the scalar) and
+    the layout it is made in. None when it cannot be compared (unhashable params)."""
+    args = []
+    for a in node.args:
+        if isinstance(a, Value):
+            args.append(("v", mover.cid(a)))
+        elif isinstance(a, (bool, int, float, complex, np.generic)):
+            args.append(("c", type(a), a))
+        else:
+            return None
+    key = (node.op, node.params, tuple(args), node.prog.result.layout())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Mover:
+    """Moves of traced values, each made once per (value, layout): a value is immutable, so a second use that
+    needs it in the same layout takes the first move's blocks (XLA would merge the two identical collectives
+    anyway; making it once here keeps the comm log equal to what is emitted). ``skipped`` collects the events
+    the trace logged for moves not made again: eager nabla moves a value again at each use, except a pending
+    sum, which it makes once per value."""
+
+    def __init__(self, dev, skipped: list) -> None:
+        self.dev = dev
+        self.skipped = skipped
+        self.memo: dict = {}
+        self.canon: dict[int, int] = {}  # id of a value -> id of the equal value first made
+        self.summed: set = set()  # (id of a value, layout): a pending sum eager made (and logged) once
+
+    def cid(self, a) -> int:
+        return self.canon.get(id(a), id(a))
+
+    def alias(self, v, first) -> None:
+        self.canon[id(v)] = self.cid(first)
+
+    def move(self, a, value_of, src: ShardingSpec, dst: ShardingSpec, plan: reshard.Plan | None = None,
+             op: str = "sum", dry: bool = False):
+        """``a`` (laid out ``src``: its own spec, or a layout it was already moved to) as laid out ``dst``.
+        ``dry``: the use belongs to a value made already; nothing is emitted (what eager logged is skipped)."""
+        layout = dst.layout()
+        key = (self.cid(a), layout)
+        logged = True
+        if src.partial_axes:  # eager sums a value once per target layout
+            logged = (id(a), layout) not in self.summed
+            self.summed.add((id(a), layout))
+        if dry or key in self.memo:
+            if logged:
+                if plan is None:
+                    plan = reshard.plan(a._shape, a._dtype.itemsize, src, dst)
+                self.skipped += plan.events
+            return None if dry else self.memo[key]
+        if plan is None:
+            plan = reshard.plan(a._shape, a._dtype.itemsize, src, dst)
+        x = value_of(a) if src.layout() == a._spec.layout() else self.memo[(self.cid(a), src.layout())]
+        x = _lower_plan(x, plan, a._shape, self.dev, op)
+        self.memo[key] = x
+        return x
+
+    def prepared(self, a, key: tuple, make: Callable, events: tuple, dry: bool = False):
+        """An operand after what its use does to it (masks, factor steps), made once per value and use kind."""
+        key = (self.cid(a),) + key
+        if dry or key in self.memo:
+            self.skipped += events
+            return None if dry else self.memo[key]
+        x = self.memo[key] = make()
+        return x
+
+
+def _lower_operands(node, value_of, host_of, mover, dev, dry: bool = False) -> list:
+    """Each operand's block as the op's kernel takes it: moved as planned (each move made once), masked
+    where it joins a partial sum, then through its factor kinds' local steps. ``dry``: only account for the
+    moves (the op's value was made already)."""
     xp = dev.xp
     prog = node.prog
-    op = node.op
     settled = node.settled or (None,) * len(node.args)
     arrays = []
     for a, p, s in zip(node.args, prog.preps, settled):
@@ -437,31 +550,29 @@ def _lower_op(v, node, value_of, host_of, moved, dev):
             arrays.append(a)
             continue
         if p.kind == "scalar":
-            x = xp.asarray(a, dtype=prog.dtype).reshape(())
-        elif p.kind == "host":
-            x = _place_local(host_of(a), p.target, dev)
+            arrays.append(None if dry else
+                          _prepare_local(xp.asarray(a, dtype=prog.dtype).reshape(()), p, node.op, dev))
+            continue
+        if p.kind == "host":
+            x = None if dry else _place_local(host_of(a), p.target, dev)
+        elif s is not None:  # a partial operand an earlier use summed: from that sum (made once)
+            mover.move(a, value_of, a._spec, s, dry=dry)
+            x = mover.move(a, value_of, s, p.target, p.plan, dry=dry)
         else:
-            # a partial operand is summed once, by whichever use the program reaches first (the trace has
-            # no order between independent uses: the forward and backward passes' uses of one value)
-            layout = s.layout() if s is not None else p.target.layout()
-            key = (id(a), layout)
-            if key in moved:
-                x = moved[key]
-            else:
-                plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, s) if s is not None else p.plan
-                x = _lower_plan(value_of(a), plan, a._shape, dev)
-                if a._spec.partial_axes and plan.segments:
-                    moved[key] = x
-        if p.mask_axes:  # a value added to a partial sum counts once per group: on coordinate 0 only
-            first = xp.asarray(True)
-            for name in p.mask_axes:
-                first = first & (dev.linear([dev.mesh.axis_ref(name)]) == 0)
-            x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
-        for step in p.local:
-            if step.lower is None:
-                raise ShardingError(f"jit: a local step of {op.name} has no lowering")
-            x = step.lower(x, dev)
+            x = mover.move(a, value_of, a._spec, p.target, p.plan, dry=dry)
+        if p.mask_axes or p.local:
+            x = mover.prepared(a, ("prep", p.kind, p.target.layout(), p.mask_axes, p.local),
+                               lambda x=x, p=p: _prepare_local(x, p, node.op, dev),
+                               tuple(e for step in p.local for e in step.events), dry)
         arrays.append(x)
+    return arrays
+
+
+def _lower_op(v, node, value_of, host_of, mover, dev):
+    xp = dev.xp
+    prog = node.prog
+    op = node.op
+    arrays = _lower_operands(node, value_of, host_of, mover, dev)
     aux = tuple(_aux_local(a, prog, dev) for a in prog.local.aux)
     out = op.kernel(arrays, Local(0, prog.local.out_chunk, prog.local.params, True, aux))
     out = xp.asarray(out)
@@ -472,6 +583,22 @@ def _lower_op(v, node, value_of, host_of, moved, dev):
     if prog.post is not None:
         out = _lower_plan(out, prog.post, prog.result_shape, dev, op.reduction)
     return out
+
+
+def _prepare_local(x, p, op, dev):
+    """What an operand's use does to its block before the kernel: a value added to a partial sum counts once
+    per group (on coordinate 0 only), then the factor kinds' local steps."""
+    xp = dev.xp
+    if p.mask_axes:
+        first = xp.asarray(True)
+        for name in p.mask_axes:
+            first = first & (dev.linear([dev.mesh.axis_ref(name)]) == 0)
+        x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
+    for step in p.local:
+        if step.lower is None:
+            raise ShardingError(f"jit: a local step of {op.name} has no lowering")
+        x = step.lower(x, dev)
+    return x
 
 
 def _aux_local(a, prog, dev):

@@ -206,3 +206,34 @@ def test_jit_never_writes_the_global_x64_flag_and_keeps_no_argument_alive(monkey
     del x
     gc.collect()
     assert ref() is None
+
+
+REPEATED_MOVES = {
+    # the same value moved to the same layout twice: eager moves at each use (as eager JAX does); the
+    # compiled program moves once (XLA would merge the two anyway) and its comm log says so
+    "explicit": (lambda a: a.with_sharding(M, [None, None]) + a.with_sharding(M, [None, None]) * 2,
+                 [(T(8, 8), ["dp", "tp"])], {"all_gather": 4}, {"all_gather": 2},
+                 lambda a: a * 3),
+    "two_ops_one_weight": (lambda x, w: nb.relu(x @ w) + nb.tanh(x @ w),
+                           [(T(8, 16), ["tp", "dp"]), (T(16, 8, seed=1), [None, "tp"])],
+                           {"all_gather": 2, "all_reduce": 2}, {"all_gather": 1, "all_reduce": 1},
+                           lambda x, w: np.maximum(x @ w, 0) + np.tanh(x @ w)),
+    "softmax_after_reshard": (lambda a: nb.softmax(a.with_sharding(M, ["tp", None]), -1)
+                              + a.with_sharding(M, ["tp", None]),
+                              [(T(8, 8), ["dp", "tp"])], {"collective_permute": 8}, {"collective_permute": 4},
+                              lambda a: np.exp(a) / np.exp(a).sum(-1, keepdims=True) + a),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPEATED_MOVES))
+def test_a_value_moved_twice_to_one_layout_is_moved_once_and_the_log_says_so(name):
+    fn, inputs, eager_counts, jit_counts, ref = REPEATED_MOVES[name]
+    args = [nb.tensor(v).shard(M, spec) for v, spec in inputs]
+    with nb.comm_log() as eager:
+        want = fn(*args)
+    lowered = nb.jit(fn).lower(*args)
+    assert eager.counts == eager_counts and lowered.comm_log.counts == jit_counts
+    assert hlo_collectives(lowered.as_text()) == sorted((e.kind, e.bytes) for e in lowered.comm_log.events)
+    got = nb.jit(fn)(*args)
+    assert got.sharding == want.sharding
+    np.testing.assert_allclose(got.numpy(), ref(*[v for v, _ in inputs]), rtol=1e-5, atol=1e-5)
