@@ -83,21 +83,63 @@ def _inputs(name):
     return out
 
 
-def hlo_collectives(hlo: str) -> list[tuple[str, int]]:
-    """(kind, bytes per device) of every collective in compiled HLO; a combined all-reduce (XLA merges
-    several into one instruction of tuple operands) counts per operand, as nabla logs them."""
+def hlo_collectives(hlo: str, with_groups: bool = False) -> list[tuple]:
+    """(kind, bytes per device) of every collective in compiled HLO (``with_groups``: and its device groups, a
+    frozenset of frozensets of partitions, or for a collective-permute its non-self (source, target) pairs); a
+    combined all-reduce (XLA merges several into one instruction of tuple operands) counts per operand, as
+    nabla logs them."""
     insts = H.parse_instructions(hlo)
     types = {i.name: i.type for i in insts}
     out = []
     for c in H.collectives(hlo):
         inst = next(i for i in insts if i.line == c.hlo)
         operands = [o for o in inst.operands if o in types]
+        if c.kind == "collective_permute":
+            groups = frozenset((a, b) for a, b in c.groups if a != b)
+        else:
+            groups = frozenset(frozenset(g) for g in c.groups)
         if c.kind == "all_reduce" and len(operands) > 1:
             k = c.group
-            out += [("all_reduce", 2 * (k - 1) * H.shape_bytes(types[o]) // k) for o in operands]
+            out += [("all_reduce", 2 * (k - 1) * H.shape_bytes(types[o]) // k, groups) for o in operands]
         else:
-            out.append((c.kind, c.bytes))
-    return sorted(out)
+            out.append((c.kind, c.bytes, groups))
+    return sorted(out, key=repr) if with_groups else sorted(x[:2] for x in out)
+
+
+def axis_groups(mesh, axes) -> frozenset:
+    """The partitions (mesh positions, which are jax's partition ids under nb.jit) that differ only along
+    ``axes`` (mesh axes or sub-axes): one collective group each."""
+    refs = [mesh.axis_ref(a) for a in axes]
+    groups: dict = {}
+    for p, d in enumerate(mesh.devices):
+        coords = list(mesh.coords(d))
+        for r in refs:
+            i = mesh.axis_index(r.name)
+            coords[i] -= r.coord(coords[i]) * r.minor
+        groups.setdefault(tuple(coords), set()).add(p)
+    return frozenset(frozenset(g) for g in groups.values())
+
+
+def assert_hlo_is_the_log(lowered):
+    """The compiled HLO holds exactly the lowered comm log's collectives: kinds, bytes, and the devices each
+    one spans (the replica groups of the event's mesh axes; a permute's pairs within them)."""
+    mesh = lowered._program.mesh
+    hlo = hlo_collectives(lowered.as_text(), with_groups=True)
+    events = lowered.comm_log.events
+    assert sorted((k, b) for k, b, _ in hlo) == sorted((e.kind, e.bytes) for e in events), (hlo, events)
+    left = list(hlo)
+    for e in sorted(events, key=lambda e: e.kind != "collective_permute"):  # permutes: most constrained last
+        groups = axis_groups(mesh, e.axes)
+        where = {p: g for g in groups for p in g}
+        for j, (kind, nbytes, got) in enumerate(left):
+            if (kind, nbytes) != (e.kind, e.bytes):
+                continue
+            if kind == "collective_permute" and all(where[u] == where[v] for u, v in got) or got == groups:
+                del left[j]
+                break
+        else:
+            raise AssertionError(f"no collective of the HLO matches {e!r} over {e.axes} (groups "
+                                 f"{sorted(map(sorted, groups))}); unmatched: {left}")
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
@@ -115,9 +157,9 @@ def test_jit_equals_eager_and_its_hlo_moves_what_the_log_says(name):
         if want.sharding.partial_axes:
             break
         np.testing.assert_allclose(np.asarray(got.shards[d]), want.shards[d], rtol=2e-5, atol=2e-5)
-    logged = sorted((e.kind, e.bytes) for e in lowered.comm_log.events)
-    assert logged == sorted((e.kind, e.bytes) for e in eager_log.events)  # tracing plans what eager runs
-    assert hlo_collectives(lowered.as_text()) == logged
+    logged = sorted((e.kind, e.axes, e.bytes) for e in lowered.comm_log.events)
+    assert logged == sorted((e.kind, e.axes, e.bytes) for e in eager_log.events)  # tracing plans what eager runs
+    assert_hlo_is_the_log(lowered)
 
 
 @pytest.mark.parametrize("name", ["mlp", "exchange", "sub_axes", "conv_spatial", "device_order", "uneven",
@@ -154,7 +196,7 @@ def test_a_training_step_compiles_to_one_program():
     lowered = jstep.lower(params, state, x, y)
     assert [(e.phase, e.kind, e.axes) for e in lowered.comm_log.events] == [
         ("forward", "all_reduce", ("tp",)), ("backward", "all_reduce", ("dp",)), ("backward", "all_reduce", ("dp",))]
-    assert hlo_collectives(lowered.as_text()) == sorted((e.kind, e.bytes) for e in lowered.comm_log.events)
+    assert_hlo_is_the_log(lowered)
     p_eager, s_eager, p_jit, s_jit = params, state, params, state
     for _ in range(3):
         v_eager, p_eager, s_eager = step(p_eager, s_eager, x, y)
@@ -208,6 +250,22 @@ def test_jit_never_writes_the_global_x64_flag_and_keeps_no_argument_alive(monkey
     assert ref() is None
 
 
+def test_the_hlo_check_compares_each_collective_s_devices_with_its_event_s_axes():
+    """Two all_reduces of equal bytes over different axes of a 2 x 2 mesh: an event naming the wrong axis keeps
+    every (kind, bytes) but no longer matches the HLO's replica groups."""
+    m = DeviceMesh("sq", (2, 2), ("a", "b"))
+    x = nb.tensor(T(4, 8)).shard(m, [None, "a"])
+    y = nb.tensor(T(8, 4, seed=1)).shard(m, ["a", None])
+    z = nb.tensor(T(4, 8, seed=2)).shard(m, [None, "b"])
+    w = nb.tensor(T(8, 4, seed=3)).shard(m, ["b", None])
+    lowered = nb.jit(lambda x, y, z, w: nb.relu(x @ y) * 2 + nb.exp(z @ w)).lower(x, y, z, w)
+    assert sorted(e.axes for e in lowered.comm_log.events) == [("a",), ("b",)]
+    assert_hlo_is_the_log(lowered)
+    lowered.comm_log.events = [e._replace(axes=("a",)) for e in lowered.comm_log.events]
+    with pytest.raises(AssertionError, match="no collective of the HLO matches"):
+        assert_hlo_is_the_log(lowered)
+
+
 REPEATED_MOVES = {
     # the same value moved to the same layout twice: eager moves at each use (as eager JAX does); the
     # compiled program moves once (XLA would merge the two anyway) and its comm log says so
@@ -233,7 +291,8 @@ def test_a_value_moved_twice_to_one_layout_is_moved_once_and_the_log_says_so(nam
         want = fn(*args)
     lowered = nb.jit(fn).lower(*args)
     assert eager.counts == eager_counts and lowered.comm_log.counts == jit_counts
-    assert hlo_collectives(lowered.as_text()) == sorted((e.kind, e.bytes) for e in lowered.comm_log.events)
+    assert_hlo_is_the_log(lowered)
     got = nb.jit(fn)(*args)
     assert got.sharding == want.sharding
     np.testing.assert_allclose(got.numpy(), ref(*[v for v, _ in inputs]), rtol=1e-5, atol=1e-5)
+
