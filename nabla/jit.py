@@ -188,6 +188,7 @@ class _Program:
         from .backends.jax import atom_mesh, atom_name
         self.jmesh = atom_mesh(mesh, self.atoms)
         self.names = tuple(atom_name(a) for a in self.atoms)
+        self.free, self.folded = _fold(self)  # values that read no input data: computed now, constant inputs
         self.body = _Body(self)  # finds the constants, which become inputs after the arguments
 
     def _mesh(self) -> DeviceMesh:
@@ -389,9 +390,11 @@ class _Body:
         G = len(prog.atoms)
         strip = lambda a: a.reshape(a.shape[G:])  # noqa: E731 - each device's block without its grid
         env: dict[int, Any] = {}
-        for t, a in zip(prog.twins, arrays):
-            env[id(t)] = strip(a)
-        consts = [strip(a) for a in arrays[len(prog.twins):]]
+        empty = lambda a: xp.zeros(a.shape[G:], a.dtype) if 0 in a.shape else strip(a)  # noqa: E731
+        for t, a in zip(prog.twins, arrays):  # a block with no elements holds nothing: not read (XLA would
+            env[id(t)] = empty(a)  # fold it to a constant, and an unread manual-computation input fails)
+        consts = [empty(a) for a in arrays[len(prog.twins):]]
+        live = _live(prog)
         self.skipped = []  # events the trace logged for work the program does not do again
         mover = _Mover(dev, self.skipped)
         made: dict = {}  # (op, params, operands, layout) -> the value first made so (its canonical id)
@@ -418,6 +421,18 @@ class _Body:
 
         for v in prog.order:
             node = v._node
+            if id(v) in prog.free or id(v) not in live:
+                # computed before (a constant input), or read by nothing: what eager moved for it is skipped
+                if node.op == RELAYOUT:
+                    mover.move(node.args[0], value_of, node.args[0]._spec, node.params[0], node.prog, dry=True)
+                elif node.op not in (LEAF, PLACE) and node.prog is not None:
+                    _lower_operands(node, value_of, host_of, mover, dev, dry=True)
+                    if node.prog.post is not None:
+                        self.skipped += node.prog.post.events
+                if id(v) in prog.folded:
+                    val = prog.folded[id(v)]
+                    env[id(v)] = consts[prog._const_index[(id(val), val._spec)]]
+                continue
             if node.op == LEAF:
                 if node.args:  # a differentiation variable made from a traced value: the same blocks
                     env[id(v)] = value_of(node.args[0])
@@ -463,6 +478,74 @@ class _Body:
             x = env[id(o)] if id(o) in env else value_of(o)
             outs.append(x.reshape((1,) * G + tuple(x.shape)))
         return tuple(outs)
+
+
+def _fold(prog) -> tuple[set[int], dict[int, Any]]:
+    """Values that depend on no input data (made only from tensors without elements, and constants) are
+    computed here, eagerly, and enter the program as constants: XLA would fold them, collectives included,
+    and the comm log could not say which. Returns id of each such value -> its value, for those the rest
+    of the program (or the output) reads; they are registered as constants. Returns the ids of every such
+    value, and that map."""
+    from . import executor
+    free: dict[int, Any] = {}
+    for v in prog.order:
+        node = v._node
+        if node.op in (SM_IN, SM_OUT) or node.prog == "manual":
+            continue
+        empty = 0 in v.shape
+        if node.op == LEAF and not node.args:
+            if empty:
+                free[id(v)] = _zeros_as(v)
+            continue
+        args = [a for a in node.args if isinstance(a, Value)]
+        if not empty and not all(id(a) in free or (a._node is None and 0 in a._shape) for a in args):
+            continue
+        if empty:
+            free[id(v)] = _zeros_as(v)
+            continue
+        real = [free.get(id(a), _zeros_as(a) if isinstance(a, Value) and a._node is None else a) for a in node.args]
+        token = C._logs.set(())  # computed, not communicated: nothing is logged
+        try:
+            if node.op == LEAF:
+                out = real[0]
+            elif node.op == RELAYOUT:
+                out = executor.relayout(real[0], node.params[0])
+            elif node.op == PLACE:
+                out = executor.place(real[0], node.params[0])
+            else:
+                out = executor.run(node.op, real, node.params)
+        finally:
+            C._logs.reset(token)
+        if out._spec != v._spec or out._shape != v._shape:
+            continue
+        free[id(v)] = out
+    if not free:
+        return set(), {}
+    read = {id(o) for o in prog.outs}
+    for v in prog.order:
+        if id(v) not in free:
+            read.update(id(a) for a in v._node.args if isinstance(a, Value))
+    folded = {i: free[i] for i in free if i in read}
+    for val in folded.values():
+        prog.const(val, val._spec)
+    return set(free), folded
+
+
+def _zeros_as(v) -> Value:
+    """A value of ``v``'s shape, dtype and layout holding zeros (what a tensor without elements holds)."""
+    data = np.zeros(v._shape, v._dtype)
+    if v._spec is None:
+        return Value(data, None, v._shape, v._dtype)
+    return Value(storage._place(data, v._spec), v._spec, v._shape, v._dtype)
+
+
+def _live(prog) -> set[int]:
+    """The values the outputs read at run time (a value computed before, a constant input, reads nothing)."""
+    live = {id(o) for o in prog.outs}
+    for v in reversed(prog.order):
+        if id(v) in live and id(v) not in prog.free:
+            live.update(id(a) for a in v._node.args if isinstance(a, Value))
+    return live
 
 
 def _op_key(node, mover) -> tuple | None:
@@ -523,7 +606,7 @@ class _Mover:
         if plan is None:
             plan = reshard.plan(a._shape, a._dtype.itemsize, src, dst)
         x = value_of(a) if src.layout() == a._spec.layout() else self.memo[(self.cid(a), src.layout())]
-        x = _lower_plan(x, plan, a._shape, self.dev, op)
+        x = _lower_plan(x, plan, a._shape, self.dev, op, dst, self.skipped)
         self.memo[key] = x
         return x
 
@@ -581,7 +664,7 @@ def _lower_op(v, node, value_of, host_of, mover, dev):
     if tuple(out.shape) != prog.local.out_chunk:
         out = xp.broadcast_to(out, prog.local.out_chunk)
     if prog.post is not None:
-        out = _lower_plan(out, prog.post, prog.result_shape, dev, op.reduction)
+        out = _lower_plan(out, prog.post, prog.result_shape, dev, op.reduction, prog.result, mover.skipped)
     return out
 
 
@@ -659,9 +742,14 @@ class _StepContext:
         return _lower_exchange(x, src, dst, self.shape, self.dev)
 
 
-def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str = "sum"):
+def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str, dst: ShardingSpec,
+                skipped: list):
     """A reshard plan as jax.lax collectives on one device's block: each step through its registry entry's
-    ``lower`` (its jax.lax twin)."""
+    ``lower`` (its jax.lax twin). A tensor with no elements moves nothing: every device's block of ``dst`` is
+    empty (its logged events, all of 0 bytes, go to ``skipped``)."""
+    if plan.segments and 0 in tuple(shape):
+        skipped += plan.events
+        return dev.xp.zeros(chunks(dst, tuple(shape)), dtype=x.dtype)
     for seg in plan.segments:
         for s in seg.steps:
             if s.fused:
