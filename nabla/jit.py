@@ -32,26 +32,50 @@ def jit(fn: Callable) -> "Jitted":
 
 
 class Jitted:
-    """``nb.jit(fn)``: call it like ``fn``; ``.lower(*args)`` gives the compiled program and its comm log."""
+    """``nb.jit(fn)``: call it like ``fn`` (positional and keyword arguments); ``.lower(*args, **kwargs)`` gives
+    the compiled program and its comm log. Tensors and numpy arrays (and jax arrays) are the program's inputs;
+    other arguments (Python numbers, strings, ...) are constants of the trace, which is made again for each
+    new value (as jax.jit's static arguments)."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
-    def lower(self, *args: Any) -> "Lowered":
-        return self._lowered(*flatten(args))
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
+        return self._lowered(*_flatten_call(args, kwargs))
 
     def _lowered(self, leaves: list, tree: Any) -> "Lowered":
         key = (tree, tuple(_signature(x) for x in leaves))
         lowered = self._cache.get(key)
         if lowered is None:
-            lowered = self._cache[key] = Lowered(self.fn, leaves, tree)
+            lowered = self._cache[key] = Lowered(self._call, leaves, tree)
         return lowered
 
-    def __call__(self, *args: Any) -> Any:
-        leaves, tree = flatten(args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, tree = _flatten_call(args, kwargs)
         return self._lowered(leaves, tree)._run(leaves)
+
+
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The leaves of a call (keyword arguments by name) with arrays as tensors, and the call's structure."""
+    leaves, tree = flatten((tuple(args), dict(sorted(kwargs.items()))))
+    return [_as_input(x) for x in leaves], tree
+
+
+def _as_input(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):  # an input (as jax.jit traces numpy arrays), not a constant
+        from .ops import tensor
+        return tensor(x)
+    if type(x).__module__.startswith(("jax", "jaxlib")) and hasattr(x, "sharding") and hasattr(x, "shape"):
+        from .interop.jax import from_jax
+        return from_jax(x)
+    return x
 
 
 def _signature(x: Any) -> Any:
@@ -60,7 +84,9 @@ def _signature(x: Any) -> Any:
     try:
         hash(x)
     except TypeError:
-        raise ShardingError(f"jit: arguments must be tensors or hashable constants, got {type(x).__name__}") from None
+        raise ShardingError(f"jit: an argument of type {type(x).__name__} is neither a tensor (or array) nor a "
+                            f"hashable constant; pass tensors, numpy arrays, Python numbers or strings, or pytrees "
+                            f"(dict, list, tuple) of them") from None
     return ("c", type(x), x)
 
 
@@ -103,9 +129,9 @@ class Lowered:
                 self._compiled = self._traced.lower().compile()
         return self._compiled
 
-    def compiled(self, args: tuple) -> tuple:
+    def compiled(self, args: tuple, kwargs: dict | None = None) -> tuple:
         """(the executable, ``args`` as the jax arrays it takes): to time the compiled program alone."""
-        leaves, _ = flatten(args)
+        leaves, _ = _flatten_call(args, kwargs or {})
         with _x64():
             return self.compile(), self._program.inputs([leaves[i] for i in self._inputs])
 
@@ -113,9 +139,8 @@ class Lowered:
         """The compiled HLO (one program per trace: any ``args`` of this signature give the same text)."""
         return self.compile().as_text()
 
-    def __call__(self, *args: Any) -> Any:
-        leaves, _ = flatten(args)
-        return self._run(leaves)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(_flatten_call(args, kwargs)[0])
 
     def _run(self, leaves: list) -> Any:
         fn = self.compile()
@@ -196,8 +221,11 @@ class _Program:
         for v in self.order:
             if v.sharding is not None:
                 meshes.add(v.sharding.mesh)
+        if not meshes:  # only host values: the program runs on one device (jax.devices()[0])
+            return DeviceMesh("host", (1,), ("host",))
         if len(meshes) != 1:
-            raise ShardingError(f"jit: the function must use exactly one mesh, it uses {len(meshes)}")
+            raise ShardingError(f"jit: the function uses {len(meshes)} meshes ({', '.join(map(repr, meshes))}); a "
+                                f"compiled program runs on one mesh: move values between meshes outside nb.jit")
         return meshes.pop()
 
     # -- layout of blocks as jax arrays --

@@ -371,3 +371,29 @@ def test_a_permute_over_a_size_1_axis_moves_nothing():
     lowered = nb.jit(lambda t: t[::-1]).lower(t)
     np.testing.assert_array_equal(nb.jit(lambda t: t[::-1])(t).numpy(), T(4, 3)[::-1])
     assert_hlo_is_the_log(lowered)
+
+
+def test_keyword_arguments_numpy_arrays_and_host_only_functions_as_jax_jit_takes_them():
+    v = T(8, 16)
+    x = nb.tensor(v).shard(M, ["dp", "tp"])
+    f = nb.jit(lambda x, c=1.0, *, bias=None: x * c + (0.0 if bias is None else bias))
+    np.testing.assert_allclose(f(x, c=2.0).numpy(), v * 2, rtol=1e-6)
+    np.testing.assert_allclose(f(x, 2.0).numpy(), v * 2, rtol=1e-6)
+    b = T(8, 16, seed=1)
+    np.testing.assert_allclose(f(x, bias=b, c=3.0).numpy(), v * 3 + b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(f(x, c=3.0, bias=b + 1).numpy(), v * 3 + b + 1, rtol=1e-5, atol=1e-6)  # an input, not a constant
+    assert len(f._cache) == 3  # c=2.0 (by keyword or position: one call), c=3.0 with an array bias
+    assert f.lower(x, bias=b, c=3.0).comm_log.events == []
+    # numpy arrays are inputs, as jax.jit traces them; a function of host values only runs on one device
+    g = nb.jit(lambda a, b: nb.tanh(a @ b))
+    a, w = T(4, 6), T(6, 3, seed=2)
+    got = g(a, w)
+    assert got.sharding is None
+    np.testing.assert_allclose(got.numpy(), np.asarray(jax.jit(lambda a, b: jax.numpy.tanh(a @ b))(a, w)), rtol=1e-5)
+    g(T(4, 6, seed=3), w)
+    assert len(g._cache) == 1
+    assert "all-reduce" not in g.lower(a, w).as_text()
+    with pytest.raises(ShardingError, match="uses 2 meshes"):
+        nb.jit(lambda p, q: (p.sum(), q.sum()))(x, nb.tensor(v).shard(M4, ["dp", None]))
+    with pytest.raises(ShardingError, match="neither a tensor"):
+        nb.jit(lambda x, d: x)(x, [{1, 2}])
