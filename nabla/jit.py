@@ -26,9 +26,17 @@ from .shard_map import SM_IN, SM_OUT, ManualSpec
 from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, topological, whole
 
 
-def jit(fn: Callable) -> "Jitted":
-    """Compile ``fn`` (called with tensors, or pytrees of them) through shard_map and jax.jit."""
-    return Jitted(fn)
+def jit(fn: Callable | None = None, in_shardings: Any = None, out_shardings: Any = None) -> "Jitted":
+    """Compile ``fn`` (called with tensors, or pytrees of them) through shard_map and jax.jit.
+
+    ``in_shardings`` / ``out_shardings``, as jax.jit's: a pytree prefix of the positional arguments (of the
+    result), each entry a ``nb.NamedSharding``, a ``ShardingSpec``, a JAX ``PartitionSpec`` (on the mesh of
+    the value it applies to, or the function's mesh) or None (left as it comes). Inputs are laid out so
+    inside the program (a reshard, logged; a host value or array is placed, no communication), results
+    leave the program so. Usable as a decorator, with or without arguments."""
+    if fn is None:
+        return lambda f: Jitted(f, in_shardings, out_shardings)
+    return Jitted(fn, in_shardings, out_shardings)
 
 
 class Jitted:
@@ -37,13 +45,19 @@ class Jitted:
     other arguments (Python numbers, strings, ...) are constants of the trace, which is made again for each
     new value (as jax.jit's static arguments)."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, in_shardings: Any = None, out_shardings: Any = None) -> None:
         self.fn = fn
+        self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
-        return self.fn(*args, **kwargs)
+        if self.in_shardings is not None:
+            args = _constrain(args, self.in_shardings, "in_shardings", _meshes_of((args, kwargs)), True)
+        out = self.fn(*args, **kwargs)
+        if self.out_shardings is not None:
+            out = _constrain(out, self.out_shardings, "out_shardings", _meshes_of((args, kwargs, out)), False)
+        return out
 
     def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
         return self._lowered(*_flatten_call(args, kwargs))
@@ -58,6 +72,57 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, tree = _flatten_call(args, kwargs)
         return self._lowered(leaves, tree)._run(leaves)
+
+
+def _is_sharding(x: Any) -> bool:
+    from .sharding import NamedSharding, _is_pspec
+    return x is None or isinstance(x, (NamedSharding, ShardingSpec)) or _is_pspec(x)
+
+
+def _meshes_of(tree: Any) -> set:
+    leaves, _ = flatten(tree)
+    return {x.sharding.mesh for x in leaves if isinstance(x, Tensor) and x.sharding is not None}
+
+
+def _constrain(tree: Any, shardings: Any, what: str, meshes: set, inputs: bool, path: str = "") -> Any:
+    """``tree`` with each leaf laid out as the entry of the prefix ``shardings`` that covers it."""
+    if _is_sharding(shardings):
+        if shardings is None:
+            return tree
+        leaves, t = flatten(tree)
+        return unflatten(t, [_lay_out(x, shardings, what, meshes, inputs, path) for x in leaves])
+    if isinstance(shardings, (tuple, list)) and isinstance(tree, (tuple, list)):
+        if len(shardings) != len(tree):
+            raise ShardingError(f"jit: {what}{path} has {len(shardings)} entries but there are {len(tree)} "
+                                f"{'arguments' if inputs and not path else 'values'} there")
+        items = [_constrain(x, s, what, meshes, inputs, f"{path}[{i}]") for i, (x, s) in enumerate(zip(tree, shardings))]
+        return type(tree)(items) if not hasattr(tree, "_fields") else type(tree)(*items)
+    if isinstance(shardings, dict) and isinstance(tree, dict):
+        if set(shardings) != set(tree):
+            raise ShardingError(f"jit: {what}{path} has keys {sorted(shardings)} but the value has {sorted(tree)}")
+        return {k: _constrain(v, shardings[k], what, meshes, inputs, f"{path}[{k!r}]") for k, v in tree.items()}
+    raise ShardingError(f"jit: {what}{path} must be a NamedSharding, ShardingSpec, PartitionSpec or None, or a "
+                        f"tuple/list/dict of them matching the {'arguments' if inputs else 'result'}; got "
+                        f"{type(shardings).__name__} for a {type(tree).__name__}")
+
+
+def _lay_out(x: Any, sharding: Any, what: str, meshes: set, inputs: bool, path: str) -> Any:
+    from .sharding import NamedSharding, to_spec
+    if not isinstance(x, Tensor):
+        if inputs:
+            return x  # a constant of the trace
+        raise ShardingError(f"jit: {what}{path} applies to a {type(x).__name__}, not a tensor")
+    if isinstance(sharding, (NamedSharding, ShardingSpec)):
+        spec = to_spec(sharding, None, x.ndim, op=f"jit {what}{path}")
+    else:  # a PartitionSpec: on the value's mesh, or the function's one mesh
+        mesh = x.sharding.mesh if x.sharding is not None else (next(iter(meshes)) if len(meshes) == 1 else None)
+        if mesh is None:
+            raise ShardingError(f"jit: {what}{path} is a PartitionSpec for a value on no mesh, and the function "
+                                f"uses {len(meshes)} meshes; give a nb.NamedSharding(mesh, spec)")
+        spec = to_spec(mesh, sharding, x.ndim, op=f"jit {what}{path}")
+    if x.sharding is None:
+        return x.shard(spec)
+    return x.with_sharding(spec)
 
 
 def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any]:

@@ -397,3 +397,41 @@ def test_keyword_arguments_numpy_arrays_and_host_only_functions_as_jax_jit_takes
         nb.jit(lambda p, q: (p.sum(), q.sum()))(x, nb.tensor(v).shard(M4, ["dp", None]))
     with pytest.raises(ShardingError, match="neither a tensor"):
         nb.jit(lambda x, d: x)(x, [{1, 2}])
+
+
+def test_in_and_out_shardings_take_named_shardings_partition_specs_and_sharding_specs_like_jax_jit():
+    from jax.sharding import NamedSharding as JNS, PartitionSpec as P
+
+    x, w, b = T(8, 16), T(16, 8, seed=1), T(8, seed=2)
+    X = nb.tensor(x).shard(M, ["dp", "tp"])
+    W = nb.tensor(w).shard(M, [None, None])
+
+    def f(x, w, b):
+        return nb.relu(x @ w + b)
+
+    jf = nb.jit(f, in_shardings=(nb.NamedSharding(M, P("dp", None)), P(None, "tp"),
+                                 nb.ShardingSpec(M, ["tp"])),
+                out_shardings=P(None, "tp"))
+    lowered = jf.lower(X, W, b)  # b: a numpy array, placed as in_shardings says (no communication)
+    got = jf(X, W, b)
+    # jax.jit with the same shardings
+    jm = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    jref = jax.jit(lambda x, w, b: jax.nn.relu(x @ w + b),
+                   in_shardings=(JNS(jm, P("dp", None)), JNS(jm, P(None, "tp")), JNS(jm, P("tp"))),
+                   out_shardings=JNS(jm, P(None, "tp")))(x, w, b)
+    np.testing.assert_allclose(got.numpy(), np.asarray(jref), rtol=1e-5, atol=1e-5)
+    assert got.to_jax().sharding.spec == jref.sharding.spec
+    assert [d.axes for d in got.sharding.dim_specs] == [(), ("tp",)] and not got.sharding.partial_axes
+    # x's move to [dp, -] (an all_gather over tp) and the result's to [-, tp] are in the program and its log
+    assert lowered.comm_log.events[0].kind == "all_gather" and lowered.comm_log.events[0].axes == ("tp",)
+    assert lowered.comm_log.events[-1].axes == ("dp",)
+    assert_hlo_is_the_log(lowered)
+    # one sharding for every argument; None leaves a value as it comes
+    g = nb.jit(lambda a, c: a * c, in_shardings=P("dp"), out_shardings=None)
+    r = g(X, nb.tensor(x).shard(M, [None, "tp"]))
+    assert [d.axes for d in r.sharding.dim_specs][0] == ("dp",)
+    np.testing.assert_allclose(r.numpy(), x * x, rtol=1e-6)
+    with pytest.raises(ShardingError, match="in_shardings has 1 entries but there are 2 arguments"):
+        nb.jit(lambda a, c: a, in_shardings=(P("dp"),))(X, X)
+    with pytest.raises(ShardingError, match="no mesh"):
+        nb.jit(lambda a: a, in_shardings=P("dp"))(x)
