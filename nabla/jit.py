@@ -7,13 +7,15 @@ re-planned, so the compiled program moves what the comm log says. Needs jax (``n
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from math import prod
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import backends, reshard, storage
+from . import trace as _trace
 from . import collectives as C
 from .autodiff import flatten, unflatten
 from .errors import ShardingError
@@ -23,7 +25,7 @@ from .mesh import AxisRef, DeviceMesh
 from .spec import ShardingSpec
 from .tensor import Tensor
 from .shard_map import SM_IN, SM_OUT, ManualSpec
-from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, topological, whole
+from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, topological, tracked, tracing_whole, whole
 
 
 def jit(fn: Callable | None = None, in_shardings: Any = None, out_shardings: Any = None) -> "Jitted":
@@ -71,7 +73,70 @@ class Jitted:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, tree = _flatten_call(args, kwargs)
+        if tracked(leaves):
+            if tracing_whole() or _INLINE.get():
+                # inside another trace (an outer nb.jit, nb.explain, ONNX export): the ops join that trace
+                return self._call(*unflatten(tree, leaves))
+            lowered = self._lowered(leaves, tree)
+            return lowered._differentiable(leaves)  # under nb.grad and friends: compiled, with a compiled VJP
         return self._lowered(leaves, tree)._run(leaves)
+
+
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_jit_inline", default=False)
+
+
+@contextlib.contextmanager
+def inlined() -> Iterator[None]:
+    """Jitted functions called inside run their ops into the caller's trace instead of compiling (for tools
+    that walk the trace op by op: ``nb.explain``, ONNX export)."""
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+class _JitCall:
+    """The op of a compiled call's results in an autodiff trace: output ``params[0]`` of the program, its
+    operands the call's tensor inputs. Its VJP is compiled too: ``nb.vjp`` of the same function, jitted."""
+
+    def __init__(self, lowered: "Lowered", leaves: list) -> None:
+        self.lowered = lowered
+        fn = getattr(lowered._fn, "__self__", None)
+        self.name = f"jit({getattr(getattr(fn, 'fn', None), '__name__', 'fn')})"
+        self.consts = [None if isinstance(x, Tensor) else x for x in leaves]  # the trace's constants
+        self.diff = tuple(i for i in lowered._inputs if leaves[i]._node is not None and leaves[i].dtype.kind in "fc")
+
+    def vjp(self, g: Tensor, node: Any, out: Tensor) -> tuple:
+        k = node.params[0]
+        bwd = self.lowered._backward.get((k, self.diff))
+        if bwd is None:
+            bwd = self.lowered._backward[(k, self.diff)] = Jitted(self._backward_fn(k))
+        tensors = list(node.args)
+        grads = bwd(tensors, g)
+        by_leaf = dict(zip(self.diff, grads))
+        return tuple(by_leaf.get(i) for i in self.lowered._inputs)
+
+    def _backward_fn(self, k: int) -> Callable:
+        from .autodiff import vjp
+        lowered, consts, diff, inputs = self.lowered, self.consts, self.diff, self.lowered._inputs
+
+        def backward(tensors: list, g: Tensor) -> tuple:
+            leaves = list(consts)
+            for i, t in zip(inputs, tensors):
+                leaves[i] = t
+
+            def f(*variables):
+                full = list(leaves)
+                for i, v in zip(diff, variables):
+                    full[i] = v
+                return flatten(lowered._fn(*unflatten(lowered._tree, full)))[0][k]
+
+            _, fn = vjp(f, *(leaves[i] for i in diff))
+            return tuple(fn(g))
+
+        backward.__name__ = f"d_{self.name}"
+        return backward
 
 
 def _is_sharding(x: Any) -> bool:
@@ -172,9 +237,15 @@ class Lowered:
                 twins.append(t)
             else:
                 twins.append(x)
-        with whole(), C.comm_log() as log:
-            out = fn(*unflatten(tree, twins))
-        self.comm_log = log
+        # a trace of its own: every op recorded (even when called from a backward pass, where recording is
+        # paused), its collectives in its own log only (an enclosing log sees them when the program runs)
+        rec, logs = _trace._recording.set(True), C._logs.set(())
+        try:
+            with whole(), C.comm_log() as log:
+                out = fn(*unflatten(tree, twins))
+        finally:
+            C._logs.reset(logs)
+            _trace._recording.reset(rec)
         outs, self._out_tree = flatten(out)
         for o in outs:
             if not isinstance(o, Tensor):
@@ -186,6 +257,8 @@ class Lowered:
             self._traced = self._program.jitted().trace(*self._program.avals())
         self.comm_log = _emitted(log, self._program.body.skipped)
         self._compiled = None
+        self._fn, self._tree = fn, tree
+        self._backward: dict = {}  # (output, differentiated inputs) -> the jitted VJP
 
     def compile(self):
         """The compiled XLA executable (compiled once, on first use)."""
@@ -207,7 +280,20 @@ class Lowered:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._run(_flatten_call(args, kwargs)[0])
 
+    def _differentiable(self, leaves: list) -> Any:
+        """The compiled call's results, each recording a node whose VJP runs a compiled backward pass."""
+        out = self._run(leaves)
+        outs, tree = flatten(out)
+        op = _JitCall(self, leaves)
+        args = tuple(leaves[i] for i in self._inputs)
+        for k, o in enumerate(outs):
+            o._node = Node(op, (k,), args)
+        return out
+
     def _run(self, leaves: list) -> Any:
+        if C.logging():  # the program's collectives, as it runs them
+            for e in self.comm_log.events:
+                C.record(e, e.op)
         fn = self.compile()
         with _x64():
             outs = fn(*self._program.inputs([leaves[i] for i in self._inputs]))

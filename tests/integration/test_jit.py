@@ -435,3 +435,58 @@ def test_in_and_out_shardings_take_named_shardings_partition_specs_and_sharding_
         nb.jit(lambda a, c: a, in_shardings=(P("dp"),))(X, X)
     with pytest.raises(ShardingError, match="no mesh"):
         nb.jit(lambda a: a, in_shardings=P("dp"))(x)
+
+
+def test_grad_through_a_jitted_function_equals_jax_grad_and_stays_compiled():
+    """nb.grad of a function that calls a jitted one: the forward runs compiled and its VJP is a compiled
+    nb.vjp of the same function (no zeros, as when results carried no trace record)."""
+    import jax.numpy as jnp
+
+    xv, w1, w2 = T(8, 16), T(16, 32, seed=1), T(32, 4, seed=2)
+    x = nb.tensor(xv).shard(M, ["dp", None])
+    params = {"w1": nb.tensor(w1).shard(M, [None, "tp"]), "w2": nb.tensor(w2).shard(M, ["tp", None])}
+
+    @nb.jit
+    def loss(p, x, scale=1.0):
+        h = nb.relu(x @ p["w1"]) @ p["w2"]
+        return (nb.tanh(h) ** 2).mean() * scale, h
+
+    def jloss(p, x):
+        h = jax.nn.relu(x @ p["w1"]) @ p["w2"]
+        return (jnp.tanh(h) ** 2).mean() * 2.0
+
+    want = jax.grad(jloss)({"w1": w1, "w2": w2}, xv)
+    (value, h), got = nb.value_and_grad(lambda p: loss(p, x, scale=2.0), has_aux=True)(params)
+    np.testing.assert_allclose(float(value), float(jloss({"w1": w1, "w2": w2}, xv)), rtol=1e-5)
+    for k in params:
+        assert got[k].sharding.dim_specs == params[k].sharding.dim_specs
+        np.testing.assert_allclose(got[k].numpy(), np.asarray(want[k]), rtol=1e-4, atol=1e-6)
+    (lowered,) = loss._cache.values()
+    assert len(lowered._backward) == 1  # the VJP is a jitted program too
+    # grad of the jitted function with respect to its input, and inside another nb.jit (inlined there)
+    gx = nb.grad(lambda x: loss(params, x)[0])(x)
+    np.testing.assert_allclose(gx.numpy(), np.asarray(jax.grad(lambda x: jloss({"w1": w1, "w2": w2}, x) / 2)(xv)),
+                               rtol=1e-4, atol=1e-6)
+    outer = nb.jit(lambda p: nb.grad(lambda p: loss(p, x, scale=2.0)[0])(p))
+    for k, g in outer(params).items():
+        np.testing.assert_allclose(g.numpy(), np.asarray(want[k]), rtol=1e-4, atol=1e-6)
+
+
+def test_tools_that_walk_the_trace_see_a_jitted_function_s_ops():
+    x = nb.tensor(T(8, 16)).shard(M, ["dp", None])
+    w = nb.tensor(T(16, 4, seed=1)).shard(M, [None, "tp"])
+    jf = nb.jit(lambda x, w: nb.tanh(x @ w).sum())
+    assert "matmul" in nb.explain(jf, x, w)
+    onnx_export = pytest.importorskip("nabla.onnx").export
+    pytest.importorskip("onnx")
+    assert [n.op_type for n in onnx_export(jf, x, w).graph.node][:1] == ["MatMul"]
+
+
+def test_an_open_comm_log_sees_the_program_s_collectives_at_every_call():
+    x = nb.tensor(T(16, 16)).shard(M, ["dp", "tp"])
+    jf = nb.jit(lambda x: x.with_sharding(M, [None, None]) * 2)
+    for _ in range(2):  # the first call traces and compiles, the second only runs: both log the same
+        with nb.comm_log() as log:
+            jf(x)
+        assert [(e.kind, e.axes, e.bytes) for e in log.events] == \
+            [(e.kind, e.axes, e.bytes) for e in jf.lower(x).comm_log.events]
