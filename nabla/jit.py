@@ -226,7 +226,7 @@ class Lowered:
     the inputs' shapes and layouts alone (no argument is kept), and compiled on first use."""
 
     def __init__(self, fn: Callable, leaves: list, tree: Any) -> None:
-        import jax
+        jax = backends.require_jax("nb.jit")
         backends.get("jax")  # jax arrays inside the trace are seen as jax's
         self._jax = jax
         twins = []

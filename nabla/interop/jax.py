@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import require_jax
 from ..errors import ShardingError
 from ..formats import to_partition_spec
 from ..mesh import DeviceMesh
@@ -37,7 +38,7 @@ def remember(mesh: DeviceMesh) -> DeviceMesh:
 @lru_cache(maxsize=256)
 def jax_mesh(mesh: DeviceMesh):
     """The ``jax.sharding.Mesh`` of ``mesh``: the same axes, device ``d`` being ``jax.devices()[d]``."""
-    import jax
+    jax = require_jax("to_jax")
     from jax.sharding import Mesh
 
     devices = jax.devices()
@@ -51,6 +52,7 @@ def jax_mesh(mesh: DeviceMesh):
 def jax_sharding(spec: ShardingSpec):
     """The concrete ``jax.sharding.NamedSharding`` of a layout: every dim closed (``None``, never
     ``UNCONSTRAINED``, which only a sharding constraint inside ``jit`` may hold)."""
+    require_jax("a jax NamedSharding")
     from jax.sharding import NamedSharding
 
     remember(spec.mesh)
@@ -58,7 +60,7 @@ def jax_sharding(spec: ShardingSpec):
 
 
 def to_jax(t: Any):
-    import jax
+    jax = require_jax("to_jax")
 
     spec = t.sharding
     if spec is None:
@@ -116,6 +118,11 @@ def _device_blocks(array: Any) -> dict[int, np.ndarray]:
 def from_jax(array: Any, mesh: DeviceMesh | None = None):
     from ..sharding import pad
     from ..tensor import Tensor
+
+    jax = require_jax("from_jax")
+    if not isinstance(array, jax.Array):
+        raise ShardingError(f"from_jax(array, mesh): expects a jax.Array, got {type(array).__name__} (for a numpy "
+                            f"array use nb.tensor(array).shard(mesh, dim_specs))")
 
     sharding = getattr(array, "sharding", None)
     pspec = getattr(sharding, "spec", None)

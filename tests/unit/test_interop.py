@@ -123,3 +123,43 @@ def test_from_jax_reads_unreduced_arrays_as_partial():
         r = nb.relu(t)
     assert log.counts == {"all_reduce": 1}
     np.testing.assert_allclose(r.numpy(), x @ w)
+
+
+def test_without_jax_every_jax_entry_point_says_how_to_install_it():
+    """jax is an optional extra: with it absent (simulated: sys.modules["jax"] = None), nb.jit, to_jax,
+    from_jax, from_process_local and distributed.initialize raise ShardingError with the install hint."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["jax"] = None  # import jax now fails, as when it is not installed
+        import numpy as np, nabla as nb
+        mesh = nb.DeviceMesh("m", (2,), ("x",))
+        t = nb.tensor(np.ones(4, np.float32)).shard(mesh, ["x"])
+        calls = {
+            "jit": lambda: nb.jit(lambda a: a * 2)(t),
+            "to_jax": lambda: t.to_jax(),
+            "from_jax": lambda: nb.from_jax(object()),
+            "from_process_local": lambda: nb.from_process_local(np.ones(4, np.float32), mesh, ["x"], (4,)),
+            "initialize": lambda: nb.distributed.initialize("localhost:1", 1, 0),
+            "named_sharding": lambda: nb.NamedSharding(mesh, ["x"]).to_jax(),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except nb.ShardingError as e:
+                assert "pip install 'nabla-spmd[jax]'" in str(e), (name, e)
+            else:
+                raise SystemExit(name + " did not raise")
+        assert (t * 2).numpy().tolist() == [2.0] * 4  # numpy nabla works without jax
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
+
+
+def test_from_jax_of_something_else_is_a_sharding_error():
+    _jax8()
+    with pytest.raises(ShardingError, match="expects a jax.Array, got object"):
+        nb.from_jax(object())
+    with pytest.raises(ShardingError, match="expects a jax.Array, got ndarray"):
+        nb.from_jax(np.ones(3))
