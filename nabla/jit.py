@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import weakref
 from math import prod
 from typing import Any, Callable, Iterator
 
@@ -340,6 +341,7 @@ class _Program:
         self.outs = outs
         self.order = topological(outs)
         self.consts: list[tuple[Any, Any]] = []  # (value, spec it is placed with): extra inputs
+        self._targets = self._const_arrays = None  # their jax shardings, the constants on their devices
         self._const_index: dict = {}
         mesh = self._mesh()
         self.mesh = mesh
@@ -395,8 +397,8 @@ class _Program:
         data = v._data
         if data is None:
             raise ShardingError("jit: an abstract tensor (nb.abstract) cannot be run; call .lower(...) to plan only")
-        g = grid(spec, self.cuts)
-        return data.reshape(g.shape + data.shape[len(grid(spec).shape):])
+        shape = grid(spec, self.cuts).shape + data.shape[len(grid(spec).shape):]
+        return data if data.shape == shape else data.reshape(shape)
 
     def const(self, value: Any, spec: ShardingSpec | None) -> int:
         key = (id(value), spec)
@@ -406,22 +408,33 @@ class _Program:
         return self._const_index[key]
 
     def inputs(self, leaves: list) -> list:
+        """The jax global arrays of the arguments' blocks, then the constants'. A numpy-backed tensor's device
+        copy is made once and reused while its (immutable) blocks live; blocks already on their devices (a
+        previous call's results, data loaded per process) are used as they are."""
         import jax
         from jax.sharding import NamedSharding
+        if self._targets is None:
+            self._targets = [NamedSharding(self.jmesh, self.pspec(t.sharding, t.ndim)) for t in self.twins]
         arrays = []
-        for t, x in zip(self.twins, leaves):
-            if not isinstance(x, Tensor) or x.sharding != t.sharding or x.shape != t.shape:
+        for t, x, target in zip(self.twins, leaves, self._targets):
+            if not isinstance(x, Tensor) or (x._spec is not t._spec and x._spec != t._spec) or x._shape != t._shape:
                 raise ShardingError(f"jit: expected a tensor of shape {t.shape} laid out {t.sharding!r}")
-            target = NamedSharding(self.jmesh, self.pspec(x.sharding, x.ndim))
-            arr = self.global_array(x, x.sharding)
-            if isinstance(arr, jax.Array) and arr.sharding.is_equivalent_to(target, arr.ndim):
-                arrays.append(arr)  # already on its devices (e.g. loaded per process)
-            else:
-                arrays.append(jax.device_put(arr, target))
-        for value, spec in self.consts:
-            arrays.append(jax.device_put(self.global_array(value, spec),
-                                         NamedSharding(self.jmesh, self.pspec(spec, len(value._shape)))))
-        return arrays
+            data = x._data
+            if data is None:
+                raise ShardingError("jit: an abstract tensor (nb.abstract) cannot be run; call .lower(...) to plan "
+                                    "only")
+            if isinstance(data, jax.Array):
+                arr = self.global_array(x, x.sharding)
+                if arr.sharding is target or arr.sharding.is_equivalent_to(target, arr.ndim):
+                    arrays.append(arr)  # already on its devices
+                else:
+                    arrays.append(jax.device_put(arr, target))
+                continue
+            arrays.append(_device_copy(data, lambda x=x: self.global_array(x, x.sharding), target))
+        if self._const_arrays is None:
+            self._const_arrays = [jax.device_put(self.global_array(value, spec), NamedSharding(
+                self.jmesh, self.pspec(spec, len(value._shape)))) for value, spec in self.consts]
+        return arrays + self._const_arrays
 
     def avals(self) -> list:
         """The jax global arrays ``inputs`` gives, as shapes, dtypes and shardings (to trace without data)."""
@@ -442,8 +455,8 @@ class _Program:
             if o.sharding is None:
                 out.append(Tensor(np.asarray(a).reshape(o.shape), None, o.shape, o.dtype))
                 continue
-            g = grid(o.sharding)
-            out.append(Tensor(a.reshape(g.shape + a.shape[len(self.atoms):]), o.sharding, o.shape, o.dtype))
+            shape = grid(o.sharding).shape + a.shape[len(self.atoms):]
+            out.append(Tensor(a if a.shape == shape else a.reshape(shape), o.sharding, o.shape, o.dtype))
         return out
 
     def jitted(self):
@@ -454,6 +467,24 @@ class _Program:
         fn = jax.shard_map(self.body, mesh=self.jmesh, in_specs=in_specs, out_specs=out_specs,
                            check_vma=False)
         return jax.jit(fn)
+
+
+_DEVICE_COPIES: dict[int, tuple] = {}  # id of numpy blocks -> (weak reference to them, jax sharding, jax array)
+
+
+def _device_copy(data: Any, make: Callable[[], Any], target: Any) -> Any:
+    """``make()`` (a global array of ``data``) on its devices as ``target``, reusing the copy made for the same
+    read-only blocks before (they cannot change: tensors are immutable); the copy is dropped with them."""
+    import jax
+    key = id(data)
+    hit = _DEVICE_COPIES.get(key)
+    if hit is not None and hit[0]() is data and (hit[1] is target or hit[1] == target):
+        return hit[2]
+    arr = jax.device_put(make(), target)
+    if isinstance(data, np.ndarray) and not data.flags.writeable:
+        ref = weakref.ref(data, lambda _, key=key: _DEVICE_COPIES.pop(key, None))
+        _DEVICE_COPIES[key] = (ref, target, arr)
+    return arr
 
 
 class _Device:

@@ -431,3 +431,28 @@ def test_an_open_comm_log_sees_the_program_s_collectives_at_every_call():
             jf(x)
         assert [(e.kind, e.axes, e.bytes) for e in log.events] == \
             [(e.kind, e.axes, e.bytes) for e in jf.lower(x).comm_log.events]
+
+
+def test_a_call_does_not_transfer_unchanged_inputs_again(monkeypatch):
+    """A numpy-backed tensor's blocks go to the devices once (tensors are immutable); the copy lives as long as
+    the tensor's blocks, and results fed back in are used where they are."""
+    import gc
+
+    J = sys.modules["nabla.jit"]  # the module (nb.jit is the function)
+    x = nb.tensor(T(16, 16)).shard(M, ["dp", "tp"])
+    w = nb.tensor(T(16, 16, seed=1)).shard(M, [None, "tp"])
+    f = nb.jit(lambda x, w: (nb.relu(x @ w), w * 0.5))
+    f(x, w)
+    puts = []
+    real = jax.device_put
+    monkeypatch.setattr(jax, "device_put", lambda *a, **k: (puts.append(1), real(*a, **k))[1])
+    y, w2 = f(x, w)
+    y, w3 = f(x, w2)  # a result fed back: already on its devices
+    assert puts == []
+    np.testing.assert_allclose(w3.numpy(), w.numpy() * 0.25, rtol=1e-6)
+    f(nb.tensor(T(16, 16, seed=2)).shard(M, ["dp", "tp"]), w)  # new blocks: transferred
+    assert len(puts) == 1
+    n = len(J._DEVICE_COPIES)
+    del x
+    gc.collect()
+    assert len(J._DEVICE_COPIES) < n  # the copy went with the blocks
