@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import backends, reshard, storage
-from . import trace as _trace
 from . import collectives as C
+from . import trace as _trace
 from .autodiff import flatten, unflatten
 from .errors import ShardingError
 from .executor import Local, Value
@@ -227,9 +227,8 @@ class Lowered:
     the inputs' shapes and layouts alone (no argument is kept), and compiled on first use."""
 
     def __init__(self, fn: Callable, leaves: list, tree: Any) -> None:
-        jax = backends.require_jax("nb.jit")
+        backends.require_jax("nb.jit")
         backends.get("jax")  # jax arrays inside the trace are seen as jax's
-        self._jax = jax
         twins = []
         for x in leaves:
             if isinstance(x, Tensor):

@@ -18,7 +18,7 @@ from nabla import DeviceMesh, ShardingError, optim  # noqa: E402
 from nabla.testing import assert_sharded_allclose, programs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jit_check import assert_hlo_is_the_log, hlo_collectives  # noqa: E402,F401
+from jit_check import assert_hlo_is_the_log  # noqa: E402
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 jax devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set in conftest)",
