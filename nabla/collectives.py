@@ -15,6 +15,7 @@ import numpy as np
 
 from .backends import xp
 from .cost import current as current_cost_model
+from .errors import ShardingError
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,12 @@ class Collective:
     """One kind of move. ``ring_bytes(B, k)``: bytes each device sends for a local block of ``B`` bytes
     over a group of ``k``; ``ring_steps(k)``: its latency steps; ``transpose``: the kind whose move is
     this one's linear transpose (what the backward pass of this move does); ``move(x, G, step, reduce_op)``
-    carries out a planned step on stored blocks with ``G`` grid axes in front."""
+    carries out a planned step on stored blocks with ``G`` grid axes in front; ``lower(x, step, ctx)`` is its
+    ``jax.lax`` twin for ``nb.jit``: the same step on one device's block inside ``jax.shard_map``, where ``ctx``
+    gives ``lax`` and ``xp`` (jax.numpy), ``names`` (the jax mesh axes of the step's atoms), ``k`` (their
+    group size), ``index()`` (this device's position along them), ``fit(x, axis, n)`` (trim or zero-pad a
+    dim), ``reduce_op`` and ``exchange(x, src, dst)`` (a general exchange as ppermute rounds). A kind
+    without ``lower`` runs eagerly but cannot be compiled."""
 
     name: str
     ring_bytes: Callable[[int, int], int]
@@ -30,6 +36,7 @@ class Collective:
     transpose: str
     move: Callable[..., Any]
     local: bool = False  # no data leaves a device (not logged)
+    lower: Callable[..., Any] | None = None  # its jax.lax twin inside nb.jit's shard_map
 
 
 REGISTRY: dict[str, Collective] = {}
@@ -175,12 +182,54 @@ def _collective_permute(x, G, s, reduce_op):
     return x
 
 
-register(Collective("slice", lambda B, k: 0, lambda k: 0, "local_pad", _slice, local=True))
-register(Collective("all_gather", lambda B, k: (k - 1) * B, lambda k: k - 1, "reduce_scatter", _all_gather))
-register(Collective("all_reduce", lambda B, k: 2 * (k - 1) * B // k, lambda k: 2 * (k - 1), "all_reduce", _all_reduce))
-register(Collective("reduce_scatter", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_gather", _reduce_scatter))
-register(Collective("all_to_all", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_to_all", _all_to_all))
-register(Collective("collective_permute", lambda B, k: B, lambda k: 1, "collective_permute", _collective_permute))
+# ---- their jax.lax twins (nb.jit lowers each planned step to one, on each device's block) -------------
+
+
+def _lower_slice(x, s, ctx):
+    x = ctx.fit(x, s.dst, ctx.k * s.dst_chunk)
+    return ctx.lax.dynamic_slice_in_dim(x, ctx.index() * s.dst_chunk, s.dst_chunk, axis=s.dst)
+
+
+def _lower_all_gather(x, s, ctx):
+    return ctx.fit(ctx.lax.all_gather(x, ctx.names, axis=s.src, tiled=True), s.src, s.src_chunk)
+
+
+def _lower_all_reduce(x, s, ctx):
+    return {"sum": ctx.lax.psum, "max": ctx.lax.pmax, "min": ctx.lax.pmin}[ctx.reduce_op](x, ctx.names)
+
+
+def _lower_reduce_scatter(x, s, ctx):
+    x = ctx.fit(x, s.dst, ctx.k * s.dst_chunk)
+    if ctx.reduce_op == "sum":
+        return ctx.lax.psum_scatter(x, ctx.names, scatter_dimension=s.dst, tiled=True)
+    x = {"max": ctx.lax.pmax, "min": ctx.lax.pmin}[ctx.reduce_op](x, ctx.names)
+    return ctx.lax.dynamic_slice_in_dim(x, ctx.index() * s.dst_chunk, s.dst_chunk, axis=s.dst)
+
+
+def _lower_all_to_all(x, s, ctx):
+    x = ctx.fit(x, s.dst, ctx.k * s.dst_chunk)
+    x = ctx.lax.all_to_all(x, ctx.names, split_axis=s.dst, concat_axis=s.src, tiled=True)
+    return ctx.fit(x, s.src, s.src_chunk)
+
+
+def _lower_collective_permute(x, s, ctx):
+    if s.exchange:
+        return ctx.exchange(x, *s.exchange)
+    raise ShardingError("jit: a collective_permute to another device order (a move between two meshes) cannot "
+                        "be compiled: nb.jit runs on one jax mesh; keep one mesh inside the function")
+
+
+register(Collective("slice", lambda B, k: 0, lambda k: 0, "local_pad", _slice, local=True, lower=_lower_slice))
+register(Collective("all_gather", lambda B, k: (k - 1) * B, lambda k: k - 1, "reduce_scatter", _all_gather,
+                    lower=_lower_all_gather))
+register(Collective("all_reduce", lambda B, k: 2 * (k - 1) * B // k, lambda k: 2 * (k - 1), "all_reduce", _all_reduce,
+                    lower=_lower_all_reduce))
+register(Collective("reduce_scatter", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_gather", _reduce_scatter,
+                    lower=_lower_reduce_scatter))
+register(Collective("all_to_all", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_to_all", _all_to_all,
+                    lower=_lower_all_to_all))
+register(Collective("collective_permute", lambda B, k: B, lambda k: 1, "collective_permute", _collective_permute,
+                    lower=_lower_collective_permute))
 
 
 # ---- the comm log --------------------------------------------------------------------------------------

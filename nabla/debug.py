@@ -534,7 +534,8 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
             tw = _twin(v)
             table[id(v)] = tw
             names[id(tw)] = name
-    with C.comm_log() as log, whole():  # backward passes inside fn (nb.grad) are recorded too
+    from .jit import inlined  # a jitted function's ops are explained one by one
+    with C.comm_log() as log, whole(), inlined():  # backward passes inside fn (nb.grad) are recorded too
         out = fn(*_replace_leaves(args, table), **_replace_leaves(kwargs, table))
     outs = [o for _, o in _named_leaves(lambda *a: None, (out,), {}) if isinstance(o, Tensor)]
     order = _program_order(outs)

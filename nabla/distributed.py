@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .backends import require_jax
 from .errors import ShardingError
 from .mesh import DeviceMesh
 from .spec import ShardingSpec
@@ -24,10 +25,7 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
     if local_device_count is not None:
         flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(local_device_count)}".strip()
-    try:
-        import jax
-    except ImportError:
-        raise ShardingError("distributed.initialize needs jax: pip install 'nabla-spmd[jax]'") from None
+    jax = require_jax("nb.distributed.initialize")
     if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
@@ -35,18 +33,18 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
 
 
 def process_index() -> int:
-    import jax
+    jax = require_jax("nb.distributed.process_index")
     return jax.process_index()
 
 
 def process_count() -> int:
-    import jax
+    jax = require_jax("nb.distributed.process_count")
     return jax.process_count()
 
 
 def local_devices(mesh: DeviceMesh) -> list[int]:
     """The mesh's devices this process owns (mesh device ids)."""
-    import jax
+    jax = require_jax("nb.distributed.local_devices")
     mine = {d.id for d in jax.local_devices()}
     devices = jax.devices()
     return [d for d in mesh.devices if devices[d].id in mine]
@@ -56,7 +54,7 @@ def from_process_local(local: Any, mesh: DeviceMesh, dim_specs: Sequence[Any], g
     """A sharded tensor of ``global_shape`` from the part of it this process holds: ``local`` is the box of the
     global value that covers the blocks of this process's devices (each process loads only its data, as
     ``jax.make_array_from_process_local_data``). Its blocks go straight to this process's devices."""
-    import jax
+    jax = require_jax("from_process_local")
     from .backends.jax import atom_sharding
     from .layout import chunks, grid, grid_index
 
@@ -99,7 +97,7 @@ def gather(t: Tensor) -> np.ndarray:
 
 def local_blocks(t: Tensor) -> dict[int, np.ndarray]:
     """Device id -> block, for the devices of ``t``'s mesh this process owns (no communication)."""
-    import jax
+    jax = require_jax("nb.distributed.local_blocks")
     if t.sharding is None:
         return {0: t.numpy()}
     from .layout import grid, grid_index

@@ -315,7 +315,7 @@ def to_partition_spec(spec: ShardingSpec) -> Any:
 def _jax_pspec() -> Any:
     """jax's ``PartitionSpec`` class if jax is already imported, else ``None``: a ``PartitionSpec`` (or its
     ``UNCONSTRAINED``) cannot exist before jax is imported, so nabla never imports jax to recognise one."""
-    if "jax" not in sys.modules:
+    if sys.modules.get("jax") is None:  # not imported (or blocked: None)
         return None
     from jax.sharding import PartitionSpec
     return PartitionSpec

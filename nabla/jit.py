@@ -7,14 +7,17 @@ re-planned, so the compiled program moves what the comm log says. Needs jax (``n
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import weakref
 from math import prod
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import backends, reshard, storage
 from . import collectives as C
+from . import trace as _trace
 from .autodiff import flatten, unflatten
 from .errors import ShardingError
 from .executor import Local, Value
@@ -23,33 +26,187 @@ from .mesh import AxisRef, DeviceMesh
 from .spec import ShardingSpec
 from .tensor import Tensor
 from .shard_map import SM_IN, SM_OUT, ManualSpec
-from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, topological, whole
+from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, topological, tracked, tracing_whole, whole
 
 
-def jit(fn: Callable) -> "Jitted":
-    """Compile ``fn`` (called with tensors, or pytrees of them) through shard_map and jax.jit."""
-    return Jitted(fn)
+def jit(fn: Callable | None = None, in_shardings: Any = None, out_shardings: Any = None) -> "Jitted":
+    """Compile ``fn`` (called with tensors, or pytrees of them) through shard_map and jax.jit.
+
+    ``in_shardings`` / ``out_shardings``, as jax.jit's: a pytree prefix of the positional arguments (of the
+    result), each entry a ``nb.NamedSharding``, a ``ShardingSpec``, a JAX ``PartitionSpec`` (on the mesh of
+    the value it applies to, or the function's mesh) or None (left as it comes). Inputs are laid out so
+    inside the program (a reshard, logged; a host value or array is placed, no communication), results
+    leave the program so. Usable as a decorator, with or without arguments."""
+    if fn is None:
+        return lambda f: Jitted(f, in_shardings, out_shardings)
+    return Jitted(fn, in_shardings, out_shardings)
 
 
 class Jitted:
-    """``nb.jit(fn)``: call it like ``fn``; ``.lower(*args)`` gives the compiled program and its comm log."""
+    """``nb.jit(fn)``: call it like ``fn`` (positional and keyword arguments); ``.lower(*args, **kwargs)`` gives
+    the compiled program and its comm log. Tensors and numpy arrays (and jax arrays) are the program's inputs;
+    other arguments (Python numbers, strings, ...) are constants of the trace, which is made again for each
+    new value (as jax.jit's static arguments)."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, in_shardings: Any = None, out_shardings: Any = None) -> None:
         self.fn = fn
+        self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
-    def lower(self, *args: Any) -> "Lowered":
-        leaves, tree = flatten(args)
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        if self.in_shardings is not None:
+            args = _constrain(args, self.in_shardings, "in_shardings", _meshes_of((args, kwargs)), True)
+        out = self.fn(*args, **kwargs)
+        if self.out_shardings is not None:
+            out = _constrain(out, self.out_shardings, "out_shardings", _meshes_of((args, kwargs, out)), False)
+        return out
+
+    def lower(self, *args: Any, **kwargs: Any) -> "Lowered":
+        return self._lowered(*_flatten_call(args, kwargs))
+
+    def _lowered(self, leaves: list, tree: Any) -> "Lowered":
         key = (tree, tuple(_signature(x) for x in leaves))
-        if key not in self._cache:
-            self._cache[key] = Lowered(self.fn, leaves, tree)
-        lowered = self._cache[key]
-        lowered._example = args
+        lowered = self._cache.get(key)
+        if lowered is None:
+            lowered = self._cache[key] = Lowered(self._call, leaves, tree)
         return lowered
 
-    def __call__(self, *args: Any) -> Any:
-        return self.lower(*args)(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, tree = _flatten_call(args, kwargs)
+        if tracked(leaves):
+            if tracing_whole() or _INLINE.get():
+                # inside another trace (an outer nb.jit, nb.explain, ONNX export): the ops join that trace
+                return self._call(*unflatten(tree, leaves))
+            lowered = self._lowered(leaves, tree)
+            return lowered._differentiable(leaves)  # under nb.grad and friends: compiled, with a compiled VJP
+        return self._lowered(leaves, tree)._run(leaves)
+
+
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_jit_inline", default=False)
+
+
+@contextlib.contextmanager
+def inlined() -> Iterator[None]:
+    """Jitted functions called inside run their ops into the caller's trace instead of compiling (for tools
+    that walk the trace op by op: ``nb.explain``, ONNX export)."""
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+class _JitCall:
+    """The op of a compiled call's results in an autodiff trace: output ``params[0]`` of the program, its
+    operands the call's tensor inputs. Its VJP is compiled too: ``nb.vjp`` of the same function, jitted."""
+
+    def __init__(self, lowered: "Lowered", leaves: list) -> None:
+        self.lowered = lowered
+        fn = getattr(lowered._fn, "__self__", None)
+        self.name = f"jit({getattr(getattr(fn, 'fn', None), '__name__', 'fn')})"
+        self.consts = [None if isinstance(x, Tensor) else x for x in leaves]  # the trace's constants
+        self.diff = tuple(i for i in lowered._inputs if leaves[i]._node is not None and leaves[i].dtype.kind in "fc")
+
+    def vjp(self, g: Tensor, node: Any, out: Tensor) -> tuple:
+        k = node.params[0]
+        bwd = self.lowered._backward.get((k, self.diff))
+        if bwd is None:
+            bwd = self.lowered._backward[(k, self.diff)] = Jitted(self._backward_fn(k))
+        tensors = list(node.args)
+        grads = bwd(tensors, g)
+        by_leaf = dict(zip(self.diff, grads))
+        return tuple(by_leaf.get(i) for i in self.lowered._inputs)
+
+    def _backward_fn(self, k: int) -> Callable:
+        from .autodiff import vjp
+        lowered, consts, diff, inputs = self.lowered, self.consts, self.diff, self.lowered._inputs
+
+        def backward(tensors: list, g: Tensor) -> tuple:
+            leaves = list(consts)
+            for i, t in zip(inputs, tensors):
+                leaves[i] = t
+
+            def f(*variables):
+                full = list(leaves)
+                for i, v in zip(diff, variables):
+                    full[i] = v
+                return flatten(lowered._fn(*unflatten(lowered._tree, full)))[0][k]
+
+            _, fn = vjp(f, *(leaves[i] for i in diff))
+            return tuple(fn(g))
+
+        backward.__name__ = f"d_{self.name}"
+        return backward
+
+
+def _is_sharding(x: Any) -> bool:
+    from .sharding import NamedSharding, _is_pspec
+    return x is None or isinstance(x, (NamedSharding, ShardingSpec)) or _is_pspec(x)
+
+
+def _meshes_of(tree: Any) -> set:
+    leaves, _ = flatten(tree)
+    return {x.sharding.mesh for x in leaves if isinstance(x, Tensor) and x.sharding is not None}
+
+
+def _constrain(tree: Any, shardings: Any, what: str, meshes: set, inputs: bool, path: str = "") -> Any:
+    """``tree`` with each leaf laid out as the entry of the prefix ``shardings`` that covers it."""
+    if _is_sharding(shardings):
+        if shardings is None:
+            return tree
+        leaves, t = flatten(tree)
+        return unflatten(t, [_lay_out(x, shardings, what, meshes, inputs, path) for x in leaves])
+    if isinstance(shardings, (tuple, list)) and isinstance(tree, (tuple, list)):
+        if len(shardings) != len(tree):
+            raise ShardingError(f"jit: {what}{path} has {len(shardings)} entries but there are {len(tree)} "
+                                f"{'arguments' if inputs and not path else 'values'} there")
+        items = [_constrain(x, s, what, meshes, inputs, f"{path}[{i}]") for i, (x, s) in enumerate(zip(tree, shardings))]
+        return type(tree)(items) if not hasattr(tree, "_fields") else type(tree)(*items)
+    if isinstance(shardings, dict) and isinstance(tree, dict):
+        if set(shardings) != set(tree):
+            raise ShardingError(f"jit: {what}{path} has keys {sorted(shardings)} but the value has {sorted(tree)}")
+        return {k: _constrain(v, shardings[k], what, meshes, inputs, f"{path}[{k!r}]") for k, v in tree.items()}
+    raise ShardingError(f"jit: {what}{path} must be a NamedSharding, ShardingSpec, PartitionSpec or None, or a "
+                        f"tuple/list/dict of them matching the {'arguments' if inputs else 'result'}; got "
+                        f"{type(shardings).__name__} for a {type(tree).__name__}")
+
+
+def _lay_out(x: Any, sharding: Any, what: str, meshes: set, inputs: bool, path: str) -> Any:
+    from .sharding import NamedSharding, to_spec
+    if not isinstance(x, Tensor):
+        if inputs:
+            return x  # a constant of the trace
+        raise ShardingError(f"jit: {what}{path} applies to a {type(x).__name__}, not a tensor")
+    if isinstance(sharding, (NamedSharding, ShardingSpec)):
+        spec = to_spec(sharding, None, x.ndim, op=f"jit {what}{path}")
+    else:  # a PartitionSpec: on the value's mesh, or the function's one mesh
+        mesh = x.sharding.mesh if x.sharding is not None else (next(iter(meshes)) if len(meshes) == 1 else None)
+        if mesh is None:
+            raise ShardingError(f"jit: {what}{path} is a PartitionSpec for a value on no mesh, and the function "
+                                f"uses {len(meshes)} meshes; give a nb.NamedSharding(mesh, spec)")
+        spec = to_spec(mesh, sharding, x.ndim, op=f"jit {what}{path}")
+    if x.sharding is None:
+        return x.shard(spec)
+    return x.with_sharding(spec)
+
+
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The leaves of a call (keyword arguments by name) with arrays as tensors, and the call's structure."""
+    leaves, tree = flatten((tuple(args), dict(sorted(kwargs.items()))))
+    return [_as_input(x) for x in leaves], tree
+
+
+def _as_input(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):  # an input (as jax.jit traces numpy arrays), not a constant
+        from .ops import tensor
+        return tensor(x)
+    if type(x).__module__.startswith(("jax", "jaxlib")) and hasattr(x, "sharding") and hasattr(x, "shape"):
+        from .interop.jax import from_jax
+        return from_jax(x)
+    return x
 
 
 def _signature(x: Any) -> Any:
@@ -58,18 +215,20 @@ def _signature(x: Any) -> Any:
     try:
         hash(x)
     except TypeError:
-        raise ShardingError(f"jit: arguments must be tensors or hashable constants, got {type(x).__name__}") from None
+        raise ShardingError(f"jit: an argument of type {type(x).__name__} is neither a tensor (or array) nor a "
+                            f"hashable constant; pass tensors, numpy arrays, Python numbers or strings, or pytrees "
+                            f"(dict, list, tuple) of them") from None
     return ("c", type(x), x)
 
 
 class Lowered:
     """One trace of ``fn`` and its compiled program: ``comm_log`` (nabla's planned collectives), ``as_text()``
-    (the compiled HLO), and calling it runs the program on jax devices."""
+    (the compiled HLO), and calling it runs the program on jax devices. The jax program is traced here, from
+    the inputs' shapes and layouts alone (no argument is kept), and compiled on first use."""
 
     def __init__(self, fn: Callable, leaves: list, tree: Any) -> None:
-        import jax
+        backends.require_jax("nb.jit")
         backends.get("jax")  # jax arrays inside the trace are seen as jax's
-        self._jax = jax
         twins = []
         for x in leaves:
             if isinstance(x, Tensor):
@@ -78,9 +237,15 @@ class Lowered:
                 twins.append(t)
             else:
                 twins.append(x)
-        with whole(), C.comm_log() as log:
-            out = fn(*unflatten(tree, twins))
-        self.comm_log = log
+        # a trace of its own: every op recorded (even when called from a backward pass, where recording is
+        # paused), its collectives in its own log only (an enclosing log sees them when the program runs)
+        rec, logs = _trace._recording.set(True), C._logs.set(())
+        try:
+            with whole(), C.comm_log() as log:
+                out = fn(*unflatten(tree, twins))
+        finally:
+            C._logs.reset(logs)
+            _trace._recording.reset(rec)
         outs, self._out_tree = flatten(out)
         for o in outs:
             if not isinstance(o, Tensor):
@@ -88,39 +253,80 @@ class Lowered:
                                     f"{type(o).__name__}")
         self._inputs = [i for i, x in enumerate(twins) if isinstance(x, Tensor)]
         self._program = _Program(twins, outs)
-        self._compiled = None
-
-    def _arrays(self, args: tuple) -> list:
-        leaves, _ = flatten(args)
-        return self._program.inputs([leaves[i] for i in self._inputs])
-
-    def compiled(self, args: tuple):
         with _x64():
-            arrays = self._arrays(args)
-            if self._compiled is None:
-                self._compiled = self._program.jitted().lower(*arrays).compile()
-        return self._compiled, arrays
+            self._traced = self._program.jitted().trace(*self._program.avals())
+        self.comm_log = _emitted(log, self._program.body.skipped)
+        self._compiled = None
+        self._fn, self._tree = fn, tree
+        self._backward: dict = {}  # (output, differentiated inputs) -> the jitted VJP
+
+    def compile(self):
+        """The compiled XLA executable (compiled once, on first use)."""
+        if self._compiled is None:
+            with _x64():
+                self._compiled = self._traced.lower().compile()
+        return self._compiled
+
+    def compiled(self, args: tuple, kwargs: dict | None = None) -> tuple:
+        """(the executable, ``args`` as the jax arrays it takes): to time the compiled program alone."""
+        leaves, _ = _flatten_call(args, kwargs or {})
+        with _x64():
+            return self.compile(), self._program.inputs([leaves[i] for i in self._inputs])
 
     def as_text(self, *args: Any) -> str:
-        """The compiled HLO (for the arguments this was lowered with, or ``args``)."""
-        return self.compiled(args or self._example)[0].as_text()
+        """The compiled HLO (one program per trace: any ``args`` of this signature give the same text)."""
+        return self.compile().as_text()
 
-    def __call__(self, *args: Any) -> Any:
-        fn, arrays = self.compiled(args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(_flatten_call(args, kwargs)[0])
+
+    def _differentiable(self, leaves: list) -> Any:
+        """The compiled call's results, each recording a node whose VJP runs a compiled backward pass."""
+        out = self._run(leaves)
+        outs, tree = flatten(out)
+        op = _JitCall(self, leaves)
+        args = tuple(leaves[i] for i in self._inputs)
+        for k, o in enumerate(outs):
+            o._node = Node(op, (k,), args)
+        return out
+
+    def _run(self, leaves: list) -> Any:
+        if C.logging():  # the program's collectives, as it runs them
+            for e in self.comm_log.events:
+                C.record(e, e.op)
+        fn = self.compile()
         with _x64():
-            outs = fn(*arrays)
+            outs = fn(*self._program.inputs([leaves[i] for i in self._inputs]))
         return unflatten(self._out_tree, self._program.outputs(outs))
+
+
+def _emitted(log: C.CommLog, skipped: list) -> C.CommLog:
+    """The trace's comm log without the events of moves the program does not make again: for each, the
+    latest logged event of the same kind, axes, bytes and group (a later use repeating an earlier move)."""
+    out = C.CommLog()
+    events = list(log.events)
+    for e in skipped:
+        for i in range(len(events) - 1, -1, -1):
+            f = events[i]
+            if f is not None and (f.kind, f.axes, f.bytes, f.group) == (e.kind, e.axes, e.bytes, e.group):
+                events[i] = None
+                break
+        else:
+            raise ShardingError(f"internal: jit skipped a repeated {e!r} the trace did not log")
+    out.events = [e for e in events if e is not None]
+    return out
 
 
 @contextlib.contextmanager
 def _x64():
-    """numpy's dtypes on jax: float64 and int64 stay 64-bit while compiling and running (restored after)."""
-    be = backends.get("jax")
-    token = be.enter()
-    try:
+    """numpy's dtypes on jax: float64 and int64 stay 64-bit while tracing, compiling and running. The switch is
+    jax's thread-local context (the global ``jax_enable_x64`` is never written), entered only when it is off."""
+    import jax
+    if jax.config.jax_enable_x64:
         yield
-    finally:
-        be.leave(token)
+        return
+    with jax.enable_x64(True):
+        yield
 
 
 # ---- the per-device program ---------------------------------------------------------------------------
@@ -134,6 +340,7 @@ class _Program:
         self.outs = outs
         self.order = topological(outs)
         self.consts: list[tuple[Any, Any]] = []  # (value, spec it is placed with): extra inputs
+        self._targets = self._const_arrays = None  # their jax shardings, the constants on their devices
         self._const_index: dict = {}
         mesh = self._mesh()
         self.mesh = mesh
@@ -158,6 +365,7 @@ class _Program:
         from .backends.jax import atom_mesh, atom_name
         self.jmesh = atom_mesh(mesh, self.atoms)
         self.names = tuple(atom_name(a) for a in self.atoms)
+        self.free, self.folded = _fold(self)  # values that read no input data: computed now, constant inputs
         self.body = _Body(self)  # finds the constants, which become inputs after the arguments
 
     def _mesh(self) -> DeviceMesh:
@@ -165,8 +373,11 @@ class _Program:
         for v in self.order:
             if v.sharding is not None:
                 meshes.add(v.sharding.mesh)
+        if not meshes:  # only host values: the program runs on one device (jax.devices()[0])
+            return DeviceMesh("host", (1,), ("host",))
         if len(meshes) != 1:
-            raise ShardingError(f"jit: the function must use exactly one mesh, it uses {len(meshes)}")
+            raise ShardingError(f"jit: the function uses {len(meshes)} meshes ({', '.join(map(repr, meshes))}); a "
+                                f"compiled program runs on one mesh: move values between meshes outside nb.jit")
         return meshes.pop()
 
     # -- layout of blocks as jax arrays --
@@ -185,8 +396,8 @@ class _Program:
         data = v._data
         if data is None:
             raise ShardingError("jit: an abstract tensor (nb.abstract) cannot be run; call .lower(...) to plan only")
-        g = grid(spec, self.cuts)
-        return data.reshape(g.shape + data.shape[len(grid(spec).shape):])
+        shape = grid(spec, self.cuts).shape + data.shape[len(grid(spec).shape):]
+        return data if data.shape == shape else data.reshape(shape)
 
     def const(self, value: Any, spec: ShardingSpec | None) -> int:
         key = (id(value), spec)
@@ -196,22 +407,46 @@ class _Program:
         return self._const_index[key]
 
     def inputs(self, leaves: list) -> list:
+        """The jax global arrays of the arguments' blocks, then the constants'. A numpy-backed tensor's device
+        copy is made once and reused while its (immutable) blocks live; blocks already on their devices (a
+        previous call's results, data loaded per process) are used as they are."""
         import jax
         from jax.sharding import NamedSharding
+        if self._targets is None:
+            self._targets = [NamedSharding(self.jmesh, self.pspec(t.sharding, t.ndim)) for t in self.twins]
         arrays = []
-        for t, x in zip(self.twins, leaves):
-            if not isinstance(x, Tensor) or x.sharding != t.sharding or x.shape != t.shape:
+        for t, x, target in zip(self.twins, leaves, self._targets):
+            if not isinstance(x, Tensor) or (x._spec is not t._spec and x._spec != t._spec) or x._shape != t._shape:
                 raise ShardingError(f"jit: expected a tensor of shape {t.shape} laid out {t.sharding!r}")
-            target = NamedSharding(self.jmesh, self.pspec(x.sharding, x.ndim))
-            arr = self.global_array(x, x.sharding)
-            if isinstance(arr, jax.Array) and arr.sharding.is_equivalent_to(target, arr.ndim):
-                arrays.append(arr)  # already on its devices (e.g. loaded per process)
-            else:
-                arrays.append(jax.device_put(arr, target))
-        for value, spec in self.consts:
-            arrays.append(jax.device_put(self.global_array(value, spec),
-                                         NamedSharding(self.jmesh, self.pspec(spec, len(value._shape)))))
-        return arrays
+            data = x._data
+            if data is None:
+                raise ShardingError("jit: an abstract tensor (nb.abstract) cannot be run; call .lower(...) to plan "
+                                    "only")
+            if isinstance(data, jax.Array):
+                arr = self.global_array(x, x.sharding)
+                if arr.sharding is target or arr.sharding.is_equivalent_to(target, arr.ndim):
+                    arrays.append(arr)  # already on its devices
+                else:
+                    arrays.append(jax.device_put(arr, target))
+                continue
+            arrays.append(_device_copy(data, lambda x=x: self.global_array(x, x.sharding), target))
+        if self._const_arrays is None:
+            self._const_arrays = [jax.device_put(self.global_array(value, spec), NamedSharding(
+                self.jmesh, self.pspec(spec, len(value._shape)))) for value, spec in self.consts]
+        return arrays + self._const_arrays
+
+    def avals(self) -> list:
+        """The jax global arrays ``inputs`` gives, as shapes, dtypes and shardings (to trace without data)."""
+        import jax
+        from jax.sharding import NamedSharding
+        out = []
+        for spec, shape, dtype in [(t.sharding, t.shape, t.dtype) for t in self.twins] + \
+                                  [(spec, v._shape, v._dtype) for v, spec in self.consts]:
+            g = (1,) * len(self.atoms) if spec is None else grid(spec, self.cuts).shape
+            block = tuple(shape) if spec is None else chunks(spec, shape)
+            out.append(jax.ShapeDtypeStruct(g + block, dtype,
+                                            sharding=NamedSharding(self.jmesh, self.pspec(spec, len(shape)))))
+        return out
 
     def outputs(self, arrays) -> list:
         out = []
@@ -219,8 +454,8 @@ class _Program:
             if o.sharding is None:
                 out.append(Tensor(np.asarray(a).reshape(o.shape), None, o.shape, o.dtype))
                 continue
-            g = grid(o.sharding)
-            out.append(Tensor(a.reshape(g.shape + a.shape[len(self.atoms):]), o.sharding, o.shape, o.dtype))
+            shape = grid(o.sharding).shape + a.shape[len(self.atoms):]
+            out.append(Tensor(a if a.shape == shape else a.reshape(shape), o.sharding, o.shape, o.dtype))
         return out
 
     def jitted(self):
@@ -231,6 +466,24 @@ class _Program:
         fn = jax.shard_map(self.body, mesh=self.jmesh, in_specs=in_specs, out_specs=out_specs,
                            check_vma=False)
         return jax.jit(fn)
+
+
+_DEVICE_COPIES: dict[int, tuple] = {}  # id of numpy blocks -> (weak reference to them, jax sharding, jax array)
+
+
+def _device_copy(data: Any, make: Callable[[], Any], target: Any) -> Any:
+    """``make()`` (a global array of ``data``) on its devices as ``target``, reusing the copy made for the same
+    read-only blocks before (they cannot change: tensors are immutable); the copy is dropped with them."""
+    import jax
+    key = id(data)
+    hit = _DEVICE_COPIES.get(key)
+    if hit is not None and hit[0]() is data and (hit[1] is target or hit[1] == target):
+        return hit[2]
+    arr = jax.device_put(make(), target)
+    if isinstance(data, np.ndarray) and not data.flags.writeable:
+        ref = weakref.ref(data, lambda _, key=key: _DEVICE_COPIES.pop(key, None))
+        _DEVICE_COPIES[key] = (ref, target, arr)
+    return arr
 
 
 class _Device:
@@ -346,10 +599,14 @@ class _Body:
         G = len(prog.atoms)
         strip = lambda a: a.reshape(a.shape[G:])  # noqa: E731 - each device's block without its grid
         env: dict[int, Any] = {}
-        for t, a in zip(prog.twins, arrays):
-            env[id(t)] = strip(a)
-        consts = [strip(a) for a in arrays[len(prog.twins):]]
-        moved: dict = {}
+        empty = lambda a: xp.zeros(a.shape[G:], a.dtype) if 0 in a.shape else strip(a)  # noqa: E731
+        for t, a in zip(prog.twins, arrays):  # a block with no elements holds nothing: not read (XLA would
+            env[id(t)] = empty(a)  # fold it to a constant, and an unread manual-computation input fails)
+        consts = [empty(a) for a in arrays[len(prog.twins):]]
+        live = _live(prog)
+        self.skipped = []  # events the trace logged for work the program does not do again
+        mover = _Mover(dev, self.skipped)
+        made: dict = {}  # (op, params, operands, layout) -> the value first made so (its canonical id)
 
         def value_of(a):
             if id(a) in env:
@@ -361,18 +618,40 @@ class _Body:
                 return env[id(a)]
             return consts[prog._const_index[(id(a), None)]]
 
+        def same_as(v, key) -> bool:
+            """Whether an equal value (the same op of the same operands, in the same layout) was made already:
+            then ``v`` is that value (XLA would merge the two computations, their collectives included)."""
+            first = made.setdefault(key, v)
+            if first is v:
+                return False
+            mover.alias(v, first)
+            env[id(v)] = env[id(first)]
+            return True
+
         for v in prog.order:
             node = v._node
+            if id(v) in prog.free or id(v) not in live:
+                # computed before (a constant input), or read by nothing: what eager moved for it is skipped
+                if node.op == RELAYOUT:
+                    mover.move(node.args[0], value_of, node.args[0]._spec, node.params[0], node.prog, dry=True)
+                elif node.op not in (LEAF, PLACE) and node.prog is not None:
+                    _lower_operands(node, value_of, host_of, mover, dev, dry=True)
+                    if node.prog.post is not None:
+                        self.skipped += node.prog.post.events
+                if id(v) in prog.folded:
+                    val = prog.folded[id(v)]
+                    env[id(v)] = consts[prog._const_index[(id(val), val._spec)]]
+                continue
             if node.op == LEAF:
                 if node.args:  # a differentiation variable made from a traced value: the same blocks
                     env[id(v)] = value_of(node.args[0])
+                    mover.alias(v, node.args[0])
                 continue
             if node.op == RELAYOUT:
                 a = node.args[0]
-                x = _lower_plan(value_of(a), node.prog, a._shape, dev)
-                if a._spec.partial_axes:
-                    moved[(id(a), node.params[0].layout())] = x
-                env[id(v)] = x
+                x = mover.move(a, value_of, a._spec, node.params[0], node.prog)
+                if not same_as(v, (RELAYOUT, mover.cid(a), node.params[0].layout())):
+                    env[id(v)] = x
                 continue
             if node.op == PLACE:
                 env[id(v)] = _place_local(host_of(node.args[0]), node.params[0], dev)
@@ -393,7 +672,16 @@ class _Body:
                 arrays_ = [host_of(a) if isinstance(a, Value) else a for a in node.args]
                 env[id(v)] = xp.asarray(node.op.kernel(arrays_, Local(0, v.shape, node.params)))
                 continue
-            env[id(v)] = _lower_op(v, node, value_of, host_of, moved, dev)
+            key = _op_key(node, mover)
+            if key is not None and key in made:
+                _lower_operands(node, value_of, host_of, mover, dev, dry=True)  # what eager moved for it
+                if node.prog.post is not None:
+                    self.skipped += node.prog.post.events
+                same_as(v, key)
+                continue
+            env[id(v)] = _lower_op(v, node, value_of, host_of, mover, dev)
+            if key is not None:
+                made[key] = v
         outs = []
         for o in prog.outs:
             x = env[id(o)] if id(o) in env else value_of(o)
@@ -401,10 +689,152 @@ class _Body:
         return tuple(outs)
 
 
-def _lower_op(v, node, value_of, host_of, moved, dev):
+def _fold(prog) -> tuple[set[int], dict[int, Any]]:
+    """Values that depend on no input data (made only from tensors without elements, and constants) are
+    computed here, eagerly, and enter the program as constants: XLA would fold them, collectives included,
+    and the comm log could not say which. Returns id of each such value -> its value, for those the rest
+    of the program (or the output) reads; they are registered as constants. Returns the ids of every such
+    value, and that map."""
+    from . import executor
+    free: dict[int, Any] = {}
+    for v in prog.order:
+        node = v._node
+        if node.op in (SM_IN, SM_OUT) or node.prog == "manual":
+            continue
+        empty = 0 in v.shape
+        if node.op == LEAF and not node.args:
+            if empty:
+                free[id(v)] = _zeros_as(v)
+            continue
+        args = [a for a in node.args if isinstance(a, Value)]
+        if not empty and not all(id(a) in free or (a._node is None and 0 in a._shape) for a in args):
+            continue
+        if empty:
+            free[id(v)] = _zeros_as(v)
+            continue
+        real = [free.get(id(a), _zeros_as(a) if isinstance(a, Value) and a._node is None else a) for a in node.args]
+        token = C._logs.set(())  # computed, not communicated: nothing is logged
+        try:
+            if node.op == LEAF:
+                out = real[0]
+            elif node.op == RELAYOUT:
+                out = executor.relayout(real[0], node.params[0])
+            elif node.op == PLACE:
+                out = executor.place(real[0], node.params[0])
+            else:
+                out = executor.run(node.op, real, node.params)
+        finally:
+            C._logs.reset(token)
+        if out._spec != v._spec or out._shape != v._shape:
+            continue
+        free[id(v)] = out
+    if not free:
+        return set(), {}
+    read = {id(o) for o in prog.outs}
+    for v in prog.order:
+        if id(v) not in free:
+            read.update(id(a) for a in v._node.args if isinstance(a, Value))
+    folded = {i: free[i] for i in free if i in read}
+    for val in folded.values():
+        prog.const(val, val._spec)
+    return set(free), folded
+
+
+def _zeros_as(v) -> Value:
+    """A value of ``v``'s shape, dtype and layout holding zeros (what a tensor without elements holds)."""
+    data = np.zeros(v._shape, v._dtype)
+    if v._spec is None:
+        return Value(data, None, v._shape, v._dtype)
+    return Value(storage._place(data, v._spec), v._spec, v._shape, v._dtype)
+
+
+def _live(prog) -> set[int]:
+    """The values the outputs read at run time (a value computed before, a constant input, reads nothing)."""
+    live = {id(o) for o in prog.outs}
+    for v in reversed(prog.order):
+        if id(v) in live and id(v) not in prog.free:
+            live.update(id(a) for a in v._node.args if isinstance(a, Value))
+    return live
+
+
+def _op_key(node, mover) -> tuple | None:
+    """What makes an op's result: the op, its params, its operands (by canonical value, or the scalar) and
+    the layout it is made in. None when it cannot be compared (unhashable params)."""
+    args = []
+    for a in node.args:
+        if isinstance(a, Value):
+            args.append(("v", mover.cid(a)))
+        elif isinstance(a, (bool, int, float, complex, np.generic)):
+            args.append(("c", type(a), a))
+        else:
+            return None
+    key = (node.op, node.params, tuple(args), node.prog.result.layout())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Mover:
+    """Moves of traced values, each made once per (value, layout): a value is immutable, so a second use that
+    needs it in the same layout takes the first move's blocks (XLA would merge the two identical collectives
+    anyway; making it once here keeps the comm log equal to what is emitted). ``skipped`` collects the events
+    the trace logged for moves not made again: eager nabla moves a value again at each use, except a pending
+    sum, which it makes once per value."""
+
+    def __init__(self, dev, skipped: list) -> None:
+        self.dev = dev
+        self.skipped = skipped
+        self.memo: dict = {}
+        self.canon: dict[int, int] = {}  # id of a value -> id of the equal value first made
+        self.summed: set = set()  # (id of a value, layout): a pending sum eager made (and logged) once
+
+    def cid(self, a) -> int:
+        return self.canon.get(id(a), id(a))
+
+    def alias(self, v, first) -> None:
+        self.canon[id(v)] = self.cid(first)
+
+    def move(self, a, value_of, src: ShardingSpec, dst: ShardingSpec, plan: reshard.Plan | None = None,
+             op: str = "sum", dry: bool = False):
+        """``a`` (laid out ``src``: its own spec, or a layout it was already moved to) as laid out ``dst``.
+        ``dry``: the use belongs to a value made already; nothing is emitted (what eager logged is skipped)."""
+        layout = dst.layout()
+        key = (self.cid(a), layout)
+        logged = True
+        if src.partial_axes:  # eager sums a value once per target layout
+            logged = (id(a), layout) not in self.summed
+            self.summed.add((id(a), layout))
+        if dry or key in self.memo:
+            if logged:
+                if plan is None:
+                    plan = reshard.plan(a._shape, a._dtype.itemsize, src, dst)
+                self.skipped += plan.events
+            return None if dry else self.memo[key]
+        if plan is None:
+            plan = reshard.plan(a._shape, a._dtype.itemsize, src, dst)
+        x = value_of(a) if src.layout() == a._spec.layout() else self.memo[(self.cid(a), src.layout())]
+        x = _lower_plan(x, plan, a._shape, self.dev, op, dst, self.skipped)
+        self.memo[key] = x
+        return x
+
+    def prepared(self, a, key: tuple, make: Callable, events: tuple, dry: bool = False):
+        """An operand after what its use does to it (masks, factor steps), made once per value and use kind."""
+        key = (self.cid(a),) + key
+        if dry or key in self.memo:
+            self.skipped += events
+            return None if dry else self.memo[key]
+        x = self.memo[key] = make()
+        return x
+
+
+def _lower_operands(node, value_of, host_of, mover, dev, dry: bool = False) -> list:
+    """Each operand's block as the op's kernel takes it: moved as planned (each move made once), masked
+    where it joins a partial sum, then through its factor kinds' local steps. ``dry``: only account for the
+    moves (the op's value was made already)."""
     xp = dev.xp
     prog = node.prog
-    op = node.op
     settled = node.settled or (None,) * len(node.args)
     arrays = []
     for a, p, s in zip(node.args, prog.preps, settled):
@@ -412,31 +842,29 @@ def _lower_op(v, node, value_of, host_of, moved, dev):
             arrays.append(a)
             continue
         if p.kind == "scalar":
-            x = xp.asarray(a, dtype=prog.dtype).reshape(())
-        elif p.kind == "host":
-            x = _place_local(host_of(a), p.target, dev)
+            arrays.append(None if dry else
+                          _prepare_local(xp.asarray(a, dtype=prog.dtype).reshape(()), p, node.op, dev))
+            continue
+        if p.kind == "host":
+            x = None if dry else _place_local(host_of(a), p.target, dev)
+        elif s is not None:  # a partial operand an earlier use summed: from that sum (made once)
+            mover.move(a, value_of, a._spec, s, dry=dry)
+            x = mover.move(a, value_of, s, p.target, p.plan, dry=dry)
         else:
-            # a partial operand is summed once, by whichever use the program reaches first (the trace has
-            # no order between independent uses: the forward and backward passes' uses of one value)
-            layout = s.layout() if s is not None else p.target.layout()
-            key = (id(a), layout)
-            if key in moved:
-                x = moved[key]
-            else:
-                plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, s) if s is not None else p.plan
-                x = _lower_plan(value_of(a), plan, a._shape, dev)
-                if a._spec.partial_axes and plan.segments:
-                    moved[key] = x
-        if p.mask_axes:  # a value added to a partial sum counts once per group: on coordinate 0 only
-            first = xp.asarray(True)
-            for name in p.mask_axes:
-                first = first & (dev.linear([dev.mesh.axis_ref(name)]) == 0)
-            x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
-        for step in p.local:
-            if step.lower is None:
-                raise ShardingError(f"jit: a local step of {op.name} has no lowering")
-            x = step.lower(x, dev)
+            x = mover.move(a, value_of, a._spec, p.target, p.plan, dry=dry)
+        if p.mask_axes or p.local:
+            x = mover.prepared(a, ("prep", p.kind, p.target.layout(), p.mask_axes, p.local),
+                               lambda x=x, p=p: _prepare_local(x, p, node.op, dev),
+                               tuple(e for step in p.local for e in step.events), dry)
         arrays.append(x)
+    return arrays
+
+
+def _lower_op(v, node, value_of, host_of, mover, dev):
+    xp = dev.xp
+    prog = node.prog
+    op = node.op
+    arrays = _lower_operands(node, value_of, host_of, mover, dev)
     aux = tuple(_aux_local(a, prog, dev) for a in prog.local.aux)
     out = op.kernel(arrays, Local(0, prog.local.out_chunk, prog.local.params, True, aux))
     out = xp.asarray(out)
@@ -445,8 +873,24 @@ def _lower_op(v, node, value_of, host_of, moved, dev):
     if tuple(out.shape) != prog.local.out_chunk:
         out = xp.broadcast_to(out, prog.local.out_chunk)
     if prog.post is not None:
-        out = _lower_plan(out, prog.post, prog.result_shape, dev, op.reduction)
+        out = _lower_plan(out, prog.post, prog.result_shape, dev, op.reduction, prog.result, mover.skipped)
     return out
+
+
+def _prepare_local(x, p, op, dev):
+    """What an operand's use does to its block before the kernel: a value added to a partial sum counts once
+    per group (on coordinate 0 only), then the factor kinds' local steps."""
+    xp = dev.xp
+    if p.mask_axes:
+        first = xp.asarray(True)
+        for name in p.mask_axes:
+            first = first & (dev.linear([dev.mesh.axis_ref(name)]) == 0)
+        x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
+    for step in p.local:
+        if step.lower is None:
+            raise ShardingError(f"jit: a local step of {op.name} has no lowering")
+        x = step.lower(x, dev)
+    return x
 
 
 def _aux_local(a, prog, dev):
@@ -485,39 +929,46 @@ def _place_local(full, spec: ShardingSpec, dev):
     return x
 
 
-def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str = "sum"):
-    """A reshard plan as jax.lax collectives on one device's block."""
-    lax, xp = dev.lax, dev.xp
+class _StepContext:
+    """What a collective's lowering (``Collective.lower``) sees: jax, this device, the step's mesh atoms."""
+
+    def __init__(self, dev, refs, shape: tuple[int, ...], reduce_op: str) -> None:
+        self.lax, self.xp, self.dev = dev.lax, dev.xp, dev
+        self.refs = refs
+        self.names = dev.axis_names(refs)
+        self.k = prod(r.size for r in refs)
+        self.shape = shape
+        self.reduce_op = reduce_op
+
+    def index(self):
+        """This device's position along the step's atoms (mixed radix, major first)."""
+        return self.dev.linear(self.refs)
+
+    def fit(self, x, axis: int, n: int):
+        return _fit(self.xp, x, axis, n)
+
+    def exchange(self, x, src: ShardingSpec, dst: ShardingSpec):
+        return _lower_exchange(x, src, dst, self.shape, self.dev)
+
+
+def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str, dst: ShardingSpec,
+                skipped: list):
+    """A reshard plan as jax.lax collectives on one device's block: each step through its registry entry's
+    ``lower`` (its jax.lax twin). A tensor with no elements moves nothing: every device's block of ``dst`` is
+    empty (its logged events, all of 0 bytes, go to ``skipped``)."""
+    if plan.segments and 0 in tuple(shape):
+        skipped += plan.events
+        return dev.xp.zeros(chunks(dst, tuple(shape)), dtype=x.dtype)
     for seg in plan.segments:
         for s in seg.steps:
             if s.fused:
                 continue
-            refs = [seg.atoms[a] for a in s.atoms]
-            names = dev.axis_names(refs)
-            k = prod(s.sizes) if s.sizes else 1
-            if s.kind == "slice":
-                x = _fit(xp, x, s.dst, k * s.dst_chunk)
-                x = lax.dynamic_slice_in_dim(x, dev.linear(refs) * s.dst_chunk, s.dst_chunk, axis=s.dst)
-            elif s.kind == "all_gather":
-                x = _fit(xp, lax.all_gather(x, names, axis=s.src, tiled=True), s.src, s.src_chunk)
-            elif s.kind == "all_reduce":
-                x = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[reduce_op](x, names)
-            elif s.kind == "reduce_scatter":
-                x = _fit(xp, x, s.dst, k * s.dst_chunk)
-                if reduce_op == "sum":
-                    x = lax.psum_scatter(x, names, scatter_dimension=s.dst, tiled=True)
-                else:
-                    x = {"max": lax.pmax, "min": lax.pmin}[reduce_op](x, names)
-                    x = lax.dynamic_slice_in_dim(x, dev.linear(refs) * s.dst_chunk, s.dst_chunk, axis=s.dst)
-            elif s.kind == "all_to_all":
-                x = _fit(xp, x, s.dst, k * s.dst_chunk)
-                x = lax.all_to_all(x, names, split_axis=s.dst, concat_axis=s.src, tiled=True)
-                x = _fit(xp, x, s.src, s.src_chunk)
-            elif s.kind == "collective_permute" and s.exchange:
-                x = _lower_exchange(x, s.exchange[0], s.exchange[1], shape, dev)
-            else:
-                raise ShardingError(f"jit: no lowering for a {s.kind} step (a move to another device order "
-                                    f"cannot be compiled; keep one mesh inside nb.jit)")
+            c = C.REGISTRY.get(s.kind)
+            if c is None or c.lower is None:
+                raise ShardingError(f"jit: the collective {s.kind!r} has no jax.lax lowering, so a plan using it "
+                                    f"cannot be compiled; give its registry entry one "
+                                    f"(Collective(..., lower=fn), fn(block, step, ctx) -> block)")
+            x = c.lower(x, s, _StepContext(dev, [seg.atoms[a] for a in s.atoms], tuple(shape), reduce_op))
     return x
 
 

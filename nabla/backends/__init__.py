@@ -52,11 +52,17 @@ def _numpy() -> Backend:
     return NumpyBackend()
 
 
-def _jax() -> Backend:
+def require_jax(what: str) -> Any:
+    """The ``jax`` module, or a ``ShardingError`` naming ``what`` needs it and how to install it."""
     try:
-        import jax  # noqa: F401
+        import jax
     except ImportError:
-        raise ShardingError("backend 'jax' needs jax: pip install 'nabla-spmd[jax]'") from None
+        raise ShardingError(f"{what} needs jax: pip install 'nabla-spmd[jax]'") from None
+    return jax
+
+
+def _jax() -> Backend:
+    require_jax("backend 'jax'")
     from .jax import JaxBackend
     return JaxBackend()
 

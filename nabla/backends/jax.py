@@ -42,12 +42,17 @@ class JaxBackend(Backend):
         return x
 
     def enter(self) -> Any:
-        before = bool(self._jax.config.jax_enable_x64)
-        self._jax.config.update("jax_enable_x64", True)  # numpy's dtypes: float64 and int64 stay 64-bit
-        return before
+        """numpy's dtypes: float64 and int64 stay 64-bit inside the block, through jax's thread-local x64 switch
+        (entered only when x64 is off; the global ``jax_enable_x64`` is never written)."""
+        if self._jax.config.jax_enable_x64:
+            return None
+        ctx = self._jax.enable_x64(True)
+        ctx.__enter__()
+        return ctx
 
     def leave(self, token: Any) -> None:
-        self._jax.config.update("jax_enable_x64", token)
+        if token is not None:
+            token.__exit__(None, None, None)
 
 
 def _grid(spec):

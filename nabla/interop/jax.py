@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import require_jax
 from ..errors import ShardingError
 from ..formats import to_partition_spec
 from ..mesh import DeviceMesh
@@ -20,6 +21,8 @@ from ..spec import ShardingSpec
 # back as that nabla mesh (DeviceMesh equality includes the name, which jax's Mesh does not carry).
 _KNOWN: "OrderedDict[tuple, DeviceMesh]" = OrderedDict()
 _KNOWN_MAX = 256
+# jax meshes with split axes (sub-axes as separate axes) built by ``to_jax``: key -> the nabla mesh they split
+_ATOMS: dict[tuple, DeviceMesh] = {}
 
 
 def _key(mesh: DeviceMesh) -> tuple:
@@ -35,45 +38,75 @@ def remember(mesh: DeviceMesh) -> DeviceMesh:
 
 
 @lru_cache(maxsize=256)
-def jax_mesh(mesh: DeviceMesh):
-    """The ``jax.sharding.Mesh`` of ``mesh``: the same axes, device ``d`` being ``jax.devices()[d]``."""
-    import jax
-    from jax.sharding import Mesh
+def jax_mesh(mesh: DeviceMesh, explicit: bool = False):
+    """The ``jax.sharding.Mesh`` of ``mesh``: the same axes, device ``d`` being ``jax.devices()[d]``;
+    ``explicit``: of jax's Explicit axis type (which ``unreduced`` axes need)."""
+    jax = require_jax("to_jax")
+    from jax.sharding import AxisType, Mesh
 
     devices = jax.devices()
     if max(mesh.devices) >= len(devices):
         raise ShardingError(f"to_jax: mesh {mesh!r} uses device ids up to {max(mesh.devices)} but jax has "
                             f"{len(devices)} devices (on CPU set XLA_FLAGS=--xla_force_host_platform_device_count)")
     grid = np.array([devices[d] for d in mesh.devices], dtype=object).reshape(mesh.shape)
+    if explicit:
+        return Mesh(grid, mesh.axis_names, axis_types=(AxisType.Explicit,) * len(mesh.axis_names))
     return Mesh(grid, mesh.axis_names)
 
 
 def jax_sharding(spec: ShardingSpec):
     """The concrete ``jax.sharding.NamedSharding`` of a layout: every dim closed (``None``, never
-    ``UNCONSTRAINED``, which only a sharding constraint inside ``jit`` may hold)."""
-    from jax.sharding import NamedSharding
+    ``UNCONSTRAINED``, which only a sharding constraint inside ``jit`` may hold); partial axes ``unreduced``.
+    A spec with sub-axes goes onto a jax mesh with each split axis as separate axes (``x`` of 8 used as
+    ``x:(1)2`` becomes axes ``x:(1)2`` and ``x:(2)4`` of sizes 2 and 4), which ``from_jax`` reads back."""
+    require_jax("a jax NamedSharding")
+    from jax.sharding import NamedSharding, PartitionSpec
 
+    spec = spec.layout()
     remember(spec.mesh)
-    return NamedSharding(jax_mesh(spec.mesh), to_partition_spec(spec.layout()))
+    refs = [r for d in spec.dim_refs for r in d] + list(spec.partial_refs)
+    if all(r.is_full for r in refs):
+        return NamedSharding(jax_mesh(spec.mesh, bool(spec.partial_axes)), to_partition_spec(spec))
+    from jax.sharding import AxisType, Mesh
+
+    from ..backends.jax import atom_mesh
+    from ..layout import grid
+    atoms = grid(spec).atoms
+    jmesh = atom_mesh(spec.mesh, atoms)
+    if spec.partial_axes:  # unreduced axes must be Explicit
+        jmesh = Mesh(jmesh.devices, jmesh.axis_names, axis_types=(AxisType.Explicit,) * len(atoms))
+    _ATOMS[_jax_key(jmesh)] = spec.mesh
+    entries = [tuple(str(r) for r in d) if len(d) > 1 else (str(d[0]) if d else None) for d in spec.dim_refs]
+    unreduced = {str(r) for r in spec.partial_refs}
+    pspec = PartitionSpec(*entries, unreduced=unreduced) if unreduced else PartitionSpec(*entries)
+    return NamedSharding(jmesh, pspec)
 
 
 def to_jax(t: Any):
-    import jax
+    """The tensor as a ``jax.Array`` with the equivalent ``NamedSharding``: the same blocks on the same devices.
+    A partial value stays partial (jax's ``unreduced`` axes: each device holds its summand, nothing is
+    summed); sub-axes become separate axes of the jax mesh. Uneven dims have no jax equivalent."""
+    jax = require_jax("to_jax")
 
     spec = t.sharding
     if spec is None:
         return jax.numpy.asarray(t.numpy())
-    if spec.partial_axes:  # jax arrays hold values, not pending sums: sum first (logged like any reshard)
-        t = t.with_sharding(spec.mesh, spec.dim_specs)
-        spec = t.sharding
     for i, n in enumerate(t.shape):
         k = spec.num_shards(i)
         if n % k:
             raise ShardingError(f"to_jax: dim {i} of size {n} is split over {k} shards {list(spec.dim_specs[i].axes)}; "
                                 f"jax needs every sharded dim divisible by its shard count (nabla's ceil rule "
-                                f"allows uneven ones): reshard that dim first")
+                                f"allows uneven ones): reshard that dim first, e.g. t.with_sharding(mesh, [...]) "
+                                f"with that dim on fewer devices, or pad it")
     sharding = jax_sharding(spec)
-    # Serve each device its own block; jax asks by global index (its uneven rule is the same ceil rule).
+    devices = jax.devices()
+    if spec.partial_axes:  # each device's summand, as it is (jax cannot build these by global index)
+        mine = {d.id for d in jax.local_devices()}
+        shards = t.shards
+        arrays = [jax.device_put(np.ascontiguousarray(shards[d]), devices[d]) for d in spec.mesh.devices
+                  if devices[d].id in mine]
+        return jax.make_array_from_single_device_arrays(t.shape, sharding, arrays)
+    # Serve each device its own block; jax asks by global index.
     blocks = {}
     for d, blk in t.shards.items():
         key = tuple((sl.start, sl.stop) for sl in spec.shard_slices(t.shape, d))
@@ -96,7 +129,7 @@ def _mesh_of(jmesh: Any, mesh: DeviceMesh | None) -> DeviceMesh:
             raise ShardingError(f"from_jax(array, mesh): mesh must be a nabla DeviceMesh, got {type(mesh).__name__}")
         return remember(mesh)
     key = _jax_key(jmesh)
-    known = _KNOWN.get(key)
+    known = _KNOWN.get(key, _ATOMS.get(key))
     return known if known is not None else remember(DeviceMesh("jax", *key))
 
 
@@ -117,6 +150,11 @@ def from_jax(array: Any, mesh: DeviceMesh | None = None):
     from ..sharding import pad
     from ..tensor import Tensor
 
+    jax = require_jax("from_jax")
+    if not isinstance(array, jax.Array):
+        raise ShardingError(f"from_jax(array, mesh): expects a jax.Array, got {type(array).__name__} (for a numpy "
+                            f"array use nb.tensor(array).shard(mesh, dim_specs))")
+
     sharding = getattr(array, "sharding", None)
     pspec = getattr(sharding, "spec", None)
     jmesh = getattr(sharding, "mesh", None)
@@ -132,7 +170,8 @@ def from_jax(array: Any, mesh: DeviceMesh | None = None):
         return Tensor._host(np.asarray(array)).shard(target, spec)
     # Pending sums: each device's summand, as jax holds it (the global value is not materialised by jax).
     ids = tuple(int(d.id) for d in jmesh.devices.flat)
-    if ids != target.devices or tuple(jmesh.axis_names) != target.axis_names:
+    split = _ATOMS.get(_jax_key(jmesh)) == target  # the target's axes, split into sub-axes
+    if ids != target.devices or (tuple(jmesh.axis_names) != target.axis_names and not split):
         raise ShardingError(f"from_jax: the array is partial (unreduced over {sorted(spec.partial_axes)}) on jax mesh "
                             f"{dict(zip(jmesh.axis_names, jmesh.devices.shape))} with devices {list(ids)}; it can "
                             f"only come back onto a mesh with the same axes and devices, not {target!r}")

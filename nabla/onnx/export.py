@@ -217,7 +217,9 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
             else:
                 new_leaves.append(leaf)
         traced_args.append(_rebuild(a, new_leaves) if isinstance(a, (dict, list, tuple)) else new_leaves[0])
-    result = fn(*traced_args)
+    from ..jit import inlined  # a jitted function exports as its ops
+    with inlined():
+        result = fn(*traced_args)
     out_leaves, _ = flatten(result)
     if isinstance(result, dict):
         out_paths = [p[len("output."):] for p in _paths(result, "output")]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("jax")
@@ -42,3 +43,10 @@ def test_two_processes_train_one_step_like_one_process():
         assert f"{i} ok" in out
     devices = [out.strip().splitlines()[-1] for _, out, _ in outs]
     assert devices == ["0 ok [0, 1, 2, 3]", "1 ok [4, 5, 6, 7]"]
+    # both processes report the loss of the whole batch, the single-process numpy loss
+    losses = [float(next(ln for ln in out.splitlines() if " loss " in ln).split()[-1]) for _, out, _ in outs]
+    r = np.random.default_rng(0)
+    w1, w2 = r.standard_normal((16, 32)).astype(np.float32), r.standard_normal((32, 4)).astype(np.float32)
+    x, y = r.standard_normal((8, 16)).astype(np.float32), r.standard_normal((8, 4)).astype(np.float32)
+    want = float(((np.maximum(x @ w1, 0) @ w2 - y) ** 2).mean())
+    np.testing.assert_allclose(losses, [want, want], rtol=1e-5)

@@ -307,3 +307,160 @@ def test_reversing_a_sharded_dim_is_one_collective_permute():
     assert_sharded_allclose(r, x[::-1, ::-1], rtol=0, atol=0)
     uneven = nb.tensor(rnd(6, 3)).shard(DeviceMesh("m4", (4,), ("x",)), ["x", None])
     assert_sharded_allclose(uneven[::-1], uneven.numpy()[::-1], rtol=0, atol=0)  # gathered instead
+
+
+# ---- the same programs compiled (nb.jit) and on real jax devices (nb.backend("jax")) ------------------------
+#
+# Each: the program as a function of its sharded inputs, the inputs (value, mesh, dim specs, partial axes) and
+# numpy's result. Eager nabla on numpy gives the reference specs and comm log; the jax backend must give the
+# same values, specs and collectives; nb.jit the same values and specs, and an HLO holding exactly its comm log.
+
+M4, P4 = MESHES_1D[1], MESHES_1D[3]
+
+
+def _mha(mesh):
+    B, S, D, H = 4, 6, 16, 4
+    ws = [rnd(D, D, seed=i) * 0.3 for i in range(4)]
+
+    def fn(X, Wq, Wk, Wv, Wo):
+        q, k, v = ((X @ w).reshape(B, S, H, D // H) for w in (Wq, Wk, Wv))
+        p = nb.softmax(nb.einsum("bqhd,bkhd->bhqk", q, k) * 0.5, axis=-1)
+        o = nb.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, S, D) @ Wo
+        return (o + X).with_sharding(mesh, ["dp", None, None])
+
+    def ref(x, wq, wk, wv, wo):
+        qn, kn, vn = (np.reshape(x @ w, (B, S, H, D // H)) for w in (wq, wk, wv))
+        pn = _np_softmax(np.einsum("bqhd,bkhd->bhqk", qn, kn) * 0.5)
+        return np.einsum("bhqk,bkhd->bqhd", pn, vn).reshape(B, S, D) @ wo + x
+
+    ins = [(rnd(B, S, D), ["dp", None, None])] + [(w, [None, "tp"]) for w in ws[:3]] + [(ws[3], ["tp", None])]
+    return fn, ins, ref
+
+
+def _uneven(mesh, n):
+    def fn(X):
+        out = (X.sum(0), nb.mean(X, 1))
+        return out + ((X.mean(0), X.max(0), X.min(0), X.argmax(0), X.argmax()) if n else ())
+
+    def ref(x):
+        out = (x.sum(0), x.mean(1) if n else np.zeros((0,), np.float32))
+        return out + ((x.mean(0), x.max(0), x.min(0), x.argmax(0), x.argmax()) if n else ())
+
+    return fn, [(rnd(n, 3) + 2.0, ["x", None])], ref
+
+
+B8 = rnd(8, 5, seed=1)
+BIAS = rnd(3, seed=2)
+LOGITS = rnd(3, 1000)
+LOGITS[1, 5] = np.nan  # numpy's argmax reports the first NaN
+COMPILED = {
+    "row_sharded_matmul": lambda mesh: (lambda A: A @ B8, [(rnd(16, 8), ["x", None])], lambda a: a @ B8),
+    "contraction_then_exp": lambda mesh: (lambda A, B: nb.exp(A @ B), [(rnd(6, 16), [None, "x"]),
+                                          (rnd(16, 5, seed=1), ["x", None])], lambda a, b: np.exp(a @ b)),
+    "hybrid_mlp": lambda mesh: (lambda X, W1, W2: (nb.relu(X @ W1) @ W2).with_sharding(mesh, ["dp", None]),
+                                [(rnd(8, 16), ["dp", None]), (rnd(16, 32, seed=1), [None, "tp"]),
+                                 (rnd(32, 16, seed=2), ["tp", None])],
+                                lambda x, w1, w2: np.maximum(x @ w1, 0) @ w2),
+    "partial_to_reduce_scatter": lambda mesh: (
+        lambda X, W1, W2: (nb.relu(X @ W1) @ W2).with_sharding(mesh, ["dp", "tp"]),
+        [(rnd(8, 16), ["dp", None]), (rnd(16, 32, seed=1), [None, "tp"]), (rnd(32, 16, seed=2), ["tp", None])],
+        lambda x, w1, w2: np.maximum(x @ w1, 0) @ w2),
+    "linear_bias_once": lambda mesh: (lambda X, W: (X @ W + BIAS).with_sharding(mesh, [None, None]),
+                                      [(rnd(4, 12), [None, "x"]), (rnd(12, 3, seed=1), ["x", None])],
+                                      lambda x, w: x @ w + BIAS),
+    "partial_linear_ops": lambda mesh: (
+        lambda A, B: (lambda q: (q, q.sum()))(((A @ B + A @ B) * 0.5 - 1.0).T.reshape(36) * 2),
+        [(rnd(6, 8), [None, "x"]), (rnd(8, 6, seed=1), ["x", None])],
+        lambda a, b: (lambda q: (q, q.sum()))(((a @ b) - 1.0).T.reshape(36) * 2)),
+    "product_of_partials": lambda mesh: (lambda A, B: (lambda p: p * p)(A @ B),
+                                         [(rnd(6, 8), [None, "x"]), (rnd(8, 6, seed=1), ["x", None])],
+                                         lambda a, b: (a @ b) ** 2),
+    "attention_block": lambda mesh: (lambda *t: attention(nb, *t),
+                                     [(rnd(8, 16), ["dp", None])] + [(rnd(16, 16, seed=i) * 0.25, [None, "tp"])
+                                                                     for i in range(3)]
+                                     + [(rnd(16, 16, seed=3) * 0.25, ["tp", None])],
+                                     lambda *a: attention(np, *a)),
+    "uneven_reductions_5": lambda mesh: _uneven(mesh, 5),
+    "uneven_reductions_0": lambda mesh: _uneven(mesh, 0),
+    "max_over_sharded_dim": lambda mesh: (lambda X: X.max(0), [(rnd(9, 3), ["x", None])], lambda x: x.max(0)),
+    "reshape_chain": lambda mesh: (lambda X: (lambda a: (a, a.reshape(2, 64)))(X.reshape(128)),
+                                   [(rnd(8, 16), ["x", None])], lambda x: (x.reshape(128), x.reshape(2, 64))),
+    "open_dim_constraint": lambda mesh: (
+        lambda T_, O: T_.with_sharding(mesh, [DimSpec(["dp"]), DimSpec([], is_open=True)]) + O,
+        [(rnd(8, 8), ["dp", None]), (rnd(8, 8), [DimSpec([], is_open=True), "tp"])], lambda t, o: t + o),
+    "mixed_kinds_and_dtypes": lambda mesh: (
+        lambda X, I: (X + 1, X + np.ones(3, np.float64), I * 2, I / 2, 1.0 - X, np.ones((2, 3), np.float32) * X,
+                      2.0 ** X, X >= 2),
+        [(np.arange(6, dtype=np.float32).reshape(2, 3), ["x", None]), (np.arange(4, dtype=np.int32), ["x"])],
+        lambda x, i: (x + 1, x + np.ones(3, np.float64), i * 2, i / 2, 1.0 - x, np.ones((2, 3), np.float32) * x,
+                      2.0 ** x, x >= 2)),
+    "matmul_1d": lambda mesh: (lambda A, V: (A @ V, nb.matmul(V, A.T), V @ V),
+                               [(rnd(8, 4), ["x", None]), (rnd(4, seed=1), ["x"])],
+                               lambda a, v: (a @ v, v @ a.T, v @ v)),
+    "softmax_sharded_dim": lambda mesh: (lambda X: nb.softmax(X, axis=1), [(rnd(4, 64), [None, "x"])],
+                                         lambda x: _np_softmax(x)),
+    "multi_head_attention": _mha,
+    "argmax_vocab_with_nan": lambda mesh: (lambda X: X.argmax(1), [(LOGITS, [None, "x"])],
+                                           lambda x: x.argmax(1)),
+    "replicated_axes_pin": lambda mesh: (
+        lambda X, O: X.with_sharding(mesh, ["dp", DimSpec([], is_open=True)], replicated_axes=["tp"]) + O,
+        [(rnd(8, 8), ["dp", None]), (rnd(8, 8), [None, "tp"])], lambda x, o: x + o),
+    "reverse_both_dims": lambda mesh: (lambda X: X[::-1, ::-1], [(rnd(8, 12), ["dp", "tp"])],
+                                       lambda x: x[::-1, ::-1]),
+    "reverse_uneven": lambda mesh: (lambda X: X[::-1], [(rnd(6, 3), ["x", None])], lambda x: x[::-1]),
+}
+ON = {"row_sharded_matmul": [M4, P4], "contraction_then_exp": [M4, P4], "hybrid_mlp": DPTP[1:],
+      "partial_to_reduce_scatter": DPTP[1:], "linear_bias_once": [M4, P4], "partial_linear_ops": [M4],
+      "product_of_partials": [M4], "attention_block": DPTP[1:], "uneven_reductions_5": [M4, P4],
+      "uneven_reductions_0": [M4], "max_over_sharded_dim": [M4], "reshape_chain": MESHES_1D[:3],
+      "open_dim_constraint": [DPTP[1]], "mixed_kinds_and_dtypes": [MESHES_1D[0]], "matmul_1d": [M4],
+      "softmax_sharded_dim": [M4], "multi_head_attention": DPTP[1:], "argmax_vocab_with_nan": [M4],
+      "replicated_axes_pin": [DPTP[1]], "reverse_both_dims": [DPTP[2]], "reverse_uneven": [M4]}
+CASES = [(name, mesh) for name in COMPILED for mesh in ON[name]]
+
+
+def _place(ins, mesh):
+    return [nb.tensor(v).shard(mesh, spec) for v, spec in ins]
+
+
+def _leaves(tree):
+    return list(tree) if isinstance(tree, tuple) else [tree]
+
+
+def _same_blocks(got, want, ref, what):
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, got.dtype)
+    assert got.sharding == want.sharding, (what, got.sharding, want.sharding)
+    assert_sharded_allclose(got, np.asarray(ref, dtype=got.dtype), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,mesh", CASES, ids=[f"{n}-{m.name}" for n, m in CASES])
+def test_the_programs_compiled_and_on_jax_devices(name, mesh):
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 jax devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set in conftest)")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from jit_check import assert_hlo_is_the_log
+
+    fn, ins, ref = COMPILED[name](mesh)
+    refs = _leaves(ref(*[v for v, _ in ins]))
+    args = _place(ins, mesh)
+    with nb.comm_log() as log:
+        want = _leaves(fn(*args))
+    with nb.backend("jax"):  # the same program, eagerly on jax devices
+        jargs = _place(ins, mesh)
+        with nb.comm_log() as jlog:
+            got = _leaves(fn(*jargs))
+    assert [(e.kind, e.axes, e.bytes) for e in jlog.events] == [(e.kind, e.axes, e.bytes) for e in log.events]
+    for g, w, r in zip(got, want, refs):
+        assert type(g._data).__module__.startswith("jax")
+        _same_blocks(g, w, r, "jax backend")
+    jitted = nb.jit(fn)
+    lowered = jitted.lower(*args)
+    for g, w, r in zip(_leaves(jitted(*args)), want, refs):
+        _same_blocks(g, w, r, "nb.jit")
+    assert_hlo_is_the_log(lowered)
+    logged = sorted((e.kind, e.axes, e.bytes) for e in log.events if e.bytes)  # nothing moves for empty blocks
+    compiled = sorted((e.kind, e.axes, e.bytes) for e in lowered.comm_log.events)
+    assert compiled == logged  # none of these programs moves one value twice to one layout

@@ -1,4 +1,7 @@
+import contextlib
+
 import numpy as np
+import pytest
 
 import nabla as nb
 from nabla import collectives as C
@@ -70,12 +73,14 @@ def test_ring_cost_model():
 # ---- the registry: a new collective is one register call plus a move generator --------------------------
 
 
-def test_a_toy_collective_joins_the_planner():
-    """A tree all_gather: the same bytes as the ring but log2(k) latency steps, so the planner prefers it."""
+@contextlib.contextmanager
+def _tree_all_gather(lower=None):
+    """Register a tree all_gather (the same bytes as the ring, log2(k) latency steps, so the planner prefers
+    it) and its move generator; unregister on exit."""
     from nabla import executor, reshard
 
     tree = C.Collective("tree_all_gather", lambda B, k: (k - 1) * B, lambda k: max(1, (k - 1).bit_length()),
-                        "reduce_scatter", C.REGISTRY["all_gather"].move)
+                        "reduce_scatter", C.REGISTRY["all_gather"].move, lower=lower)
 
     def trees(m, s):
         for step in reshard.gathers(m, s):
@@ -85,18 +90,60 @@ def test_a_toy_collective_joins_the_planner():
     C.register(tree)
     reshard.register_generator(trees)
     executor._program.cache_clear()
+    reshard._plan.cache_clear()
     try:
+        yield
+    finally:
+        reshard.unregister_generator(trees)
+        del C.REGISTRY["tree_all_gather"]
+        executor._program.cache_clear()
+        reshard._plan.cache_clear()
+    assert "tree_all_gather" not in C.kinds()
+
+
+def test_a_toy_collective_joins_the_planner():
+    with _tree_all_gather():
         m = nb.DeviceMesh("m", (8,), ("x",))
         v = np.arange(16.0)
         with nb.comm_log() as log:
             out = nb.tensor(v).shard(m, ["x"]).with_sharding(m, [None])
         assert log.counts == {"tree_all_gather": 1} and log.events[0].steps == 3
         np.testing.assert_array_equal(out.numpy(), v)
-    finally:
-        reshard.unregister_generator(trees)
-        del C.REGISTRY["tree_all_gather"]
-        executor._program.cache_clear()
-    assert "tree_all_gather" not in C.kinds()
+
+
+def _toy_lowering(x, step, ctx):
+    """The toy's jax.lax twin: a tiled all_gather over the step's axes, trimmed to the gathered dim."""
+    return ctx.fit(ctx.lax.all_gather(x, ctx.names, axis=step.src, tiled=True), step.src, step.src_chunk)
+
+
+def test_a_toy_collective_compiles_under_jit_through_its_registry_lowering():
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 jax devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    m = nb.DeviceMesh("m", (8,), ("x",))
+    v = np.arange(12.0, dtype=np.float32)  # uneven: 12 over 8 is 2 per device, the last two empty
+    with _tree_all_gather(lower=_toy_lowering):
+        x = nb.tensor(v).shard(m, ["x"])
+        f = nb.jit(lambda t: t.with_sharding(m, [None]) * 2)
+        lowered = f.lower(x)
+        assert lowered.comm_log.counts == {"tree_all_gather": 1}
+        np.testing.assert_array_equal(f(x).numpy(), v * 2)
+        hlo = lowered.as_text()
+    gathers = [ln for ln in hlo.splitlines() if " all-gather(" in ln or " all-gather-start(" in ln]
+    assert len(gathers) == 1 and "f32[16]" in gathers[0] and "replica_groups={{0,1,2,3,4,5,6,7}}" in gathers[0]
+    assert lowered.comm_log.events[0].bytes == 7 * 8  # (k - 1) * B for the 2-element float32 block
+    assert "collective-permute" not in hlo and "all-reduce" not in hlo
+
+
+def test_a_collective_without_a_lowering_says_so_under_jit():
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 jax devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    m = nb.DeviceMesh("m", (8,), ("x",))
+    with _tree_all_gather():
+        x = nb.tensor(np.arange(16.0, dtype=np.float32)).shard(m, ["x"])
+        with pytest.raises(nb.ShardingError, match="'tree_all_gather' has no jax.lax lowering"):
+            nb.jit(lambda t: t.with_sharding(m, [None])).lower(x).as_text()
 
 
 def test_every_collective_names_a_registered_transpose():

@@ -25,10 +25,22 @@ def step(p, s, x, y):
     p, s = opt.update(g, s, p)
     return v, p
 value, new = nb.jit(step)(params, state, xb, yb)
-# the same step in one process, on numpy values
+# the same step in one process, on numpy values (nabla eager), and by hand in numpy
 rv, rp = step(params, state, nb.tensor(x).shard(mesh, ["dp", None]), nb.tensor(y).shard(mesh, ["dp", None]))
-print(pid, float(nb.distributed.gather(value)), float(rv))
-np.testing.assert_allclose(nb.distributed.gather(new["w1"]), rp["w1"].numpy(), rtol=1e-5, atol=1e-6)
-for d, blk in nb.distributed.local_blocks(new["w1"]).items():
-    np.testing.assert_allclose(blk, rp["w1"].shards[d], rtol=1e-5, atol=1e-6)
+h = x @ w1
+a = np.maximum(h, 0)
+r = a @ w2 - y
+dout = 2 * r / r.size
+dh = (dout @ w2.T) * (h > 0)
+ref = {"loss": float((r ** 2).mean()), "w1": w1 - 0.1 * (x.T @ dh), "w2": w2 - 0.1 * (a.T @ dout)}
+loss = float(nb.distributed.gather(value))
+print(pid, "loss", repr(loss))
+np.testing.assert_allclose(loss, float(rv), rtol=1e-6)
+np.testing.assert_allclose(loss, ref["loss"], rtol=1e-5)
+for k in ("w1", "w2"):
+    assert new[k].sharding == rp[k].sharding, (k, new[k].sharding, rp[k].sharding)
+    np.testing.assert_allclose(nb.distributed.gather(new[k]), rp[k].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(nb.distributed.gather(new[k]), ref[k], rtol=1e-4, atol=1e-5)
+    for d, blk in nb.distributed.local_blocks(new[k]).items():
+        np.testing.assert_allclose(blk, rp[k].shards[d], rtol=1e-5, atol=1e-6)
 print(pid, "ok", sorted(nb.distributed.local_blocks(new["w1"])))
