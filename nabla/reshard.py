@@ -150,13 +150,19 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
     dst = _spec_of(t, atoms, mesh)
 
     def h(s: State) -> int:
-        return 0 if s.partial != t.partial else int(ctx.lack(s, dst) / fastest * 1e15)
+        return 0 if s.partial != t.partial else int(ctx.lack(s) / fastest * 1e15)
+
+    costs: dict = {}
 
     def cost_of(step: Step) -> tuple[int, int, int]:
         if step.rounds:
             parts = [model.split(1, b, axes) for b, axes, _ in step.rounds]
             return sum(p[0] for p in parts), sum(p[1] for p in parts), len(step.rounds)
-        return model.split(C.REGISTRY[step.kind].ring_steps(step.group), step.bytes, step.axes) + (1,)
+        key = (step.kind, step.group, step.bytes, step.axes)
+        got = costs.get(key)
+        if got is None:
+            got = costs[key] = model.split(C.REGISTRY[step.kind].ring_steps(step.group), step.bytes, step.axes) + (1,)
+        return got
 
     tie = count()
     best = {s0: (0, 0, 0)}
@@ -164,8 +170,10 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
     heap = [((h(s0), 0, 0), next(tie), False, s0, (0, 0, 0))]
     priced: set[State] = set()
     while heap:
-        _, _, pending, s, g = heapq.heappop(heap)
+        est, _, pending, s, g = heapq.heappop(heap)
         if pending:  # an exchange from s: now work it out, and queue the target at its real price
+            if t in best and best[t] <= est:
+                continue  # it cannot beat the plan already found
             step = ctx.exchange(s)
             if step is not None:
                 tr, lat, n = cost_of(step)
@@ -188,7 +196,7 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
                 heapq.heappush(heap, ((nc[0] + h(step.after), nc[1], nc[2]), next(tie), False, step.after, nc))
         if s.partial == t.partial and s not in priced:
             priced.add(s)
-            rounds = ctx.rounds(s, dst)  # at least one round per piece the neediest device lacks
+            rounds = ctx.rounds(s)  # at least one round per piece the neediest device lacks
             if rounds:
                 heapq.heappush(heap, ((g[0] + h(s), g[1] + rounds * quickest, g[2] + rounds), next(tie), True, s, g))
     if t not in back:
@@ -209,9 +217,47 @@ class _Moves:
         self.t, self.atoms, self.shape, self.itemsize, self.mesh = target, atoms, shape, itemsize, mesh
         self.sizes = [a.size for a in atoms]
         self._exchange: dict[State, Step | None] = {}
+        self._specs: dict[State, ShardingSpec] = {}
+        self._lack: dict[State, int] = {}
+        self._boxes: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
+        # each device's coordinate on each atom, devices in mesh order
+        axis = np.array([[mesh.coords(d)[mesh.axis_index(a.name)] for a in atoms] for d in mesh.devices],
+                        dtype=np.int64).reshape(len(mesh.devices), len(atoms))
+        self.coords = (axis // np.array([a.minor for a in atoms], dtype=np.int64)) % np.array(
+            [a.size for a in atoms], dtype=np.int64) if atoms else axis
+        self._k: dict = {}
+        self._overlap: dict = {}
+        self._need_each = None
+        self._names: dict = {}
+
+    def spec(self, s: State) -> ShardingSpec:
+        spec = self._specs.get(s)
+        if spec is None:
+            spec = self._specs[s] = _spec_of(s, self.atoms, self.mesh)
+        return spec
+
+    def box(self, d: int, run: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Per device (mesh order), [start, stop) along dim d of its block when d is cut by ``run``."""
+        key = (d, run)
+        got = self._boxes.get(key)
+        if got is None:
+            pos = np.zeros(len(self.coords), dtype=np.int64)
+            for a in run:
+                pos = pos * self.sizes[a] + self.coords[:, a]
+            n = self.shape[d]
+            c = chunk(n, self.k(run))
+            lo = np.minimum(n, pos * c)
+            got = self._boxes[key] = (lo, np.minimum(n, lo + c))
+        return got
 
     def k(self, run) -> int:
-        return prod(self.sizes[a] for a in run)
+        try:
+            return self._k[run]
+        except KeyError:
+            got = self._k[run] = prod(self.sizes[a] for a in run)
+            return got
+        except TypeError:  # a list
+            return prod(self.sizes[a] for a in run)
 
     def block(self, s: State) -> int:
         return prod(chunk(n, self.k(run)) for n, run in zip(self.shape, s.dims)) * self.itemsize
@@ -233,9 +279,12 @@ class _Moves:
             # a collective that scatters a dim sends equal pieces: the dim is padded to k ceil-rule chunks
             n = self.shape[dst]
             B = B // chunk(n, self.k(after.dims[dst]) // k) * k * chunk(n, self.k(after.dims[dst]))
-        s = Step(kind, _names(self.atoms, run), C.REGISTRY[kind].ring_bytes(B, k), k, after, atoms=tuple(run),
-                 sizes=tuple(self.sizes[a] for a in run), **kw)
-        return s._replace(src_chunk=self._chunk(s.src, after), dst_chunk=self._chunk(s.dst, after))
+        run = tuple(run)
+        names = self._names.get(run)
+        if names is None:
+            names = self._names[run] = (_names(self.atoms, run), tuple(self.sizes[a] for a in run))
+        return Step(kind, names[0], C.REGISTRY[kind].ring_bytes(B, k), k, after, atoms=run, sizes=names[1],
+                    src_chunk=self._chunk(kw.get("src"), after), dst_chunk=self._chunk(dst, after), **kw)
 
     def _chunk(self, d, after: State) -> int:
         return 0 if d is None else chunk(self.shape[d], self.k(after.dims[d]))
@@ -244,21 +293,42 @@ class _Moves:
         for generate in GENERATORS:
             yield from generate(self, s)
 
-    def lack(self, s: State, dst: ShardingSpec) -> int:
-        """The most bytes any device lacks of its target block in state ``s``."""
-        return int(lacking(self.shape, self.itemsize, _spec_of(s, self.atoms, self.mesh), dst).max(initial=0))
+    def lack(self, s: State) -> int:
+        """The most bytes any device lacks of its target block in state ``s`` (as ``lacking``)."""
+        got = self._lack.get(s)
+        if got is None:
+            if self._need_each is None:
+                self._need_each = np.ones(len(self.coords), dtype=np.int64)
+                for d, tgt in enumerate(self.t.dims):
+                    tlo, thi = self.box(d, tgt)
+                    self._need_each = self._need_each * (thi - tlo)
+            held = self._need_each
+            for d, run in enumerate(s.dims):
+                held = held * self._held(d, run) if d else self._held(d, run)
+            got = self._lack[s] = int((self._need_each - held).max(initial=0)) * self.itemsize
+        return got
 
-    def rounds(self, s: State, dst: ShardingSpec) -> int:
+    def _held(self, d: int, run: tuple[int, ...]) -> np.ndarray:
+        """Per device, the length along dim d of what its block (d cut by ``run``) shares with its target."""
+        key = (d, run)
+        got = self._overlap.get(key)
+        if got is None:
+            lo, hi = self.box(d, run)
+            tlo, thi = self.box(d, self.t.dims[d])
+            got = self._overlap[key] = np.maximum(np.minimum(hi, thi) - np.maximum(lo, tlo), 0)
+        return got
+
+    def rounds(self, s: State) -> int:
         """The most source blocks any device needs a piece of and does not hold: an exchange has at least
         that many rounds (each device receives one piece a round)."""
-        src = _spec_of(s, self.atoms, self.mesh)
-        sb, tb = _boxes(src, self.shape), _boxes(dst, self.shape)
-        count = np.ones(len(sb), dtype=np.int64)
-        for j, n in enumerate(self.shape):
-            c = chunk(n, src.num_shards(j)) or 1
-            a, b = tb[:, j, 0], tb[:, j, 1]
+        count = np.ones(len(self.coords), dtype=np.int64)
+        held = np.ones(len(self.coords), dtype=np.int64)
+        for d, (run, tgt) in enumerate(zip(s.dims, self.t.dims)):
+            lo, hi = self.box(d, run)
+            a, b = self.box(d, tgt)
+            c = chunk(self.shape[d], self.k(run)) or 1
             count *= np.where(b > a, -(-b // c) - a // c, 0)
-        held = np.prod(np.maximum(np.minimum(sb[..., 1], tb[..., 1]) - np.maximum(sb[..., 0], tb[..., 0]), 0), axis=1)
+            held *= np.maximum(np.minimum(hi, b) - np.maximum(lo, a), 0)
         return int((count - (held > 0)).max(initial=0))
 
     def exchange(self, s: State) -> Step | None:
@@ -280,8 +350,7 @@ class _Moves:
                               chunk(shape[d], kp)))
         step = None
         if moves:
-            src = _spec_of(s, self.atoms, self.mesh)
-            dst = _spec_of(t, self.atoms, self.mesh)
+            src, dst = self.spec(s), self.spec(t)
             rounds = exchange_rounds(shape, self.itemsize, src, dst)
             leaving = {a for m in moves for a in m[1]}
             arriving = [a for m in moves for a in m[2]]
@@ -413,7 +482,7 @@ def lower_bound(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: S
     return lack
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)
 def exchange_rounds(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> tuple:
     """The collective_permute rounds of a general exchange from ``src`` to ``dst`` (equal partial axes): per
     round, (bytes per device, mesh axes data crosses, devices that send). Every device sends the same slab
@@ -431,7 +500,7 @@ class Round(NamedTuple):
     crossed: tuple[str, ...]
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=16384)
 def exchange_detail(shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec) -> tuple[Round, ...]:
     """Who sends which piece to whom in an exchange from ``src`` to ``dst``. Pieces are cut at source block
     boundaries; each comes from a holder with the receiver's partial coordinates (the least loaded replica);

@@ -184,38 +184,72 @@ import itertools  # noqa: E402
 
 from hypothesis import settings  # noqa: E402
 
-from nabla.reshard import lower_bound  # noqa: E402
+from nabla import storage  # noqa: E402
+from nabla.layout import grid  # noqa: E402
+from nabla.reshard import execute, lower_bound  # noqa: E402
 
-
-def _all_specs(mesh, rank):
+def _all_specs(mesh, rank, partial=False):
+    """Every spec of a rank: each mesh axis on one dim (in every order within the dim), unused, or (with
+    ``partial``) a pending sum."""
     out = []
-    for where in itertools.product(range(-1, rank), repeat=mesh.ndim):
+    for where in itertools.product(range(-2 if partial else -1, rank), repeat=mesh.ndim):
         dims = [[] for _ in range(rank)]
         for a, w in zip(mesh.axis_names, where):
             if w >= 0:
                 dims[w].append(a)
+        par = [a for a, w in zip(mesh.axis_names, where) if w == -2]
         for perms in itertools.product(*[list(itertools.permutations(d)) for d in dims]):
-            out.append(ShardingSpec(mesh, [tuple(p) for p in perms]))
+            out.append(ShardingSpec(mesh, [tuple(p) for p in perms], partial_axes=par))
     return out
 
 
-LB_CASES = [(DeviceMesh("m24", (2, 4), ("dp", "tp")), (16,)), (DeviceMesh("m24", (2, 4), ("dp", "tp")), (16, 16)),
-            (DeviceMesh("m24", (2, 4), ("dp", "tp")), (8, 8, 8)), (DeviceMesh("c", (2, 2, 2), ("x", "y", "z")), (8,)),
-            (DeviceMesh("c", (2, 2, 2), ("x", "y", "z")), (8, 8)),
-            (DeviceMesh("c", (2, 2, 2), ("x", "y", "z")), (8, 8, 8))]
+M24 = DeviceMesh("m24", (2, 4), ("dp", "tp"))
+C222 = DeviceMesh("c", (2, 2, 2), ("x", "y", "z"))
+LB_CASES = [(M24, (16,)), (M24, (16, 16)), (M24, (8, 8, 8)), (C222, (8,)), (C222, (8, 8)), (C222, (8, 8, 8))]
+_ids = [f"{m.name}-{'x'.join(map(str, s)) or 'scalar'}" for m, s in LB_CASES]
 
 
-@pytest.mark.parametrize("mesh,shape", LB_CASES, ids=lambda v: str(v) if isinstance(v, tuple) else v.name)
-@settings(max_examples=60)
-@given(data=st.data())
-def test_evenly_divided_reshards_reach_the_lower_bound(mesh, shape, data):
-    """With every dim divisible by its shard counts, the planner sends exactly the most bytes any device
-    lacks (checked over all 25 + 121 + 361 + 256 + 2,401 + 11,236 pairs by the thorough profile)."""
+def _summands(value, spec, rng):
+    """``value`` stored as ``spec`` with random integer summands on the partial axes (not the whole value on
+    coordinate 0 and zeros elsewhere, which a plan that forgets a summand would still pass)."""
+    data = np.array(storage._place(value, spec))
+    g = grid(spec)
+    if not g.partial:
+        return data
+    noise = rng.integers(-4, 5, size=data.shape).astype(data.dtype)
+    first = tuple(0 if j in g.partial else slice(None) for j in range(data.ndim))
+    noise[first] -= noise.sum(axis=tuple(g.partial))  # the summands of each element still add up to it
+    for d in range(value.ndim):
+        for region in storage.pad_regions(spec, value.shape, d):
+            noise[region] = 0  # padding carries no value
+    return data + noise
+
+
+def _check_moves(shape, a, b, p, rng=None):
+    """Carrying out plan ``p`` on stored blocks gives each device its ``b`` block (summands adding up to it)."""
+    v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 7
+    out = np.asarray(execute(_summands(v, a, rng or np.random.default_rng(0)), p))
+    want = storage._place(v, b)
+    assert out.shape == want.shape, (a, b, p.events)
+    if b.partial_axes:
+        np.testing.assert_array_equal(storage.assemble(out, b, shape), v, err_msg=f"{a!r} -> {b!r}")
+    else:
+        np.testing.assert_array_equal(out, want, err_msg=f"{a!r} -> {b!r}")
+
+
+@pytest.mark.parametrize("mesh,shape", LB_CASES, ids=_ids)
+def test_every_evenly_divided_reshard_reaches_the_lower_bound(mesh, shape):
+    """Every pair of specs without partial sums, enumerated (every axis on any dim or none, multi-axis dims
+    in every order): 25 + 121 + 361 pairs on 2x4 and 256 + 2,401 + 11,236 on 2x2x2 (14,400), in CI too. With
+    every dim divisible by its shard counts, the planner sends exactly the most bytes any device lacks, and
+    carrying the plan out gives every device its block. Gaps found: none. (Sub-axes and uneven dims are
+    left to the random property below.)"""
     specs = _all_specs(mesh, len(shape))
-    a, b = data.draw(st.sampled_from(specs)), data.draw(st.sampled_from(specs))
-    p = plan(shape, 4, a, b)
-    assert p.total_bytes == lower_bound(shape, 4, a, b), (a, b, p.events)
-    _check_executes(mesh, shape, a, b)
+    for a in specs:
+        for b in specs:
+            p = plan(shape, 4, a, b)
+            assert p.total_bytes == lower_bound(shape, 4, a, b), (a, b, p.events)
+            _check_moves(shape, a, b, p)
 
 
 @pytest.mark.parametrize("shape", [(6, 5), (5, 7, 3)])
@@ -231,13 +265,7 @@ def test_uneven_reshards_stay_between_the_bound_and_a_gather(shape, data):
     rep = ShardingSpec(mesh, [()] * len(shape))
     p = plan(shape, 4, a, b)
     assert lower_bound(shape, 4, a, b) <= p.total_bytes <= plan(shape, 4, a, rep).total_bytes
-    _check_executes(mesh, shape, a, b)
-
-
-def _check_executes(mesh, shape, a, b):
-    v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
-    u = nb.tensor(v).shard(mesh, a.dim_specs).with_sharding(mesh, b.dim_specs)
-    assert_sharded_allclose(u, v, rtol=0, atol=0)
+    _check_moves(shape, a, b, p)
 
 
 def test_partial_over_sub_axes_reduces_once():
