@@ -63,8 +63,16 @@ def gather_into(x: Any, G: int, dim: int, atoms: Sequence[int], new_chunk: int) 
     return _fit(y, G + dim, new_chunk)
 
 
-def split_onto(x: Any, G: int, dim: int, atoms: Sequence[int], sizes: Sequence[int], new_chunk: int) -> Any:
-    """Cut the minor end of ``dim`` into ``sizes`` pieces placed on grid ``atoms`` (currently size 1)."""
+def split_onto(x: Any, G: int, dim: int, atoms: Sequence[int], sizes: Sequence[int], new_chunk: int,
+               held: Sequence[int] = ()) -> Any:
+    """Cut the minor end of ``dim`` into ``sizes`` pieces placed on grid ``atoms`` (currently size 1). With
+    ``held`` sizes, the block is first seen as that many major pieces, each cut alike (a strided slice)."""
+    if held:
+        h = prod(held)
+        x = _fit(x, G + dim, h * prod(sizes) * new_chunk)
+        y = x.reshape(x.shape[:G + dim] + (h, prod(sizes) * new_chunk) + x.shape[G + dim + 1:])
+        y = split_onto(y, G, dim + 1, atoms, sizes, new_chunk)
+        return y.reshape(y.shape[:G + dim] + (h * new_chunk,) + y.shape[G + dim + 2:])
     m = len(atoms)
     if m == 0:
         return _fit(x, G + dim, new_chunk)
@@ -111,7 +119,7 @@ def _fit(x: Any, axis: int, n: int) -> Any:
 
 
 def _slice(x, G, s, reduce_op):
-    return split_onto(x, G, s.dst, s.atoms, s.sizes, s.dst_chunk)
+    return split_onto(x, G, s.dst, s.atoms, s.sizes, s.dst_chunk, getattr(s, "held", ()))
 
 
 def _all_gather(x, G, s, reduce_op):

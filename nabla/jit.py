@@ -495,7 +495,13 @@ def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: s
             refs = [seg.atoms[a] for a in s.atoms]
             names = dev.axis_names(refs)
             k = prod(s.sizes) if s.sizes else 1
-            if s.kind == "slice":
+            if s.kind == "slice" and s.held:  # each of prod(held) major pieces cut alike
+                h, c = prod(s.held), s.dst_chunk
+                x = _fit(xp, x, s.dst, h * k * c)
+                x = x.reshape(x.shape[:s.dst] + (h, k * c) + x.shape[s.dst + 1:])
+                x = lax.dynamic_slice_in_dim(x, dev.linear(refs) * c, c, axis=s.dst + 1)
+                x = x.reshape(x.shape[:s.dst] + (h * c,) + x.shape[s.dst + 2:])
+            elif s.kind == "slice":
                 x = _fit(xp, x, s.dst, k * s.dst_chunk)
                 x = lax.dynamic_slice_in_dim(x, dev.linear(refs) * s.dst_chunk, s.dst_chunk, axis=s.dst)
             elif s.kind == "all_gather":
