@@ -121,15 +121,18 @@ class Permute(FactorKind):
         flips = tuple(a for d in dims for a in g.dims[d])
         names = tuple(a for d in dims for a in ctx.spec.dim_specs[d].axes)
         block = prod(chunks(ctx.spec, ctx.shape)) * ctx.dtype.itemsize
-        event = CommEvent("collective_permute", names, block, prod(g.shape[a] for a in flips))
+        k = prod(g.shape[a] for a in flips)
+        # over axes of size 1 every device is its own mirror: nothing moves, nothing is logged
+        events = (CommEvent("collective_permute", names, block, k),) if k > 1 else ()
         refs = [r for d in dims for r in ctx.spec.dim_refs[d]]
 
         def lower(x, dev):  # each device receives its mirror's block (the kernel reverses it locally)
-            k = prod(r.size for r in refs)
+            if k == 1:
+                return x
             return dev.ppermute(x, dev.pairs(lambda q: k - 1 - q, refs))
 
         # mixed radix over the dim's atoms: mirroring the position flips every digit
-        return LocalStep(lambda x: xp(x).flip(x, axis=flips), (event,), lower)
+        return LocalStep(lambda x: xp(x).flip(x, axis=flips), events, lower)
 
 
 class WindowSpec(NamedTuple):

@@ -780,6 +780,8 @@ def _across_meshes(shape, itemsize: int, src: ShardingSpec, dst: ShardingSpec, m
     here = ShardingSpec(a, dst.dim_specs, partial_axes=dst.partial_axes)
     first = _plan(shape, itemsize, src, here, model)
     moved = tuple(n for i, n in enumerate(a.axis_names) if any(a.coords(d)[i] != b.coords(d)[i] for d in a.devices))
+    if not moved:  # every device keeps its place (meshes that differ only by name): no device sends to itself
+        return first
     block = prod(chunk(n, here.num_shards(i)) for i, n in enumerate(shape)) * itemsize
     g = grid(here).shape
     state = State((), frozenset())

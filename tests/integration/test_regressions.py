@@ -157,3 +157,32 @@ def test_transpose_axes_out_of_range_raise_like_numpy():
         with pytest.raises(nb.ShardingError, match="transpose"):
             nb.transpose(t, axes)
     assert nb.transpose(t, (-1, 0)).shape == (3, 2)
+
+
+def test_a_device_sending_to_itself_moves_nothing():
+    # a reversed dim sharded on an axis of size 1: every device is its own mirror, and the comm log once
+    # showed a 12 B collective_permute; so did a reshard to a mesh that differs only by its name, and an
+    # explicit ppermute whose pairs all send to themselves
+    v = np.arange(3, dtype=np.float32)
+    for mesh in (DeviceMesh("one", (1,), ("x",)), DeviceMesh("m", (1, 4), ("x", "y"))):
+        t = nb.tensor(v).shard(mesh, ["x"])
+        with nb.comm_log() as log:
+            u = t[::-1]
+        assert log.events == [] and log.total_bytes == 0
+        assert_sharded_allclose(u, v[::-1], rtol=0, atol=0)
+        assert nb.jit(lambda a: a[::-1])(t).numpy().tolist() == v[::-1].tolist()
+    renamed = DeviceMesh("c", (2, 2), ("x", "y"))
+    t = nb.tensor(np.arange(4, dtype=np.float32)).shard(M22, ["x"])
+    with nb.comm_log() as log:
+        u = t.with_sharding(renamed, ["x"])
+    assert log.events == [] and u.mesh == renamed
+    assert_sharded_allclose(u, np.arange(4, dtype=np.float32), rtol=0, atol=0)
+    line = DeviceMesh("l", (4,), ("x",))
+    step = nb.shard_map(lambda b: nb.lax.ppermute(b, "x", [(i, i) for i in range(4)]), line, [["x"]], ["x"])
+    with nb.comm_log() as log:
+        u = step(nb.tensor(np.arange(8, dtype=np.float32)))
+    assert log.events == []
+    assert_sharded_allclose(u, np.arange(8, dtype=np.float32), rtol=0, atol=0)
+    with nb.comm_log() as log:  # a reversal over devices that do move still sends its block
+        nb.tensor(np.arange(8, dtype=np.float32)).shard(line, ["x"])[::-1]
+    assert [(e.kind, e.bytes) for e in log.events] == [("collective_permute", 8)]
