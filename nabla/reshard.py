@@ -558,7 +558,9 @@ def lower_bound(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: S
     all_reduce (``D = k``, every device both) that is ``2(k - 1)`` messages per element, ``2(k - 1)/k`` of
     the block per device: the bound ring all-reduce meets, proved optimal by Patarasuk and Yuan, "Bandwidth
     optimal all-reduce algorithms for clusters of workstations", J. Parallel Distrib. Comput. 69(2), 2009
-    (and the one-way gossip bound of ``2n - 2`` calls); for a reduce_scatter (``D = 1``) ``(k - 1)/k``."""
+    (and the one-way gossip bound of ``2n - 2`` calls); for a reduce_scatter (``D = 1``) ``(k - 1)/k``.
+    Like the ring formulas, (b) counts pieces of values and rounds bytes down; the sums are those of the
+    kept partial coordinates (what the planner's reductions produce)."""
     src, dst = src.layout(), dst.layout()
     lack = int(lacking(shape, itemsize, src, dst).max(initial=0))
     kept = set(dst.partial_refs)
@@ -600,7 +602,7 @@ def _sum_bound(shape, itemsize: int, sb: np.ndarray, tb: np.ndarray, kept_coord:
             both = both & (t_in & s_in)[at]
         per = k + sinks.sum(axis=0) - 1 - both.any(axis=0)
         msgs += int((per * cell).sum())
-    spread = -(-msgs * itemsize // len(sb))  # bytes, as ring collectives count them (pieces of values too)
+    spread = msgs * itemsize // len(sb)  # bytes, as ring collectives count them (pieces of values, rounded down)
     return max(int(need.max(initial=0)) * itemsize, spread)
 
 
