@@ -63,8 +63,16 @@ def gather_into(x: Any, G: int, dim: int, atoms: Sequence[int], new_chunk: int) 
     return _fit(x.transpose(perm).reshape(merged), G + dim, new_chunk)
 
 
-def split_onto(x: Any, G: int, dim: int, atoms: Sequence[int], sizes: Sequence[int], new_chunk: int) -> Any:
-    """Cut the minor end of ``dim`` into ``sizes`` pieces placed on grid ``atoms`` (currently size 1)."""
+def split_onto(x: Any, G: int, dim: int, atoms: Sequence[int], sizes: Sequence[int], new_chunk: int,
+               held: Sequence[int] = ()) -> Any:
+    """Cut the minor end of ``dim`` into ``sizes`` pieces placed on grid ``atoms`` (currently size 1). With
+    ``held`` sizes, the block is first seen as that many major pieces, each cut alike (a strided slice)."""
+    if held:
+        h = prod(held)
+        x = _fit(x, G + dim, h * prod(sizes) * new_chunk)
+        y = x.reshape(x.shape[:G + dim] + (h, prod(sizes) * new_chunk) + x.shape[G + dim + 1:])
+        y = split_onto(y, G, dim + 1, atoms, sizes, new_chunk)
+        return y.reshape(y.shape[:G + dim] + (h * new_chunk,) + y.shape[G + dim + 2:])
     if not atoms:
         return _fit(x, G + dim, new_chunk)
     x = _fit(x, G + dim, prod(sizes) * new_chunk)
@@ -146,7 +154,7 @@ def _fit(x: Any, axis: int, n: int) -> Any:
 
 
 def _slice(x, G, s, reduce_op):
-    return split_onto(x, G, s.dst, s.atoms, s.sizes, s.dst_chunk)
+    return split_onto(x, G, s.dst, s.atoms, s.sizes, s.dst_chunk, s.held)
 
 
 def _all_gather(x, G, s, reduce_op):
@@ -186,8 +194,16 @@ def _collective_permute(x, G, s, reduce_op):
 
 
 def _lower_slice(x, s, ctx):
-    x = ctx.fit(x, s.dst, ctx.k * s.dst_chunk)
-    return ctx.lax.dynamic_slice_in_dim(x, ctx.index() * s.dst_chunk, s.dst_chunk, axis=s.dst)
+    c = s.dst_chunk
+    held = s.held
+    if held:  # each of prod(held) major pieces of the block cut alike (a strided slice)
+        h = prod(held)
+        x = ctx.fit(x, s.dst, h * ctx.k * c)
+        x = x.reshape(x.shape[:s.dst] + (h, ctx.k * c) + x.shape[s.dst + 1:])
+        x = ctx.lax.dynamic_slice_in_dim(x, ctx.index() * c, c, axis=s.dst + 1)
+        return x.reshape(x.shape[:s.dst] + (h * c,) + x.shape[s.dst + 2:])
+    x = ctx.fit(x, s.dst, ctx.k * c)
+    return ctx.lax.dynamic_slice_in_dim(x, ctx.index() * c, c, axis=s.dst)
 
 
 def _lower_all_gather(x, s, ctx):

@@ -121,15 +121,18 @@ class Permute(FactorKind):
         flips = tuple(a for d in dims for a in g.dims[d])
         names = tuple(a for d in dims for a in ctx.spec.dim_specs[d].axes)
         block = prod(chunks(ctx.spec, ctx.shape)) * ctx.dtype.itemsize
-        event = CommEvent("collective_permute", names, block, prod(g.shape[a] for a in flips))
+        k = prod(g.shape[a] for a in flips)
+        # over axes of size 1 every device is its own mirror: nothing moves, nothing is logged
+        events = (CommEvent("collective_permute", names, block, k),) if k > 1 else ()
         refs = [r for d in dims for r in ctx.spec.dim_refs[d]]
 
         def lower(x, dev):  # each device receives its mirror's block (the kernel reverses it locally)
-            k = prod(r.size for r in refs)
+            if k == 1:
+                return x
             return dev.ppermute(x, dev.pairs(lambda q: k - 1 - q, refs))
 
         # mixed radix over the dim's atoms: mirroring the position flips every digit
-        return LocalStep(lambda x: xp(x).flip(x, axis=flips), (event,), lower)
+        return LocalStep(lambda x: xp(x).flip(x, axis=flips), events, lower)
 
 
 class WindowSpec(NamedTuple):
@@ -184,6 +187,9 @@ class Window(FactorKind):
             row = prod(b for i, b in enumerate(block) if i != d) * ctx.dtype.itemsize
             for dist in range(1, h.max_hops + 1):
                 left, right = h.rows_from(dist)
+                if left and right and h.one_round(dist):  # both sides in one collective_permute
+                    events.append(CommEvent("collective_permute", names, max(left, right) * row, k))
+                    continue
                 for rows in (left, right):
                     if rows:  # one collective_permute per direction and distance, sized by the most rows sent
                         events.append(CommEvent("collective_permute", names, rows * row, k))
@@ -267,6 +273,23 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
         piece = lax.dynamic_slice_in_dim(xpad, xp.asarray(src_off)[me], r, axis=d)
         win = write(win, piece, xp.asarray(dst_off)[me], xp.asarray(own_count)[me])
     for dist in range(1, h.max_hops + 1):
+        src_l, dst_l, cnt_l = pieces(pos - dist)
+        src_r, dst_r, cnt_r = pieces(pos + dist)
+        if cnt_l.max(initial=0) and cnt_r.max(initial=0) and h.one_round(dist):
+            # one ppermute: each sender serves the one receiver that reads from it, on whichever side
+            r = int(max(cnt_l.max(), cnt_r.max()))
+            send_off = np.zeros(k, dtype=np.int64)
+            to: dict[int, int] = {}
+            for u in range(k):
+                if u + dist < k and cnt_l[u + dist]:
+                    send_off[u], to[u] = src_l[u + dist], u + dist
+                elif u - dist >= 0 and cnt_r[u - dist]:
+                    send_off[u], to[u] = src_r[u - dist], u - dist
+            piece = lax.dynamic_slice_in_dim(xpad, xp.asarray(send_off)[me], r, axis=d)
+            got = dev.ppermute(piece, dev.pairs(to.get, refs))
+            dst_off = np.where(cnt_l > 0, dst_l, dst_r)
+            win = write(win, got, xp.asarray(dst_off)[me], xp.asarray(np.maximum(cnt_l, cnt_r))[me])
+            continue
         for direction in (-1, 1):  # from the left (devices before it), then from the right
             src_off, dst_off, count = pieces(pos + direction * dist)
             r = int(count.max(initial=0))

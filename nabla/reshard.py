@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from functools import lru_cache
-from itertools import count
+from itertools import combinations, count
 from math import prod
 from typing import Iterator, NamedTuple
 
@@ -45,6 +45,8 @@ class Step(NamedTuple):
     rounds: tuple = ()  # exchange: per collective_permute round, (bytes per device, mesh axes crossed, senders)
     exchange: tuple = ()  # exchange: (source spec, target spec) of the whole move
     fused: bool = False  # a local cut an exchange already made on real devices (the simulation does it here)
+    held: tuple[int, ...] = ()  # slice: sizes of the major pieces of the block each cut alike (a strided cut)
+    pre: tuple = ()  # steps that run first, searched as one move with this one (a cut before a reduction)
 
     def events(self) -> tuple[C.CommEvent, ...]:
         if self.kind == "slice":
@@ -150,13 +152,19 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
     dst = _spec_of(t, atoms, mesh)
 
     def h(s: State) -> int:
-        return 0 if s.partial != t.partial else int(ctx.lack(s, dst) / fastest * 1e15)
+        return int(ctx.bound(s) / fastest * 1e15)
+
+    costs: dict = {}
 
     def cost_of(step: Step) -> tuple[int, int, int]:
         if step.rounds:
             parts = [model.split(1, b, axes) for b, axes, _ in step.rounds]
             return sum(p[0] for p in parts), sum(p[1] for p in parts), len(step.rounds)
-        return model.split(C.REGISTRY[step.kind].ring_steps(step.group), step.bytes, step.axes) + (1,)
+        key = (step.kind, step.group, step.bytes, step.axes)
+        got = costs.get(key)
+        if got is None:
+            got = costs[key] = model.split(C.REGISTRY[step.kind].ring_steps(step.group), step.bytes, step.axes) + (1,)
+        return got
 
     tie = count()
     best = {s0: (0, 0, 0)}
@@ -164,8 +172,10 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
     heap = [((h(s0), 0, 0), next(tie), False, s0, (0, 0, 0))]
     priced: set[State] = set()
     while heap:
-        _, _, pending, s, g = heapq.heappop(heap)
+        est, _, pending, s, g = heapq.heappop(heap)
         if pending:  # an exchange from s: now work it out, and queue the target at its real price
+            if t in best and best[t] <= est:
+                continue  # it cannot beat the plan already found
             step = ctx.exchange(s)
             if step is not None:
                 tr, lat, n = cost_of(step)
@@ -188,7 +198,7 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
                 heapq.heappush(heap, ((nc[0] + h(step.after), nc[1], nc[2]), next(tie), False, step.after, nc))
         if s.partial == t.partial and s not in priced:
             priced.add(s)
-            rounds = ctx.rounds(s, dst)  # at least one round per piece the neediest device lacks
+            rounds = ctx.rounds(s)  # at least one round per piece the neediest device lacks
             if rounds:
                 heapq.heappush(heap, ((g[0] + h(s), g[1] + rounds * quickest, g[2] + rounds), next(tie), True, s, g))
     if t not in back:
@@ -197,7 +207,8 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
     s = t
     while s != s0:
         s, step = back[s]
-        out.append(step)
+        out.append(step._replace(pre=()))
+        out.extend(step.pre[::-1])
     return out[::-1]
 
 
@@ -209,9 +220,48 @@ class _Moves:
         self.t, self.atoms, self.shape, self.itemsize, self.mesh = target, atoms, shape, itemsize, mesh
         self.sizes = [a.size for a in atoms]
         self._exchange: dict[State, Step | None] = {}
+        self._specs: dict[State, ShardingSpec] = {}
+        self._lack: dict[State, int] = {}
+        self._boxes: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
+        # each device's coordinate on each atom, devices in mesh order
+        axis = np.array([[mesh.coords(d)[mesh.axis_index(a.name)] for a in atoms] for d in mesh.devices],
+                        dtype=np.int64).reshape(len(mesh.devices), len(atoms))
+        self.coords = (axis // np.array([a.minor for a in atoms], dtype=np.int64)) % np.array(
+            [a.size for a in atoms], dtype=np.int64) if atoms else axis
+        self._need: int | None = None
+        self._k: dict = {}
+        self._overlap: dict = {}
+        self._need_each = None
+        self._names: dict = {}
+
+    def spec(self, s: State) -> ShardingSpec:
+        spec = self._specs.get(s)
+        if spec is None:
+            spec = self._specs[s] = _spec_of(s, self.atoms, self.mesh)
+        return spec
+
+    def box(self, d: int, run: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Per device (mesh order), [start, stop) along dim d of its block when d is cut by ``run``."""
+        key = (d, run)
+        got = self._boxes.get(key)
+        if got is None:
+            pos = np.zeros(len(self.coords), dtype=np.int64)
+            for a in run:
+                pos = pos * self.sizes[a] + self.coords[:, a]
+            n = self.shape[d]
+            c = chunk(n, self.k(run))
+            lo = np.minimum(n, pos * c)
+            got = self._boxes[key] = (lo, np.minimum(n, lo + c))
+        return got
 
     def k(self, run) -> int:
-        return prod(self.sizes[a] for a in run)
+        try:
+            return self._k[run]
+        except KeyError:
+            got = self._k[run] = prod(self.sizes[a] for a in run)
+            return got
+        except TypeError:  # a list
+            return prod(self.sizes[a] for a in run)
 
     def block(self, s: State) -> int:
         return prod(chunk(n, self.k(run)) for n, run in zip(self.shape, s.dims)) * self.itemsize
@@ -233,9 +283,12 @@ class _Moves:
             # a collective that scatters a dim sends equal pieces: the dim is padded to k ceil-rule chunks
             n = self.shape[dst]
             B = B // chunk(n, self.k(after.dims[dst]) // k) * k * chunk(n, self.k(after.dims[dst]))
-        s = Step(kind, _names(self.atoms, run), C.REGISTRY[kind].ring_bytes(B, k), k, after, atoms=tuple(run),
-                 sizes=tuple(self.sizes[a] for a in run), **kw)
-        return s._replace(src_chunk=self._chunk(s.src, after), dst_chunk=self._chunk(s.dst, after))
+        run = tuple(run)
+        names = self._names.get(run)
+        if names is None:
+            names = self._names[run] = (_names(self.atoms, run), tuple(self.sizes[a] for a in run))
+        return Step(kind, names[0], C.REGISTRY[kind].ring_bytes(B, k), k, after, atoms=run, sizes=names[1],
+                    src_chunk=self._chunk(kw.get("src"), after), dst_chunk=self._chunk(dst, after), **kw)
 
     def _chunk(self, d, after: State) -> int:
         return 0 if d is None else chunk(self.shape[d], self.k(after.dims[d]))
@@ -244,21 +297,55 @@ class _Moves:
         for generate in GENERATORS:
             yield from generate(self, s)
 
-    def lack(self, s: State, dst: ShardingSpec) -> int:
-        """The most bytes any device lacks of its target block in state ``s``."""
-        return int(lacking(self.shape, self.itemsize, _spec_of(s, self.atoms, self.mesh), dst).max(initial=0))
+    def lack(self, s: State) -> int:
+        """The most bytes any device lacks of its target block in state ``s`` (as ``lacking``)."""
+        got = self._lack.get(s)
+        if got is None:
+            if self._need_each is None:
+                self._need_each = np.ones(len(self.coords), dtype=np.int64)
+                for d, tgt in enumerate(self.t.dims):
+                    tlo, thi = self.box(d, tgt)
+                    self._need_each = self._need_each * (thi - tlo)
+            held = self._need_each
+            for d, run in enumerate(s.dims):
+                held = held * self._held(d, run) if d else self._held(d, run)
+            got = self._lack[s] = int((self._need_each - held).max(initial=0)) * self.itemsize
+        return got
 
-    def rounds(self, s: State, dst: ShardingSpec) -> int:
+    def _held(self, d: int, run: tuple[int, ...]) -> np.ndarray:
+        """Per device, the length along dim d of what its block (d cut by ``run``) shares with its target."""
+        key = (d, run)
+        got = self._overlap.get(key)
+        if got is None:
+            lo, hi = self.box(d, run)
+            tlo, thi = self.box(d, self.t.dims[d])
+            got = self._overlap[key] = np.maximum(np.minimum(hi, thi) - np.maximum(lo, tlo), 0)
+        return got
+
+    def bound(self, s: State) -> int:
+        """A cheap part of ``lower_bound`` from state ``s`` to the target (the search's guide): what a device
+        lacks, and with sums pending, its whole target block (it holds at most one summand)."""
+        if s.partial == self.t.partial or self.k(s.partial - self.t.partial) == 1:
+            return self.lack(s)
+        if self._need is None:
+            need = np.ones(len(self.coords), dtype=np.int64)
+            for d, run in enumerate(self.t.dims):
+                lo, hi = self.box(d, run)
+                need *= hi - lo
+            self._need = int(need.max(initial=0)) * self.itemsize
+        return max(self._need, self.lack(s))
+
+    def rounds(self, s: State) -> int:
         """The most source blocks any device needs a piece of and does not hold: an exchange has at least
         that many rounds (each device receives one piece a round)."""
-        src = _spec_of(s, self.atoms, self.mesh)
-        sb, tb = _boxes(src, self.shape), _boxes(dst, self.shape)
-        count = np.ones(len(sb), dtype=np.int64)
-        for j, n in enumerate(self.shape):
-            c = chunk(n, src.num_shards(j)) or 1
-            a, b = tb[:, j, 0], tb[:, j, 1]
+        count = np.ones(len(self.coords), dtype=np.int64)
+        held = np.ones(len(self.coords), dtype=np.int64)
+        for d, (run, tgt) in enumerate(zip(s.dims, self.t.dims)):
+            lo, hi = self.box(d, run)
+            a, b = self.box(d, tgt)
+            c = chunk(self.shape[d], self.k(run)) or 1
             count *= np.where(b > a, -(-b // c) - a // c, 0)
-        held = np.prod(np.maximum(np.minimum(sb[..., 1], tb[..., 1]) - np.maximum(sb[..., 0], tb[..., 0]), 0), axis=1)
+            held *= np.maximum(np.minimum(hi, b) - np.maximum(lo, a), 0)
         return int((count - (held > 0)).max(initial=0))
 
     def exchange(self, s: State) -> Step | None:
@@ -280,8 +367,7 @@ class _Moves:
                               chunk(shape[d], kp)))
         step = None
         if moves:
-            src = _spec_of(s, self.atoms, self.mesh)
-            dst = _spec_of(t, self.atoms, self.mesh)
+            src, dst = self.spec(s), self.spec(t)
             rounds = exchange_rounds(shape, self.itemsize, src, dst)
             leaving = {a for m in moves for a in m[1]}
             arriving = [a for m in moves for a in m[2]]
@@ -359,7 +445,61 @@ def reductions(m: _Moves, s: State) -> Iterator[Step]:
             yield m.step("all_reduce", (a,), B, State(s.dims, s.partial - {a}))
 
 
-GENERATORS: list = [local_slices, gathers, reductions]
+def cuts_before_reductions(m: _Moves, s: State) -> Iterator[Step]:
+    """While sums are pending, shrink the data first: a reduction costs in proportion to the block.
+
+    - Any free atom may cut a dim locally (minor end), to be gathered back after the sum: replicas of a
+      summand then share the reduction (partial {x, y} to replicated on 2x2x2: cut z, all_reduce a quarter
+      of the bytes over (x, y), all_gather z).
+    - Where a target dim runs partial atoms P then free atoms F, each device keeps its F part of each of
+      the P pieces (a strided cut) and one reduce_scatter over P sends (k-1)/k of that smaller block
+      (partial {x} to [(x, z)]: 8 B, not the 16 B of reduce_scatter x before cutting z)."""
+    extra = [a for a in sorted(s.partial) if a not in m.t.partial]
+    if not extra:
+        return
+    used, B = _used(s), m.block(s)
+    wanted = set().union(*m.t.dims) if m.t.dims else set()
+    for d, run in enumerate(s.dims):
+        kr = m.k(run)
+        # (1) a free atom the target does not place on this dim's next position: cut now, gather later
+        tgt = m.t.dims[d]
+        nxt = tgt[len(run)] if tgt[:len(run)] == run and len(tgt) > len(run) else None
+        for a in range(len(m.atoms)):
+            if a in used or a == nxt or m.sizes[a] == 1:
+                continue
+            if a in wanted and a not in tgt:
+                continue  # the target wants it on another dim: cutting here would have to move it again
+            if m.nests(d, kr, m.sizes[a]):
+                yield m.step("slice", (a,), B, m.after(s, {d: run + (a,)}), dst=d)
+        # (2) target P then F after the current run: a strided cut of F, then reduce_scatter P
+        if tgt[:len(run)] != run:
+            continue
+        rest = tgt[len(run):]
+        i = 0
+        while i < len(rest) and rest[i] in extra:
+            i += 1
+        held = rest[:i]
+        if not held:
+            continue
+        c = chunk(m.shape[d], kr)
+        nexts: list[tuple[int, ...]] = [()]
+        for a in rest[i:]:
+            if a in used:
+                break
+            nexts.append(nexts[-1] + (a,))
+        spare = [a for a in range(len(m.atoms)) if a not in used and a not in wanted and m.sizes[a] > 1]
+        extras = [()] + [(a,) for a in spare] + list(combinations(spare, 2))
+        for nxt_free in nexts:
+            for more in extras:
+                free = nxt_free + more
+                if not free or c % (m.k(held) * m.k(free)):
+                    continue  # only where every piece is whole
+                after = m.after(s, {d: run + held + free}, s.partial - set(held))
+                cut = m.step("slice", free, B, after, dst=d, held=tuple(m.sizes[a] for a in held))
+                yield m.step("reduce_scatter", held, B // m.k(free), after, dst=d, pre=(cut,))
+
+
+GENERATORS: list = [local_slices, gathers, reductions, cuts_before_reductions]
 
 
 def register_generator(generate) -> None:
@@ -403,17 +543,78 @@ def lacking(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Shard
 
 
 def lower_bound(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> int:
-    """Bytes per device that no plan can beat. Without pending sums: the most any device lacks of its target
-    block. Summing partial values over ``k`` devices: each device must also receive its whole target block
-    (it holds at most one of the summands)."""
+    """Bytes per device that no plan can beat (a plan's bytes are, step by step, what each device sends, and
+    in every collective a device receives what it sends).
+
+    Without pending sums: the most any device lacks of its target block. Summing the partial values over the
+    ``k`` coordinates of the partial axes the target drops: the larger of (a) the most any device must
+    receive, one value per element of its target block (it holds at most one of the ``k`` summands), and
+    (b) the messages every element needs, shared evenly over the devices. For (b), per element and kept
+    partial coordinate, with ``D`` devices needing the sum: take the first device ``f`` to hold the whole
+    sum. Before it does, every summand ``f`` lacks has been sent by a device holding it (a device holds one
+    summand, so these are distinct sends): ``k - 1`` if ``f`` holds a summand, else ``k``. After it, each of
+    the other devices needing the sum receives at least once: ``D - 1`` if ``f`` needs it, else ``D``. So
+    ``k + D - 1 - both`` messages, ``both`` when one device holds a summand and needs the sum. For an
+    all_reduce (``D = k``, every device both) that is ``2(k - 1)`` messages per element, ``2(k - 1)/k`` of
+    the block per device: the bound ring all-reduce meets, proved optimal by Patarasuk and Yuan, "Bandwidth
+    optimal all-reduce algorithms for clusters of workstations", J. Parallel Distrib. Comput. 69(2), 2009
+    (and the one-way gossip bound of ``2n - 2`` calls); for a reduce_scatter (``D = 1``) ``(k - 1)/k``.
+    Like the ring formulas, (b) counts pieces of values and rounds bytes down; the sums are those of the
+    kept partial coordinates (what the planner's reductions produce)."""
+    src, dst = src.layout(), dst.layout()
     lack = int(lacking(shape, itemsize, src, dst).max(initial=0))
-    if set(src.layout().partial_axes) - set(dst.layout().partial_axes):
-        need = _boxes(dst.layout(), tuple(shape))
-        return max(lack, int(np.prod(need[..., 1] - need[..., 0], axis=1).max(initial=0)) * itemsize)
-    return lack
+    kept = set(dst.partial_refs)
+    reduced = [r for r in src.partial_refs if r not in kept]
+    if not reduced:
+        return lack
+    # sub-axes: the target may keep part of a source partial axis; count summands on the finest atoms
+    k = prod(r.size for r in src.partial_refs) // prod(r.size for r in dst.partial_refs)
+    if k == 1:
+        return lack
+    mesh = src.mesh
+    kept_coord = np.array([_radix(mesh, dst.partial_refs, d) for d in mesh.devices], dtype=np.int64)
+    return max(lack, _sum_bound(tuple(shape), itemsize, _boxes(src, tuple(shape)), _boxes(dst, tuple(shape)),
+                                kept_coord, k))
 
 
-@lru_cache(maxsize=4096)
+def _sum_bound(shape, itemsize: int, sb: np.ndarray, tb: np.ndarray, kept_coord: np.ndarray, k: int) -> int:
+    """``lower_bound`` with pending sums, from each device's source and target box (devices, rank, 2), its
+    coordinate on the kept partial axes, and the number ``k`` of summands each kept sum adds."""
+    need = np.prod(tb[..., 1] - tb[..., 0], axis=1)
+    # elements in cells between every block boundary: within a cell all devices agree on holding/needing it
+    edges = [np.unique(np.concatenate([[0, n], sb[:, j].ravel(), tb[:, j].ravel()])) for j, n in enumerate(shape)]
+    lo = [e[:-1] for e in edges]
+    width = [np.diff(e) for e in edges]
+    cell = np.ones(tuple(len(w) for w in width), dtype=np.int64)
+    for j, w in enumerate(width):
+        cell = cell * w.reshape((1,) * j + (-1,) + (1,) * (len(shape) - j - 1))
+    msgs = 0
+    for c in np.unique(kept_coord):
+        on = kept_coord == c
+        sinks = np.ones((int(on.sum()),) + cell.shape, dtype=bool)
+        both = sinks.copy()
+        for j in range(len(shape)):
+            at = (slice(None),) + (None,) * j + (slice(None),) + (None,) * (len(shape) - j - 1)
+            x = lo[j][None, :]
+            t_in = (tb[on, j, 0][:, None] <= x) & (x < tb[on, j, 1][:, None])
+            s_in = (sb[on, j, 0][:, None] <= x) & (x < sb[on, j, 1][:, None])
+            sinks = sinks & t_in[at]
+            both = both & (t_in & s_in)[at]
+        per = k + sinks.sum(axis=0) - 1 - both.any(axis=0)
+        msgs += int((per * cell).sum())
+    spread = msgs * itemsize // len(sb)  # bytes, as ring collectives count them (pieces of values, rounded down)
+    return max(int(need.max(initial=0)) * itemsize, spread)
+
+
+def _radix(mesh, refs, device: int) -> int:
+    coords = mesh.coords(device)
+    pos = 0
+    for r in refs:
+        pos = pos * r.size + r.coord(coords[mesh.axis_index(r.name)])
+    return pos
+
+
+@lru_cache(maxsize=16384)
 def exchange_rounds(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> tuple:
     """The collective_permute rounds of a general exchange from ``src`` to ``dst`` (equal partial axes): per
     round, (bytes per device, mesh axes data crosses, devices that send). Every device sends the same slab
@@ -431,7 +632,7 @@ class Round(NamedTuple):
     crossed: tuple[str, ...]
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=16384)
 def exchange_detail(shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec) -> tuple[Round, ...]:
     """Who sends which piece to whom in an exchange from ``src`` to ``dst``. Pieces are cut at source block
     boundaries; each comes from a holder with the receiver's partial coordinates (the least loaded replica);
@@ -581,6 +782,8 @@ def _across_meshes(shape, itemsize: int, src: ShardingSpec, dst: ShardingSpec, m
     here = ShardingSpec(a, dst.dim_specs, partial_axes=dst.partial_axes)
     first = _plan(shape, itemsize, src, here, model)
     moved = tuple(n for i, n in enumerate(a.axis_names) if any(a.coords(d)[i] != b.coords(d)[i] for d in a.devices))
+    if not moved:  # every device keeps its place (meshes that differ only by name): no device sends to itself
+        return first
     block = prod(chunk(n, here.num_shards(i)) for i, n in enumerate(shape)) * itemsize
     g = grid(here).shape
     state = State((), frozenset())

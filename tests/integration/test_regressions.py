@@ -157,3 +157,68 @@ def test_transpose_axes_out_of_range_raise_like_numpy():
         with pytest.raises(nb.ShardingError, match="transpose"):
             nb.transpose(t, axes)
     assert nb.transpose(t, (-1, 0)).shape == (3, 2)
+
+
+def test_a_device_sending_to_itself_moves_nothing():
+    # a reversed dim sharded on an axis of size 1: every device is its own mirror, and the comm log once
+    # showed a 12 B collective_permute; so did a reshard to a mesh that differs only by its name, and an
+    # explicit ppermute whose pairs all send to themselves
+    v = np.arange(3, dtype=np.float32)
+    for mesh in (DeviceMesh("one", (1,), ("x",)), DeviceMesh("m", (1, 4), ("x", "y"))):
+        t = nb.tensor(v).shard(mesh, ["x"])
+        with nb.comm_log() as log:
+            u = t[::-1]
+        assert log.events == [] and log.total_bytes == 0
+        assert_sharded_allclose(u, v[::-1], rtol=0, atol=0)
+        assert nb.jit(lambda a: a[::-1])(t).numpy().tolist() == v[::-1].tolist()
+    renamed = DeviceMesh("c", (2, 2), ("x", "y"))
+    t = nb.tensor(np.arange(4, dtype=np.float32)).shard(M22, ["x"])
+    with nb.comm_log() as log:
+        u = t.with_sharding(renamed, ["x"])
+    assert log.events == [] and u.mesh == renamed
+    assert_sharded_allclose(u, np.arange(4, dtype=np.float32), rtol=0, atol=0)
+    line = DeviceMesh("l", (4,), ("x",))
+    step = nb.shard_map(lambda b: nb.lax.ppermute(b, "x", [(i, i) for i in range(4)]), line, [["x"]], ["x"])
+    with nb.comm_log() as log:
+        u = step(nb.tensor(np.arange(8, dtype=np.float32)))
+    assert log.events == []
+    assert_sharded_allclose(u, np.arange(8, dtype=np.float32), rtol=0, atol=0)
+    with nb.comm_log() as log:  # a reversal over devices that do move still sends its block
+        nb.tensor(np.arange(8, dtype=np.float32)).shard(line, ["x"])[::-1]
+    assert [(e.kind, e.bytes) for e in log.events] == [("collective_permute", 8)]
+
+
+def _most_lacked(t, u, cut):
+    """The most bytes any device lacks of its block of ``u = t[cut:...]`` (dim 0 cut, others whole)."""
+    most = 0
+    for d in t.sharding.mesh.devices:
+        res, src = u.sharding.shard_slices(u.shape, d), t.sharding.shard_slices(t.shape, d)
+        need = held = 1
+        for j, (r, s) in enumerate(zip(res, src)):
+            lo, hi = r.start + (cut if j == 0 else 0), r.stop + (cut if j == 0 else 0)
+            need *= hi - lo
+            held *= max(0, min(hi, s.stop) - max(lo, s.start))
+        most = max(most, (need - held) * t.dtype.itemsize)
+    return most
+
+
+def test_slicing_a_sharded_dim_moves_only_what_changes_owner():
+    # issue 13: cutting a sharded dim sends only the rows a device lacks of its new block, nothing when the
+    # cut keeps every device's rows; rows from both sides at one distance share one collective_permute
+    # (x[4:12] on tp: device 0 reads from its right, device 3 from its left: one 128 B round, not two)
+    m = DeviceMesh("m", (2, 4), ("dp", "tp"))
+    x = np.arange(256, dtype=np.float32).reshape(16, 16)
+    for spec, start, stop, want in [(["tp", None], 4, 12, 128), (["dp", "tp"], 4, 12, 0), (["dp", None], 4, 12, 0),
+                                    (["tp", None], 1, 15, 64), (["tp", None], 3, 11, 192)]:
+        t = nb.tensor(x).shard(m, spec)
+        with nb.comm_log() as log:
+            u = t[start:stop]
+        assert log.total_bytes == want, (spec, start, stop, log.events)
+        assert_sharded_allclose(u, x[start:stop], rtol=0, atol=0)
+        lacked = _most_lacked(t, u, start)
+        # x[3:11] on tp: device 1 sends a row to each side and device 2 two rows to its right; per side and
+        # distance that is 64 B + 128 B (XLA: 256 B), where splitting device 2's rows over both rounds would
+        # reach the 128 B device 3 lacks
+        assert log.total_bytes == lacked or (start, stop) == (3, 11) and lacked == 128, (spec, start, stop)
+        w = nb.jit(lambda a: a[start:stop])(t)
+        assert_sharded_allclose(w, x[start:stop], rtol=0, atol=0)

@@ -43,18 +43,49 @@ def test_gather_bytes():
     assert_sharded_allclose(u, X, rtol=0, atol=0)
 
 
+LINE = DeviceMesh("line", (4,), ("y",))
+
+
 def test_partial_to_replicated_is_one_all_reduce():
-    u, log = move([None, None], [None, None], src_partial=("y",))
+    u, log = move([None, None], [None, None], mesh=LINE, src_partial=("y",))
     assert_comm(log, all_reduce=1)
     assert log.events[0].bytes == 2 * 3 * 256 // 4  # 2(k-1)/k * B
     assert_sharded_allclose(u, X, rtol=0, atol=0)
 
 
 def test_partial_to_sharded_is_one_reduce_scatter():
-    u, log = move([None, None], ["y", None], src_partial=("y",))
+    u, log = move([None, None], ["y", None], mesh=LINE, src_partial=("y",))
     assert_comm(log, reduce_scatter=1)
     assert log.events[0].bytes == 3 * 256 // 4  # (k-1)/k * B
     assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_replicas_of_a_summand_share_its_reduction():
+    """Partial over y, replicated over x (2x4 mesh): each x replica cuts the block in half locally, sums its
+    half over y (2 * 3/4 * 128 = 192 B) and the halves are gathered over x (128 B): 320 B, the lower bound,
+    where one all_reduce of the whole block over y sends 384 B. To [y, -]: 96 + 32 = 128 B, not 192 B."""
+    u, log = move([None, None], [None, None], src_partial=("y",))
+    assert [(e.kind, e.axes, e.bytes) for e in log.events] == [("all_reduce", ("y",), 192), ("all_gather", ("x",), 128)]
+    assert log.total_bytes == lower_bound((8, 8), 4, ShardingSpec(MESH, [None, None], partial_axes=["y"]),
+                                          ShardingSpec(MESH, [None, None])) == 320
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+    u, log = move([None, None], ["y", None], src_partial=("y",))
+    assert log.total_bytes == 128
+    assert_sharded_allclose(u, X, rtol=0, atol=0)
+
+
+def test_cut_locally_before_reducing():
+    """The audit's case: partial over x to [(x, z)] on 2x2x2, 8 float32. Reduce-scattering x first sends half
+    of 32 B (16 B); each device first keeping its z part of each x half (a strided local cut) and then
+    reduce-scattering x sends half of 16 B: 8 B, the lower bound."""
+    m = DeviceMesh("c", (2, 2, 2), ("x", "y", "z"))
+    v = np.arange(8, dtype=np.float32)
+    a, b = ShardingSpec(m, [None], partial_axes=["x"]), ShardingSpec(m, [("x", "z")])
+    assert lower_bound((8,), 4, a, b) == 8
+    with nb.comm_log() as log:
+        u = nb.tensor(v).shard(m, [None], partial_axes=["x"]).with_sharding(m, [("x", "z")])
+    assert [(e.kind, e.axes, e.bytes) for e in log.events] == [("reduce_scatter", ("x",), 8)]
+    assert_sharded_allclose(u, v, rtol=0, atol=0)
 
 
 def test_partial_kept_while_dims_move():
@@ -181,41 +212,129 @@ def test_same_shard_counts_with_other_axes_is_one_permute():
 # ---- the planner against the lower bound: what no plan can beat ------------------------------------------
 
 import itertools  # noqa: E402
+import os  # noqa: E402
 
 from hypothesis import settings  # noqa: E402
 
-from nabla.reshard import lower_bound  # noqa: E402
+from nabla import storage  # noqa: E402
+from nabla.layout import grid  # noqa: E402
+from nabla.reshard import execute, lacking, lower_bound  # noqa: E402
+
+#: every pair of every case below, not only CI's share of the largest partial one
+EXHAUSTIVE = os.environ.get("NABLA_EXHAUSTIVE") == "1" or os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
 
 
-def _all_specs(mesh, rank):
+def _all_specs(mesh, rank, partial=False):
+    """Every spec of a rank: each mesh axis on one dim (in every order within the dim), unused, or (with
+    ``partial``) a pending sum."""
     out = []
-    for where in itertools.product(range(-1, rank), repeat=mesh.ndim):
+    for where in itertools.product(range(-2 if partial else -1, rank), repeat=mesh.ndim):
         dims = [[] for _ in range(rank)]
         for a, w in zip(mesh.axis_names, where):
             if w >= 0:
                 dims[w].append(a)
+        par = [a for a, w in zip(mesh.axis_names, where) if w == -2]
         for perms in itertools.product(*[list(itertools.permutations(d)) for d in dims]):
-            out.append(ShardingSpec(mesh, [tuple(p) for p in perms]))
+            out.append(ShardingSpec(mesh, [tuple(p) for p in perms], partial_axes=par))
     return out
 
 
-LB_CASES = [(DeviceMesh("m24", (2, 4), ("dp", "tp")), (16,)), (DeviceMesh("m24", (2, 4), ("dp", "tp")), (16, 16)),
-            (DeviceMesh("m24", (2, 4), ("dp", "tp")), (8, 8, 8)), (DeviceMesh("c", (2, 2, 2), ("x", "y", "z")), (8,)),
-            (DeviceMesh("c", (2, 2, 2), ("x", "y", "z")), (8, 8)),
-            (DeviceMesh("c", (2, 2, 2), ("x", "y", "z")), (8, 8, 8))]
+M24 = DeviceMesh("m24", (2, 4), ("dp", "tp"))
+C222 = DeviceMesh("c", (2, 2, 2), ("x", "y", "z"))
+LB_CASES = [(M24, (16,)), (M24, (16, 16)), (M24, (8, 8, 8)), (C222, (8,)), (C222, (8, 8)), (C222, (8, 8, 8))]
+_ids = [f"{m.name}-{'x'.join(map(str, s)) or 'scalar'}" for m, s in LB_CASES]
 
 
-@pytest.mark.parametrize("mesh,shape", LB_CASES, ids=lambda v: str(v) if isinstance(v, tuple) else v.name)
-@settings(max_examples=60)
-@given(data=st.data())
-def test_evenly_divided_reshards_reach_the_lower_bound(mesh, shape, data):
-    """With every dim divisible by its shard counts, the planner sends exactly the most bytes any device
-    lacks (checked over all 25 + 121 + 361 + 256 + 2,401 + 11,236 pairs by the thorough profile)."""
+def _summands(value, spec, rng):
+    """``value`` stored as ``spec`` with random integer summands on the partial axes (not the whole value on
+    coordinate 0 and zeros elsewhere, which a plan that forgets a summand would still pass)."""
+    data = np.array(storage._place(value, spec))
+    g = grid(spec)
+    if not g.partial:
+        return data
+    noise = rng.integers(-4, 5, size=data.shape).astype(data.dtype)
+    first = tuple(0 if j in g.partial else slice(None) for j in range(data.ndim))
+    noise[first] -= noise.sum(axis=tuple(g.partial))  # the summands of each element still add up to it
+    for d in range(value.ndim):
+        for region in storage.pad_regions(spec, value.shape, d):
+            noise[region] = 0  # padding carries no value
+    return data + noise
+
+
+def _check_moves(shape, a, b, p, rng=None):
+    """Carrying out plan ``p`` on stored blocks gives each device its ``b`` block (summands adding up to it)."""
+    v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 7
+    out = np.asarray(execute(_summands(v, a, rng or np.random.default_rng(0)), p))
+    want = storage._place(v, b)
+    assert out.shape == want.shape, (a, b, p.events)
+    if b.partial_axes:
+        np.testing.assert_array_equal(storage.assemble(out, b, shape), v, err_msg=f"{a!r} -> {b!r}")
+    else:
+        np.testing.assert_array_equal(out, want, err_msg=f"{a!r} -> {b!r}")
+
+
+@pytest.mark.parametrize("mesh,shape", LB_CASES, ids=_ids)
+def test_every_evenly_divided_reshard_reaches_the_lower_bound(mesh, shape):
+    """Every pair of specs without partial sums, enumerated (every axis on any dim or none, multi-axis dims
+    in every order): 25 + 121 + 361 pairs on 2x4 and 256 + 2,401 + 11,236 on 2x2x2 (14,400), in CI too. With
+    every dim divisible by its shard counts, the planner sends exactly the most bytes any device lacks, and
+    carrying the plan out gives every device its block. Gaps found: none. (Sub-axes and uneven dims are
+    left to the random property below.)"""
     specs = _all_specs(mesh, len(shape))
-    a, b = data.draw(st.sampled_from(specs)), data.draw(st.sampled_from(specs))
-    p = plan(shape, 4, a, b)
-    assert p.total_bytes == lower_bound(shape, 4, a, b), (a, b, p.events)
-    _check_executes(mesh, shape, a, b)
+    for a in specs:
+        for b in specs:
+            p = plan(shape, 4, a, b)
+            assert p.total_bytes == lower_bound(shape, 4, a, b), (a, b, p.events)
+            _check_moves(shape, a, b, p)
+
+
+P_CASES = [(M24, ()), (C222, ())] + LB_CASES
+
+
+def _partial_pairs(mesh, shape):
+    specs = _all_specs(mesh, len(shape), partial=True)
+    share = not EXHAUSTIVE and len(shape) == 3 and mesh is C222
+    for i, a in enumerate(specs):
+        if not a.partial_axes:
+            continue
+        for j, b in enumerate(specs):
+            if set(b.partial_axes) <= set(a.partial_axes) and (not share or (i + j) % 4 == 0):
+                yield a, b
+
+
+@pytest.mark.parametrize("mesh,shape", P_CASES, ids=[f"{m.name}-{'x'.join(map(str, s)) or 'scalar'}" for m, s in P_CASES])
+def test_every_reshard_of_partial_sums_reaches_the_bound_or_forwards_sums(mesh, shape):
+    """Every pair whose source has pending sums, to any spec partial over a subset of them: 8 + 38 + 102 + 212
+    pairs on 2x4 (scalar, rank 1, 2, 3) and 26 + 521 + 2,738 + 9,077 on 2x2x2. CI checks every pair except
+    on 2x2x2 at rank 3, where it checks a deterministic stratified quarter (each source spec with every
+    fourth target, 2,289 pairs); NABLA_EXHAUSTIVE=1 or HYPOTHESIS_PROFILE=thorough checks all 9,077. Every
+    plan is carried out on random integer summands.
+
+    Named gaps, found by the full enumeration (1 + 4 + 16 + 36 of 360 pairs on 2x4, 3 + 174 + 1,158 +
+    3,978 of 12,362 on 2x2x2); every other pair meets the bound:
+    - forwarded sums: some device's target block reaches past its source block, so it holds no summand of
+      those elements and must receive their sum, which exists only once other devices have received
+      summands. ``lower_bound`` counts messages as if the sum were forwarded while it is formed (pipelined
+      in many small rounds); the planner forms the sum in one move and forwards it in another. Such plans
+      cost at most 1.5x the bound, and never more than summing everything first and cutting locally.
+    - a scalar: the replicas of a summand cannot cut it to share the sum (one all_reduce, 6 B where the
+      bound says 5 B)."""
+    rep = {}
+    for a, b in _partial_pairs(mesh, shape):
+        p = plan(shape, 4, a, b)
+        got, bound = p.total_bytes, lower_bound(shape, 4, a, b)
+        assert got >= bound, (a, b, p.events)
+        if got != bound:
+            forwarded = set(b.partial_axes) != set(a.partial_axes) and lacking(shape, 4, a, b).max() > 0
+            key = b.partial_axes
+            if key not in rep:
+                rep[key] = ShardingSpec(mesh, [()] * len(shape), partial_axes=key)
+            everything_first = plan(shape, 4, a, rep[key]).total_bytes  # then cut: local
+            if not shape:  # a scalar: the replicas of a summand cannot cut it to share its sum
+                assert [e.kind for e in p.events] == ["all_reduce"], (a, b, p.events)
+                continue
+            assert forwarded and 2 * got <= 3 * bound and got <= everything_first, (a, b, got, bound, p.events)
+        _check_moves(shape, a, b, p)
 
 
 @pytest.mark.parametrize("shape", [(6, 5), (5, 7, 3)])
@@ -231,23 +350,68 @@ def test_uneven_reshards_stay_between_the_bound_and_a_gather(shape, data):
     rep = ShardingSpec(mesh, [()] * len(shape))
     p = plan(shape, 4, a, b)
     assert lower_bound(shape, 4, a, b) <= p.total_bytes <= plan(shape, 4, a, rep).total_bytes
-    _check_executes(mesh, shape, a, b)
+    _check_moves(shape, a, b, p)
 
 
-def _check_executes(mesh, shape, a, b):
-    v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
-    u = nb.tensor(v).shard(mesh, a.dim_specs).with_sharding(mesh, b.dim_specs)
-    assert_sharded_allclose(u, v, rtol=0, atol=0)
 
 
 def test_partial_over_sub_axes_reduces_once():
-    """partial over a (4) to [(a:(1)2, b)] on a (4, 2) mesh, 10 float32 (40 B): summing over each sub-axis
-    (two all_reduces, 2 x 40 B) or over a at once (2 * 3/4 * 40 = 60 B) costs more than reduce_scattering
-    a:(1)2 onto the dim (20 B), summing its half over a:(2)2 (20 B) and moving the 4 B no one holds."""
+    """Issue 13: partial over a (4) to [(a:(1)2, b)] on a (4, 2) mesh, 5 float32 (20 B) cost two all_reduces
+    over the sub-axes (40 B) where one all_reduce over a costs 30 B (now 22 B); with 8 elements the plan is
+    at the lower bound (16 B: the b replicas cut the block in half, reduce_scatter a:(1)2, all_reduce
+    a:(2)2), where one all_reduce over a sends 48 B."""
     m = DeviceMesh("m", (4, 2), ("a", "b"))
-    v = np.arange(10.0, dtype=np.float32)
-    with nb.comm_log() as log:
-        u = nb.tensor(v).shard(m, [None], partial_axes=["a"]).with_sharding(m, [("a:(1)2", "b")])
-    assert [(e.kind, e.axes, e.bytes) for e in log.events] == [
-        ("reduce_scatter", ("a:(1)2",), 20), ("all_reduce", ("a:(2)2",), 20), ("collective_permute", ("a",), 4)]
-    assert_sharded_allclose(u, v, rtol=0, atol=0)
+    for n, most in ((5, 30), (10, 60), (8, 16)):
+        v = np.arange(float(n), dtype=np.float32)
+        with nb.comm_log() as log:
+            u = nb.tensor(v).shard(m, [None], partial_axes=["a"]).with_sharding(m, [("a:(1)2", "b")])
+        assert log.total_bytes <= most, (n, log.events)
+        assert_sharded_allclose(u, v, rtol=0, atol=0)
+    assert log.total_bytes == lower_bound((8,), 4, ShardingSpec(m, [()], partial_axes=["a"]),
+                                          ShardingSpec(m, [("a:(1)2", "b")]))
+
+
+def test_the_issues_examples_cost_what_they_promise():
+    """Issue 16: 16x16 float32 [dp, tp] -> [-, (dp, tp)] cost 640 B per device on 2x4 where going through
+    [-, (tp, dp)] costs 192 B (4x4: 384 B vs 112 B); issue 13: [dp, tp] -> [tp, dp] on 2x4 cost 320 B where
+    each device lacks at most 128 B. All three now send exactly what each device lacks."""
+    x = np.arange(256, dtype=np.float32).reshape(16, 16)
+    for shape, src, dst, most, now in [((2, 4), ["dp", "tp"], [None, ("dp", "tp")], 192, 128),
+                                       ((4, 4), ["dp", "tp"], [None, ("dp", "tp")], 112, 64),
+                                       ((2, 4), ["dp", "tp"], ["tp", "dp"], 128, 128)]:
+        m = DeviceMesh("m", shape, ("dp", "tp"))
+        t = nb.tensor(x).shard(m, src)
+        with nb.comm_log() as log:
+            u = t.with_sharding(m, dst)
+        assert log.total_bytes <= most and log.total_bytes == now, (shape, src, dst, log.events)
+        assert now == lower_bound((16, 16), 4, ShardingSpec(m, src), ShardingSpec(m, dst))
+        assert_sharded_allclose(u, x, rtol=0, atol=0)
+
+
+@st.composite
+def _reshards(draw):
+    """A random mesh (1-3 axes of 1-4 devices, sometimes shuffled), shape (rank 0-3, uneven and empty dims
+    too) and spec pair: the source with sub-axes and partial axes, the target partial over a subset of them."""
+    mesh = draw(meshes())
+    shape = draw(shapes(max_rank=3))
+    a = draw(specs(mesh, shape, open_dims=False))
+    b = draw(specs(mesh, shape, partial=False, open_dims=False))
+    keep = draw(st.lists(st.sampled_from(a.partial_axes), unique=True)) if a.partial_axes else []
+    keep = [p for p in keep if not any(mesh.axis_ref(p).overlaps(r) for refs in b.dim_refs for r in refs)]
+    return mesh, shape, a.layout(), ShardingSpec(mesh, b.dim_specs, partial_axes=keep).layout()
+
+
+@given(_reshards(), st.integers(0, 2**16))
+def test_any_plan_is_between_the_bound_and_summing_everything_first(case, seed):
+    """No plan beats ``lower_bound``, none costs more than gathering (and summing) everything and cutting
+    locally, and carrying any plan out gives every device its block (random integer summands)."""
+    mesh, shape, a, b = case
+    p = plan(shape, 4, a, b)
+    everything = ShardingSpec(mesh, [()] * len(shape), partial_axes=b.partial_axes)
+    # ring bytes are rounded down per collective (2(k-1)/k of 4 B over 3 devices logs 5 B): up to 1 B each
+    assert lower_bound(shape, 4, a, b) <= p.total_bytes + len(p.events), (a, b, p.events)
+    assert p.total_bytes <= plan(shape, 4, a, everything).total_bytes, (a, b, p.events)
+    _check_moves(shape, a, b, p, np.random.default_rng(seed))
+    v = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    u = nb.tensor(v).shard(mesh, a.dim_specs, partial_axes=a.partial_axes)
+    assert_sharded_allclose(u.with_sharding(mesh, b.dim_specs, partial_axes=b.partial_axes), v, rtol=1e-6, atol=1e-6)
