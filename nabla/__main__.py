@@ -33,7 +33,7 @@ def main() -> None:
           "   write are closed (stay as written) unless open: DimSpec([], is_open=True) or jax's P.UNCONSTRAINED.")
 
     print("\nA contraction sharded on K gives partial sums; the sum is made when a non-linear op needs it:")
-    a2 = a.with_sharding(mesh, [None, "tp"])
+    a2 = a.with_sharding(mesh, ["dp", "tp"])  # rows over dp, the contracted dim over tp
     w2 = nb.random.normal((16, 12), seed=1).shard(mesh, ["tp", None])
     with nb.comm_log() as log:
         z = a2 @ w2

@@ -25,7 +25,7 @@ def test_tour_claims_hold():
     # "5 us per ring step + bytes at 25 GB/s": the default cost model, and the tour's 30.0 us all_reduce
     model = nb.CostModel()
     assert (model.default.latency, model.default.bandwidth) == (5e-6, 25e9)
-    a = nb.random.normal((8, 16), seed=0).shard(mesh, [None, "tp"])
+    a = nb.random.normal((8, 16), seed=0).shard(mesh, ["dp", "tp"])
     w = nb.random.normal((16, 12), seed=1).shard(mesh, ["tp", None])
     with nb.comm_log() as log:
         nb.tanh(a @ w)
