@@ -191,6 +191,9 @@ class Window(FactorKind):
             block[d] = h.width
 
         def apply(x):
+            if type(x) is np.ndarray and not any(isinstance(h, int) for _, _, h in plans):  # one buffer, slices
+                return W.extend_many(x, G, [(d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
+                                             win.pad_lo) for d, atoms, _ in plans], self.fill)
             for d, atoms, h in plans:
                 if isinstance(h, int):
                     shape = list(x.shape)

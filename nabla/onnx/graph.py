@@ -19,10 +19,11 @@ import nabla as nb
 from .. import collectives as C
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
+from ..ops import _call
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
-from .fuse import Fold, fold, foldable
-from .ops import OPS, Node, Op, holdable
+from .fuse import ADD_RELU, Fold, fold, foldable
+from .ops import OPS, Node, Op, conv_act, holdable
 from .specs import config_mesh, node_specs, spec_from_onnx
 
 _DOMAINS = ("", "ai.onnx")
@@ -320,6 +321,19 @@ class Walker:
                 self.step(step)
 
 
+@contextmanager
+def _node_errors(step: Step) -> Iterator[None]:
+    """Errors of a fused op name the node it runs for, as ``Walker.call`` does."""
+    try:
+        yield
+    except ShardingError as e:
+        if str(e).startswith(step.node.label):
+            raise
+        raise type(e)(f"{step.node.label}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ShardingError(f"{step.node.label}: {e}") from None
+
+
 def _as_tensor(value: Any, name: str, vi: onnx.ValueInfoProto | None) -> Tensor:
     if isinstance(value, Tensor):
         return value
@@ -332,13 +346,41 @@ def _as_tensor(value: Any, name: str, vi: onnx.ValueInfoProto | None) -> Tensor:
 
 class _Runner(Walker):
     """The walk ``run`` makes: a Conv -> BatchNormalization pair with constant parameters runs as one conv
-    with folded weights and bias, the norm passing its input through (see ``fuse``)."""
+    with folded weights and bias, the norm passing its input through; a conv's bias and a Relu that only it
+    feeds run in the conv's kernel, and an Add (or a Sum of two) that only feeds a Relu runs with it (see
+    ``fuse``)."""
 
     def __init__(self, prog: Program, mesh: DeviceMesh | None, folds: list[Fold]) -> None:
         super().__init__(prog, mesh)
         self.folds = {f.conv: f for f in folds}
         self.passthrough = {f.norm for f in folds}
         self.folded: dict[int, tuple[Tensor, Tensor]] = {}
+        self.lazy: dict[str, np.ndarray] = {}  # initializers not placed yet
+        self.relu_after: dict[int, int] = {}  # Conv, Add or Sum node -> the Relu that is its only consumer
+        self.fused: set[int] = set()  # Relu nodes whose work an earlier node did (in this run)
+        g = prog.graph
+        consumers: dict[str, list[int]] = {}
+        for k, n in enumerate(g.node):
+            for x in set(n.input):
+                consumers.setdefault(x, []).append(k)
+        outputs = {o.name for o in g.output}
+
+        def only_consumer(name: str) -> int | None:
+            c = consumers.get(name, [])
+            return c[0] if len(c) == 1 and name not in outputs else None
+
+        for step in prog.steps:
+            if step.proto.domain not in _DOMAINS or step.proto.op_type not in ("Conv", "Add", "Sum") or \
+                    len(step.proto.output) != 1:
+                continue
+            k = only_consumer(step.proto.output[0])
+            if k is not None and k in self.passthrough:  # through a folded BatchNormalization
+                k = only_consumer(g.node[k].output[0]) if len(g.node[k].output) == 1 else None
+            if k is None:
+                continue
+            relu = prog.steps[k]
+            if relu.proto.op_type == "Relu" and relu.proto.domain in _DOMAINS and not relu.specs:
+                self.relu_after[step.index] = k
 
     def load_initializers(self) -> None:
         need = {p for f in self.folds.values() for p in (f.weight, f.bias, f.scale, f.shift, f.mean, f.var) if p}
@@ -349,19 +391,39 @@ class _Runner(Walker):
                 raise ShardingError(f"initializer {init.name!r} has dtype {arr.dtype}, which nabla cannot hold")
             if init.name in need:
                 arrays[init.name] = arr
-            self.env[init.name] = self.place_initializer(arr)
+            self.lazy[init.name] = arr  # placed when a node first reads it (folded ones never are)
+            self.env[init.name] = None
         for index, f in self.folds.items():
             self.folded[index] = tuple(self.place_initializer(a) for a in fold(f, arrays))
 
     def inputs_of(self, step: Step) -> list[Tensor | None]:
+        for name in step.proto.input:
+            if name in self.lazy and not (step.index in self.folded and name in step.proto.input[1:3]):
+                self.env[name] = self.place_initializer(self.lazy.pop(name))
         ins = super().inputs_of(step)
         if step.index in self.folded:
             ins = ins[:1] + list(self.folded[step.index])
         return ins
 
     def call(self, step: Step, ins: list[Tensor | None]) -> list[Tensor | None]:
-        if step.index in self.passthrough:
+        if step.index in self.passthrough or step.index in self.fused:
             return [ins[0]]
+        relu = self.relu_after.get(step.index)
+        if step.proto.op_type == "Conv" and step.proto.domain in _DOMAINS and 2 <= len(ins) <= 3 and \
+                all(t is not None for t in ins[:2]):
+            try:
+                out = conv_act(step.node, ins[0], ins[1], ins[2] if len(ins) > 2 else None, relu is not None)
+            except ShardingError:
+                out = None  # left to the Conv entry itself, which names the node in its error
+            if out is not None:
+                if relu is not None:
+                    self.fused.add(relu)
+                return [out]
+        if relu is not None and step.proto.op_type in ("Add", "Sum") and len(ins) == 2 and all(t is not None for t in ins):
+            a, b = ins
+            self.fused.add(relu)
+            with _node_errors(step):
+                return [_call(ADD_RELU, (a, b))]
         return super().call(step, ins)
 
 
@@ -403,7 +465,11 @@ def run(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None = None) -
                 elif t.mesh != mesh:
                     raise ShardingError(f"input {name!r} is on mesh {t.mesh!r} but the model runs on {mesh!r}")
             w.env[name] = t
+            w.lazy.pop(name, None)  # a given input overrides its initializer
     w.walk()
+    for o in graph.output:
+        if o.name in w.lazy:  # an initializer that is a graph output
+            w.env[o.name] = w.place_initializer(w.lazy.pop(o.name))
     return {o.name: finish(w.env[o.name], o.name) for o in graph.output}
 
 

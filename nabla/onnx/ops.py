@@ -1268,6 +1268,27 @@ def _conv(n, x, w, b=None):
                    groups=n.attr("group", 1))
 
 
+def conv_act(n: Node, x: Tensor, w: Tensor, b: Tensor | None, relu: bool) -> Tensor | None:
+    """The Conv node with its bias (and a following Relu) as one op (``fuse.CONV_ACT``), or None when that
+    does not apply: input channels sharded (their partial sums must be added before any bias or relu), or
+    operands that are not a plain conv's."""
+    from .fuse import conv_act as fused
+
+    def whole_channels(t: Tensor) -> bool:
+        sp = t.sharding
+        return sp is None or (not sp.dim_specs[1].axes and not sp.partial_axes)
+
+    if x.ndim < 3 or w.ndim != x.ndim or not whole_channels(x) or not whole_channels(w):
+        return None
+    if b is not None and (b.ndim != 1 or b.shape[0] != w.shape[0] or (b.sharding is not None and b.sharding.partial_axes)):
+        return None
+    kernel = list(n.attr("kernel_shape", None) or w.shape[2:])
+    if list(kernel) != list(w.shape[2:]):
+        return None
+    strides, dil, pads = _window(n, x, kernel)
+    return fused(x, w, b, tuple(strides), tuple(pads), tuple(dil), n.attr("group", 1), relu)
+
+
 def _check_pool(n: Node) -> None:
     if n.op_type == "MaxPool" and n.wants(1):
         raise n.fail("the Indices output of MaxPool is not supported")
