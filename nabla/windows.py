@@ -343,10 +343,13 @@ _THIN = 64
 
 
 def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | None = None,
-         dilation: int | Sequence[int] | None = None, groups: int = 1) -> np.ndarray:
+         dilation: int | Sequence[int] | None = None, groups: int = 1,
+         live: Sequence[tuple[int, int]] = ()) -> np.ndarray:
     """Valid cross-correlation of windows ``x (*grid, N, C, *spatial)`` with ``w (*grid, O, C/groups, *kernel)``
     (grids broadcast) -> ``(*grid, N, O, *out)``, contiguous. A weight shared by every device (grid all 1)
-    makes one kernel call for all blocks: grid and batch are one leading dim; otherwise one call per block."""
+    makes one kernel call for all blocks: grid and batch are one leading dim; otherwise one call per block.
+    ``live``: ``(grid axis, n)`` pairs saying only the first ``n`` blocks along that axis hold real output
+    rows (the others are all padding of a ceil-rule split): those others are zeros, not computed."""
     nd = w.ndim - G - 2
     kernel = w.shape[G + 2:]
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
@@ -359,21 +362,45 @@ def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | Non
         raise ValueError(f"conv shapes x {x.shape}, w {w.shape} (G={G}) do not fit groups={groups}")
     gx, gw = x.shape[:G], w.shape[:G]
     dtype = np.result_type(x, w)
-    if all(s == 1 for s in gw):
-        return _conv_block(x, w.reshape(w.shape[G:]), stride, dilation, groups, dtype)
     grid = np.broadcast_shapes(gx, gw)
     outs = tuple((n - _span(k, d)) // s + 1 for n, k, d, s in zip(x.shape[G + 2:], kernel, dilation, stride))
+    live = tuple((a, n) for a, n in live if n < gx[a] and gw[a] == 1)
+    if all(s == 1 for s in gw):
+        w1 = w.reshape(w.shape[G:])
+        if not live:
+            return _conv_block(x, w1, stride, dilation, groups, dtype)
+        out = np.empty(grid + (N, O) + outs, dtype)
+        key = [slice(None)] * G
+        for a, n in live:
+            dead = [slice(None)] * G
+            dead[a] = slice(n, None)
+            out[tuple(dead)] = 0
+            key[a] = slice(0, n)
+        _conv_block(x[tuple(key)], w1, stride, dilation, groups, dtype, out[tuple(key)])
+        return out
     out = np.empty(grid + (N, O) + outs, dtype)
     for i in np.ndindex(*grid):
         xi = x[tuple(j if s > 1 else 0 for j, s in zip(i, gx))]
         wi = w[tuple(j if s > 1 else 0 for j, s in zip(i, gw))]
-        out[i] = _conv_block(xi, wi, stride, dilation, groups, dtype)
+        _conv_block(xi, wi, stride, dilation, groups, dtype, out[i])
     return out
 
 
+def _as_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` reshaped without a copy, or None when its strides do not allow it."""
+    try:
+        return a.reshape(shape, copy=False)
+    except ValueError:
+        return None
+    except TypeError:  # numpy < 2.1: no copy argument
+        v = a.reshape(shape)
+        return v if np.shares_memory(v, a) else None
+
+
 def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation: tuple[int, ...], groups: int,
-                dtype: np.dtype) -> np.ndarray:
-    """``x (*lead, C, *S)`` with one weight ``w (O, C/groups, *K)`` -> ``(*lead, O, *out)``, contiguous.
+                dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """``x (*lead, C, *S)`` with one weight ``w (O, C/groups, *K)`` -> ``(*lead, O, *out)`` (written into
+    ``out`` when given, else a new contiguous array).
 
     Per image, ``W (O, C*K) @ cols (C*K, out)`` gives the output rows in place (no transpose after): a 1x1
     stride-1 conv's cols are the input itself (no copy), a KxK conv's are one im2col copy of a window view.
@@ -389,6 +416,8 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
     P = prod(outs)
     x = x.astype(dtype, copy=False)
     wm = w.astype(dtype, copy=False).reshape(groups, O // groups, Cg * K)
+    if out is None:
+        out = np.empty(lead + (O,) + outs, dtype)
     fold = P < _THIN and L > 1
     nl = len(lead)
     if K == 1:  # a 1x1 conv reads a strided sub-grid: the view is its own im2col
@@ -403,17 +432,21 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
         cols = np.empty(shape + lead + outs, dtype)
         cols[...] = v.transpose(order + lead_ax + out_ax)
         y = np.matmul(wm, cols.reshape(groups, Cg * K, L * P))  # (groups, O/groups, L*P)
-        out = np.empty(lead + (O,) + outs, dtype)
-        out.reshape(L, O, P)[...] = y.reshape(O, L, P).transpose(1, 0, 2)
+        y = y.reshape((O,) + lead + (P,)).transpose(tuple(range(1, nl + 1)) + (0, nl + 1))
+        out[...] = y.reshape(lead + (O,) + outs)
         return out
-    if K == 1 and v.flags.c_contiguous and groups == 1:
-        cols = v.reshape(lead + (C, P))  # no copy
+    if K == 1 and groups == 1 and (cols := _as_view(v, lead + (C, P))) is not None:
+        pass  # no copy
     else:
         cols = np.empty(lead + shape + outs, dtype)
         cols[...] = v.transpose(lead_ax + order + out_ax)
     cols = cols.reshape(lead + (groups, Cg * K, P))
-    y = np.matmul(wm, cols)  # (*lead, groups, O/groups, P)
-    return y.reshape(lead + (O,) + outs)
+    dst = _as_view(out, lead + (groups, O // groups, P))
+    if dst is None:
+        out[...] = np.matmul(wm, cols).reshape(out.shape)
+    else:
+        np.matmul(wm, cols, out=dst)  # (*lead, groups, O/groups, P)
+    return out
 
 
 def epilogue(y, G: int, bias=None, relu: bool = False):

@@ -101,13 +101,34 @@ def _conv_act_kernel(arrays, local):
     if not local.windowed:
         x = _ops._pad_spatial(x, padding, 0)
     G = local.G
-    y = _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1])
+    live = local.aux[0] if local.windowed and local.aux else ()
+    y = _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1], live)
     return _windows.epilogue(y, G, arrays[2] if len(arrays) > 2 else None, relu)
+
+
+def _conv_act_aux(spec, cuts, shapes, params):
+    """Per spatial dim sharded on one grid axis: how many of its blocks hold real output rows (with the ceil
+    rule, 28 rows over 8 devices leave the last one only padding), so the kernel skips the rest."""
+    from ..layout import grid
+    stride, padding, dilation, _, _ = params
+    x, w = shapes[0], shapes[1]
+    g = grid(spec, cuts)
+    live = []
+    for i in range(len(x) - 2):
+        atoms = [a for a in g.dims[2 + i] if g.shape[a] > 1]
+        if len(atoms) != 1:
+            continue
+        k = g.shape[atoms[0]]
+        n_out = _windows.out_size(x[2 + i], w[2 + i], stride[i], dilation[i], *padding[i])
+        co = -(-n_out // k)
+        if co and -(-n_out // co) < k:
+            live.append((atoms[0], -(-n_out // co)))
+    return (tuple(live),)
 
 
 CONV_ACT = OpDef("conv_act", lambda shapes, stride, padding, dilation, groups, relu: _conv_rules.conv_rule(
     shapes[0], shapes[1], stride, padding, dilation, groups, shapes[2] if len(shapes) > 2 else None, True),
-    _conv_act_kernel, dtype=lambda *d: np.result_type(*d))
+    _conv_act_kernel, dtype=lambda *d: np.result_type(*d), aux=_conv_act_aux)
 
 
 def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool):
