@@ -322,6 +322,21 @@ def _tuple(v: int | Sequence[int] | None, nd: int) -> tuple[int, ...]:
     return v
 
 
+def _few_windows(x: np.ndarray, kernel: tuple[int, ...], stride: tuple[int, ...],
+                 dilation: tuple[int, ...]) -> np.ndarray | None:
+    """When the windows are few and large (a global pool), a strided view ``(..., *out, *kernel)`` of them,
+    to reduce in one call; None when reducing tap by tap is faster (many windows, few taps)."""
+    nd = len(kernel)
+    n = x.shape[-nd:]
+    outs = tuple((ni - _span(k, d)) // s + 1 for ni, k, d, s in zip(n, kernel, dilation, stride))
+    if min(outs) < 1 or prod(outs) * 4 > prod(kernel):
+        return None
+    spans = tuple(_span(k, d) for k, d in zip(kernel, dilation))
+    v = sliding_window_view(x, spans, axis=tuple(range(x.ndim - nd, x.ndim)))
+    lead = (slice(None),) * (x.ndim - nd)
+    return v[lead + tuple(slice(None, None, s) for s in stride) + tuple(slice(None, None, d) for d in dilation)]
+
+
 def _taps(x: np.ndarray, kernel: tuple[int, ...], stride: tuple[int, ...],
           dilation: tuple[int, ...]) -> Iterator[np.ndarray]:
     """Each kernel tap's strided view ``(..., *out_spatial)``: reducing tap by tap is elementwise on
@@ -477,6 +492,9 @@ def max_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
         return _jax_windows(lambda a: lax.reduce_window(
             a, -np.inf if a.dtype.kind in "fc" else _fill_value(-np.inf, a.dtype), lax.max, (1, 1) + kernel,
             (1, 1) + _tuple(stride, nd), "VALID", window_dilation=(1, 1) + _tuple(dilation, nd)), G, x)
+    few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
+    if few is not None:
+        return np.max(few, axis=tuple(range(-nd, 0)))
     taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
     out = next(taps).copy()
     for t in taps:
@@ -498,11 +516,15 @@ def avg_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
         sums = _jax_windows(lambda a: lax.reduce_window(a, 0.0, lax.add, (1, 1) + kernel, (1, 1) + _tuple(stride, nd),
                                                         "VALID", window_dilation=(1, 1) + _tuple(dilation, nd)), G, xf)
         return sums / jnp.asarray(prod(kernel) if counts is None else counts, dtype=sums.dtype)
-    taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
-    first = next(taps)
-    out = first.astype(first.dtype if first.dtype.kind in "fc" else np.float64)  # ints average to float64
-    for t in taps:
-        np.add(out, t, out=out)
+    few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
+    if few is not None:
+        out = np.sum(few, axis=tuple(range(-nd, 0)), dtype=x.dtype if x.dtype.kind in "fc" else np.float64)
+    else:
+        taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
+        first = next(taps)
+        out = first.astype(first.dtype if first.dtype.kind in "fc" else np.float64)  # ints average to float64
+        for t in taps:
+            np.add(out, t, out=out)
     div = np.asarray(prod(kernel) if counts is None else counts, dtype=out.dtype)
     if np.broadcast_shapes(out.shape, div.shape) == out.shape:
         return np.divide(out, div, out=out)

@@ -19,6 +19,7 @@ import nabla as nb
 from .. import collectives as C
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
+from ..executor import place
 from ..ops import _call
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
@@ -186,6 +187,7 @@ class Walker:
         self.prog = prog
         self.mesh = mesh
         self.env: dict[str, Tensor] = {}
+        self._open: dict[int, ShardingSpec] = {}  # the open, replicated spec of each rank on the mesh
         self._inferred: dict[str, onnx.ValueInfoProto] | None = None
 
     def inferred(self, name: str) -> onnx.ValueInfoProto | None:
@@ -251,7 +253,10 @@ class Walker:
         t = Tensor._host(value)
         if self.mesh is None:
             return t
-        return t.shard(self.mesh, [DimSpec((), is_open=True)] * t.ndim)
+        spec = self._open.get(t.ndim)
+        if spec is None:
+            spec = self._open[t.ndim] = ShardingSpec(self.mesh, [DimSpec((), is_open=True)] * t.ndim)
+        return place(t, spec, Tensor)  # t.shard(spec), without checking the spec again
 
     def load_initializers(self) -> None:
         for init in self.prog.graph.initializer:
