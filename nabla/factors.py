@@ -156,6 +156,7 @@ class Window(FactorKind):
     n_out: int = 0
     windows: tuple = ()
     fill: float = 0.0
+    before: tuple = ()  # per operand: (dim, n_out, WindowSpec) of its windowed dims extended before this one
 
     def prepare(self, ctx: OperandContext, dims: tuple[int, ...]) -> LocalStep | None:
         from .collectives import CommEvent
@@ -168,6 +169,10 @@ class Window(FactorKind):
         g = grid(ctx.spec, ctx.cuts)
         block = list(chunks(ctx.spec, ctx.shape))
         G = len(g.shape)
+        for d, n_out, w in (self.before[ctx.operand] or ()) if ctx.operand < len(self.before) else ():
+            if n_out and w.n_in:  # an earlier dim is its window by now: this dim's halo rows span it
+                k = prod(g.shape[a] for a in g.dims[d] if g.shape[a] > 1)
+                block[d] = W.halo(w.n_in, n_out, k, w.kernel, w.stride, w.dilation, w.pad_lo).width
         events = []
         plans = []
         for d in dims:

@@ -26,6 +26,12 @@ def _spatial(op: str, x: tuple[int, ...], kernel: tuple[int, ...], stride, dilat
     return outs
 
 
+def _before(outs, wins, i: int) -> tuple:
+    """For the window factor of spatial dim ``i``: the spatial dims of ``x`` (operand 0) widened to their
+    windows before it, so its halo messages are sized on the widened block (corners included)."""
+    return (tuple((2 + j, outs[j], wins[j]) for j in range(i)), ())
+
+
 @lru_cache(maxsize=4096)
 def conv_rule(x: tuple[int, ...], w: tuple[int, ...], stride: tuple[int, ...], padding: tuple[tuple[int, int], ...],
               dilation: tuple[int, ...], groups: int, bias: tuple[int, ...] | None = None,
@@ -57,8 +63,8 @@ def conv_rule(x: tuple[int, ...], w: tuple[int, ...], stride: tuple[int, ...], p
 
     n, g = new(N, PASS), new(groups, PASS)
     c, o = new(Cg, REPLICATE if whole else REDUCE), new(O // groups, PASS)
-    sp = [new(outs[i], Window(outs[i], (WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i], padding[i][0]),
-                                        None))) for i in range(nd)]
+    wins = [WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i], padding[i][0]) for i in range(nd)]
+    sp = [new(outs[i], Window(outs[i], (wins[i], None), 0.0, _before(outs, wins, i))) for i in range(nd)]
     kk = [new(kernel[i], REPLICATE) for i in range(nd)]
     xd = [dim(n), dim(g, c)] + [dim(f) for f in sp]
     wd = [dim(g, o), dim(c)] + [dim(f) for f in kk]
@@ -79,7 +85,7 @@ def pool_rule(x: tuple[int, ...], kernel: tuple[int, ...], stride: tuple[int, ..
         raise ShardingError(f"{op}: x must be (N, C, *spatial) with {nd} spatial dims for kernel {kernel}, got {x}")
     outs = _spatial(op, x, kernel, stride, dilation, padding)
     sizes = list(x[:2]) + outs
-    kinds = [PASS, PASS] + [Window(outs[i], (WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i],
-                                                         padding[i][0]),), fill) for i in range(nd)]
+    wins = [WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i], padding[i][0]) for i in range(nd)]
+    kinds = [PASS, PASS] + [Window(outs[i], (wins[i],), fill, _before(outs, wins, i)[:1]) for i in range(nd)]
     operand = [(0,) if x[0] != 1 else (), (1,) if x[1] != 1 else ()] + [(2 + i,) for i in range(nd)]
     return build([operand], operand, sizes, kinds)
