@@ -238,14 +238,15 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
     rank = x.ndim
     value = W._fill_value(fill, x.dtype)
     lo = np.asarray(h.lo)
-    a, b = (np.asarray(v) for v in zip(*h.need))
     pos = np.arange(k)
+    slab = np.asarray(h.slabs).reshape(k, k, 2)  # [p, s]: the rows p receives from s
 
     def pieces(src):
         """Rows device p takes from device src[p]'s block: (offset in that block, offset in p's window, count)."""
         ok = (src >= 0) & (src < k)
-        start = np.where(ok, np.maximum(np.maximum(a, src * ci), lo), 0)
-        end = np.where(ok, np.minimum(np.minimum(b, (src + 1) * ci), lo + width), 0)
+        s = np.clip(src, 0, k - 1)
+        start = np.where(ok, np.maximum(slab[pos, s, 0], lo), 0)
+        end = np.where(ok, np.minimum(slab[pos, s, 1], lo + width), 0)
         count = np.maximum(end - start, 0)
         return np.where(count > 0, start - src * ci, 0), np.where(count > 0, start - lo, 0), count
 

@@ -45,10 +45,12 @@ class Halo:
 
     Device ``p`` computes output rows ``[p*co, p*co + co)`` (``co = ceil(n_out/k)``; rows past ``n_out``
     are padding of the output block) from the input window of fixed ``width`` starting at global row
-    ``lo[p]``. Only the rows ``need[p] = [a, b)`` spanned by the taps of its *real* output rows that land in
-    ``[0, n_in)`` are received: ``left[p]`` of them from devices before it, ``right[p]`` from devices after
-    it, the farthest ``hops_left[p]`` / ``hops_right[p]`` devices away. A device whose output block is
-    empty, or reads only padding, needs nothing (``need == (0, 0)``).
+    ``lo[p]``. Its *real* output rows' taps that land in ``[0, n_in)`` span ``need[p] = [a, b)``; from each
+    device ``s`` it receives the slab ``slabs[p][s]`` (global rows, empty as ``(0, 0)``) from the first to
+    the last of those rows that ``s`` holds, so a device none of whose rows are read (a dilated window
+    skipping a one-row block) sends nothing: ``left[p]`` rows from devices before it, ``right[p]`` from
+    devices after it, the farthest ``hops_left[p]`` / ``hops_right[p]`` devices away. A device whose output
+    block is empty, or reads only padding, needs nothing (``need == (0, 0)``).
     """
 
     n_in: int
@@ -63,6 +65,7 @@ class Halo:
     right: tuple[int, ...]
     hops_left: tuple[int, ...]
     hops_right: tuple[int, ...]
+    slabs: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     @property
     def max_left(self) -> int:
@@ -83,13 +86,13 @@ class Halo:
         """Max over devices of the rows received from the device ``distance`` to the left and to the right:
         the size of the one collective_permute per distance and direction that a multi-hop halo takes."""
         lft = rgt = 0
-        for p, (a, b) in enumerate(self.need):
-            s = p - distance  # source on the left holds [s*ci, (s+1)*ci)
-            if s >= 0:
-                lft = max(lft, max(0, min(b, (s + 1) * self.ci) - max(a, s * self.ci)))
-            s = p + distance
-            if s < self.k:
-                rgt = max(rgt, max(0, min(b, (s + 1) * self.ci) - max(a, s * self.ci)))
+        for p, row in enumerate(self.slabs):
+            if p - distance >= 0:
+                a, b = row[p - distance]
+                lft = max(lft, b - a)
+            if p + distance < self.k:
+                a, b = row[p + distance]
+                rgt = max(rgt, b - a)
         return lft, rgt
 
 
@@ -103,7 +106,7 @@ def halo(n_in: int, n_out: int, k: int, kernel: int, stride: int = 1, dilation: 
     ci, co = _ceil_div(n_in, k), _ceil_div(n_out, k)
     span = _span(kernel, dilation)
     width = (co - 1) * stride + span
-    lo, need, left, right, hl, hr = [], [], [], [], [], []
+    lo, need, left, right, hl, hr, slabs = [], [], [], [], [], [], []
     for p in range(k):
         lo.append(p * co * stride - pad_lo)
         start = np.arange(p * co, min(n_out, (p + 1) * co)) * stride - pad_lo  # its real windows
@@ -112,14 +115,22 @@ def halo(n_in: int, n_out: int, k: int, kernel: int, stride: int = 1, dilation: 
         a = int((start + j_lo * dilation)[hit].min()) if hit.any() else 0
         b = int((start + (j_hi - 1) * dilation)[hit].max()) + 1 if hit.any() else 0
         need.append((a, b))
-        nl = max(0, min(b, p * ci) - a)
-        nr = max(0, b - max(a, (p + 1) * ci))
+        taps = start[:, None] + np.arange(kernel) * dilation
+        read = np.unique(taps[(taps >= 0) & (taps < n_in)])  # the rows its real windows read
+        owner = read // ci
+        row = []
+        for s in range(k):
+            mine = read[owner == s]
+            row.append((int(mine[0]), int(mine[-1]) + 1) if mine.size else (0, 0))
+        slabs.append(tuple(row))
+        nl = sum(e - b0 for b0, e in row[:p])
+        nr = sum(e - b0 for b0, e in row[p + 1:])
         left.append(nl)
         right.append(nr)
-        hl.append(p - a // ci if nl else 0)
-        hr.append((b - 1) // ci - p if nr else 0)
+        hl.append(p - min(s for s in range(p) if row[s][1] > row[s][0]) if nl else 0)
+        hr.append(max(s for s in range(p + 1, k) if row[s][1] > row[s][0]) - p if nr else 0)
     return Halo(n_in, n_out, k, ci, co, width, tuple(lo), tuple(need), tuple(left), tuple(right),
-                tuple(hl), tuple(hr))
+                tuple(hl), tuple(hr), tuple(slabs))
 
 
 def halo_bytes(h: Halo, row_bytes: int) -> tuple[int, int]:
@@ -134,9 +145,13 @@ def _gather_plan(h: Halo) -> tuple[np.ndarray, np.ndarray]:
     the device has (its own block or its received halo) rather than padding."""
     rows = np.asarray(h.lo)[:, None] + np.arange(h.width)  # (k, W) global rows
     p = np.arange(h.k)[:, None]
-    a, b = (np.asarray(v)[:, None] for v in zip(*h.need))
     own = (rows >= p * h.ci) & (rows < (p + 1) * h.ci)
-    keep = (rows >= 0) & (rows < h.n_in) & (own | ((rows >= a) & (rows < b)))
+    got = np.zeros_like(own)
+    for q, row in enumerate(h.slabs):
+        for s, (a, b) in enumerate(row):
+            if s != q and b > a:
+                got[q] |= (rows[q] >= a) & (rows[q] < b)
+    keep = (rows >= 0) & (rows < h.n_in) & (own | got)
     idx = np.clip(rows, 0, h.k * h.ci - 1)
     idx.setflags(write=False)
     keep.setflags(write=False)
@@ -221,7 +236,11 @@ def copy_plan(h: Halo) -> tuple[tuple[Piece, ...], tuple[Piece, ...]]:
         a, b = max(a, lo, 0), min(b, lo + h.width, h.n_in)
         covered = np.zeros(h.width, dtype=bool)
         for s in range(h.k):
-            r0, r1 = max(a, s * h.ci), min(b, (s + 1) * h.ci)
+            if s == p:  # what it holds of its window
+                r0, r1 = max(a, s * h.ci), min(b, (s + 1) * h.ci)
+            else:  # the slab it receives from s
+                r0, r1 = h.slabs[p][s]
+                r0, r1 = max(r0, lo), min(r1, lo + h.width)
             if r1 > r0:
                 copies.append((p, s - p, r0 - s * h.ci, r0 - lo, r1 - r0))
                 covered[r0 - lo:r1 - lo] = True

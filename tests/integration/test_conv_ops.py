@@ -156,12 +156,12 @@ def brute_halo_events(x_shape, splits, itemsize, windows):
     """The halo messages of a window op by brute force, independent of nabla.windows' arithmetic.
 
     ``splits``: how many blocks each dim of ``x`` is split into. ``windows``: per spatial dim ``d`` (in
-    order), ``(d, k, kernel, stride, dilation, pad_lo, n_out)`` with ``k = splits[d]``. For every distance
-    and direction, the
-    collective_permute carries the most rows any device reads from the device that far away and does not
-    hold; a row is the rest of the block: the other dims' blocks (ceil rule), the spatial dims handled
-    before it already widened to their windows (the rows from the first window's first tap to the last
-    window's last)."""
+    order), ``(d, k, kernel, stride, dilation, pad_lo, n_out)`` with ``k = splits[d]``. Each device receives,
+    from each device holding rows its windows read, those rows as one slab (first to last row read there:
+    the rows read, unless a stride and a dilation both skip rows inside one block). For every distance and
+    direction, the collective_permute carries the largest such slab; a row is the rest of the block: the
+    other dims' blocks (ceil rule), the spatial dims handled before it already widened to their windows
+    (the rows from the first window's first tap to the last window's last)."""
     block = [-(-n // k) for n, k in zip(x_shape, splits)]
     sizes = []
     for d, k, kernel, stride, dilation, pad_lo, n_out in windows:
@@ -170,14 +170,13 @@ def brute_halo_events(x_shape, splits, itemsize, windows):
         row = itemsize * int(np.prod([b for i, b in enumerate(block) if i != d]))
         most: dict[tuple[int, bool], int] = {}
         for p in range(k):
-            got: dict[tuple[int, bool], int] = {}
+            by_source: dict[int, list[int]] = {}
             for r in read_rows(n_in, n_out, k, kernel, stride, dilation, pad_lo, p):
-                q = r // ci
-                if q != p:
-                    key = (abs(q - p), q < p)
-                    got[key] = got.get(key, 0) + 1
-            for key, rows in got.items():
-                most[key] = max(most.get(key, 0), rows)
+                if r // ci != p:
+                    by_source.setdefault(r // ci, []).append(r)
+            for q, rows in by_source.items():
+                key = (abs(q - p), q < p)
+                most[key] = max(most.get(key, 0), max(rows) + 1 - min(rows))  # one slab per source
         sizes += [rows * row for rows in most.values()]
         block[d] = (co - 1) * stride + (kernel - 1) * dilation + 1
     return sorted(sizes)
@@ -194,10 +193,12 @@ HALO_CASES = [  # mesh, x spec, x shape, kernel, stride, pads, dilation
     (M22, [None, "x", "y", None], (1, 4, 11, 4), (5, 2), (1, 1), ((2, 2), (0, 1)), (1, 1)),  # C and H
     (M22, [None, None, ("x", "y"), None], (2, 2, 6, 5), (5, 1), (1, 1), ((2, 2), (0, 0)), (1, 1)),  # 4-way H
     (M22, [None, None, ("x", "y"), None], (1, 2, 4, 3), (5, 3), (1, 1), ((2, 2), (1, 1)), (1, 1)),  # 2 hops
-    (M22, [None, None, ("y", "x"), None], (1, 3, 5, 3), (3, 1), (1, 1), ((2, 2), (0, 0)), (2, 1)),  # hop 2 only
+    (M22, [None, None, ("y", "x"), None], (1, 3, 5, 3), (3, 1), (1, 1), ((2, 2), (0, 0)), (2, 1)),  # dilated
+    (M22, [None, None, ("y", "x"), None], (1, 3, 4, 3), (3, 1), (1, 1), ((2, 2), (0, 0)), (2, 1)),  # hop 2 only
     (M222, [None, None, ("x", "y"), "z"], (2, 1, 8, 6), (5, 3), (1, 2), ((2, 2), (1, 1)), (1, 1)),  # 3 axes
     (M8, [None, None, "x", None], (1, 2, 7, 3), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # an all-padding block
     (M8, [None, None, "x", None], (1, 2, 5, 3), (7, 1), (1, 1), ((3, 3), (0, 0)), (1, 1)),  # 3 hops, uneven
+    (M4, [None, None, "x", None], (1, 2, 12, 3), (3, 1), (2, 1), ((2, 2), (0, 0)), (2, 1)),  # skips rows
 ]
 
 
