@@ -1341,3 +1341,17 @@ Pow Sub Sum Where Xor Div GreaterOrEqual LessOrEqual Max Min Mean PRelu""".split
 REDUCTION = frozenset("""ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceSumSquare
 ReduceLogSum ReduceLogSumExp ArgMax ArgMin""".split())
 MATMUL = frozenset({"MatMul", "Gemm", "Einsum"})
+WINDOWED = frozenset("""AveragePool GlobalAveragePool GlobalLpPool GlobalMaxPool LpPool MaxPool MaxRoiPool Conv
+ConvInteger ConvTranspose DeformConv InstanceNormalization LpNormalization LayerNormalization BatchNormalization
+LRN""".split())  # seed 000's pooling and convolution group, with the norms real models use
+
+GROUPS = {"unary elementwise": UNARY, "broadcast n-ary": BROADCAST, "reduction": REDUCTION,
+          "matmul/gemm/einsum": MATMUL, "conv/pool/norm": WINDOWED}
+
+
+def group_of(op_type: str) -> str:
+    """The op group (seed 001's, and conv/pool/norm) of an ONNX op type; ``"other"`` for the rest."""
+    for name, ops in GROUPS.items():
+        if op_type in ops:
+            return name
+    return "other"
