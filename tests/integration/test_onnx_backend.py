@@ -87,10 +87,11 @@ def test_the_suite_covers_the_claimed_ops():
     covered = {op for name in NAMES for op in (n.op_type for n in TESTS[name].model.graph.node)}
     for op in ("Add", "MatMul", "Gemm", "Einsum", "ReduceSum", "Softmax", "Gather", "Slice", "Reshape", "Where",
                "Cast", "Erf", "Asin", "BitShift", "Mod", "Conv", "MaxPool", "AveragePool", "BatchNormalization",
-               "LayerNormalization", "InstanceNormalization", "GlobalAveragePool", "LRN"):
+               "LayerNormalization", "InstanceNormalization", "GlobalAveragePool", "LRN", "ConvTranspose",
+               "LpNormalization", "LpPool"):
         assert op in covered, op
     spatial = {op for name in SPATIAL_NAMES for op in (n.op_type for n in TESTS[name].model.graph.node)}
-    assert {"Conv", "MaxPool", "AveragePool", "MatMul", "Add"} <= spatial
+    assert {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "MatMul", "Add"} <= spatial
 
 
 def test_spatial_placement_shards_a_spatial_dim_and_exchanges_halos():
