@@ -398,6 +398,19 @@ def test_fused_conv_bias_relu_equals_the_reference(spec, relu):
     assert_sharded_allclose(strided, np.maximum(want2, 0) if relu else want2, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("xs,spec", [((2, 3, 5, 9), ["a", None, "b", None]), ((2, 3, 5, 30), [None, None, "b", "a"]),
+                                     ((4, 3, 9, 40), ["a", None, "b", None])], ids=str)
+def test_fused_conv_skips_padding_blocks_on_a_later_grid_axis(xs, spec):
+    """Rows on the second axis of a 2x4 mesh (5 or 9 rows over 4: the last block is all padding): the kernel
+    writes the live blocks through a strided view of the output, by one GEMM per image or folded."""
+    fuse = pytest.importorskip("nabla.onnx.fuse")
+    m24 = DeviceMesh("m24", (2, 4), ("a", "b"))
+    x, w, b = R.standard_normal(xs), R.standard_normal((4, 3, 3, 3)), R.standard_normal(4)
+    want = np.maximum(ref_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1) + b[None, :, None, None], 0)
+    out = fuse.conv_act(nb.tensor(x).shard(m24, spec), w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, True)
+    assert_sharded_allclose(out, want, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("bad,match", [
     (lambda: nb.conv(np.ones((1, 3, 5, 5)), np.ones((2, 4, 3, 3))), "channels"),
     (lambda: nb.conv(np.ones((1, 3, 2, 2)), np.ones((2, 3, 3, 3))), "smaller than the window"),
