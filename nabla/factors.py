@@ -159,6 +159,7 @@ class Window(FactorKind):
     n_out: int = 0
     windows: tuple = ()
     fill: float = 0.0
+    before: tuple = ()  # per operand: (dim, n_out, WindowSpec) of its windowed dims extended before this one
 
     def prepare(self, ctx: OperandContext, dims: tuple[int, ...]) -> LocalStep | None:
         from .collectives import CommEvent
@@ -171,6 +172,10 @@ class Window(FactorKind):
         g = grid(ctx.spec, ctx.cuts)
         block = list(chunks(ctx.spec, ctx.shape))
         G = len(g.shape)
+        for d, n_out, w in (self.before[ctx.operand] or ()) if ctx.operand < len(self.before) else ():
+            if n_out and w.n_in:  # an earlier dim is its window by now: this dim's halo rows span it
+                k = prod(g.shape[a] for a in g.dims[d] if g.shape[a] > 1)
+                block[d] = W.halo(w.n_in, n_out, k, w.kernel, w.stride, w.dilation, w.pad_lo).width
         events = []
         plans = []
         for d in dims:
@@ -197,6 +202,9 @@ class Window(FactorKind):
             block[d] = h.width
 
         def apply(x):
+            if type(x) is np.ndarray and not any(isinstance(h, int) for _, _, h in plans):  # one buffer, slices
+                return W.extend_many(x, G, [(d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
+                                             win.pad_lo) for d, atoms, _ in plans], self.fill)
             for d, atoms, h in plans:
                 if isinstance(h, int):
                     shape = list(x.shape)
@@ -236,14 +244,15 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
     rank = x.ndim
     value = W._fill_value(fill, x.dtype)
     lo = np.asarray(h.lo)
-    a, b = (np.asarray(v) for v in zip(*h.need))
     pos = np.arange(k)
+    slab = np.asarray(h.slabs).reshape(k, k, 2)  # [p, s]: the rows p receives from s
 
     def pieces(src):
         """Rows device p takes from device src[p]'s block: (offset in that block, offset in p's window, count)."""
         ok = (src >= 0) & (src < k)
-        start = np.where(ok, np.maximum(np.maximum(a, src * ci), lo), 0)
-        end = np.where(ok, np.minimum(np.minimum(b, (src + 1) * ci), lo + width), 0)
+        s = np.clip(src, 0, k - 1)
+        start = np.where(ok, np.maximum(slab[pos, s, 0], lo), 0)
+        end = np.where(ok, np.minimum(slab[pos, s, 1], lo + width), 0)
         count = np.maximum(end - start, 0)
         return np.where(count > 0, start - src * ci, 0), np.where(count > 0, start - lo, 0), count
 

@@ -1088,6 +1088,8 @@ def _pads(padding: Any, nd: int, op: str) -> tuple[tuple[int, int], ...]:
 
 def _pad_spatial(x, pads, fill, G: int = 0):
     """Host path (no window factors ran): pad the spatial dims as the op asks."""
+    if not any(a or b for a, b in pads):
+        return x
     widths = [(0, 0)] * (G + 2) + list(pads)
     return _xp(x).pad(x, widths, constant_values=_windows._fill_value(fill, x.dtype))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -45,10 +45,12 @@ class Halo:
 
     Device ``p`` computes output rows ``[p*co, p*co + co)`` (``co = ceil(n_out/k)``; rows past ``n_out``
     are padding of the output block) from the input window of fixed ``width`` starting at global row
-    ``lo[p]``. Only the rows ``need[p] = [a, b)`` spanned by the taps of its *real* output rows that land in
-    ``[0, n_in)`` are received: ``left[p]`` of them from devices before it, ``right[p]`` from devices after
-    it, the farthest ``hops_left[p]`` / ``hops_right[p]`` devices away. A device whose output block is
-    empty, or reads only padding, needs nothing (``need == (0, 0)``).
+    ``lo[p]``. Its *real* output rows' taps that land in ``[0, n_in)`` span ``need[p] = [a, b)``; from each
+    device ``s`` it receives the slab ``slabs[p][s]`` (global rows, empty as ``(0, 0)``) from the first to
+    the last of those rows that ``s`` holds, so a device none of whose rows are read (a dilated window
+    skipping a one-row block) sends nothing: ``left[p]`` rows from devices before it, ``right[p]`` from
+    devices after it, the farthest ``hops_left[p]`` / ``hops_right[p]`` devices away. A device whose output
+    block is empty, or reads only padding, needs nothing (``need == (0, 0)``).
     """
 
     n_in: int
@@ -63,6 +65,7 @@ class Halo:
     right: tuple[int, ...]
     hops_left: tuple[int, ...]
     hops_right: tuple[int, ...]
+    slabs: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     @property
     def max_left(self) -> int:
@@ -83,13 +86,13 @@ class Halo:
         """Max over devices of the rows received from the device ``distance`` to the left and to the right:
         the size of the one collective_permute per distance and direction that a multi-hop halo takes."""
         lft = rgt = 0
-        for p, (a, b) in enumerate(self.need):
-            s = p - distance  # source on the left holds [s*ci, (s+1)*ci)
-            if s >= 0:
-                lft = max(lft, max(0, min(b, (s + 1) * self.ci) - max(a, s * self.ci)))
-            s = p + distance
-            if s < self.k:
-                rgt = max(rgt, max(0, min(b, (s + 1) * self.ci) - max(a, s * self.ci)))
+        for p, row in enumerate(self.slabs):
+            if p - distance >= 0:
+                a, b = row[p - distance]
+                lft = max(lft, b - a)
+            if p + distance < self.k:
+                a, b = row[p + distance]
+                rgt = max(rgt, b - a)
         return lft, rgt
 
     def one_round(self, distance: int) -> bool:
@@ -115,7 +118,7 @@ def halo(n_in: int, n_out: int, k: int, kernel: int, stride: int = 1, dilation: 
     ci, co = _ceil_div(n_in, k), _ceil_div(n_out, k)
     span = _span(kernel, dilation)
     width = (co - 1) * stride + span
-    lo, need, left, right, hl, hr = [], [], [], [], [], []
+    lo, need, left, right, hl, hr, slabs = [], [], [], [], [], [], []
     for p in range(k):
         lo.append(p * co * stride - pad_lo)
         start = np.arange(p * co, min(n_out, (p + 1) * co)) * stride - pad_lo  # its real windows
@@ -124,14 +127,22 @@ def halo(n_in: int, n_out: int, k: int, kernel: int, stride: int = 1, dilation: 
         a = int((start + j_lo * dilation)[hit].min()) if hit.any() else 0
         b = int((start + (j_hi - 1) * dilation)[hit].max()) + 1 if hit.any() else 0
         need.append((a, b))
-        nl = max(0, min(b, p * ci) - a)
-        nr = max(0, b - max(a, (p + 1) * ci))
+        taps = start[:, None] + np.arange(kernel) * dilation
+        read = np.unique(taps[(taps >= 0) & (taps < n_in)])  # the rows its real windows read
+        owner = read // ci
+        row = []
+        for s in range(k):
+            mine = read[owner == s]
+            row.append((int(mine[0]), int(mine[-1]) + 1) if mine.size else (0, 0))
+        slabs.append(tuple(row))
+        nl = sum(e - b0 for b0, e in row[:p])
+        nr = sum(e - b0 for b0, e in row[p + 1:])
         left.append(nl)
         right.append(nr)
-        hl.append(p - a // ci if nl else 0)
-        hr.append((b - 1) // ci - p if nr else 0)
+        hl.append(p - min(s for s in range(p) if row[s][1] > row[s][0]) if nl else 0)
+        hr.append(max(s for s in range(p + 1, k) if row[s][1] > row[s][0]) - p if nr else 0)
     return Halo(n_in, n_out, k, ci, co, width, tuple(lo), tuple(need), tuple(left), tuple(right),
-                tuple(hl), tuple(hr))
+                tuple(hl), tuple(hr), tuple(slabs))
 
 
 def halo_bytes(h: Halo, row_bytes: int) -> tuple[int, int]:
@@ -146,9 +157,13 @@ def _gather_plan(h: Halo) -> tuple[np.ndarray, np.ndarray]:
     the device has (its own block or its received halo) rather than padding."""
     rows = np.asarray(h.lo)[:, None] + np.arange(h.width)  # (k, W) global rows
     p = np.arange(h.k)[:, None]
-    a, b = (np.asarray(v)[:, None] for v in zip(*h.need))
     own = (rows >= p * h.ci) & (rows < (p + 1) * h.ci)
-    keep = (rows >= 0) & (rows < h.n_in) & (own | ((rows >= a) & (rows < b)))
+    got = np.zeros_like(own)
+    for q, row in enumerate(h.slabs):
+        for s, (a, b) in enumerate(row):
+            if s != q and b > a:
+                got[q] |= (rows[q] >= a) & (rows[q] < b)
+    keep = (rows >= 0) & (rows < h.n_in) & (own | got)
     idx = np.clip(rows, 0, h.k * h.ci - 1)
     idx.setflags(write=False)
     keep.setflags(write=False)
@@ -208,6 +223,117 @@ def extend(x: np.ndarray, axis: int, G: int, grid_axes: Sequence[int], n_in: int
     return xp.moveaxis(z, [d + i for i in range(m)], grid_axes)
 
 
+class Piece(NamedTuple):
+    """Devices ``[p0, p1)`` of a dim each receive ``count`` rows, from local row ``src`` of the device ``shift``
+    places away into row ``dst`` of their window (``count == 0``: rows ``[dst, src)`` of the window are ``fill``)."""
+
+    p0: int
+    p1: int
+    shift: int
+    src: int
+    dst: int
+    count: int
+
+
+@lru_cache(maxsize=1024)
+def copy_plan(h: Halo) -> tuple[tuple[Piece, ...], tuple[Piece, ...]]:
+    """What each device's window along one dim is made of: the rows it reads (``need``) that it holds or
+    receives, as copies from one source block each, and the rest of the window as fill. Devices next to each
+    other with the same copy are one piece, so a dim sharded on one grid axis takes a few slice copies."""
+    copies: list[tuple[int, int, int, int, int]] = []
+    fills: list[tuple[int, int, int, int, int]] = []
+    for p in range(h.k):
+        lo = h.lo[p]
+        a, b = h.need[p]
+        a, b = max(a, lo, 0), min(b, lo + h.width, h.n_in)
+        covered = np.zeros(h.width, dtype=bool)
+        for s in range(h.k):
+            if s == p:  # what it holds of its window
+                r0, r1 = max(a, s * h.ci), min(b, (s + 1) * h.ci)
+            else:  # the slab it receives from s
+                r0, r1 = h.slabs[p][s]
+                r0, r1 = max(r0, lo), min(r1, lo + h.width)
+            if r1 > r0:
+                copies.append((p, s - p, r0 - s * h.ci, r0 - lo, r1 - r0))
+                covered[r0 - lo:r1 - lo] = True
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], ~covered, [0])).astype(np.int8)))
+        for f0, f1 in zip(edges[::2], edges[1::2]):
+            fills.append((p, 0, int(f1), int(f0), 0))
+
+    def runs(items):
+        out: list[Piece] = []
+        for p, *rest in sorted(items, key=lambda t: (t[1:], t[0])):
+            if out and out[-1].p1 == p and (out[-1].shift, out[-1].src, out[-1].dst, out[-1].count) == tuple(rest):
+                out[-1] = out[-1]._replace(p1=p + 1)
+            else:
+                out.append(Piece(p, p + 1, *rest))
+        return tuple(out)
+
+    return runs(copies), runs(fills)
+
+
+def _is_identity(h: Halo, pad_lo: int, kernel: int, stride: int, dilation: int) -> bool:
+    """Every device's window is its own block and no real output reads padding (a 1x1 stride-1 conv, or any
+    window op on a dim whose blocks need nothing more): the block is its window as it is."""
+    return (h.width == h.ci and pad_lo == 0 and all(lo == p * h.ci for p, lo in enumerate(h.lo))
+            and (h.n_out - 1) * stride + _span(kernel, dilation) <= h.n_in)
+
+
+def extend_many(x: np.ndarray, G: int, dims: Sequence[tuple], fill: float = 0) -> np.ndarray:
+    """:func:`extend` along several block dims at once (numpy blocks): one buffer of the windows' shape, into
+    which each device's rows (its own and its halo) are copied by slices, and the rest set to ``fill``. Each
+    entry of ``dims`` is ``(axis, grid_axes, n_in, n_out, kernel, stride, dilation, pad_lo)``."""
+    shape = list(x.shape)
+    plans = []
+    for axis, grid_axes, n_in, n_out, kernel, stride, dilation, pad_lo in dims:
+        grid_axes = tuple(grid_axes)
+        sizes = tuple(x.shape[g] for g in grid_axes)
+        h = halo(n_in, n_out, prod(sizes), kernel, stride, dilation, pad_lo)
+        if x.shape[G + axis] != h.ci:
+            raise ValueError(f"block dim {axis} has {x.shape[G + axis]} rows, expected ceil({n_in}/{h.k}) = {h.ci}")
+        if _is_identity(h, pad_lo, kernel, stride, dilation):
+            continue
+        shape[G + axis] = h.width
+        plans.append((G + axis, grid_axes, sizes, copy_plan(h)))
+    if not plans:
+        return x
+    out = np.empty(shape, dtype=x.dtype)
+    full = (slice(None),) * x.ndim
+
+    def devices(key: list, grid_axes, sizes, p0: int, p1: int) -> bool:
+        """Select devices ``[p0, p1)`` of a dim on its grid axes in ``key``; False if that is no one slice."""
+        if len(grid_axes) == 1:
+            key[grid_axes[0]] = slice(p0, p1)
+        elif len(grid_axes) > 1:
+            if p1 - p0 != 1:
+                return False
+            for g, i in zip(grid_axes, np.unravel_index(p0, sizes)):
+                key[g] = int(i)
+        return True
+
+    def split(piece: Piece, grid_axes) -> list[Piece]:
+        return [piece] if len(grid_axes) <= 1 else [piece._replace(p0=p, p1=p + 1) for p in range(piece.p0, piece.p1)]
+
+    per_dim = [[q for c in copies for q in split(c, ga)] for _, ga, _, (copies, _) in plans]
+    for combo in product(*per_dim):
+        dst, src = list(full), list(full)
+        for (d, grid_axes, sizes, _), c in zip(plans, combo):
+            devices(dst, grid_axes, sizes, c.p0, c.p1)
+            devices(src, grid_axes, sizes, c.p0 + c.shift, c.p1 + c.shift)
+            dst[d] = slice(c.dst, c.dst + c.count)
+            src[d] = slice(c.src, c.src + c.count)
+        out[tuple(dst)] = x[tuple(src)]
+    value = _fill_value(fill, x.dtype)
+    for d, grid_axes, sizes, (_, fills) in plans:
+        for f in fills:
+            for q in split(f, grid_axes):
+                key = list(full)
+                devices(key, grid_axes, sizes, q.p0, q.p1)
+                key[d] = slice(q.dst, q.src)
+                out[tuple(key)] = value
+    return out
+
+
 def _xp(*arrays):
     from .backends import xp
     return xp(*arrays)
@@ -227,10 +353,15 @@ def _tuple(v: int | Sequence[int] | None, nd: int) -> tuple[int, ...]:
     return v
 
 
-def _windows(x: np.ndarray, kernel: tuple[int, ...], stride: tuple[int, ...],
-             dilation: tuple[int, ...]) -> np.ndarray:
-    """A strided view ``(..., *out_spatial, *kernel)`` of every output position's taps (no copy)."""
+def _few_windows(x: np.ndarray, kernel: tuple[int, ...], stride: tuple[int, ...],
+                 dilation: tuple[int, ...]) -> np.ndarray | None:
+    """When the windows are few and large (a global pool), a strided view ``(..., *out, *kernel)`` of them,
+    to reduce in one call; None when reducing tap by tap is faster (many windows, few taps)."""
     nd = len(kernel)
+    n = x.shape[-nd:]
+    outs = tuple((ni - _span(k, d)) // s + 1 for ni, k, d, s in zip(n, kernel, dilation, stride))
+    if min(outs) < 1 or prod(outs) * 4 > prod(kernel):
+        return None
     spans = tuple(_span(k, d) for k, d in zip(kernel, dilation))
     v = sliding_window_view(x, spans, axis=tuple(range(x.ndim - nd, x.ndim)))
     lead = (slice(None),) * (x.ndim - nd)
@@ -252,11 +383,19 @@ def _taps(x: np.ndarray, kernel: tuple[int, ...], stride: tuple[int, ...],
                              for j, d, o, s in zip(t, dilation, outs, stride))]
 
 
+# Below this many output positions per image, the images of a block are folded into the columns of one
+# GEMM (a copy in and out, of small tensors) rather than batched as many thin GEMMs (BLAS is slow on those).
+_THIN = 64
+
+
 def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | None = None,
-         dilation: int | Sequence[int] | None = None, groups: int = 1) -> np.ndarray:
+         dilation: int | Sequence[int] | None = None, groups: int = 1,
+         live: Sequence[tuple[int, int]] = ()) -> np.ndarray:
     """Valid cross-correlation of windows ``x (*grid, N, C, *spatial)`` with ``w (*grid, O, C/groups, *kernel)``
-    (grids broadcast) -> ``(*grid, N, O, *out)``: im2col of a window view, then one matmul (batched over
-    grid and groups)."""
+    (grids broadcast) -> ``(*grid, N, O, *out)``, contiguous. A weight shared by every device (grid all 1)
+    makes one kernel call for all blocks: grid and batch are one leading dim; otherwise one call per block.
+    ``live``: ``(grid axis, n)`` pairs saying only the first ``n`` blocks along that axis hold real output
+    rows (the others are all padding of a ceil-rule split): those others are zeros, not computed."""
     nd = w.ndim - G - 2
     kernel = w.shape[G + 2:]
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
@@ -267,18 +406,111 @@ def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | Non
     O, Cg = w.shape[G:G + 2]
     if x.ndim != G + 2 + nd or C != Cg * groups or O % groups:
         raise ValueError(f"conv shapes x {x.shape}, w {w.shape} (G={G}) do not fit groups={groups}")
-    v = _windows(x, kernel, stride, dilation)  # (*gx, N, C, *out, *kernel)
-    gx = x.shape[:G]
-    outs = v.shape[G + 2:G + 2 + nd]
-    v = v.reshape(gx + (N, groups, Cg) + outs + kernel)
-    n, sp, kp = G, G + 3, G + 3 + nd  # axes of N, the output spatial dims, the kernel dims
-    v = v.transpose(tuple(range(G)) + (G + 1, G + 2) + tuple(range(kp, kp + nd)) + (n,) + tuple(range(sp, kp)))
-    cols = v.reshape(gx + (groups, Cg * prod(kernel), N * prod(outs)))  # the one copy: im2col
-    wm = w.reshape(w.shape[:G] + (groups, O // groups, Cg * prod(kernel)))
-    y = np.matmul(wm, cols)  # (*grid, groups, O/groups, N * out): N in the columns makes one big GEMM
-    g = y.shape[:G]
-    y = y.reshape(g + (O, N) + outs)
-    return np.ascontiguousarray(np.swapaxes(y, G, G + 1))
+    gx, gw = x.shape[:G], w.shape[:G]
+    dtype = np.result_type(x, w)
+    grid = np.broadcast_shapes(gx, gw)
+    outs = tuple((n - _span(k, d)) // s + 1 for n, k, d, s in zip(x.shape[G + 2:], kernel, dilation, stride))
+    live = tuple((a, n) for a, n in live if n < gx[a] and gw[a] == 1)
+    if all(s == 1 for s in gw):
+        w1 = w.reshape(w.shape[G:])
+        if not live:
+            return _conv_block(x, w1, stride, dilation, groups, dtype)
+        out = np.empty(grid + (N, O) + outs, dtype)
+        key = [slice(None)] * G
+        for a, n in live:
+            dead = [slice(None)] * G
+            dead[a] = slice(n, None)
+            out[tuple(dead)] = 0
+            key[a] = slice(0, n)
+        _conv_block(x[tuple(key)], w1, stride, dilation, groups, dtype, out[tuple(key)])
+        return out
+    out = np.empty(grid + (N, O) + outs, dtype)
+    for i in np.ndindex(*grid):
+        xi = x[tuple(j if s > 1 else 0 for j, s in zip(i, gx))]
+        wi = w[tuple(j if s > 1 else 0 for j, s in zip(i, gw))]
+        _conv_block(xi, wi, stride, dilation, groups, dtype, out[i])
+    return out
+
+
+def _as_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` reshaped without a copy, or None when its strides do not allow it."""
+    try:
+        return a.reshape(shape, copy=False)
+    except ValueError:
+        return None
+    except TypeError:  # numpy < 2.1: no copy argument
+        v = a.reshape(shape)
+        return v if np.shares_memory(v, a) else None
+
+
+def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation: tuple[int, ...], groups: int,
+                dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """``x (*lead, C, *S)`` with one weight ``w (O, C/groups, *K)`` -> ``(*lead, O, *out)`` (written into
+    ``out`` when given, else a new contiguous array).
+
+    Per image, ``W (O, C*K) @ cols (C*K, out)`` gives the output rows in place (no transpose after): a 1x1
+    stride-1 conv's cols are the input itself (no copy), a KxK conv's are one im2col copy of a window view.
+    Thin images are folded into the columns of one GEMM instead; groups are a batch dim of the GEMM."""
+    nd = w.ndim - 2
+    kernel = w.shape[2:]
+    O, Cg = w.shape[:2]
+    lead = x.shape[:x.ndim - nd - 1]
+    C = x.shape[len(lead)]
+    L, K = prod(lead), prod(kernel)
+    spans = tuple(_span(k, d) for k, d in zip(kernel, dilation))
+    outs = tuple((n - sp) // s + 1 for n, sp, s in zip(x.shape[len(lead) + 1:], spans, stride))
+    P = prod(outs)
+    x = x.astype(dtype, copy=False)
+    wm = w.astype(dtype, copy=False).reshape(groups, O // groups, Cg * K)
+    if out is None:
+        out = np.empty(lead + (O,) + outs, dtype)
+    fold = P < _THIN and L > 1
+    nl = len(lead)
+    if K == 1:  # a 1x1 conv reads a strided sub-grid: the view is its own im2col
+        v = x[(Ellipsis,) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(outs, stride))]
+        order, shape = (nl,), (C,)
+    else:
+        v = sliding_window_view(x, spans, axis=tuple(range(nl + 1, nl + 1 + nd)))
+        v = v[(Ellipsis,) + tuple(slice(None, None, s) for s in stride) + tuple(slice(None, None, d) for d in dilation)]
+        order, shape = (nl,) + tuple(range(nl + 1 + nd, nl + 1 + 2 * nd)), (C,) + kernel  # C, then the taps
+    lead_ax, out_ax = tuple(range(nl)), tuple(range(nl + 1, nl + 1 + nd))
+    if fold:  # cols (groups, C/groups*K, L*P): one GEMM per group over every image
+        cols = np.empty(shape + lead + outs, dtype)
+        cols[...] = v.transpose(order + lead_ax + out_ax)
+        y = np.matmul(wm, cols.reshape(groups, Cg * K, L * P))  # (groups, O/groups, L*P)
+        y = y.reshape((O,) + lead + (P,)).transpose(tuple(range(1, nl + 1)) + (0, nl + 1))
+        out[...] = y.reshape(lead + (O,) + outs)
+        return out
+    if K == 1 and groups == 1 and (cols := _as_view(v, lead + (C, P))) is not None:
+        pass  # no copy
+    else:
+        cols = np.empty(lead + shape + outs, dtype)
+        cols[...] = v.transpose(lead_ax + order + out_ax)
+    cols = cols.reshape(lead + (groups, Cg * K, P))
+    dst = _as_view(out, lead + (groups, O // groups, P))
+    if dst is None:
+        out[...] = np.matmul(wm, cols).reshape(out.shape)
+    else:
+        np.matmul(wm, cols, out=dst)  # (*lead, groups, O/groups, P)
+    return out
+
+
+def epilogue(y, G: int, bias=None, relu: bool = False):
+    """``y (*grid, N, O, *out)`` plus ``bias (*grid, O)`` per channel, then ``max(., 0)``: in place on a numpy
+    block the kernel just made (one pass each, no new array), functionally otherwise (jax)."""
+    nd = y.ndim - G - 2
+    if bias is not None:
+        bias = bias.reshape(bias.shape[:G] + (1, bias.shape[-1]) + (1,) * nd)
+    if type(y) is not np.ndarray or not y.flags.writeable:
+        xp = _xp(y)
+        if bias is not None:
+            y = y + bias.astype(y.dtype)
+        return xp.maximum(y, y.dtype.type(0)) if relu else y
+    if bias is not None:
+        np.add(y, bias, out=y, casting="unsafe")
+    if relu:
+        np.maximum(y, y.dtype.type(0), out=y)
+    return y
 
 
 def max_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequence[int] | None = None,
@@ -291,6 +523,9 @@ def max_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
         return _jax_windows(lambda a: lax.reduce_window(
             a, -np.inf if a.dtype.kind in "fc" else _fill_value(-np.inf, a.dtype), lax.max, (1, 1) + kernel,
             (1, 1) + _tuple(stride, nd), "VALID", window_dilation=(1, 1) + _tuple(dilation, nd)), G, x)
+    few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
+    if few is not None:
+        return np.max(few, axis=tuple(range(-nd, 0)))
     taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
     out = next(taps).copy()
     for t in taps:
@@ -312,11 +547,15 @@ def avg_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
         sums = _jax_windows(lambda a: lax.reduce_window(a, 0.0, lax.add, (1, 1) + kernel, (1, 1) + _tuple(stride, nd),
                                                         "VALID", window_dilation=(1, 1) + _tuple(dilation, nd)), G, xf)
         return sums / jnp.asarray(prod(kernel) if counts is None else counts, dtype=sums.dtype)
-    taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
-    first = next(taps)
-    out = first.astype(first.dtype if first.dtype.kind in "fc" else np.float64)  # ints average to float64
-    for t in taps:
-        np.add(out, t, out=out)
+    few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
+    if few is not None:
+        out = np.sum(few, axis=tuple(range(-nd, 0)), dtype=x.dtype if x.dtype.kind in "fc" else np.float64)
+    else:
+        taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
+        first = next(taps)
+        out = first.astype(first.dtype if first.dtype.kind in "fc" else np.float64)  # ints average to float64
+        for t in taps:
+            np.add(out, t, out=out)
     div = np.asarray(prod(kernel) if counts is None else counts, dtype=out.dtype)
     if np.broadcast_shapes(out.shape, div.shape) == out.shape:
         return np.divide(out, div, out=out)

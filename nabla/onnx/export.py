@@ -57,6 +57,7 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "reshape": ("Reshape",), "broadcast_to": ("Expand",), "expand_dims": ("Unsqueeze",),
     "squeeze": ("Squeeze",), "concatenate": ("Concat",), "getitem": ("Slice", "Squeeze", "Unsqueeze"),
     "conv": ("Conv",), "max_pool": ("MaxPool",), "avg_pool": ("AveragePool",),
+    "conv_act": ("Conv", "Relu"), "add_relu": ("Add", "Relu"),  # nox.run's fused epilogues (fuse.py)
 }
 
 
@@ -425,6 +426,19 @@ def _emit(b: _Builder, v: Tensor, out_name: str | None) -> tuple[str, list[tuple
         kernel = [int(k) for k in node.args[1]._shape[2:]]
         return finish(out("Conv", [x, w], strides=list(stride), pads=_pads(pads), dilations=list(dilation),
                           group=int(groups), kernel_shape=kernel), [(x, 0), (w, 1)])
+    if name == "conv_act":  # Conv with its bias, then Relu when fused
+        stride, pads, dilation, groups, relu = node.params
+        ins = [operand(i, dt) for i in range(n_args)]
+        kernel = [int(k) for k in node.args[1]._shape[2:]]
+        attrs = dict(strides=list(stride), pads=_pads(pads), dilations=list(dilation), group=int(groups),
+                     kernel_shape=kernel)
+        main = [(x, i) for i, x in enumerate(ins)]
+        if not relu:
+            return finish(out("Conv", ins, **attrs), main)
+        return finish(out("Relu", [b.node("Conv", ins, f"{base}_conv", **attrs)]), main)
+    if name == "add_relu":
+        ins = [operand(i, dt) for i in range(2)]
+        return finish(out("Relu", [b.node("Add", ins, f"{base}_sum")]), [(ins[0], 0), (ins[1], 1)])
     if name == "max_pool":
         kernel, stride, pads, dilation = node.params
         x = operand(0)

@@ -4,7 +4,12 @@ are initializers, is folded into the conv (``W * s`` and ``(b - mean) * s + beta
 ``s = scale / sqrt(var + eps)``) and the norm passes its input through. The activations then make one pass
 (the conv's bias add) where the normalization made three (subtract, multiply, add). Layouts do not change:
 a per-channel affine map keeps whatever sharding the conv's output has, and both nodes' annotations still
-act on the same tensors. The model itself is never modified."""
+act on the same tensors. The model itself is never modified.
+
+Then the epilogues: a conv's bias and a ``Relu`` that is the only consumer of its output run inside the
+conv's kernel, in place on the block it just computed (``CONV_ACT``), when the conv's input channels are not
+sharded (a sharded contraction leaves partial sums, which a bias or a relu must not see: those convs run
+as they are); an ``Add`` whose only consumer is a ``Relu`` runs as one elementwise op (``ADD_RELU``)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,11 @@ from typing import Collection, NamedTuple
 import numpy as np
 import onnx
 from onnx import helper
+
+from .. import ops as _ops
+from .. import windows as _windows
+from ..executor import OpDef
+from ..rules import conv as _conv_rules
 
 
 class Fold(NamedTuple):
@@ -80,3 +90,60 @@ def _attr(node: onnx.NodeProto, name: str, default):
         if a.name == name:
             return helper.get_attribute_value(a)
     return default
+
+
+# ---- epilogues: ops nox.run calls in place of a chain of nodes ----------------------------------------------
+
+
+def _conv_act_kernel(arrays, local):
+    x, w = arrays[:2]
+    stride, padding, dilation, groups, relu = local.params
+    if not local.windowed:
+        x = _ops._pad_spatial(x, padding, 0)
+    G = local.G
+    live = local.aux[0] if local.windowed and local.aux else ()
+    y = _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1], live)
+    return _windows.epilogue(y, G, arrays[2] if len(arrays) > 2 else None, relu)
+
+
+def _conv_act_aux(spec, cuts, shapes, params):
+    """Per spatial dim sharded on one grid axis: how many of its blocks hold real output rows (with the ceil
+    rule, 28 rows over 8 devices leave the last one only padding), so the kernel skips the rest."""
+    from ..layout import grid
+    stride, padding, dilation, _, _ = params
+    x, w = shapes[0], shapes[1]
+    g = grid(spec, cuts)
+    live = []
+    for i in range(len(x) - 2):
+        atoms = [a for a in g.dims[2 + i] if g.shape[a] > 1]
+        if len(atoms) != 1:
+            continue
+        k = g.shape[atoms[0]]
+        n_out = _windows.out_size(x[2 + i], w[2 + i], stride[i], dilation[i], *padding[i])
+        co = -(-n_out // k)
+        if co and -(-n_out // co) < k:
+            live.append((atoms[0], -(-n_out // co)))
+    return (tuple(live),)
+
+
+CONV_ACT = OpDef("conv_act", lambda shapes, stride, padding, dilation, groups, relu: _conv_rules.conv_rule(
+    shapes[0], shapes[1], stride, padding, dilation, groups, shapes[2] if len(shapes) > 2 else None, True),
+    _conv_act_kernel, dtype=lambda *d: np.result_type(*d), aux=_conv_act_aux)
+
+
+def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool):
+    """``relu(conv(x, w) + bias)`` (``relu`` optional) as one op: input channels needed whole (never partial)."""
+    nd = x.ndim - 2
+    params = (_ops._per_dim(stride, nd, "stride", "conv"), _ops._pads(padding, nd, "conv"),
+              _ops._per_dim(dilation, nd, "dilation", "conv"), int(groups), bool(relu))
+    return _ops._call(CONV_ACT, (x, w) if bias is None else (x, w, bias), params)
+
+
+def _add_relu(xp, a, b):
+    out = xp.add(a, b)
+    if xp is np and isinstance(out, np.ndarray) and out.flags.writeable:
+        return np.maximum(out, out.dtype.type(0), out=out)
+    return xp.maximum(out, out.dtype.type(0))
+
+
+ADD_RELU = _ops._elementwise("add_relu", _add_relu)

@@ -1268,6 +1268,27 @@ def _conv(n, x, w, b=None):
                    groups=n.attr("group", 1))
 
 
+def conv_act(n: Node, x: Tensor, w: Tensor, b: Tensor | None, relu: bool) -> Tensor | None:
+    """The Conv node with its bias (and a following Relu) as one op (``fuse.CONV_ACT``), or None when that
+    does not apply: input channels sharded (their partial sums must be added before any bias or relu), or
+    operands that are not a plain conv's."""
+    from .fuse import conv_act as fused
+
+    def whole_channels(t: Tensor) -> bool:
+        sp = t.sharding
+        return sp is None or (not sp.dim_specs[1].axes and not sp.partial_axes)
+
+    if x.ndim < 3 or w.ndim != x.ndim or not whole_channels(x) or not whole_channels(w):
+        return None
+    if b is not None and (b.ndim != 1 or b.shape[0] != w.shape[0] or (b.sharding is not None and b.sharding.partial_axes)):
+        return None
+    kernel = list(n.attr("kernel_shape", None) or w.shape[2:])
+    if list(kernel) != list(w.shape[2:]):
+        return None
+    strides, dil, pads = _window(n, x, kernel)
+    return fused(x, w, b, tuple(strides), tuple(pads), tuple(dil), n.attr("group", 1), relu)
+
+
 def _check_pool(n: Node) -> None:
     if n.op_type == "MaxPool" and n.wants(1):
         raise n.fail("the Indices output of MaxPool is not supported")
@@ -1310,6 +1331,122 @@ def _global_avg_pool(n, x):
     return nb.global_avg_pool(x)
 
 
+def _lp(x: Tensor, p: int) -> Tensor:
+    """``|x| ** p`` (p = 1 or 2 without a power)."""
+    return nb.abs(x) if p == 1 else x * x if p == 2 else nb.power(nb.abs(x), _c(x, p))
+
+
+def _root(s: Tensor, p: int) -> Tensor:
+    return s if p == 1 else nb.sqrt(s) if p == 2 else nb.power(s, _c(s, 1.0 / p))
+
+
+@op("LpNormalization")
+def _lp_normalization(n, x):
+    """``x / ||x||_p`` along ``axis`` (p 1 or 2); a zero norm gives 0. A sharded axis leaves partial sums,
+    added (one all_reduce) before the root."""
+    p = n.attr("p", 2)
+    if p not in (1, 2):
+        raise n.fail(f"p must be 1 or 2, got {p}")
+    ax = _axis(n, n.attr("axis", -1), x.ndim)
+    norm = _root(nb.sum(_lp(x, p), (ax,), keepdims=True), p)
+    zero = nb.equal(norm, _c(norm, 0))
+    return nb.where(zero, _c(x, 0), x / nb.where(zero, _c(norm, 1), norm))
+
+
+@op("LpPool", needs=("avg_pool",), check=_check_pool)
+def _lp_pool(n, x):
+    """``(sum over each window of |x|^p) ** (1/p)``: an average pool of ``|x|^p`` counting the zero padding,
+    times the window size (a sharded spatial dim exchanges halo rows, as the average pool does)."""
+    p = n.attr("p", 2)
+    kernel = list(n.attr("kernel_shape"))
+    strides, dil, pads = _window(n, x, kernel)
+    if n.attr("ceil_mode", 0):
+        pads = _ceil_pads(x, kernel, strides, dil, pads)
+    mean = nb.avg_pool(_lp(x, p), tuple(kernel), stride=tuple(strides), padding=tuple(pads),
+                       count_include_pad=True, dilation=tuple(dil))
+    return _root(mean * _c(mean, prod(kernel)), p)
+
+
+@op("GlobalLpPool")
+def _global_lp_pool(n, x):
+    p = n.attr("p", 2)
+    return _root(nb.sum(_lp(x, p), tuple(range(2, x.ndim)), keepdims=True), p)
+
+
+def _upsample(x: Tensor, axis: int, stride: int) -> Tensor:
+    """``stride - 1`` zeros between consecutive rows of dim ``axis``: rows ``(n - 1) * stride + 1``. Built as
+    ``(n, stride)`` rows (the row, then zeros) merged into one dim and cut, so a sharded dim stays sharded."""
+    if stride == 1 or x.shape[axis] == 0:
+        return x
+    shape = list(x.shape)
+    shape[axis] = shape[axis] * (stride - 1)
+    zeros = nb.tensor(np.zeros(x.shape[:axis + 1] + (stride - 1,) + x.shape[axis + 1:], x.dtype))
+    pair = nb.concatenate([nb.expand_dims(x, axis + 1), zeros], axis + 1)  # (..., n, stride, ...)
+    flat = nb.reshape(pair, x.shape[:axis] + (x.shape[axis] * stride,) + x.shape[axis + 1:])
+    return _take(flat, axis, slice(0, (x.shape[axis] - 1) * stride + 1))
+
+
+@op("ConvTranspose", needs=("conv",))
+def _conv_transpose(n, x, w, b=None):
+    """The transpose (gradient) of a conv, as a conv: the input's rows spread ``stride`` apart (zeros between),
+    padded by ``(kernel - 1) * dilation`` less the pads, correlated with the kernel flipped and its channel
+    dims swapped (per group). Batch and channels shard as for Conv, and a sharded spatial dim stays sharded:
+    the spreading is a reshape of a sharded dim, the conv exchanges halo rows."""
+    sp = x.ndim - 2
+    if sp < 1 or w.ndim != x.ndim:
+        raise n.fail(f"X must be (N, C, *spatial) and W (C, M/group, *kernel) of the same rank, got {x.shape}, "
+                     f"{w.shape}")
+    groups = n.attr("group", 1)
+    kernel = list(n.attr("kernel_shape", None) or w.shape[2:])
+    if list(kernel) != list(w.shape[2:]):
+        raise n.fail(f"kernel_shape {kernel} does not match W's spatial dims {list(w.shape[2:])}")
+    strides = list(n.attr("strides", None) or [1] * sp)
+    dil = list(n.attr("dilations", None) or [1] * sp)
+    out_pad = list(n.attr("output_padding", None) or [0] * sp)
+    out_shape = list(n.attr("output_shape", None) or [])
+    auto = n.attr("auto_pad", "NOTSET")
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
+    full = [s * (size - 1) + op + k for s, size, op, k in zip(strides, x.shape[2:], out_pad, span)]
+    if out_shape or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if len(out_shape) == sp + 2:
+            out_shape = out_shape[2:]
+        target = out_shape or [size * s for size, s in zip(x.shape[2:], strides)]
+        if len(target) != sp:
+            raise n.fail(f"output_shape must give {sp} spatial sizes, got {out_shape}")
+        total = [f - t for f, t in zip(full, target)]
+        upper = auto == "SAME_UPPER"
+        pads = [(t // 2, t - t // 2) if upper else (t - t // 2, t // 2) for t in total]
+    elif auto == "VALID":
+        pads = [(0, 0)] * sp
+    else:
+        p = list(n.attr("pads", None) or [0] * (2 * sp))
+        pads = [(p[i], p[i + sp]) for i in range(sp)]
+    C, Mg = w.shape[0], w.shape[1]
+    if x.shape[1] != C or C % groups:
+        raise n.fail(f"X has {x.shape[1]} channels, W {C}; with group={groups} both must match and divide")
+    # W (C, M/g, *k) -> (M, C/g, *k), flipped: per group, the channel dims swapped
+    wg = nb.reshape(w, (groups, C // groups, Mg) + tuple(kernel))
+    wg = nb.transpose(wg, (0, 2, 1) + tuple(range(3, 3 + sp)))
+    wc = nb.reshape(wg, (groups * Mg, C // groups) + tuple(kernel))
+    wc = wc[(slice(None), slice(None)) + (slice(None, None, -1),) * sp]
+    u = x
+    for i in range(sp):
+        u = _upsample(u, 2 + i, strides[i])
+    conv_pads, crop = [], []
+    for i in range(sp):
+        lo = span[i] - 1 - pads[i][0]
+        hi = span[i] - 1 - pads[i][1] + out_pad[i]
+        conv_pads.append((max(lo, 0), max(hi, 0)))
+        crop.append((max(-lo, 0), max(-hi, 0)))
+    y = nb.conv(u, wc, stride=1, padding=tuple(conv_pads), dilation=tuple(dil), groups=groups)
+    for i, (a, c) in enumerate(crop):
+        if a or c:
+            y = _take(y, 2 + i, slice(a, y.shape[2 + i] - c))
+    if b is not None:
+        y = y + nb.reshape(b, (1, -1) + (1,) * sp)
+    return y
+
+
 # ---- op groups (seed 001), for the checker and the report -------------------------------------------
 
 UNARY = frozenset("""Abs Acos Acosh Asin Asinh Atan Atanh Cast Ceil Cos Cosh Dropout Erf Exp Floor Identity IsInf
@@ -1320,3 +1457,17 @@ Pow Sub Sum Where Xor Div GreaterOrEqual LessOrEqual Max Min Mean PRelu""".split
 REDUCTION = frozenset("""ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceSumSquare
 ReduceLogSum ReduceLogSumExp ArgMax ArgMin""".split())
 MATMUL = frozenset({"MatMul", "Gemm", "Einsum"})
+WINDOWED = frozenset("""AveragePool GlobalAveragePool GlobalLpPool GlobalMaxPool LpPool MaxPool MaxRoiPool Conv
+ConvInteger ConvTranspose DeformConv InstanceNormalization LpNormalization LayerNormalization BatchNormalization
+LRN""".split())  # seed 000's pooling and convolution group, with the norms real models use
+
+GROUPS = {"unary elementwise": UNARY, "broadcast n-ary": BROADCAST, "reduction": REDUCTION,
+          "matmul/gemm/einsum": MATMUL, "conv/pool/norm": WINDOWED}
+
+
+def group_of(op_type: str) -> str:
+    """The op group (seed 001's, and conv/pool/norm) of an ONNX op type; ``"other"`` for the rest."""
+    for name, ops in GROUPS.items():
+        if op_type in ops:
+            return name
+    return "other"

@@ -26,11 +26,20 @@ def _spatial(op: str, x: tuple[int, ...], kernel: tuple[int, ...], stride, dilat
     return outs
 
 
+def _before(outs, wins, i: int) -> tuple:
+    """For the window factor of spatial dim ``i``: the spatial dims of ``x`` (operand 0) widened to their
+    windows before it, so its halo messages are sized on the widened block (corners included)."""
+    return (tuple((2 + j, outs[j], wins[j]) for j in range(i)), ())
+
+
 @lru_cache(maxsize=4096)
 def conv_rule(x: tuple[int, ...], w: tuple[int, ...], stride: tuple[int, ...], padding: tuple[tuple[int, int], ...],
-              dilation: tuple[int, ...], groups: int) -> Rule:
+              dilation: tuple[int, ...], groups: int, bias: tuple[int, ...] | None = None,
+              whole: bool = False) -> Rule:
     """``x (N, C, *S)`` with ``w (O, C/groups, *K)``: factors n, g (groups), c (C/groups, contracted),
-    o (O/groups), one window factor per spatial dim, one whole factor per kernel dim."""
+    o (O/groups), one window factor per spatial dim, one whole factor per kernel dim. ``bias (O,)``, when
+    given, is a third operand on (g, o). ``whole``: c is needed whole rather than contracted (no partial
+    sums), for a kernel that applies something non-linear to the sums (a fused epilogue)."""
     nd = len(x) - 2
     if nd < 1 or nd > 3 or len(w) != len(x):
         raise ShardingError(f"conv: x must be (N, C, *spatial) with 1 to 3 spatial dims and w (O, C/groups, "
@@ -53,14 +62,18 @@ def conv_rule(x: tuple[int, ...], w: tuple[int, ...], stride: tuple[int, ...], p
         return tuple(f for f in factors if sizes[f] > 1 or kinds[f].windowed)
 
     n, g = new(N, PASS), new(groups, PASS)
-    c, o = new(Cg, REDUCE), new(O // groups, PASS)
-    sp = [new(outs[i], Window(outs[i], (WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i], padding[i][0]),
-                                        None))) for i in range(nd)]
+    c, o = new(Cg, REPLICATE if whole else REDUCE), new(O // groups, PASS)
+    wins = [WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i], padding[i][0]) for i in range(nd)]
+    sp = [new(outs[i], Window(outs[i], (wins[i], None), 0.0, _before(outs, wins, i))) for i in range(nd)]
     kk = [new(kernel[i], REPLICATE) for i in range(nd)]
     xd = [dim(n), dim(g, c)] + [dim(f) for f in sp]
     wd = [dim(g, o), dim(c)] + [dim(f) for f in kk]
     rd = [dim(n), dim(g, o)] + [dim(f) for f in sp]
-    return build([xd, wd], rd, sizes, kinds)
+    if bias is None:
+        return build([xd, wd], rd, sizes, kinds)
+    if tuple(bias) != (O,):
+        raise ShardingError(f"conv: bias must have shape ({O},) (one per output channel), got {bias}")
+    return build([xd, wd, [dim(g, o)]], rd, sizes, kinds)
 
 
 @lru_cache(maxsize=4096)
@@ -72,7 +85,7 @@ def pool_rule(x: tuple[int, ...], kernel: tuple[int, ...], stride: tuple[int, ..
         raise ShardingError(f"{op}: x must be (N, C, *spatial) with {nd} spatial dims for kernel {kernel}, got {x}")
     outs = _spatial(op, x, kernel, stride, dilation, padding)
     sizes = list(x[:2]) + outs
-    kinds = [PASS, PASS] + [Window(outs[i], (WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i],
-                                                         padding[i][0]),), fill) for i in range(nd)]
+    wins = [WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i], padding[i][0]) for i in range(nd)]
+    kinds = [PASS, PASS] + [Window(outs[i], (wins[i],), fill, _before(outs, wins, i)[:1]) for i in range(nd)]
     operand = [(0,) if x[0] != 1 else (), (1,) if x[1] != 1 else ()] + [(2 + i,) for i in range(nd)]
     return build([operand], operand, sizes, kinds)

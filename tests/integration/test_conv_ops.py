@@ -44,12 +44,16 @@ CONV_CASES = [  # x shape, w shape, stride, padding pairs, dilation, groups
     ((3, 3, 9, 7), (4, 3, 3, 2), (1, 2), ((1, 1), (0, 1)), (1, 1), 1),
     ((2, 4, 10, 6), (4, 1, 3, 3), (2, 1), ((1, 2), (1, 1)), (2, 1), 4),
     ((1, 2, 6, 5, 5), (3, 2, 2, 3, 1), (1, 1, 2), ((0, 1), (1, 1), (0, 0)), (1, 2, 1), 1),
+    ((2, 3, 20, 18), (4, 3, 3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),  # blocks wide enough for a GEMM each
+    ((2, 4, 16, 9), (6, 2, 1, 1), (1, 1), ((0, 0), (0, 0)), (1, 1), 2),  # 1x1: the input is its own im2col
+    ((2, 4, 17, 10), (6, 4, 1, 1), (2, 2), ((0, 0), (0, 0)), (1, 1), 1),  # 1x1 strided
 ]
 
 
-def x_specs(mesh, rank):
-    """Every way to put the mesh's axes on dims N, C and the first spatial dim (one axis per dim)."""
-    dims = [0, 1, 2]
+def x_specs(mesh, rank, dims=None):
+    """Every way to put the mesh's axes on ``dims`` (default: N, C and the first two spatial dims), one axis
+    per dim."""
+    dims = list(range(min(rank, 4))) if dims is None else list(dims)
     out = []
     for assign in itertools.product([None] + dims, repeat=mesh.ndim):
         used = [d for d in assign if d is not None]
@@ -69,8 +73,14 @@ def test_conv_on_every_sharding_equals_xla(case, mesh):
     xs, ws, stride, pads, dil, groups = case
     x, w = R.standard_normal(xs), R.standard_normal(ws)
     want = ref_conv(x, w, stride, pads, dil, groups)
+    free = [a for a in mesh.axis_names]
     for spec in x_specs(mesh, len(xs)):
-        for wspec in ([None] * len(ws), [spec[1]] + [None] * (len(ws) - 1)):  # w replicated, or O on C's axis
+        # w replicated; O on C's axis; w's input channels on C's axis (partial sums); O on an axis x leaves free
+        spare = [a for a in free if a not in spec]
+        wspecs = [[None] * len(ws), [spec[1]] + [None] * (len(ws) - 1), [None, spec[1]] + [None] * (len(ws) - 2)]
+        if spare:
+            wspecs.append([spare[0]] + [None] * (len(ws) - 1))
+        for wspec in wspecs:
             t = nb.tensor(x).shard(mesh, spec)
             u = nb.tensor(w).shard(mesh, wspec)
             out = nb.conv(t, u, stride=stride, padding=pads, dilation=dil, groups=groups)
@@ -128,6 +138,124 @@ def test_spatial_sharding_exchanges_halo_rows_only(n, kernel, stride, dil, pads)
     assert_sharded_allclose(out, ref_conv(x, w, (stride, 1), [pads, (0, 0)], (dil, 1), 1), rtol=1e-10, atol=1e-10)
 
 
+M8 = DeviceMesh("m8", (8,), ("x",))
+M222 = DeviceMesh("m222", (2, 2, 2), ("x", "y", "z"))
+
+
+def read_rows(n_in, n_out, k, kernel, stride, dilation, pad_lo, p):
+    """Input rows (inside the dim) that the real outputs of device ``p`` read, from the definition: output
+    ``o`` reads ``o * stride - pad_lo + j * dilation`` for every tap ``j``; device ``p`` owns outputs
+    ``[p * co, (p + 1) * co)`` of ``n_out`` (``co = ceil(n_out / k)``)."""
+    co = -(-n_out // k)
+    rows = {o * stride - pad_lo + j * dilation for o in range(p * co, min(n_out, (p + 1) * co))
+            for j in range(kernel)}
+    return {r for r in rows if 0 <= r < n_in}
+
+
+def brute_halo_events(x_shape, splits, itemsize, windows):
+    """The halo messages of a window op by brute force, independent of nabla.windows' arithmetic.
+
+    ``splits``: how many blocks each dim of ``x`` is split into. ``windows``: per spatial dim ``d`` (in
+    order), ``(d, k, kernel, stride, dilation, pad_lo, n_out)`` with ``k = splits[d]``. Each device receives,
+    from each device holding rows its windows read, those rows as one slab (first to last row read there:
+    the rows read, unless a stride and a dilation both skip rows inside one block). For every distance and
+    direction, the collective_permute carries the largest such slab; a row is the rest of the block: the
+    other dims' blocks (ceil rule), the spatial dims handled before it already widened to their windows
+    (the rows from the first window's first tap to the last window's last)."""
+    block = [-(-n // k) for n, k in zip(x_shape, splits)]
+    sizes = []
+    for d, k, kernel, stride, dilation, pad_lo, n_out in windows:
+        n_in = x_shape[d]
+        ci, co = -(-n_in // k), -(-n_out // k)
+        row = itemsize * int(np.prod([b for i, b in enumerate(block) if i != d]))
+        most: dict[tuple[int, bool], int] = {}
+        for p in range(k):
+            by_source: dict[int, list[int]] = {}
+            for r in read_rows(n_in, n_out, k, kernel, stride, dilation, pad_lo, p):
+                if r // ci != p:
+                    by_source.setdefault(r // ci, []).append(r)
+            for q, rows in by_source.items():
+                key = (abs(q - p), q < p)
+                most[key] = max(most.get(key, 0), max(rows) + 1 - min(rows))  # one slab per source
+        sizes += [rows * row for rows in most.values()]
+        block[d] = (co - 1) * stride + (kernel - 1) * dilation + 1
+    return sorted(sizes)
+
+
+def n_outs(x_shape, kernel, stride, pads, dilation):
+    return [(n + lo + hi - (k - 1) * d - 1) // s + 1
+            for n, k, s, (lo, hi), d in zip(x_shape[2:], kernel, stride, pads, dilation)]
+
+
+HALO_CASES = [  # mesh, x spec, x shape, kernel, stride, pads, dilation
+    (M22, [None, None, "x", "y"], (2, 3, 9, 10), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # H and W both
+    (M22, [None, None, "x", "y"], (2, 2, 13, 11), (3, 5), (2, 1), ((1, 0), (2, 2)), (1, 2)),  # strided, dilated
+    (M22, [None, "x", "y", None], (1, 4, 11, 4), (5, 2), (1, 1), ((2, 2), (0, 1)), (1, 1)),  # C and H
+    (M22, [None, None, ("x", "y"), None], (2, 2, 6, 5), (5, 1), (1, 1), ((2, 2), (0, 0)), (1, 1)),  # 4-way H
+    (M22, [None, None, ("x", "y"), None], (1, 2, 4, 3), (5, 3), (1, 1), ((2, 2), (1, 1)), (1, 1)),  # 2 hops
+    (M22, [None, None, ("y", "x"), None], (1, 3, 5, 3), (3, 1), (1, 1), ((2, 2), (0, 0)), (2, 1)),  # dilated
+    (M22, [None, None, ("y", "x"), None], (1, 3, 4, 3), (3, 1), (1, 1), ((2, 2), (0, 0)), (2, 1)),  # hop 2 only
+    (M222, [None, None, ("x", "y"), "z"], (2, 1, 8, 6), (5, 3), (1, 2), ((2, 2), (1, 1)), (1, 1)),  # 3 axes
+    (M8, [None, None, "x", None], (1, 2, 7, 3), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # an all-padding block
+    (M8, [None, None, "x", None], (1, 2, 5, 3), (7, 1), (1, 1), ((3, 3), (0, 0)), (1, 1)),  # 3 hops, uneven
+    (M4, [None, None, "x", None], (1, 2, 12, 3), (3, 1), (2, 1), ((2, 2), (0, 0)), (2, 1)),  # skips rows
+]
+
+
+def splits_of(mesh, spec):
+    """How many blocks each dim is split into under ``spec`` (a list of None / axis / axes per dim)."""
+    out = []
+    for axes in spec:
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        out.append(int(np.prod([mesh.shape[mesh.axis_names.index(a)] for a in axes])) if axes else 1)
+    return out
+
+
+def halo_windows(splits, x_shape, kernel, stride, pads, dilation):
+    outs = n_outs(x_shape, kernel, stride, pads, dilation)
+    return [(2 + i, splits[2 + i], kernel[i], stride[i], dilation[i], pads[i][0], outs[i]) for i in range(len(kernel))]
+
+
+@pytest.mark.parametrize("case", HALO_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-x{c[2]}k{c[3]}")
+def test_halo_bytes_equal_a_brute_force_count(case):
+    """Conv, max pool and average pool on 2-D and multi-axis spatial shardings (multi-hop halos included):
+    only collective_permutes, one per distance and direction, of exactly the rows read and not held."""
+    mesh, spec, xs, kernel, stride, pads, dil = case
+    x = R.standard_normal(xs)
+    splits = splits_of(mesh, spec)
+    want_bytes = brute_halo_events(xs, splits, 8, halo_windows(splits, xs, kernel, stride, pads, dil))
+    w = R.standard_normal((3, xs[1]) + kernel)
+    runs = {
+        "conv": (lambda t: nb.conv(t, w, stride=stride, padding=pads, dilation=dil),
+                 ref_conv(x, w, stride, list(pads), dil, 1)),
+        "max_pool": (lambda t: nb.max_pool(t, kernel, stride, pads, dil),
+                     ref_pool(x, "max", kernel, stride, pads, dil)),
+        "avg_pool": (lambda t: nb.avg_pool(t, kernel, stride, pads, False, dil),
+                     ref_pool(x, "avg", kernel, stride, pads, dil, False)),
+    }
+    for name, (fn, want) in runs.items():
+        t = nb.tensor(x).shard(mesh, spec)
+        with nb.comm_log() as log:
+            out = fn(t)
+        assert set(log.counts) <= {"collective_permute"}, (name, log.counts)
+        assert sorted(e.bytes for e in log.events) == want_bytes, name
+        assert [d.axes for d in out.sharding.dim_specs[2:]] == [d.axes for d in t.sharding.dim_specs[2:]], name
+        assert_sharded_allclose(out, want, rtol=1e-10, atol=1e-10)
+
+
+def test_the_brute_force_counts_what_it_should():
+    """The brute force itself, on cases counted by hand: a 3x3 conv, padding 1, 16 rows over 4 devices
+    sends each device one row from each side (two messages); a dilation-2 window over one-row blocks reads
+    two devices away and never its neighbours."""
+    assert brute_halo_events((1, 1, 16, 1), (1, 1, 4, 1), 8, [(2, 4, 3, 1, 1, 1, 16)]) == [8, 8]
+    assert brute_halo_events((1, 1, 4, 1), (1, 1, 4, 1), 8, [(2, 4, 3, 1, 2, 2, 4)]) == [8, 8]
+    assert read_rows(4, 4, 4, 3, 1, 2, 2, 1) == {1, 3}  # device 1 (output 1) reads rows -1, 1, 3
+    # 8x8 on 2x2 devices, 3x3 padding 1: H's messages are one row of a 4-wide block (32 B); W's then carry
+    # one column of H's 6-row window (the corners come along: 48 B)
+    assert brute_halo_events((1, 1, 8, 8), (1, 1, 2, 2), 8, [(2, 2, 3, 1, 1, 1, 8), (3, 2, 3, 1, 1, 1, 8)]) == \
+        [32, 32, 48, 48]
+
+
 POOL_CASES = [((2, 3, 13, 6), (3, 2), (2, 2), ((1, 1), (0, 1)), (1, 1)),
               ((1, 2, 10, 9), (2, 3), (1, 2), ((0, 1), (1, 1)), (2, 1)),
               ((2, 2, 7), (3,), (1,), ((1, 1),), (1,))]
@@ -182,6 +310,105 @@ def test_global_avg_pool_batch_and_layer_norm():
         out = nb.layer_norm(th, g, b)
     assert_sharded_allclose(out, (h - mu) / sd * g + b, rtol=1e-12, atol=1e-12)
     assert log.counts == {"all_reduce": 2}  # the mean's and the variance's, as XLA does
+
+
+def every_spec(mesh, rank):
+    """Every placement of the mesh's axes on the dims of a rank-``rank`` tensor: each axis on at most one
+    dim, a dim holding none, one or several axes (in either order)."""
+    out = set()
+    names = mesh.axis_names
+    for assign in itertools.product([None] + list(range(rank)), repeat=len(names)):
+        for order in itertools.permutations(range(len(names))):
+            spec = [[] for _ in range(rank)]
+            for j in order:
+                if assign[j] is not None:
+                    spec[assign[j]].append(names[j])
+            out.add(tuple(None if not a else a[0] if len(a) == 1 else tuple(a) for a in spec))
+    return sorted(out, key=repr)
+
+
+@pytest.mark.parametrize("mesh", [M4, M22], ids=lambda m: m.name)
+def test_batch_norm_on_every_sharding_of_every_dim(mesh):
+    x = R.standard_normal((4, 6, 5, 7))
+    mean, var = R.standard_normal(6), R.random(6) + 0.5
+    scale, bias = R.standard_normal(6), R.standard_normal(6)
+    c = (slice(None), None, None)
+    want = (x - mean[c]) / np.sqrt(var[c] + 1e-3) * scale[c] + bias[c]
+    for spec in every_spec(mesh, 4):
+        t = nb.tensor(x).shard(mesh, list(spec))
+        params = [nb.tensor(v).shard(mesh, [spec[1]]) for v in (mean, var, scale, bias)]  # channels alike
+        with nb.comm_log() as log:
+            out = nb.batch_norm(t, *params, eps=1e-3)
+        assert log.events == [], spec  # per channel: nothing moves
+        assert_sharded_allclose(out, want, rtol=1e-12, atol=1e-12)
+        assert_sharded_allclose(nb.batch_norm(t, mean, var, scale, bias, eps=1e-3), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [-1, (1, 2)], ids=["last", "last_two"])
+@pytest.mark.parametrize("mesh", [M4, M22], ids=lambda m: m.name)
+def test_layer_norm_on_every_sharding_of_every_dim(mesh, axis):
+    h = R.standard_normal((6, 5, 8))
+    axes = (axis,) if isinstance(axis, int) else axis
+    norm_shape = tuple(h.shape[a] for a in axes)
+    g, b = R.standard_normal(norm_shape), R.standard_normal(norm_shape)
+    mu = h.mean(axis=axes, keepdims=True)
+    want = (h - mu) / np.sqrt(((h - mu) ** 2).mean(axis=axes, keepdims=True) + 1e-5) * g + b
+    for spec in every_spec(mesh, 3):
+        t = nb.tensor(h).shard(mesh, list(spec))
+        with nb.comm_log() as log:
+            out = nb.layer_norm(t, g, b, axis=axis)
+        assert_sharded_allclose(out, want, rtol=1e-12, atol=1e-12)
+        on_norm = {a for d in axes for a in ((spec[d % 3],) if isinstance(spec[d % 3], str) else spec[d % 3] or ())}
+        # the mean's and the variance's sums (an all_reduce, or reduce_scatter + all_reduce + all_gather
+        # over two axes), over the axes of the normalised dims only; nothing when those are whole
+        assert set(log.counts) <= {"all_reduce", "reduce_scatter", "all_gather"}, (spec, log.counts)
+        assert bool(log.events) == bool(on_norm) and all(set(e.axes) <= on_norm for e in log.events), spec
+        assert log.counts.get("all_reduce", 0) == (2 if on_norm else 0), (spec, log.counts)
+
+
+def test_global_pools_reduce_whole_windows():
+    """A window as large as the image (a global pool, ONNX's GlobalAveragePool as AveragePool), on spatial
+    shards: each device gets every row through multi-hop halos, the values equal the reference."""
+    x = R.standard_normal((2, 3, 7, 6))
+    for spec in ([None, None, "x", None], [None, "x", None, None], ["x", None, None, None]):
+        t = nb.tensor(x).shard(M8, spec)
+        assert_sharded_allclose(nb.avg_pool(t, (7, 6)), x.mean(axis=(2, 3), keepdims=True), rtol=1e-12, atol=1e-12)
+        assert_sharded_allclose(nb.max_pool(t, (7, 6)), x.max(axis=(2, 3), keepdims=True), rtol=1e-12, atol=1e-12)
+        assert_sharded_allclose(nb.avg_pool(t, (7, 3), stride=(1, 3)), ref_pool(x, "avg", (7, 3), (1, 3),
+                                [(0, 0), (0, 0)], (1, 1)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", [[None, None, "x", None], ["x", None, None, None], [None, None, None, "x"],
+                                  [None, "x", None, None]], ids=str)
+@pytest.mark.parametrize("relu", [False, True])
+def test_fused_conv_bias_relu_equals_the_reference(spec, relu):
+    """nox.run's fused conv (bias and Relu in the kernel): 7 rows on 8 devices leave the last block only
+    padding, which the kernel skips; input channels sharded are gathered first (no partial sums reach the
+    relu)."""
+    fuse = pytest.importorskip("nabla.onnx.fuse")
+    x, w, b = R.standard_normal((2, 8, 7, 9)), R.standard_normal((5, 8, 3, 3)), R.standard_normal(5)
+    want = ref_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1) + b[None, :, None, None]
+    want = np.maximum(want, 0) if relu else want
+    t = nb.tensor(x).shard(M8, spec)
+    out = fuse.conv_act(t, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, relu)
+    assert out.sharding.partial_axes == ()
+    assert_sharded_allclose(out, want, rtol=1e-10, atol=1e-10)
+    strided = fuse.conv_act(t, w, None, (2, 2), ((1, 1), (0, 0)), (1, 1), 1, relu)
+    want2 = ref_conv(x, w, (2, 2), [(1, 1), (0, 0)], (1, 1), 1)
+    assert_sharded_allclose(strided, np.maximum(want2, 0) if relu else want2, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("xs,spec", [((2, 3, 5, 9), ["a", None, "b", None]), ((2, 3, 5, 30), [None, None, "b", "a"]),
+                                     ((4, 3, 9, 40), ["a", None, "b", None])], ids=str)
+def test_fused_conv_skips_padding_blocks_on_a_later_grid_axis(xs, spec):
+    """Rows on the second axis of a 2x4 mesh (5 or 9 rows over 4: the last block is all padding): the kernel
+    writes the live blocks through a strided view of the output, by one GEMM per image or folded."""
+    fuse = pytest.importorskip("nabla.onnx.fuse")
+    m24 = DeviceMesh("m24", (2, 4), ("a", "b"))
+    x, w, b = R.standard_normal(xs), R.standard_normal((4, 3, 3, 3)), R.standard_normal(4)
+    want = np.maximum(ref_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1) + b[None, :, None, None], 0)
+    out = fuse.conv_act(nb.tensor(x).shard(m24, spec), w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, True)
+    assert_sharded_allclose(out, want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("bad,match", [

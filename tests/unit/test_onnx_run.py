@@ -224,3 +224,58 @@ def test_backend_entry_points():
     assert shard_input(a).sharding.dim_specs[0].axes == ("d",)
     assert shard_input(np.ones((1, 4))).sharding.is_replicated
     assert shard_input(np.float32(3)).sharding.rank == 0
+
+
+# ---- seed 000's conv group beyond Conv: ConvTranspose, LpNormalization, LpPool, GlobalLpPool ----------------
+
+QUAD = DeviceMesh("q", (4,), ("d",))
+
+
+def _ort(m, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("attrs", [dict(strides=[2, 2], pads=[1, 0, 1, 1], output_padding=[1, 0]),
+                                   dict(strides=[1, 2], dilations=[2, 1], group=2),
+                                   dict(strides=[3, 2], output_shape=[23, 12], auto_pad="SAME_UPPER")],
+                         ids=["pads", "groups_dilated", "output_shape"])
+def test_conv_transpose_on_every_placement_equals_onnxruntime(attrs):
+    """ConvTranspose as the transpose of a conv: rows sharded take halos only (collective_permute), the batch
+    nothing, input channels leave partial sums (one all_reduce when the output leaves the graph)."""
+    x = np.random.default_rng(0).standard_normal((2, 4, 8, 6)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal(3 * attrs.get("group", 1)).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    m = model([node], [("x", F, list(x.shape)), ("w", F, list(w.shape)), ("b", F, list(b.shape))], [("y", F, None)])
+    want = _ort(m, {"x": x, "w": w, "b": b})
+    for dims, kinds in (([None, None, "d", None], {"collective_permute"}), (["d", None, None, None], set()),
+                        ([None, "d", None, None], {"all_reduce"}), ([None, None, None, "d"], None)):
+        with nb.comm_log() as log:
+            y = nox.run(m, {"x": nb.tensor(x).shard(QUAD, dims), "w": w, "b": b})["y"]
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+        if kinds is not None:
+            assert set(log.counts) <= kinds, (dims, log.counts)
+            assert "all_gather" not in log.counts
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_and_lp_pools_on_every_placement(p):
+    x = np.random.default_rng(3).standard_normal((2, 3, 9, 8)).astype(np.float32)
+    x[0, 0, 0] = 0  # a zero norm gives 0
+    nodes = {
+        "LpNormalization": helper.make_node("LpNormalization", ["x"], ["y"], axis=1, p=p),
+        "LpNormalization_last": helper.make_node("LpNormalization", ["x"], ["y"], axis=-1, p=p),
+        "LpPool": helper.make_node("LpPool", ["x"], ["y"], kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], p=p),
+        "GlobalLpPool": helper.make_node("GlobalLpPool", ["x"], ["y"], p=p),
+    }
+    for name, node in nodes.items():
+        m = model([node], [("x", F, list(x.shape))], [("y", F, None)])
+        want = _ort(m, {"x": x})
+        for dims in ([None] * 4, ["d", None, None, None], [None, "d", None, None], [None, None, "d", None],
+                     [None, None, None, "d"]):
+            with nb.comm_log() as log:
+                y = nox.run(m, {"x": nb.tensor(x).shard(QUAD, dims)})["y"]
+            np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=f"{name} {dims}")
+            if name == "LpPool" and dims[2]:
+                assert set(log.counts) <= {"collective_permute"}, log.counts  # halo rows only

@@ -198,14 +198,24 @@ def test_halo_receives_only_what_the_windows_read(dims):
             continue
         a, b = min(read), max(read) + 1
         assert h.need[p] == (a, b) and h.lo[p] <= a and b <= h.lo[p] + h.width
-        assert h.left[p] == len(range(a, min(b, p * ci))) and h.right[p] == len(range(max(a, (p + 1) * ci), b))
+        # from each other device, the slab from the first to the last row read that it holds
+        slab = {s: (min(r for r in read if r // ci == s), max(r for r in read if r // ci == s) + 1)
+                for s in {r // ci for r in read} if s != p}
+        assert all(h.slabs[p][s] == slab.get(s, (0, 0)) for s in range(k) if s != p)
+        assert h.left[p] == sum(e - f for s, (f, e) in slab.items() if s < p)
+        assert h.right[p] == sum(e - f for s, (f, e) in slab.items() if s > p)
         assert h.left[p] + h.right[p] <= h.width
-        assert h.hops_left[p] == (p - a // ci if h.left[p] else 0)
-        assert h.hops_right[p] == ((b - 1) // ci - p if h.right[p] else 0)
+        assert h.hops_left[p] == (p - min(s for s in slab if s < p) if h.left[p] else 0)
+        assert h.hops_right[p] == (max(s for s in slab if s > p) - p if h.right[p] else 0)
     assert h.max_left == max(h.left) and h.max_right == max(h.right)
-    def got(p, src):  # rows of the need of p held by device src
-        a, b = h.need[p]
-        return len(range(max(a, src * ci), min(b, (src + 1) * ci))) if 0 <= src < k else 0
+
+    def got(p, src):  # rows p receives from device src
+        if not 0 <= src < k or src == p:
+            return 0
+        read = {o * stride - lo + j * dilation for o in range(p * co, min(n_out, (p + 1) * co))
+                for j in range(kernel)}
+        mine = [r for r in read if 0 <= r < n_in and r // ci == src]
+        return max(mine) + 1 - min(mine) if mine else 0
 
     for dist in range(1, h.max_hops + 2):
         assert h.rows_from(dist) == (max(got(p, p - dist) for p in range(k)), max(got(p, p + dist) for p in range(k)))
