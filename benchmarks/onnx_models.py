@@ -12,7 +12,9 @@ onnxruntime's session is built), in four ways: onnxruntime (CPU provider, ``--th
 sequential executor), nabla unsharded (host arrays, no mesh), and nabla on 8 simulated devices with the
 batch sharded and with the image rows sharded (spatial partitioning: halo exchange only). Rounds interleave
 the four, so a busy machine slows them alike; the table gives medians. BLAS (numpy's) and onnxruntime get
-the same thread count, set before numpy loads.
+the same thread count, set before numpy loads. onnxruntime keeps the memory it frees in its own arena; nabla
+gets the same from glibc by ``NABLA_KEEP_FREED_MEMORY=1`` (set here; off by default, since it changes malloc
+for the whole process), so neither side pays the kernel for fresh zeroed pages on every activation.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def _threads() -> int:
     return 1
 
 
+os.environ.setdefault("NABLA_KEEP_FREED_MEMORY", "1")  # as onnxruntime's arena (see the docstring)
 THREADS = _threads()  # 0: the libraries' defaults
 if THREADS > 0:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -439,12 +439,13 @@ def keep_freed_memory() -> None:
     """Once per process, on glibc: let freed blocks stay in the process (``mallopt`` M_MMAP_THRESHOLD 1 GiB,
     M_TRIM_THRESHOLD 2 GiB), as onnxruntime's arena keeps its memory. Otherwise every large activation and
     window buffer of a model is a fresh ``mmap`` whose pages the kernel faults in and zeroes, then returns:
-    on ResNet-50 that system time was a third of the run. ``NABLA_KEEP_FREED_MEMORY=0`` leaves malloc alone."""
+    on ResNet-50 that system time was a third of the run. It changes malloc for the whole process, so it is
+    opt-in: set ``NABLA_KEEP_FREED_MEMORY=1`` (the ONNX benchmarks do)."""
     global _MEMORY_KEPT
     if _MEMORY_KEPT:
         return
     _MEMORY_KEPT = True
-    if os.environ.get("NABLA_KEEP_FREED_MEMORY", "1") == "0":
+    if os.environ.get("NABLA_KEEP_FREED_MEMORY", "0") != "1":
         return
     import platform
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":

@@ -159,9 +159,11 @@ def brute_halo_events(x_shape, splits, itemsize, windows):
     order), ``(d, k, kernel, stride, dilation, pad_lo, n_out)`` with ``k = splits[d]``. Each device receives,
     from each device holding rows its windows read, those rows as one slab (first to last row read there:
     the rows read, unless a stride and a dilation both skip rows inside one block). For every distance and
-    direction, the collective_permute carries the largest such slab; a row is the rest of the block: the
-    other dims' blocks (ceil rule), the spatial dims handled before it already widened to their windows
-    (the rows from the first window's first tap to the last window's last)."""
+    direction, one collective_permute carries the largest such slab; the two directions of one distance
+    share a collective_permute when that is still a permutation (XLA's source-target pairs: no device sends
+    twice or receives twice). A row is the rest of the block: the other dims' blocks (ceil rule), the
+    spatial dims handled before it already widened to their windows (the rows from the first window's first
+    tap to the last window's last)."""
     block = [-(-n // k) for n, k in zip(x_shape, splits)]
     sizes = []
     for d, k, kernel, stride, dilation, pad_lo, n_out in windows:
@@ -169,6 +171,7 @@ def brute_halo_events(x_shape, splits, itemsize, windows):
         ci, co = -(-n_in // k), -(-n_out // k)
         row = itemsize * int(np.prod([b for i, b in enumerate(block) if i != d]))
         most: dict[tuple[int, bool], int] = {}
+        pairs: dict[tuple[int, bool], set] = {}
         for p in range(k):
             by_source: dict[int, list[int]] = {}
             for r in read_rows(n_in, n_out, k, kernel, stride, dilation, pad_lo, p):
@@ -177,7 +180,14 @@ def brute_halo_events(x_shape, splits, itemsize, windows):
             for q, rows in by_source.items():
                 key = (abs(q - p), q < p)
                 most[key] = max(most.get(key, 0), max(rows) + 1 - min(rows))  # one slab per source
-        sizes += [rows * row for rows in most.values()]
+                pairs.setdefault(key, set()).add((q, p))
+        for dist in sorted({dist for dist, _ in most}):
+            both = [(dist, side) for side in (True, False) if (dist, side) in most]
+            union = set().union(*(pairs[key] for key in both))
+            if len(both) == 2 and len({q for q, _ in union}) == len({p for _, p in union}) == len(union):
+                sizes.append(max(most[key] for key in both) * row)  # one permutation carries both sides
+            else:
+                sizes += [most[key] * row for key in both]
         block[d] = (co - 1) * stride + (kernel - 1) * dilation + 1
     return sorted(sizes)
 
@@ -219,7 +229,8 @@ def halo_windows(splits, x_shape, kernel, stride, pads, dilation):
 @pytest.mark.parametrize("case", HALO_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-x{c[2]}k{c[3]}")
 def test_halo_bytes_equal_a_brute_force_count(case):
     """Conv, max pool and average pool on 2-D and multi-axis spatial shardings (multi-hop halos included):
-    only collective_permutes, one per distance and direction, of exactly the rows read and not held."""
+    only collective_permutes, one per distance and direction (or one per distance when both directions
+    form one permutation), of exactly the rows read and not held."""
     mesh, spec, xs, kernel, stride, pads, dil = case
     x = R.standard_normal(xs)
     splits = splits_of(mesh, spec)
@@ -245,10 +256,11 @@ def test_halo_bytes_equal_a_brute_force_count(case):
 
 def test_the_brute_force_counts_what_it_should():
     """The brute force itself, on cases counted by hand: a 3x3 conv, padding 1, 16 rows over 4 devices
-    sends each device one row from each side (two messages); a dilation-2 window over one-row blocks reads
-    two devices away and never its neighbours."""
+    sends each device one row from each side (two messages: every inner device sends both ways); a
+    dilation-2 window over one-row blocks reads two devices away and never its neighbours (devices 0, 1 read
+    from 2, 3 and 2, 3 from 0, 1: one swap, a single collective_permute)."""
     assert brute_halo_events((1, 1, 16, 1), (1, 1, 4, 1), 8, [(2, 4, 3, 1, 1, 1, 16)]) == [8, 8]
-    assert brute_halo_events((1, 1, 4, 1), (1, 1, 4, 1), 8, [(2, 4, 3, 1, 2, 2, 4)]) == [8, 8]
+    assert brute_halo_events((1, 1, 4, 1), (1, 1, 4, 1), 8, [(2, 4, 3, 1, 2, 2, 4)]) == [8]
     assert read_rows(4, 4, 4, 3, 1, 2, 2, 1) == {1, 3}  # device 1 (output 1) reads rows -1, 1, 3
     # 8x8 on 2x2 devices, 3x3 padding 1: H's messages are one row of a 4-wide block (32 B); W's then carry
     # one column of H's 6-row window (the corners come along: 48 B)
