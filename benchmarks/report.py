@@ -21,7 +21,7 @@ RESULTS = HERE / "results.json"
 README = HERE.parent / "README.md"
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 
-# the targets the issues set; each is checked against results.json below
+# the targets set for the project; each is checked against results.json below
 ELEMENTWISE_US, ANY_OP_US = 5.0, 10.0  # issue 16: cached dispatch
 RESHARD_COPY = 2.0  # issue 16: a materialised reshard against a numpy copy of the array
 BACKWARD_FORWARD, SHARDED_UNSHARDED = 2.5, 1.3  # issue 12
@@ -73,8 +73,8 @@ def _div(a, b):
 def targets(res: dict) -> Table:
     rows: list[list[str]] = []
 
-    def add(what, source, target, measured, ok):
-        rows.append([what, source, target, measured, met(ok)])
+    def add(what, target, measured, ok):
+        rows.append([what, target, measured, met(ok)])
 
     d = res.get("dispatch", {}).get("rows", [])
     ew = [r for r in d if r["target_us"] == ELEMENTWISE_US]
@@ -82,14 +82,14 @@ def targets(res: dict) -> Table:
                            ("any cached op", d, ANY_OP_US)):
         if rs:
             worst = max(rs, key=overhead)
-            add(f"dispatch: {what} (64x64, 2x4 mesh), nabla − numpy", "issue 16", f"≤ {goal:g} µs",
+            add(f"dispatch: {what} (64x64, 2x4 mesh), nabla − numpy", f"≤ {goal:g} µs",
                 f"{overhead(worst):.1f} µs (worst: {worst['op']}; whole call {us(worst['nabla_us'])})",
                 overhead(worst) <= goal)
     cases = {r["id"]: r for r in res.get("cases", [])}
     if "reshard_materialised" in cases:
         r = cases["reshard_materialised"]
         q = _div(r["nabla_us"], r["numpy_us"])
-        add("reshard 1024^2 all_to_all, materialised, against a numpy copy", "issue 16", f"≤ {RESHARD_COPY:g}x",
+        add("reshard 1024^2 all_to_all, materialised, against a numpy copy", f"≤ {RESHARD_COPY:g}x",
             x(r["nabla_us"], r["numpy_us"]), q is not None and q <= RESHARD_COPY)
     sh = next((r for r in res.get("training", {}).get("rows", []) if r["group"] == "nabla" and not r.get("baseline")),
               None)
@@ -97,35 +97,35 @@ def targets(res: dict) -> Table:
               None)
     if sh and "forward" in sh:
         q = backward_forward(sh)
-        add("training step: backward time / forward time (nabla, 8 devices)", "issue 12", f"≤ {BACKWARD_FORWARD:g}x",
+        add("training step: backward time / forward time (nabla, 8 devices)", f"≤ {BACKWARD_FORWARD:g}x",
             f"{q:.2f}x", q <= BACKWARD_FORWARD)
         if un and "step" in un:
             q = sh["step"] / un["step"]
-            add("training step: sharded (8 devices) / unsharded, nabla", "issue 12", f"≤ {SHARDED_UNSHARDED:g}x",
+            add("training step: sharded (8 devices) / unsharded, nabla", f"≤ {SHARDED_UNSHARDED:g}x",
                 f"{q:.2f}x", q <= SHARDED_UNSHARDED)
     j = res.get("jit")
     if j:
-        add("training step: nb.jit / jax.jit (8 CPU devices)", "issue 15", f"≤ {JIT_JAX:g}x", f"{j['ratio']:.2f}x",
+        add("training step: nb.jit / jax.jit (8 CPU devices)", f"≤ {JIT_JAX:g}x", f"{j['ratio']:.2f}x",
             j["ratio"] <= JIT_JAX)
-        add("training step: bytes per device, nb.jit against XLA's own plan", "issue 15", "≤ XLA's",
+        add("training step: bytes per device, nb.jit against XLA's own plan", "≤ XLA's",
             f"{j['nabla_bytes']:,} vs {j['xla_bytes']:,}", j["nabla_bytes"] <= j["xla_bytes"])
     o = res.get("onnx")
     if o:
         rn = o["resnet50"]
         for k, q in rn["ratio_to_onnxruntime"].items():
             if k.startswith("nabla 8"):
-                add(f"ResNet-50 batch {rn['batch']}, {k[6:]}, against onnxruntime", "issue 14",
+                add(f"ResNet-50 batch {rn['batch']}, {k[6:]}, against onnxruntime",
                     f"≤ {RESNET_ORT:g}x", f"{q:.2f}x", q <= RESNET_ORT)
     if "matmul_2048" in cases:
         r = cases["matmul_2048"]
         q = _div(r["nabla_us"], r["numpy_us"])
-        add("matmul 2048^3 on 2x4 against numpy unsharded", "README (earlier)", f"≤ {MATMUL_NUMPY:g}x",
+        add("matmul 2048^3 on 2x4 against numpy unsharded", f"≤ {MATMUL_NUMPY:g}x",
             x(r["nabla_us"], r["numpy_us"]), q is not None and q <= MATMUL_NUMPY)
     if "add_1024_256" in cases and "add_1024_8" in cases:
         q = cases["add_1024_256"]["nabla_us"] / cases["add_1024_8"]["nabla_us"]
-        add("add 1024^2: 256 devices against 8", "README (earlier)", f"≤ {SCALING_256_8:g}x", f"{q:.2f}x",
+        add("add 1024^2: 256 devices against 8", f"≤ {SCALING_256_8:g}x", f"{q:.2f}x",
             q <= SCALING_256_8)
-    return Table("Targets", [], ["target", "from", "goal", "measured", "met"], rows, [])
+    return Table("Targets", [], ["target", "goal", "measured", "met"], rows, [])
 
 
 def overhead(r: dict) -> float:
@@ -147,7 +147,7 @@ def dispatch(res: dict) -> Table | None:
         f"Cached calls (after a first call built the op's program) on {d['setup']}, against numpy on the "
         "64x64 global array, interleaved, best round kept. The arrays are small so that the kernel is cheap; "
         "overhead = nabla − numpy is what nabla adds (propagation lookup, the vectorised kernel over the device "
-        "grid, any simulated collective), and the targets of issue 16 apply to it: ≤ 5 µs for an elementwise op "
+        "grid, any simulated collective), and the targets apply to it: ≤ 5 µs for an elementwise op "
         "on sharded operands, ≤ 10 µs for any op."],
         ["op", "nabla call", "nabla sends", "nabla", "numpy", "overhead", "target", "met"], rows, [])
 
@@ -188,7 +188,7 @@ def training(res: dict) -> Table | None:
         rows.append([r["side"], ms(r["forward"]), ms(r["forward_backward"]), ms(r["step"]),
                      f"{backward_forward(r):.2f}x", ratio])
     c = t.get("nabla_comm", {})
-    return Table("Training step (issue 12)", [
+    return Table("Training step", [
         f"A DP x TP MLP `((relu(x @ w1) @ w2 - y) ** 2).mean()`: batch {s['batch']}, {s['din']} -> {s['hidden']} "
         f"-> {s['dout']}, {s['dtype']}, {s['optimizer']} (lr {s['lr']}); layout on the {s['mesh']} mesh: "
         f"{s['layout']}; the loss is {s['loss']} and the gradients are reduced to their parameters' layout on "
@@ -205,7 +205,7 @@ def jit(res: dict) -> Table | None:
     if not j:
         return None
     B, I, H, O = j["shape"]
-    return Table("nb.jit against jax.jit (issue 15)", [
+    return Table("nb.jit against jax.jit", [
         f"The same training step (batch {B}, {I} -> {H} -> {O}, float32, {j.get('optimizer', 'SGD')}) compiled on "
         f"both sides on {j['devices']} forced CPU devices: nabla's trace lowered through `jax.shard_map` "
         "(`nb.jit`) against the step written in `jax.numpy` under `jax.jit` with `NamedSharding`s (XLA's "
@@ -224,7 +224,7 @@ def onnx(res: dict) -> Table | None:
     env = o.get("env", {})
     rows = [[k, f"{r['median_s'][k]:.3f} s", f"{r['ratio_to_onnxruntime'][k]:.2f}x", f"{r['max_rel_error'][k]:.1e}",
              r["collectives"][k] or "-", r.get("conv_outputs_split", {}).get(k, "-")] for k in r["median_s"]]
-    return Table("ResNet-50 through nabla.onnx (issue 14)", [
+    return Table("ResNet-50 through nabla.onnx", [
         f"onnx's light ResNet-50 (the real architecture, seeded random weights), batch {r['batch']}, "
         f"3x224x224 float32, one forward pass, warm; onnxruntime on the CPU provider with "
         f"{env.get('threads') or 'default'} intra-op thread(s), nabla with numpy's BLAS on as many; nabla's 8 "

@@ -1,5 +1,5 @@
 """Reverse-mode differentiation over the trace: ``grad``, ``value_and_grad``, ``vjp`` (JAX's meanings, over
-pytrees) and seed 002's ``t.trace()`` / ``loss.backward()`` / ``.grad``. The backward pass runs each op's VJP
+pytrees) and the Nabla sharding README's ``t.trace()`` / ``loss.backward()`` / ``.grad``. The backward pass runs each op's VJP
 (registered next to its rule and kernel) with nabla ops, so it goes through the same propagation and planner
 and its collectives show in the comm log as ``backward``; each gradient ends with its primal's dim specs."""
 
@@ -399,7 +399,7 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
     return wrapped
 
 
-# ---- seed 002's spelling ----------------------------------------------------------------------------------
+# ---- the Nabla sharding README's spelling ----------------------------------------------------------------------------------
 
 
 def trace(t: Tensor) -> Tensor:

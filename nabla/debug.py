@@ -154,25 +154,46 @@ def render_sharding(t: Any, plain: bool = True, max_width: int = 80) -> str:
     ndim = len(t.shape)
     if not plain:
         return _rich_text(pic, t, ndim, max_width)
+    rows, cols = _elide(pic.rows, 8), _elide(pic.cols, 8)
     grid = []
-    for r in pic.rows:
+    for r in rows:
         line = []
-        for c in pic.cols:
-            cell = pic.cells.get((r, c))
-            if cell is None:
+        for c in cols:
+            cell = pic.cells.get((r, c)) if r is not _MORE and c is not _MORE else None
+            if r is _MORE or c is _MORE:
+                line.append("...")
+            elif cell is None:
                 line.append("-")
-                continue
-            lab = pic.label((r, c), ndim)
-            line.append(lab[0] + " " + "; ".join(lab[1:]))
+            else:
+                lab = pic.label((r, c), ndim)
+                line.append(lab[0] + " " + "; ".join(lab[1:]))
         grid.append(line)
     width = max(len(x) for line in grid for x in line)
-    sep = "+" + "+".join("-" * (width + 2) for _ in pic.cols) + "+"
-    out = [pic.title, sep]
-    for line in grid:
-        out.append("| " + " | ".join(x.ljust(width) for x in line) + " |")
+    per_band = max(1, (max_width - 1) // (width + 3))  # columns of cells that fit in max_width
+    out = [pic.title]
+    for b in range(0, len(cols), per_band):
+        band = range(b, min(len(cols), b + per_band))
+        if len(cols) > per_band:
+            out.append(f"(columns {b + 1}-{band[-1] + 1} of {len(cols)})")
+        sep = "+" + "+".join("-" * (width + 2) for _ in band) + "+"
         out.append(sep)
+        for line in grid:
+            out.append("| " + " | ".join(line[j].ljust(width) for j in band) + " |")
+            out.append(sep)
+    if len(rows) < len(pic.rows) + (_MORE in rows) or len(cols) < len(pic.cols) + (_MORE in cols):
+        out.append(f"... marks blocks left out: {len(pic.rows)} rows x {len(pic.cols)} columns of blocks in all")
     out += pic.notes
     return "\n".join(out)
+
+
+_MORE = object()  # stands for the rows or columns of blocks left out of a picture
+
+
+def _elide(items: list, most: int) -> list:
+    """The first and last ``most // 2`` items, with ``_MORE`` between, when there are more than ``most``."""
+    if len(items) <= most:
+        return list(items)
+    return list(items[:most // 2]) + [_MORE] + list(items[-(most // 2):])
 
 
 def _rich_table(pic: _Picture, t: Any, ndim: int, max_width: int):
@@ -243,12 +264,14 @@ def visualize_sharding(t: Any, plain: bool | None = None, max_width: int = 80, f
     """Print which devices hold which block of ``t`` (like ``jax.debug.visualize_array_sharding``): one cell per
     block of dims 0 and 1, coloured per device group, with its slice and devices; uneven and empty blocks,
     partial sums (Σ) and the dims past 1 of a higher-rank tensor are noted below. Drawn with rich when it is
-    installed and the output is a terminal, in plain text otherwise (``plain=True`` forces it). Returns None."""
+    installed and the output is a terminal, in plain text otherwise (``plain=True`` forces it). ``max_width``
+    bounds the picture: plain text puts as many columns of cells side by side as fit (a single wider cell
+    stays whole) and leaves out the middle rows and columns of a grid of more than 8 x 8 blocks. Returns None."""
     out = sys.stdout if file is None else file
     if plain is None:
         plain = not (_has_rich() and hasattr(out, "isatty") and out.isatty())
     if not plain and not _has_rich():
-        raise ShardingError("visualize_sharding(plain=False) needs rich: pip install 'nabla-spmd[viz]'")
+        raise ShardingError("visualize_sharding(plain=False) needs rich: pip install 'nabla-spmd[viz]' (in a clone: pip install -e '.[viz]')")
     if plain or t.sharding is None:
         print(render_sharding(t, plain=True, max_width=max_width), file=out)
         return None

@@ -1,4 +1,4 @@
-"""Text and JAX formats of a ShardingSpec: HLO/MHLO sharding strings (seed 003) with XLA's semantics
+"""Text and JAX formats of a ShardingSpec: HLO/MHLO sharding strings (as XLA defines them) with XLA's semantics
 (tile dims map to tensor dims in order; ``last_tile_dim_replicate`` lists each tile's replicas), and
 JAX ``PartitionSpec`` (jax is imported only when one is asked for)."""
 

@@ -1052,7 +1052,7 @@ def abstract(shape: int | Sequence[int], dtype: Any = "float32") -> Tensor:
 
 
 
-# ---- convolution, pooling, normalization (seed 000's fifth group) ------------------------------------------
+# ---- convolution, pooling, normalization (the ONNX formalism draft's fifth group) ------------------------------------------
 
 
 def _per_dim(v: Any, nd: int, what: str, op: str) -> tuple[int, ...]:
@@ -1068,7 +1068,7 @@ def _per_dim(v: Any, nd: int, what: str, op: str) -> tuple[int, ...]:
 
 
 def _pads(padding: Any, nd: int, op: str) -> tuple[tuple[int, int], ...]:
-    """An int, one int per spatial dim, or one (before, after) pair per spatial dim (api.md)."""
+    """An int, one int per spatial dim, or one (before, after) pair per spatial dim."""
     if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
         out = ((int(padding), int(padding)),) * nd
     else:

@@ -1,4 +1,4 @@
-"""Factor-based sharding propagation (Shardy; seed 002): collect dims -> factors, merge, update
+"""Factor-based sharding propagation (Shardy; the Nabla sharding README): collect dims -> factors, merge, update
 factors -> dims. Pure and data-free, cached on (rule, specs, strategy); the executor decides what
 happens to partial sums and passes the axes that must stay free as ``reserved``."""
 

@@ -1,6 +1,6 @@
 """DimSpec and ShardingSpec: frozen, hashable, validated descriptions of how a tensor lies on a mesh.
 
-Follows the Nabla sharding README (seed 002) and Shardy's notation; the text formats live in ``formats``.
+Follows the Nabla sharding README (the Nabla sharding README) and Shardy's notation; the text formats live in ``formats``.
 """
 
 from __future__ import annotations

@@ -74,6 +74,12 @@ class Tensor(Value):
 
     def _need_data(self, what: str) -> np.ndarray:
         if self._data is None:
+            from .trace import tracing_whole
+            if tracing_whole():
+                raise ShardingError(
+                    f"{what}: inside nb.jit a tensor (here of shape {self._shape}) is traced without its values, so "
+                    f"the function cannot read them (.numpy(), float(), bool(), a Python `if` on a value); use "
+                    f"nb.where for a choice that depends on values, or read them from the jitted call's result")
             raise ShardingError(f"{what}: tensor of shape {self._shape} is abstract (nb.abstract) and holds no data")
         return self._data
 
@@ -130,7 +136,7 @@ class Tensor(Value):
     def __int__(self) -> int:
         return int(self.numpy())
 
-    # ---- differentiation (seed 002's spelling; nb.grad and friends are the functional form) ----------------
+    # ---- differentiation (the Nabla sharding README's spelling; nb.grad and friends are the functional form) ----------------
     def trace(self) -> "Tensor":
         """A leaf to differentiate with respect to: after ``loss.backward()``, its ``.grad`` holds the gradient."""
         from .autodiff import trace

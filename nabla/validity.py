@@ -1,5 +1,5 @@
-"""The ONNX validity checker (seed 001): is a proposed (inputs, output) sharding valid for an op?
-Independent of propagation so it can test it; partial sums extend seed 001's reduction rule (a sharded
+"""The ONNX validity checker (the ONNX sharding formalism): is a proposed (inputs, output) sharding valid for an op?
+Independent of propagation so it can test it; partial sums extend the ONNX sharding formalism's reduction rule (a sharded
 reduced dim may leave its cross-device sum pending as ``partial_axes``)."""
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def require_jax(what: str) -> Any:
     try:
         import jax
     except ImportError:
-        raise ShardingError(f"{what} needs jax: pip install 'nabla-spmd[jax]'") from None
+        raise ShardingError(f"{what} needs jax: pip install 'nabla-spmd[jax]' (in a clone: pip install -e '.[jax]')") from None
     return jax
 
 

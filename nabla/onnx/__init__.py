@@ -1,4 +1,4 @@
-"""nabla.onnx: run ONNX models eagerly on nabla, ONNX sharding annotations in and out, seed 001's
+"""nabla.onnx: run ONNX models eagerly on nabla, ONNX sharding annotations in and out, the ONNX sharding formalism's
 validity checker and inference, and an ONNX backend. ``import nabla.onnx as nox`` (needs onnx)."""
 
 from .specs import spec_from_onnx, spec_to_onnx

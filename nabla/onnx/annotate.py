@@ -133,7 +133,7 @@ class _Annotator(Walker):
 
 def _derive(step: Step, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None],
             current: list[ShardingSpec | None], fixed: list[bool], mesh: DeviceMesh) -> list[ShardingSpec | None]:
-    """The operand shardings the op computes with, read off its result for seed 001's groups (an
+    """The operand shardings the op computes with, read off its result for the ONNX sharding formalism's groups (an
     operand of an elementwise op is cut as the result is; a matmul's contracted dim carries the
     result's partial axes); other ops keep the shardings their operands arrived with."""
     out = outs[0] if outs else None

@@ -1,5 +1,5 @@
-"""Seed 001's validity checker: per op group, the input shardings a node runs with (annotated, else its
-producer's, model inputs unsharded) must make sense; unannotated outputs are inferred as seed 001 says."""
+"""The ONNX sharding formalism's validity checker: per op group, the input shardings a node runs with (annotated, else its
+producer's, model inputs unsharded) must make sense; unannotated outputs are inferred as the ONNX sharding formalism says."""
 
 from __future__ import annotations
 

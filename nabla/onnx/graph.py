@@ -492,7 +492,7 @@ def run(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None = None) -
             t = _as_tensor(value, name, declared[name])
             if mesh is not None:
                 if t.sharding is None:
-                    # seed 001: a model input is unsharded; placed open like any plain array (api.md), so
+                    # the ONNX sharding formalism: a model input is unsharded; placed open like any plain array, so
                     # propagation may cut it locally
                     t = t.shard(mesh, [DimSpec((), is_open=True)] * t.ndim)
                 elif t.mesh != mesh:
@@ -507,7 +507,7 @@ def run(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None = None) -
 
 
 def finish(t: Tensor, name: str) -> Tensor:
-    """Seed 001: a reduction's result is broadcast to all participants; no pending sums leave the graph."""
+    """The ONNX sharding formalism: a reduction's result is broadcast to all participants; no pending sums leave the graph."""
     if t is None:
         raise ShardingError(f"graph output {name!r} was not produced")
     spec = t.sharding

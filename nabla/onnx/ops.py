@@ -273,7 +273,7 @@ def _from_bits(bits: Sequence[Tensor], ut: np.dtype, dtype: np.dtype) -> Tensor:
     return _cast(acc, dtype)
 
 
-# ---- unary elementwise (seed 001's first group) ------------------------------------------------------
+# ---- unary elementwise (the ONNX sharding formalism's first group) ------------------------------------------------------
 
 
 def _unary(names: str, fn):
@@ -521,7 +521,7 @@ def _clip(n, x, lo=None, hi=None):
     return x
 
 
-# ---- broadcast n-ary elementwise (seed 001's second group) --------------------------------------------
+# ---- broadcast n-ary elementwise (the ONNX sharding formalism's second group) --------------------------------------------
 
 
 _binary_fns: dict[str, Callable] = {
@@ -643,7 +643,7 @@ def _where(n, c, a, b):
     return nb.where(c, a, b)
 
 
-# ---- reductions (seed 001's third group) ------------------------------------------------------------
+# ---- reductions (the ONNX sharding formalism's third group) ------------------------------------------------------------
 
 
 def _reduce_axes(n: Node, x: Tensor, axes_t: Tensor | None) -> tuple[int, ...] | None:
@@ -728,7 +728,7 @@ OPS["ArgMax"] = Op(_arg("max"))
 OPS["ArgMin"] = Op(_arg("min"))
 
 
-# ---- MatMul-like (seed 001's fourth group) ------------------------------------------------------------
+# ---- MatMul-like (the ONNX sharding formalism's fourth group) ------------------------------------------------------------
 
 
 @op("MatMul")
@@ -1447,7 +1447,7 @@ def _conv_transpose(n, x, w, b=None):
     return y
 
 
-# ---- op groups (seed 001), for the checker and the report -------------------------------------------
+# ---- op groups (the ONNX sharding formalism), for the checker and the report -------------------------------------------
 
 UNARY = frozenset("""Abs Acos Acosh Asin Asinh Atan Atanh Cast Ceil Cos Cosh Dropout Erf Exp Floor Identity IsInf
 IsNaN Log Neg Not Reciprocal Round Sigmoid Sign Sin Sinh Tan Tanh ConstantOfShape Relu Sqrt LeakyRelu Elu Selu
@@ -1459,14 +1459,14 @@ ReduceLogSum ReduceLogSumExp ArgMax ArgMin""".split())
 MATMUL = frozenset({"MatMul", "Gemm", "Einsum"})
 WINDOWED = frozenset("""AveragePool GlobalAveragePool GlobalLpPool GlobalMaxPool LpPool MaxPool MaxRoiPool Conv
 ConvInteger ConvTranspose DeformConv InstanceNormalization LpNormalization LayerNormalization BatchNormalization
-LRN""".split())  # seed 000's pooling and convolution group, with the norms real models use
+LRN""".split())  # the ONNX formalism draft's pooling and convolution group, with the norms real models use
 
 GROUPS = {"unary elementwise": UNARY, "broadcast n-ary": BROADCAST, "reduction": REDUCTION,
           "matmul/gemm/einsum": MATMUL, "conv/pool/norm": WINDOWED}
 
 
 def group_of(op_type: str) -> str:
-    """The op group (seed 001's, and conv/pool/norm) of an ONNX op type; ``"other"`` for the rest."""
+    """The op group (the ONNX sharding formalism's, and conv/pool/norm) of an ONNX op type; ``"other"`` for the rest."""
     for name, ops in GROUPS.items():
         if op_type in ops:
             return name

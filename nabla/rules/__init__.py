@@ -1,4 +1,4 @@
-"""Op sharding rules: one factor format for every op (Shardy's ``OpShardingRule``, seed 002's templates).
+"""Op sharding rules: one factor format for every op (Shardy's ``OpShardingRule``, the Nabla sharding README's templates).
 Factors have sizes and kinds (``pass``; ``reduce``: sharded gives partial sums; ``replicate``: must be
 whole; ``permute``: shards evenly, blocks change devices); every dim maps to factors, major to minor."""
 

@@ -1,4 +1,4 @@
-"""Windowed ops (seed 000's fifth group), ONNX layout ``N, C, *spatial``: convolution and pooling. Batch and
+"""Windowed ops (the ONNX formalism draft's fifth group), ONNX layout ``N, C, *spatial``: convolution and pooling. Batch and
 output channels pass through, input channels are contracted, each spatial dim is a window factor (halo
 exchange where it is sharded), the kernel's dims are needed whole."""
 

@@ -1,4 +1,4 @@
-"""Elementwise ops with numpy broadcasting: a size-1 broadcast dim gets no factor (ONNX, seed 001)."""
+"""Elementwise ops with numpy broadcasting: a size-1 broadcast dim gets no factor (ONNX, the ONNX sharding formalism)."""
 
 from __future__ import annotations
 

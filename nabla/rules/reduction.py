@@ -1,4 +1,4 @@
-"""Reductions over some dims, with or without keepdims (ONNX reduction group, seed 001)."""
+"""Reductions over some dims, with or without keepdims (ONNX reduction group, the ONNX sharding formalism)."""
 
 from __future__ import annotations
 

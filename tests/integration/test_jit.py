@@ -451,3 +451,13 @@ def test_a_call_does_not_transfer_unchanged_inputs_again(monkeypatch):
     del x
     gc.collect()
     assert len(J._DEVICE_COPIES) < n  # the copy went with the blocks
+
+
+def test_reading_a_value_inside_jit_says_why_it_cannot():
+    m = DeviceMesh("m", (2, 4), ("dp", "tp"))
+    x = nb.tensor(np.ones((8, 4), np.float32)).shard(m, ["dp", None])
+    for f in (lambda x: x * 2 if float(x.sum()) > 0 else x, lambda x: x.numpy()):
+        with pytest.raises(nb.ShardingError, match="inside nb.jit a tensor .* is traced without its values.*"
+                                                   "use nb.where"):
+            nb.jit(f)(x)
+    assert float(nb.jit(lambda x: x.sum())(x).numpy()) == 32.0  # reading the result is fine

@@ -198,3 +198,18 @@ def test_during_names_composite_ops():
         with nb.comm_log() as log:
             f()
         assert log.events and {e.op for e in log.events} == {name}, (name, [e.op for e in log.events])
+
+
+def test_plain_pictures_fit_max_width_and_leave_out_the_middle_of_big_grids(capsys):
+    m = nb.DeviceMesh("m", (2, 4), ("dp", "tp"))
+    nb.visualize_sharding(nb.ones((16, 64)).shard(m, [None, "tp"]), max_width=60, plain=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(x) for x in lines if x.startswith(("+", "|"))) <= 60
+    assert "(columns 1-2 of 4)" in lines and "(columns 3-4 of 4)" in lines
+    assert "| [0:16, 0:16] dev 0,4  | [0:16, 16:32] dev 1,5 |" in lines
+    big = nb.DeviceMesh("b", (16, 16), ("a", "b"))
+    nb.visualize_sharding(nb.ones((32, 32)).shard(big, ["a", "b"]), plain=True)
+    out = capsys.readouterr().out
+    assert "dev 0 " in out and "dev 255 " in out and "dev 119 " not in out  # a middle block is left out
+    assert "... marks blocks left out: 16 rows x 16 columns of blocks in all" in out
+    assert max(len(x) for x in out.splitlines() if x.startswith(("+", "|"))) <= 80
