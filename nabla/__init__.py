@@ -17,7 +17,7 @@ from .ops import (abs, abstract, add, arange, argmax, astype, avg_pool, batch_no
                   sin, softmax, sqrt, squeeze, subtract, sum, swapaxes, tanh, tensor, transpose, where, zeros)
 from .propagation import strategy
 from .spec import DimSpec, ShardingSpec
-from .tensor import Tensor, device_put, from_local
+from .tensor import Tensor, device_put, from_local, with_sharding_constraint
 from .sharding import NamedSharding
 from .debug import explain, visualize_sharding
 from . import parallel
@@ -37,7 +37,7 @@ def from_jax(array, mesh: DeviceMesh | None = None) -> Tensor:
 __all__ = [
     "DeviceMesh", "DimSpec", "ShardingSpec", "Tensor", "ShardingError", "CommEvent", "CommLog", "CostModel",
     "AxisCost", "comm_log", "cost_model", "strategy", "backend", "random", "optim", "visualize_sharding",
-    "from_jax", "from_local", "device_put", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
+    "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
     "vjp", "jit", "distributed", "from_process_local", "shard_map", "lax",
     "tensor", "ones", "zeros", "arange", "abstract",
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "where", "exp", "log", "tanh", "sin",

@@ -321,10 +321,10 @@ class CommLog:
             ops = ", ".join(dict.fromkeys(e.op for e in evs if e.op))
             rows.append(((phase,) if len(phases) > 1 else ()) + (
                 kind, ",".join(axes), str(len(evs)), f"{sum(e.bytes for e in evs):,}",
-                f"{sum(e.seconds for e in evs) * 1e6:.1f}", ops))
+                f"{sum(e.seconds for e in evs) * 1e6:,.1f}", ops))
         pad = ("",) if len(phases) > 1 else ()
         rows.append(pad + ("total", "", str(len(self.events)), f"{self.total_bytes:,}",
-                           f"{self.total_cost * 1e6:.1f}", ""))
+                           f"{self.total_cost * 1e6:,.1f}", ""))
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))

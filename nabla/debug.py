@@ -267,6 +267,10 @@ def visualize_sharding(t: Any, plain: bool | None = None, max_width: int = 80, f
     installed and the output is a terminal, in plain text otherwise (``plain=True`` forces it). ``max_width``
     bounds the picture: plain text puts as many columns of cells side by side as fit (a single wider cell
     stays whole) and leaves out the middle rows and columns of a grid of more than 8 x 8 blocks. Returns None."""
+    from .tensor import Tensor
+    if not isinstance(t, Tensor):
+        raise ShardingError(f"visualize_sharding: expected a nabla Tensor, got {type(t).__name__} (place an array "
+                            f"first: nb.tensor(a).shard(mesh, dim_specs))")
     out = sys.stdout if file is None else file
     if plain is None:
         plain = not (_has_rich() and hasattr(out, "isatty") and out.isatty())

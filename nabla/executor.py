@@ -358,7 +358,9 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     if len(meshes) > 1:
         ms = [(i, s[3].mesh) for i, s in enumerate(sigs) if s[0] == "s"]
         (i, a), (j, b) = ms[0], next((k, m) for k, m in ms if m != ms[0][1])
-        raise ShardingError(f"{op.name}: operand {i} is on mesh {a!r} but operand {j} is on mesh {b!r}; "
+        same = (f" (two different meshes share the name {a.name!r}: a mesh is its name, axes and devices)"
+                if a.name == b.name else "")
+        raise ShardingError(f"{op.name}: operand {i} is on mesh {a!r} but operand {j} is on mesh {b!r}{same}; "
                             f"move one with nb.tensor(t.numpy()).shard(...)")
     mesh = meshes.pop()
     rule = op.rule(shapes, *params)

@@ -11,7 +11,7 @@ import contextvars
 import functools
 import weakref
 from math import prod
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -29,17 +29,23 @@ from .shard_map import SM_IN, SM_OUT, ManualSpec
 from .trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, Node, topological, tracked, tracing_whole, whole
 
 
-def jit(fn: Callable | None = None, in_shardings: Any = None, out_shardings: Any = None) -> "Jitted":
+def jit(fn: Callable | None = None, in_shardings: Any = None, out_shardings: Any = None,
+        static_argnums: int | Sequence[int] = (), static_argnames: str | Sequence[str] = ()) -> "Jitted":
     """Compile ``fn`` (called with tensors, or pytrees of them) through shard_map and jax.jit.
 
     ``in_shardings`` / ``out_shardings``, as jax.jit's: a pytree prefix of the positional arguments (of the
     result), each entry a ``nb.NamedSharding``, a ``ShardingSpec``, a JAX ``PartitionSpec`` (on the mesh of
     the value it applies to, or the function's mesh) or None (left as it comes). Inputs are laid out so
     inside the program (a reshard, logged; a host value or array is placed, no communication), results
-    leave the program so. Usable as a decorator, with or without arguments."""
+    leave the program so. Arguments that are not tensors or arrays (Python numbers, strings, tuples of
+    them) are static already: the function is traced again for each new value. ``static_argnums`` /
+    ``static_argnames`` are accepted as in jax.jit and checked (such an argument must be hashable, not a
+    tensor or an array). Usable as a decorator, with or without arguments."""
+    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     if fn is None:
-        return lambda f: Jitted(f, in_shardings, out_shardings)
-    return Jitted(fn, in_shardings, out_shardings)
+        return lambda f: Jitted(f, in_shardings, out_shardings, nums, names)
+    return Jitted(fn, in_shardings, out_shardings, nums, names)
 
 
 class Jitted:
@@ -48,9 +54,11 @@ class Jitted:
     other arguments (Python numbers, strings, ...) are constants of the trace, which is made again for each
     new value (as jax.jit's static arguments)."""
 
-    def __init__(self, fn: Callable, in_shardings: Any = None, out_shardings: Any = None) -> None:
+    def __init__(self, fn: Callable, in_shardings: Any = None, out_shardings: Any = None,
+                 static_argnums: tuple = (), static_argnames: tuple = ()) -> None:
         self.fn = fn
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
+        self.static_argnums, self.static_argnames = static_argnums, static_argnames
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
@@ -72,7 +80,21 @@ class Jitted:
             lowered = self._cache[key] = Lowered(self._call, leaves, tree)
         return lowered
 
+    def _check_static(self, args: tuple, kwargs: dict) -> None:
+        named = [(f"argument {i}", args[i]) for i in self.static_argnums if -len(args) <= i < len(args)]
+        named += [(f"argument {k!r}", kwargs[k]) for k in self.static_argnames if k in kwargs]
+        for what, v in named:
+            if isinstance(v, (Tensor, np.ndarray)) or type(v).__module__.startswith("jax"):
+                raise ShardingError(f"jit: static {what} is a {type(v).__name__}; a static argument must be a "
+                                    f"hashable constant (tensors and arrays are the program's inputs)")
+            try:
+                hash(v)
+            except TypeError:
+                raise ShardingError(f"jit: static {what} of type {type(v).__name__} is not hashable") from None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.static_argnums or self.static_argnames:
+            self._check_static(args, kwargs)
         leaves, tree = _flatten_call(args, kwargs)
         if tracked(leaves):
             if tracing_whole() or _INLINE.get():

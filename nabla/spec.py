@@ -135,8 +135,8 @@ class ShardingSpec:
             if a.overlaps(b):
                 what = "is used twice" if a == b else f"overlaps {str(b)!r}"
                 raise ShardingError(
-                    f"ShardingSpec on @{mesh.name}: axis {str(a)!r} ({wa}) {what} ({wb}); "
-                    f"an axis may shard at most one place in a tensor")
+                    f"ShardingSpec on @{mesh.name}: axis {str(a)!r} ({wa}) {what} ({wb}); an axis may appear "
+                    f"in one place of a spec only: one dim, or replicated_axes, or partial_axes")
         set_ = object.__setattr__
         set_(self, "mesh", mesh)
         set_(self, "dim_specs", dims)

@@ -402,6 +402,24 @@ def device_put(x: Any, sharding: Any) -> Tensor:
     return t.shard(sharding)
 
 
+def with_sharding_constraint(x: Any, shardings: Any) -> Any:
+    """JAX's ``with_sharding_constraint``: ``x`` (a tensor, or a pytree of them) laid out as ``shardings`` (an
+    ``nb.NamedSharding`` or ``ShardingSpec``, or a pytree of them matching ``x``); ``t.with_sharding`` on
+    each leaf, so a sharded value moves with logged collectives and open dims keep what they have."""
+    if isinstance(x, Tensor):
+        return x.with_sharding(shardings)
+    if isinstance(x, dict):
+        if isinstance(shardings, dict):
+            return {k: with_sharding_constraint(v, shardings[k]) for k, v in x.items()}
+        return {k: with_sharding_constraint(v, shardings) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        per = shardings if isinstance(shardings, (list, tuple)) else [shardings] * len(x)
+        if len(per) != len(x):
+            raise ShardingError(f"with_sharding_constraint: {len(per)} shardings for {len(x)} values")
+        return type(x)(with_sharding_constraint(v, s) for v, s in zip(x, per))
+    raise ShardingError(f"with_sharding_constraint: expected a Tensor or a pytree of them, got {type(x).__name__}")
+
+
 def _position(spec: ShardingSpec, dim: int, device: int) -> int:
     from .layout import dim_position
     return dim_position(spec.dim_refs[dim], spec.mesh, spec.mesh.coords(device))

@@ -341,12 +341,27 @@ def _node_errors(step: Step) -> Iterator[None]:
 
 def _as_tensor(value: Any, name: str, vi: onnx.ValueInfoProto | None) -> Tensor:
     if isinstance(value, Tensor):
-        return value
-    dt = elem_dtype(vi) if vi is not None else None
-    arr = np.asarray(value, dtype=dt)
-    if not holdable(arr.dtype):
-        raise ShardingError(f"input {name!r} has dtype {arr.dtype}, which nabla cannot hold")
-    return nb.tensor(arr)
+        t = value
+    else:
+        dt = elem_dtype(vi) if vi is not None else None
+        arr = np.asarray(value, dtype=dt)
+        if not holdable(arr.dtype):
+            raise ShardingError(f"input {name!r} has dtype {arr.dtype}, which nabla cannot hold")
+        t = nb.tensor(arr)
+    _check_shape(t.shape, name, vi)
+    return t
+
+
+def _check_shape(shape: tuple[int, ...], name: str, vi: onnx.ValueInfoProto | None) -> None:
+    """An input must have the rank and the fixed dims the graph declares (named dims take any size), as
+    onnxruntime requires."""
+    if vi is None or not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return
+    dims = vi.type.tensor_type.shape.dim
+    want = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+    if len(want) != len(shape) or any(w is not None and w != n for w, n in zip(want, shape)):
+        shown = tuple(w if w is not None else (d.dim_param or "?") for w, d in zip(want, dims))
+        raise ShardingError(f"input {name!r} has shape {tuple(shape)}, but the graph declares {shown}")
 
 
 class _Runner(Walker):

@@ -461,3 +461,19 @@ def test_reading_a_value_inside_jit_says_why_it_cannot():
                                                    "use nb.where"):
             nb.jit(f)(x)
     assert float(nb.jit(lambda x: x.sum())(x).numpy()) == 32.0  # reading the result is fine
+
+
+def test_static_argnums_and_argnames_are_taken_as_in_jax_jit():
+    m = DeviceMesh("m", (2, 4), ("dp", "tp"))
+    x = nb.tensor(np.arange(32, dtype=np.float32).reshape(8, 4)).shard(m, ["dp", None])
+
+    def f(x, n, scale=1.0):
+        return x.reshape(n, -1) * scale
+
+    g = nb.jit(f, static_argnums=1, static_argnames="scale")
+    for n, scale in ((4, 2.0), (2, 3.0)):
+        np.testing.assert_array_equal(g(x, n, scale=scale).numpy(), np.arange(32.0).reshape(n, -1) * scale)
+    with pytest.raises(nb.ShardingError, match="static argument 1 is a Tensor"):
+        nb.jit(f, static_argnums=(1,))(x, x)
+    with pytest.raises(nb.ShardingError, match="static argument 'scale' of type list is not hashable"):
+        g(x, 4, scale=[1.0])

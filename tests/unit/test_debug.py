@@ -213,3 +213,16 @@ def test_plain_pictures_fit_max_width_and_leave_out_the_middle_of_big_grids(caps
     assert "dev 0 " in out and "dev 255 " in out and "dev 119 " not in out  # a middle block is left out
     assert "... marks blocks left out: 16 rows x 16 columns of blocks in all" in out
     assert max(len(x) for x in out.splitlines() if x.startswith(("+", "|"))) <= 80
+
+
+def test_visualize_sharding_of_something_else_says_what_it_takes():
+    with pytest.raises(nb.ShardingError, match="visualize_sharding: expected a nabla Tensor, got ndarray"):
+        nb.visualize_sharding(np.ones((3, 3)))
+
+
+def test_summary_writes_large_numbers_with_separators():
+    m = nb.DeviceMesh("m", (2,), ("x",))
+    slow = nb.CostModel(latency=1.0)  # one second per ring step
+    with nb.cost_model(slow), nb.comm_log() as log:
+        nb.tensor(np.ones(4)).shard(m, ["x"]).with_sharding(m, [None])
+    assert "1,000,000.0" in log.summary()

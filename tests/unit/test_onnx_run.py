@@ -279,3 +279,14 @@ def test_lp_normalization_and_lp_pools_on_every_placement(p):
             np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=f"{name} {dims}")
             if name == "LpPool" and dims[2]:
                 assert set(log.counts) <= {"collective_permute"}, log.counts  # halo rows only
+
+
+def test_inputs_must_have_the_declared_shape():
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [8, "n"])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    g = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    assert nox.run(model, {"x": np.ones((8, 3), np.float32)})["y"].shape == (8, 3)  # a named dim takes any size
+    for bad in (np.ones((3, 3), np.float32), np.ones((8,), np.float32)):
+        with pytest.raises(nb.ShardingError, match=r"input 'x' has shape .* but the graph declares \(8, 'n'\)"):
+            nox.run(model, {"x": bad})

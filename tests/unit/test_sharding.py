@@ -124,3 +124,19 @@ def test_a_placement_of_the_wrong_type_lists_the_forms_accepted():
                                                     "PartitionSpec or an nb.NamedSharding; got"):
             t.shard(m, bad)
     assert t.shard(m, ("x",)).sharding == t.shard(m, ["x"]).sharding
+
+
+def test_with_sharding_constraint_takes_what_jax_takes():
+    m = nb.DeviceMesh("m", (2, 4), ("dp", "tp"))
+    v = np.arange(32.0).reshape(8, 4)
+    t = nb.tensor(v).shard(m, ["dp", "tp"])
+    with nb.comm_log() as log:
+        r = nb.with_sharding_constraint(t, nb.NamedSharding(m, ["dp", None]))
+    assert r.sharding == ShardingSpec(m, ["dp", None]) and log.counts == {"all_gather": 1}
+    np.testing.assert_array_equal(r.numpy(), v)
+    tree = nb.with_sharding_constraint({"a": t, "b": [t, t]}, ShardingSpec(m, [None, None]))
+    assert all(x.sharding == ShardingSpec(m, [None, None]) for x in (tree["a"], *tree["b"]))
+    pair = nb.with_sharding_constraint((t, t), (ShardingSpec(m, [None, "tp"]), nb.NamedSharding(m, ["dp"])))
+    assert pair[0].sharding.dim_specs[1].axes == ("tp",) and pair[1].sharding.dim_specs[0].axes == ("dp",)
+    with pytest.raises(ShardingError, match="2 shardings for 3 values"):
+        nb.with_sharding_constraint([t, t, t], [ShardingSpec(m, [None, None])] * 2)
