@@ -49,7 +49,7 @@ def test_comm_log_estimates_with_the_model_in_force():
     e = next(e for e in log.events if e.kind == "all_reduce")
     assert e.axes == ("dp",) and e.bytes == 64
     assert e.cost == pytest.approx(2 * 1e-3 + 64 / 1e9)
-    assert f"{e.cost * 1e6:.1f}" in log.summary()
+    assert f"{e.cost * 1e6:,.1f}" in log.summary()
 
 
 def test_cost_model_context_is_refused_for_other_values():
