@@ -37,11 +37,13 @@ class Tensor(Value):
 
     @staticmethod
     def ones(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
-        return Tensor._host(np.ones(shape, dtype=dtype))
+        from .ops import ones
+        return ones(shape, dtype)  # nb.ones validates the shape and dtype (ShardingError naming them)
 
     @staticmethod
     def zeros(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
-        return Tensor._host(np.zeros(shape, dtype=dtype))
+        from .ops import zeros
+        return zeros(shape, dtype)
 
     # ---- reading ---------------------------------------------------------------------------------
     @property
