@@ -300,6 +300,9 @@ _EINSUM = OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)),
 def einsum(subscripts: str, *operands: ArrayLike) -> Tensor:
     """numpy's einsum (no repeated letters within one operand); contracted letters sharded on the
     operands give partial sums."""
+    if not isinstance(subscripts, str):
+        raise ShardingError(f"einsum: subscripts (the first argument) must be a str such as 'ij,jk->ik', got "
+                            f"{type(subscripts).__name__} {_show(subscripts)}")
     return _call(_EINSUM, operands, (subscripts,))
 
 
@@ -362,9 +365,17 @@ _EINSUM.vjp = _einsum_vjp
 def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:  # numpy raises TypeError here; nabla's errors about op arguments are ShardingErrors (ValueErrors)
+        raise ShardingError(f"{op}: axis must be None, an int or a tuple of ints, got {type(axis).__name__} "
+                            f"{_show(axis)}")
     out = []
     for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
+            raise ShardingError(f"{op}: axis {_show(axis)} holds {type(a).__name__} {_show(a)}; axes are ints")
         if not -ndim <= a < ndim:
             raise ShardingError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
         out.append(int(a) % ndim)
@@ -1025,6 +1036,8 @@ def arange(*args: int | float, dtype: Any = None) -> Tensor:
 def abstract(shape: int | Sequence[int], dtype: Any = "float32") -> Tensor:
     """A tensor with a shape and no data: ops propagate and log communication without running kernels."""
     shape, dt = _shape_arg(shape, "abstract"), _dtype_arg(dtype, "abstract")
+    if dt is None:  # numpy's meaning of dtype=None, as nb.ones(shape, dtype=None) and np.ones give
+        dt = np.dtype(None)
     return Tensor(None, None, shape, dt)
 
 

@@ -245,3 +245,16 @@ def test_fuzz_ones_and_zeros_take_anything(shape, dtype):
         return
     assert t.size == 0 or not t.numpy().any()
     np.testing.assert_array_equal(nb.ones(shape, dtype=dtype).numpy(), np.ones(t.shape, dtype=t.dtype))
+
+
+def test_bad_op_arguments_raise_sharding_errors_naming_them():
+    # numpy raises TypeError for axis='a'; nabla's op-argument errors are ShardingErrors (ValueErrors) naming it
+    m = nb.DeviceMesh("m", (2,), ("x",))
+    t = nb.tensor(np.ones((2, 3))).shard(m, ["x", None])
+    with pytest.raises(nb.ShardingError, match="subscripts"):
+        nb.einsum(5, t)
+    for axis in ("a", 1.0, True, (0, "a")):
+        for f in (nb.sum, nb.mean, nb.max, nb.min):
+            with pytest.raises(nb.ShardingError, match="axis"):
+                f(t, axis=axis)
+    np.testing.assert_array_equal(t.sum(axis=np.int64(1)).numpy(), np.full(2, 3.0))
