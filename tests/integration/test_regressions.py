@@ -157,3 +157,33 @@ def test_transpose_axes_out_of_range_raise_like_numpy():
         with pytest.raises(nb.ShardingError, match="transpose"):
             nb.transpose(t, axes)
     assert nb.transpose(t, (-1, 0)).shape == (3, 2)
+
+
+# ---- issue 13, second audit: pending sums that meet other sums, overflow, signed zeros ----------------------
+
+M4Y = DeviceMesh("m4y", (4,), ("y",))
+
+
+def _same(got, want):
+    """Equal to numpy: dtype, shape, values, NaN positions and the signs of zeros; every block the global slice."""
+    g = got.numpy()
+    assert g.dtype == want.dtype and g.shape == want.shape, (g, want)
+    np.testing.assert_array_equal(g, want)
+    if want.dtype.kind == "f":
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(want))
+    if got.sharding is not None and not got.sharding.partial_axes:
+        for d, blk in got.shards.items():
+            np.testing.assert_array_equal(blk, g[got.sharding.shard_slices(got.shape, d)])
+
+
+def test_with_sharding_reduces_a_partial_value_to_a_part_of_its_axis():
+    """Partial over y to partial over y:(1)2 is an all_reduce over y:(2)2 (once refused: 'is not partial')."""
+    v = np.array([1.0, 2.0], np.float32)
+    a = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+    with nb.comm_log() as log:
+        r = a.with_sharding(M4Y, [None], partial_axes=["y:(1)2"])
+    assert r.sharding.partial_axes == ("y:(1)2",)
+    assert [(e.kind, e.axes) for e in log.events] == [("all_reduce", ("y:(2)2",))]
+    _same(r, v)
+    with pytest.raises(nb.ShardingError, match="partial"):
+        r.with_sharding(M4Y, [None], partial_axes=["y"])
