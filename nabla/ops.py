@@ -420,6 +420,10 @@ def mean(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool =
     dt = np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
     acc = np.dtype(np.float32) if dt == np.float16 else np.dtype(np.float64) if dt.kind in "iub" else dt
     s = sum(x if acc == dt else astype(x, acc), axes, keepdims)
+    if dt.kind in "iub" and s._spec is not None and s._spec.partial_axes:
+        # numpy sums, then divides: dividing each summand first is off by an ulp (the float64 sum of integers
+        # is exact, so it must be made before the division)
+        s = s.with_sharding(s._spec.mesh, s._spec.dim_specs)
     out = divide(s, s.dtype.type(count) if count else s.dtype.type(np.nan))
     return out if dt.kind in "iub" or out.dtype == dt else astype(out, dt)
 

@@ -187,3 +187,12 @@ def test_with_sharding_reduces_a_partial_value_to_a_part_of_its_axis():
     _same(r, v)
     with pytest.raises(nb.ShardingError, match="partial"):
         r.with_sharding(M4Y, [None], partial_axes=["y"])
+
+
+def test_mean_of_integers_sums_before_dividing():
+    v = np.array([716, 938, -86, 114, -748])
+    _same(nb.tensor(v).shard(M4Y, ["y"]).mean(), v.mean())
+    b = np.array([True, False, True, True, False, True, True])
+    _same(nb.tensor(b).shard(M4Y, ["y"]).mean(), b.mean())
+    i = np.arange(24, dtype=np.int32).reshape(4, 6) * 7
+    _same(nb.tensor(i).shard(M4Y, [None, "y"]).mean(axis=1), i.mean(axis=1))
