@@ -81,7 +81,8 @@ def reduce_over(x: Any, atoms: Sequence[int], op: str = "sum") -> Any:
     """Sum (or max/min) the partial summands held along grid ``atoms``, keeping the dtype."""
     fn = getattr(xp(x), op)
     if op == "sum":
-        return fn(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype)
+        from .storage import sum_summands
+        return sum_summands(x, tuple(atoms))  # from the additive identity: -0.0 + -0.0 is -0.0
     return fn(x, axis=tuple(atoms), keepdims=True)
 
 

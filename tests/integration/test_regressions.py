@@ -176,6 +176,27 @@ def _same(got, want):
             np.testing.assert_array_equal(blk, g[got.sharding.shard_slices(got.shape, d)])
 
 
+def test_partial_operands_over_overlapping_axes_combine():
+    """P(y) op P(y:(1)2) once raised 'axis y overlaps y:(1)2'. An addition keeps y (the operand partial over
+    y:(1)2 is added once over y:(2)2, no communication); a product keeps each part of y on one operand."""
+    v, w = np.array([1.0, 2.0], np.float32), np.array([3.0, -5.0], np.float32)
+    a = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+    b = nb.tensor(w).shard(M4Y, [None], partial_axes=["y:(1)2"])
+    with nb.comm_log() as log:
+        s = a + b
+    assert log.events == [] and s.sharding.partial_axes == ("y",)
+    _same(s, v + w)
+    _same(b + a, w + v)
+    _same(a - b, v - w)
+    _same(b - a, w - v)
+    _same(a * b, v * w)
+    _same(a @ b, v @ w)
+    _same(nb.where(v > 1, a, b), np.where(v > 1, v, w))
+    c = nb.tensor(w).shard(M4Y, [None], partial_axes=["y:(2)2"])
+    _same(b + c, w + w)
+    _same(b * c, w * w)
+
+
 def test_with_sharding_reduces_a_partial_value_to_a_part_of_its_axis():
     """Partial over y to partial over y:(1)2 is an all_reduce over y:(2)2 (once refused: 'is not partial')."""
     v = np.array([1.0, 2.0], np.float32)
@@ -187,6 +208,72 @@ def test_with_sharding_reduces_a_partial_value_to_a_part_of_its_axis():
     _same(r, v)
     with pytest.raises(nb.ShardingError, match="partial"):
         r.with_sharding(M4Y, [None], partial_axes=["y"])
+
+
+def test_finite_factors_that_overflow_the_dtype_reduce_pending_sums_first():
+    """float32 partial * 1e300: the factor is inf in float32, so inf * (the -0.0 other devices hold) was NaN."""
+    with np.errstate(all="ignore"):
+        for dt, c in ((np.float32, 1e300), (np.float16, 1e5)):
+            v = np.array([1.0, 2.0], dt)
+            p = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+            _same(p * c, v * c)
+            _same(c * p, c * v)
+        v = np.array([1.0, -2.0], np.float32)
+        p = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+        _same(p / 1e-300, v / 1e-300)  # the divisor is 0 in float32: ±inf, not NaN
+        _same(p / 1e-40, v / np.float32(1e-40))  # a subnormal divisor whose reciprocal is inf
+
+
+def test_deferred_sums_whose_finite_summands_overflow_are_made_first():
+    """Summands 40000 and -40000 (float16) add to 0; doubling each gives inf - inf = NaN. Redone with the sum
+    made first when an op that keeps a sum gives a non-finite value."""
+    with np.errstate(all="ignore"):
+        for dt, big in ((np.float16, 200.0), (np.float32, 1.5e19)):
+            x, y = np.array([[big, -big]], dt), np.array([[big], [big]], dt)
+            p = nb.tensor(x).shard(M2, [None, "x"]) @ nb.tensor(y).shard(M2, ["x", None])
+            assert p.sharding.partial_axes == ("x",)
+            want = x @ y
+            assert want[0, 0] == 0
+            _same(p * 2, want * dt(2))
+            _same(p + p, want + want)
+            _same(p / 0.5, want / dt(0.5))
+            _same(p @ np.array([[2]], dt), want @ np.array([[2]], dt))
+            _same(p.sum(), want.sum())
+            _same(p.mean(), want.mean())
+            q = p * 2  # the retry leaves a correct value behind, partial or not
+            _same(q - 1, want * 2 - 1)
+        # a finite result keeps the sum pending: no communication
+        a = nb.tensor(np.ones((1, 2), np.float32)).shard(M2, [None, "x"]) @ nb.tensor(np.ones((2, 1), np.float32)).shard(M2, ["x", None])
+        with nb.comm_log() as log:
+            r = a * 2.0 + 1.0
+        assert log.events == [] and r.sharding.partial_axes == ("x",)
+
+
+def test_pending_sums_keep_the_sign_of_zero():
+    v = np.array([-0.0, 1.0], np.float32)
+    p = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+    _same(p, v)
+    assert all(np.signbit(b[0]) for b in p.shards.values())  # the other devices hold -0.0, the identity
+    _same(p.with_sharding(M4Y, [None]), v)
+    with np.errstate(divide="ignore"):
+        _same(1 / p, 1 / v)
+    z = np.array([0.0, -0.0, 2.0], np.float32)
+    q = nb.tensor(z).shard(M4Y, [None], partial_axes=["y"])
+    _same(-q, -z)
+    _same(q * -0.0, z * -0.0)
+    _same(q * -1.0, z * -1.0)
+    _same(q / -2.0, z / -2.0)
+    _same(0.0 - q, 0.0 - z)
+    _same(q - 0.0, z - 0.0)
+    _same(q + -0.0, z + -0.0)
+    _same(q - q, z - z)
+    c = np.array([False, False, True])
+    _same(nb.where(c, q, -0.0), np.where(c, z, np.float32(-0.0)))
+    _same(nb.where(c, -0.0, q), np.where(c, np.float32(-0.0), z))
+    _same(nb.concatenate([q, nb.tensor(z)]), np.concatenate([z, z]))
+    _same(q * np.array([1.0, -1.0, 0.0], np.float32), z * np.array([1.0, -1.0, 0.0], np.float32))
+    m = nb.tensor(np.array([[-0.0]], np.float32)).shard(M4Y, [None, None], partial_axes=["y"])
+    _same(m @ np.array([[1.0]], np.float32), np.array([[-0.0]], np.float32) @ np.array([[1.0]], np.float32))
 
 
 def test_mean_of_integers_sums_before_dividing():
