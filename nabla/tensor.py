@@ -237,7 +237,13 @@ class Tensor(Value):
     def __rmul__(self, o): return _ops().multiply(o, self)
     def __truediv__(self, o): return _ops().divide(self, o)
     def __rtruediv__(self, o): return _ops().divide(o, self)
-    def __pow__(self, o): return _ops().power(self, o)
+    def __pow__(self, o):
+        # numpy's ** on a float or complex array: a Python 0.5 is sqrt, -1 reciprocal, 2 square (its
+        # fast_scalar_power); np.power(-0.0, 0.5) is +0.0 in float16 where sqrt gives -0.0
+        if self._dtype.kind in "fc" and (type(o) is float and o == 0.5 or type(o) is int and o in (-1, 2)):
+            ops = _ops()
+            return ops.sqrt(self) if o == 0.5 else ops._call(ops._SQUARE if o == 2 else ops._RECIPROCAL, (self,))
+        return _ops().power(self, o)
     def __rpow__(self, o): return _ops().power(o, self)
     def __matmul__(self, o): return _ops().matmul(self, o)
     def __rmatmul__(self, o): return _ops().matmul(o, self)

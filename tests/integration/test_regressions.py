@@ -283,3 +283,19 @@ def test_mean_of_integers_sums_before_dividing():
     _same(nb.tensor(b).shard(M4Y, ["y"]).mean(), b.mean())
     i = np.arange(24, dtype=np.int32).reshape(4, 6) * 7
     _same(nb.tensor(i).shard(M4Y, [None, "y"]).mean(axis=1), i.mean(axis=1))
+
+
+def test_power_operator_takes_numpys_fast_paths():
+    """numpy's ``x ** 0.5`` is sqrt (float16 -0.0 ** 0.5 is -0.0; np.power gives +0.0), ``x ** -1`` reciprocal
+    and ``x ** 2`` square on float and complex arrays (found by tests/integration/test_dtype_sweep.py)."""
+    m = DeviceMesh("m2p", (2,), ("x",))
+    with np.errstate(all="ignore"):
+        for dt in (np.float16, np.float32, np.complex64):
+            v = np.array([-0.0, 4, -3, np.inf, np.nan, 0.0], dt)
+            x = nb.tensor(v).shard(m, ["x"])
+            for e in (0.5, -1, 2, 3, 0.5 + 0j, np.float32(0.5)):
+                g, w = (x ** e).numpy(), v ** e
+                assert g.dtype == w.dtype
+                np.testing.assert_array_equal(g, w)
+                np.testing.assert_array_equal(np.signbit(g.real), np.signbit(w.real))
+                np.testing.assert_array_equal(np.signbit(g.imag), np.signbit(w.imag))
