@@ -282,7 +282,8 @@ def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
     """Whether scaling a pending sum summand by summand would not give the scaled sum. The factor is taken as
     cast to the result's dtype (``1e300`` is inf in float32): an infinite factor meets the zeros other devices
     hold (0 * inf); a factor <= 0 (or -0.0) flips the sign of an exact zero sum (-(+0) is -0, but the negated
-    summands add to +0); a divisor must be positive with a finite reciprocal. ``_KEEPS`` marks a program that
+    summands add to +0); a divisor must be positive with a finite reciprocal; ``a - sum`` needs an ``a`` with
+    no -0.0. ``_KEEPS`` marks a program that
     keeps a pending sum: it breaks when a retry asks for the strict program (see ``_rerun_strict``)."""
     for check in checks:
         if check is _KEEPS:
@@ -297,6 +298,11 @@ def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
         xp = backends.xp(data)
         with np.errstate(all="ignore"):
             c = xp.asarray(data).astype(dtype)
+            if kind == "no_negative_zero":
+                if any(bool(xp.any((part == 0) & xp.signbit(part)))
+                       for part in ((c.real, c.imag) if dtype.kind == "c" else (c,))):
+                    return True
+                continue
             ok = xp.isfinite(c)
             if kind != "finite":
                 ok = ok & (c > 0)
@@ -456,8 +462,9 @@ def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ..
     return tuple(steps)
 
 
-#: Ops that negate an operand: -(sum) is not the sum of the negated summands when the sum is an exact zero
-#: (-(+0) is -0, but negated summands that cancel add to +0), so a float operand negated keeps no sum pending.
+#: Ops that negate an operand. -(sum) is not the sum of the negated summands when the sum is an exact zero
+#: (-(x + -x) is -0, but -x + x is +0), so ``negative`` keeps no float sum pending. ``a - sum`` does: it is -0
+#: only when ``a`` is -0, so it is checked at run time that ``a`` holds no -0.0 (then neither side is ever -0).
 _NEGATED = {"subtract": (1,), "negative": (0,)}
 
 
@@ -467,6 +474,8 @@ def _checks(op: OpDef, sigs: tuple, keep_by: list, dtype: np.dtype) -> tuple:
     if dtype.kind not in "fc":
         return ()  # integers wrap and bools or, as numpy's sums do: every product distributes
     checks = []
+    if op.name == "subtract" and keep_by[1] and dtype.kind in "fc":
+        checks.append((0, "no_negative_zero", dtype))
     if op.linear == "mul":
         elementwise = op.fast is not None  # multiply, divide: a zero factor's sign matters (matmul gives +0)
         for j, s in enumerate(sigs):
@@ -496,7 +505,7 @@ def _surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tupl
     flt = dtype.kind in "fc"
     elementwise_mul = op.linear == "mul" and op.fast is not None
     for i, s in enumerate(sigs):
-        if refs[i] and (s[2] != dtype or (flt and i in _NEGATED.get(op.name, ()))
+        if refs[i] and (s[2] != dtype or (flt and op.name == "negative")
                         or (elementwise_mul and dtype.kind == "c")):
             refs[i] = []
         refs[i] = [r for r in refs[i] if not any(r.overlaps(b) for j in range(n) if j != i for b in in_dims[j])]

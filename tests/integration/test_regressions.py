@@ -299,3 +299,23 @@ def test_power_operator_takes_numpys_fast_paths():
                 np.testing.assert_array_equal(g, w)
                 np.testing.assert_array_equal(np.signbit(g.real), np.signbit(w.real))
                 np.testing.assert_array_equal(np.signbit(g.imag), np.signbit(w.imag))
+
+
+def test_subtracting_a_pending_sum_keeps_it_pending_unless_signs_of_zero_need_it():
+    """``a - sum`` is -0 only when ``a`` is -0: with no -0.0 in ``a`` the sum stays pending (layer norm's
+    ``x - mean`` over a tp-sharded hidden dim: no extra all_reduce); with one, it is made first."""
+    a, b = np.ones((2, 4), np.float32), np.ones((4, 2), np.float32)
+    p = nb.tensor(a).shard(M2, [None, "x"]) @ nb.tensor(b).shard(M2, ["x", None])  # summands: no -0.0
+    x = np.array([[1.0, -2.0], [0.0, 3.0]], np.float32)
+    with nb.comm_log() as log:
+        r = x - p
+    assert log.events == [] and r.sharding.partial_axes == ("x",)
+    _same(r, x - a @ b)
+    z = np.array([[-0.0, 1.0], [0.0, 2.0]], np.float32)
+    q = nb.tensor(np.zeros((2, 2), np.float32) + (a @ b) * 0).shard(M2, [None, None], partial_axes=["x"])
+    with nb.comm_log() as log:
+        r = z - q  # -0.0 - (+0.0) is -0.0: the sum must be made first
+    assert log.counts == {"all_reduce": 1}
+    _same(r, z - np.zeros((2, 2), np.float32))
+    with np.errstate(all="ignore"):
+        _same(-p, -(a @ b))
