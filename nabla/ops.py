@@ -120,10 +120,9 @@ _UNARY = {
     "sigmoid": _elementwise("sigmoid", _sigmoid),
 }
 _WHERE = _elementwise("where", "where", "add", (1, 2))
-# numpy's ``x ** 2`` and ``x ** -1`` on float arrays (see Tensor.__pow__); not public names
-_SQUARE = _elementwise("square", "square")
+# numpy's ``x ** -1`` on float arrays (see Tensor.__pow__; for complex numbers 1 / x differs in the signs of
+# zeros); not a public name
 _RECIPROCAL = _elementwise("reciprocal", "reciprocal")
-_SQUARE.vjp = lambda g, node, out: (multiply(g, multiply(node.args[0], 2)) if _is_diff(node.args[0]) else None,)
 _RECIPROCAL.vjp = lambda g, node, out: (negative(multiply(g, multiply(out, out))) if _is_diff(node.args[0]) else None,)
 
 

@@ -242,7 +242,8 @@ class Tensor(Value):
         # fast_scalar_power); np.power(-0.0, 0.5) is +0.0 in float16 where sqrt gives -0.0
         if self._dtype.kind in "fc" and (type(o) is float and o == 0.5 or type(o) is int and o in (-1, 2)):
             ops = _ops()
-            return ops.sqrt(self) if o == 0.5 else ops._call(ops._SQUARE if o == 2 else ops._RECIPROCAL, (self,))
+            return ops.sqrt(self) if o == 0.5 else ops.multiply(self, self) if o == 2 else \
+                ops._call(ops._RECIPROCAL, (self,))  # x * x is numpy's square, signs of zeros included
         return _ops().power(self, o)
     def __rpow__(self, o): return _ops().power(o, self)
     def __matmul__(self, o): return _ops().matmul(self, o)
