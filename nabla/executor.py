@@ -366,9 +366,11 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     result_shape = rule.result_shape
     result_partial = tuple(sorted(keep)) + tuple(reduced) if op.reduction == "sum" else tuple(sorted(keep))
     post_src = None
-    result = ShardingSpec(mesh, dec.result.dim_specs, partial_axes=result_partial)
-    if op.reduction != "sum" and reduced:
-        post_src = ShardingSpec(mesh, dec.result.dim_specs, partial_axes=tuple(sorted(keep)) + tuple(reduced))
+    computed, wanted = _result_dims(dec, result_shape, dtype, mesh)
+    result = ShardingSpec(mesh, wanted, partial_axes=result_partial)
+    if op.reduction != "sum" and reduced or computed != wanted:
+        post_src = ShardingSpec(mesh, computed, partial_axes=tuple(sorted(keep)) + tuple(reduced)
+                                if op.reduction != "sum" else result_partial)
     targets = []
     for i, s in enumerate(sigs):
         if s[0] == "c":
@@ -416,6 +418,18 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
                    Local(G, chunks(kspec, result_shape), params, True, aux), post, dtype, result_sid, padded, None,
                    checks, grid(kspec).shape + chunks(kspec, result_shape))
     return prog._replace(fast=_fast_views(op, prog, sigs))
+
+
+def _result_dims(dec, shape: tuple[int, ...], dtype: np.dtype, mesh) -> tuple[tuple, tuple]:
+    """The result's dims as the kernel computes them, and as handed back: propagation may give the result
+    factors its operands' dims cannot hold (Shardy's reshape keeps them); the kernel's output is then sliced
+    to that layout on each device, when that moves no data (else the computed layout is handed back)."""
+    if dec.computed is None or dec.computed.dim_specs == dec.result.dim_specs:
+        return dec.result.dim_specs, dec.result.dim_specs
+    src, dst = ShardingSpec(mesh, dec.computed.dim_specs), ShardingSpec(mesh, dec.result.dim_specs)
+    if reshard.plan(shape, dtype.itemsize, src, dst).collectives:
+        return dec.computed.dim_specs, dec.computed.dim_specs
+    return dec.computed.dim_specs, dec.result.dim_specs
 
 
 def _padded(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:

@@ -319,3 +319,21 @@ def test_subtracting_a_pending_sum_keeps_it_pending_unless_signs_of_zero_need_it
     _same(r, z - np.zeros((2, 2), np.float32))
     with np.errstate(all="ignore"):
         _same(-p, -(a @ b))
+
+
+def test_reshape_result_keeps_the_factors_shardy_keeps_at_no_extra_cost():
+    """Factors the operand's dims cannot hold but the result's can stay on the result (the kernel's output is
+    sliced locally): Shardy's minor_most_factor_non_divisible and the registry's reshape_swap_and_merge /
+    reshape_split_and_swap once came back replicated on those dims, for the same bytes."""
+    for axes, shape, dims, out, want, nbytes in [
+            ({"a": 6}, (8,), ["a"], (2, 4), (("a:(1)2",), ("a:(2)3",)), 24),
+            ({"i": 2, "k": 2, "m": 2, "n": 2}, (2, 3, 8), [("i",), ("k",), ("m", "n")], (3, 4, 4), ((), (), ("n",)), 184),
+            ({"i": 2, "l": 2, "m": 2, "n": 2}, (3, 4, 4), [("i",), ("l", "m"), ("n",)], (2, 3, 8),
+             ((), (), ("m", "n")), 184)]:
+        m = DeviceMesh("r", tuple(axes.values()), tuple(axes))
+        v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        for strat in ("basic", "aggressive"):
+            with nb.strategy(strat), nb.comm_log() as log:
+                r = nb.tensor(v).shard(m, dims).reshape(out)
+            assert tuple(d.axes for d in r.sharding.dim_specs) == want and log.total_bytes == nbytes
+            _same(r, v.reshape(out))
