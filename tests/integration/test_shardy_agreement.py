@@ -782,3 +782,14 @@ def test_registry_rule(name, axes_, operands, op, want, partial):
     with nb.strategy("basic"):
         y = op(*ts)
     expect(y, *want, partial=partial)
+
+
+def test_the_agreement_page_is_rendered_from_the_tests():
+    """docs/shardy-agreement.md is what tests/integration/shardy_report.py renders from these tests' xfail marks
+    and tests/integration/shardy_catalog.py: regenerate it with ``python tests/integration/shardy_report.py
+    --write`` after changing a case."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import shardy_report
+    assert shardy_report.DOC.read_text() == shardy_report.render(), "docs/shardy-agreement.md is stale"
