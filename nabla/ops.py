@@ -369,6 +369,8 @@ _EINSUM.vjp = _einsum_vjp
 def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
+    if ndim == 0 and isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)) and axis in (0, -1):
+        return ()  # numpy lets a 0-d array be reduced over an int axis 0 (or -1): nothing to reduce
     if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
         axes = (axis,)
     elif isinstance(axis, (tuple, list)):
@@ -488,6 +490,8 @@ def argmax(x: ArrayLike, axis: int | None = None) -> Tensor:
         if isinstance(x, Tensor) and x.sharding is not None and x.ndim > 1:
             return argmax(reshape(x, (-1,)), 0)
         return _call(_ARGMAX, (x,), (None,))
+    if not _axes(axis, _ndim(x), "argmax"):  # 0-d, axis 0 or -1 (numpy: 0)
+        return argmax(x)
     ax = _axes(axis, _ndim(x), "argmax")[0]
     spec = x.sharding if isinstance(x, Tensor) else None
     if spec is not None and spec.dim_specs[ax].axes and x.shape[ax]:
@@ -528,6 +532,9 @@ _ARGMAX.vjp = lambda g, node, out: (None,)  # an index: no gradient
 def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     """Along ``axis``. When that dim is sharded it is not gathered: the row max and the row sum are
     reduced across devices instead (two all_reduces of one value per row)."""
+    if not _axes(axis, _ndim(x), "softmax"):  # a 0-d value (numpy reduces it over axis 0 or -1): exp(0) / exp(0)
+        e = exp(x - max(x))
+        return e / sum(e)
     ax = _axes(axis, _ndim(x), "softmax")[0]
     spec = x.sharding if isinstance(x, Tensor) else None
     if spec is not None and spec.dim_specs[ax].axes and x.size:
@@ -685,6 +692,8 @@ def _index_kernel(arrays, local):
             start, stop, step = e[1:]
             if local.windowed and step > 0:  # the window factor already cut each block to its window
                 idx.append(slice(None, None, step))
+            elif step < 0 and start < 0:  # slice.indices gives start -1 for "before 0": nothing is taken
+                idx.append(slice(0, 0))
             else:
                 idx.append(slice(start, stop if stop >= 0 else None, step))  # slice.indices gives -1 for "past 0"
         elif e[0] == "int":

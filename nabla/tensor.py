@@ -244,6 +244,10 @@ class Tensor(Value):
             ops = _ops()
             return ops.sqrt(self) if o == 0.5 else ops.multiply(self, self) if o == 2 else \
                 ops._call(ops._RECIPROCAL, (self,))  # x * x is numpy's square, signs of zeros included
+        if self._dtype.kind == "b" and type(o) is int and o == 2:  # numpy's square: int8
+            ops = _ops()
+            x = ops.astype(self, np.int8)
+            return ops.multiply(x, x)
         return _ops().power(self, o)
     def __rpow__(self, o): return _ops().power(o, self)
     def __matmul__(self, o): return _ops().matmul(self, o)

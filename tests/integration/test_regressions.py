@@ -337,3 +337,24 @@ def test_reshape_result_keeps_the_factors_shardy_keeps_at_no_extra_cost():
                 r = nb.tensor(v).shard(m, dims).reshape(out)
             assert tuple(d.axes for d in r.sharding.dim_specs) == want and log.total_bytes == nbytes
             _same(r, v.reshape(out))
+
+
+def test_found_by_the_dtype_sweep():
+    """Each of these once differed from numpy (tests/integration/test_dtype_sweep.py, thorough profile)."""
+    m = DeviceMesh("m11", (1, 1), ("x", "y"))
+    # a negative-step slice whose start falls before 0 takes nothing (slice.indices gives start -1)
+    v = np.arange(12.0).reshape(2, 2, 3)
+    t = nb.tensor(v).shard(m, [("x", "y"), None, None])
+    for k in (np.s_[:, :, -4:0:-1], np.s_[:, :, -4::-1], np.s_[:, :, -1:-5:-2]):
+        _same(t[k], v[k])
+    # bool ** 2 is numpy's square: int8
+    b = np.array([True, False])
+    _same(nb.tensor(b).shard(M2, ["x"]) ** 2, b ** 2)
+    # a 0-d value reduces over int axis 0 or -1, as numpy lets it
+    z = nb.tensor(np.array(3.0, np.float32)).shard(m, [])
+    _same(z.sum(axis=0), np.sum(np.array(3.0, np.float32), axis=0))
+    _same(z.max(axis=-1, keepdims=True), np.max(np.array(3.0, np.float32), axis=-1, keepdims=True))
+    _same(z.argmax(axis=0), np.argmax(np.array(3.0), axis=0))
+    _same(nb.softmax(z, -1), np.array(1.0, np.float32))
+    with pytest.raises(nb.ShardingError):
+        z.sum(axis=(0,))  # numpy: AxisError
