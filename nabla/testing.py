@@ -184,9 +184,10 @@ def sharded_arrays(mesh: DeviceMesh | None = None, shape: Sequence[int] | None =
     return build()
 
 
-def special_values(dtype: Any, shape: Sequence[int], extreme: bool = True):
-    """Arrays of ``dtype`` and ``shape`` drawn from values that break careless code: 0, -0.0, NaN, +-inf, small
-    ints, and with ``extreme`` the dtype's largest, smallest and tiniest values (complex: each part)."""
+def special_values(dtype: Any, shape: Sequence[int], extreme: bool = True, nonfinite: bool = True):
+    """Arrays of ``dtype`` and ``shape`` drawn from values that break careless code: 0, -0.0, NaN, +-inf (unless
+    not ``nonfinite``), small ints, and with ``extreme`` the dtype's largest, smallest and tiniest values
+    (complex: each part)."""
     st = _st()
     dt = np.dtype(dtype)
     n = prod(shape)
@@ -198,7 +199,7 @@ def special_values(dtype: Any, shape: Sequence[int], extreme: bool = True):
             pool += [int(np.iinfo(dt).max), int(np.iinfo(dt).min)] + ([int(np.iinfo(dt).min) + 1] if dt.kind == "i" else [])
     else:
         fi = np.finfo(dt)
-        pool = [0.0, -0.0, 1.0, -2.5, 3.0, 0.5, -7.0, np.inf, -np.inf, np.nan]
+        pool = [0.0, -0.0, 1.0, -2.5, 3.0, 0.5, -7.0] + ([np.inf, -np.inf, np.nan] if nonfinite else [])
         if extreme:
             pool += [float(fi.max), -float(fi.max), float(fi.tiny), -float(fi.smallest_subnormal)]
 

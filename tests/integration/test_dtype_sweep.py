@@ -29,18 +29,18 @@ SCALARS = [0, 2, -1, 300, 2**40, 0.5, 0.0, -0.0, 3.0, -2.5, np.inf, -np.inf, np.
 
 
 @st.composite
-def operands(draw, mesh, dtype, shape, extreme=True):
+def operands(draw, mesh, dtype, shape, extreme=True, nonfinite=True):
     """``(tensor, value)``: a value placed with a random spec. With partial axes, the value is either on the first
     device of each group, or made of random summands on every device (moderate values: no overflow, so any
     order of summation gives one sum), folded from -0.0 in device order to give the value."""
     spec = draw(specs(mesh, shape))
     if not spec.partial_axes or not draw(st.booleans()):
-        v = draw(special_values(dtype, shape, extreme))
+        v = draw(special_values(dtype, shape, extreme, nonfinite))
         return nb.tensor(v).shard(mesh, spec.dim_specs, spec.replicated_axes, spec.partial_axes), v
     groups = 1
     for r in spec.partial_refs:
         groups *= r.size
-    summands = [draw(special_values(dtype, shape, extreme=False)) for _ in range(groups)]
+    summands = [draw(special_values(dtype, shape, False, nonfinite)) for _ in range(groups)]
     blocks = {}
     for d in mesh.devices:
         c = dim_position(spec.partial_refs, mesh, mesh.coords(d))
@@ -152,6 +152,9 @@ def test_elementwise_ops_equal_numpy(data):
 
 
 def _softmax(v, axis):
+    v - v  # noqa: B018 - bool: numpy's formula raises TypeError (bool subtract), and so does nabla
+    if v.size == 0:  # nabla's softmax of an empty tensor is empty (no max to subtract)
+        return np.exp(v)
     e = np.exp(v - v.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 
@@ -180,6 +183,8 @@ def test_reductions_equal_numpy(data):
 
 
 # ---- contractions -----------------------------------------------------------------------------------------
+# Complex contractions meet no infinities or NaN here: numpy's own result then depends on its code path (BLAS's
+# cdotu gives nan+infj where its loop gives -inf+infj for (0+infj)(1+1j)), so no sharding could match it.
 
 EINSUMS = [("ij,jk->ik", 2, 2), ("ij,ij->i", 2, 2), ("i,i->", 1, 1), ("ij->ji", 2, None), ("...j,j->...", 2, 1),
            ("ij,kj", 2, 2), ("bij,bjk->bik", 3, 3), ("ij,j->ij", 2, 1)]
@@ -195,8 +200,9 @@ def test_contractions_equal_numpy(data):
     if draw(st.booleans()):
         sa = draw(st.sampled_from([(n,), (m, n), (b, m, n)]))
         sb = draw(st.sampled_from([(n,), (n, k), (b, n, k)]))
-        x, v = draw(operands(mesh, dtype, sa, extreme=False))
-        y, w = draw(operands(mesh, odtype, sb, extreme=False))
+        fin = "c" not in (np.dtype(dtype).kind, np.dtype(odtype).kind)
+        x, v = draw(operands(mesh, dtype, sa, extreme=False, nonfinite=fin))
+        y, w = draw(operands(mesh, odtype, sb, extreme=False, nonfinite=fin))
         host = draw(st.sampled_from([0, 1, 2]))
         check(lambda: (x if host != 1 else v) @ (y if host != 2 else w), lambda: v @ w, rtol_of=4)
         return
@@ -204,12 +210,13 @@ def test_contractions_equal_numpy(data):
     letters = {"i": n, "j": k, "k": m, "b": b}
     terms = sub.split("->")[0].split(",")
     sa = tuple(letters.get(c, 2) for c in terms[0].replace("...", "b"))
-    x, v = draw(operands(mesh, dtype, sa, extreme=False))
+    fin = "c" not in (np.dtype(dtype).kind, np.dtype(odtype).kind)
+    x, v = draw(operands(mesh, dtype, sa, extreme=False, nonfinite=fin))
     if rb is None:
         check(lambda: nb.einsum(sub, x), lambda: np.einsum(sub, v), rtol_of=4)
         return
     sb = tuple(letters.get(c, 2) for c in terms[1])
-    y, w = draw(operands(mesh, odtype, sb, extreme=False))
+    y, w = draw(operands(mesh, odtype, sb, extreme=False, nonfinite=fin))
     check(lambda: nb.einsum(sub, x, y), lambda: np.einsum(sub, v, w), rtol_of=4)
 
 
