@@ -47,16 +47,18 @@ def assert_sharded_allclose(t: Tensor, expected: Any, rtol: float = 1e-5, atol: 
             np.testing.assert_allclose(blk, expected[sl], rtol=rtol, atol=atol, err_msg=msg)
 
 
-def assert_matches_numpy(t: Tensor, expected: Any, rtol: float = 0.0, atol: float = 0.0) -> None:
+def assert_matches_numpy(t: Tensor, expected: Any, rtol: float = 0.0, atol: float = 0.0,
+                         signed_zeros: bool = True) -> None:
     """``t`` is numpy's ``expected`` exactly where exactness is defined: shape, dtype, NaN positions, infinities
     and their signs, the signs of zeros (each part of a complex number alike); finite values within ``rtol`` /
     ``atol`` (0: equal). Every device's block is the global value at its slice, checked the same way (a partial
-    tensor's blocks are summands: its value is checked through their sum)."""
+    tensor's blocks are summands: its value is checked through their sum). ``signed_zeros=False`` skips the signs
+    of zeros in the global value (numpy's complex matmul gives -0.0 or +0.0 by the shape of its operands)."""
     expected = np.asarray(expected)
     got = t.numpy()
     assert t.shape == expected.shape == got.shape, f"shape {t.shape} (read {got.shape}) != numpy's {expected.shape}"
     assert t.dtype == expected.dtype == got.dtype, f"dtype {t.dtype} (read {got.dtype}) != numpy's {expected.dtype}"
-    _same_values(got, expected, rtol, atol, f"global value of {t!r}")
+    _same_values(got, expected, rtol, atol, f"global value of {t!r}", signed_zeros)
     spec = t.sharding
     if spec is None or spec.partial_axes:
         return
@@ -66,7 +68,8 @@ def assert_matches_numpy(t: Tensor, expected: Any, rtol: float = 0.0, atol: floa
         _same_values(np.asarray(blk), got[sl], 0.0, 0.0, f"device {d} block of {t!r} at {sl}")
 
 
-def _same_values(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, what: str) -> None:
+def _same_values(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, what: str,
+                 signed_zeros: bool = True) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     if want.dtype.kind not in "fc":
         np.testing.assert_array_equal(got, want, err_msg=what)
@@ -82,7 +85,8 @@ def _same_values(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, wh
         bad = np.isnan(g) != np.isnan(w)
         bad |= np.isinf(w) != np.isinf(g)
         bad |= np.isinf(w) & (g != w)
-        bad |= (w == 0) & (g == 0) & (np.signbit(g) != np.signbit(w))
+        if signed_zeros:
+            bad |= (w == 0) & (g == 0) & (np.signbit(g) != np.signbit(w))
         fin = np.isfinite(w) & np.isfinite(g)
         with np.errstate(all="ignore"):
             gf, wf = g.astype(np.float64), w.astype(np.float64)
