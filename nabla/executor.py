@@ -17,9 +17,9 @@ from .cost import current as current_cost_model
 from .errors import ShardingError
 from .factors import LocalStep, OperandContext
 from .layout import chunks, grid, merge_cuts, spec_cuts
+from .mesh import AxisRef
 from .propagation import current_strategy, propagate
 from .rules.core import Rule
-from .mesh import AxisRef
 from .spec import ShardingSpec
 from .trace import PLACE, RELAYOUT, Node, tracked
 
@@ -283,8 +283,8 @@ def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
     cast to the result's dtype (``1e300`` is inf in float32): an infinite factor meets the zeros other devices
     hold (0 * inf); a factor <= 0 (or -0.0) flips the sign of an exact zero sum (-(+0) is -0, but the negated
     summands add to +0); a divisor must be positive with a finite reciprocal; ``a - sum`` needs an ``a`` with
-    no -0.0. ``_KEEPS`` marks a program that
-    keeps a pending sum: it breaks when a retry asks for the strict program (see ``_rerun_strict``)."""
+    no -0.0. ``_KEEPS`` marks a program that keeps a pending sum: it breaks when a retry asks for the strict
+    program (see ``_rerun_strict``)."""
     for check in checks:
         if check is _KEEPS:
             if _STRICT[0]:
