@@ -382,7 +382,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     if cuts is None:
         raise ShardingError(f"{op.name}: the operands' sub-axes do not nest into one device grid "
                             f"({[repr(t) for t in kernel_specs]})")
-    G = len(grid(result, cuts).atoms)
+    G = len(grid(post_src or result, cuts).atoms)  # (the result may be cut finer: post slices it)
     preps = []
     for i, (s, t) in enumerate(zip(sigs, targets)):
         add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()

@@ -347,4 +347,6 @@ def neutral(reduction: str, dtype: np.dtype) -> Any:
     else:
         big = True
     lo = -np.inf if dtype.kind in "fc" else (np.iinfo(dtype).min if dtype.kind in "iu" else False)
+    if dtype.kind == "c":  # complex numbers order by real part, then imaginary part: -inf-infj is below all
+        return dtype.type(complex(lo, lo)) if reduction == "max" else dtype.type(complex(big, big))
     return lo if reduction == "max" else big

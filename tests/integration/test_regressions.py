@@ -358,3 +358,19 @@ def test_found_by_the_dtype_sweep():
     _same(nb.softmax(z, -1), np.array(1.0, np.float32))
     with pytest.raises(nb.ShardingError):
         z.sum(axis=(0,))  # numpy: AxisError
+
+
+def test_found_by_the_thorough_sweep():
+    """The thorough profile's second run (tests/integration/test_dtype_sweep.py, test_random_programs.py)."""
+    # a reshape whose result keeps a factor its operand cannot: the kernel's grid once ignored the result's cuts
+    m = DeviceMesh("m241", (2, 4, 1), ("x", "y", "z"))
+    v = np.arange(80).reshape(4, 5, 4)
+    _same(nb.tensor(v).shard(m, [("x", "z"), None, "y"]).reshape(40, -1), v.reshape(40, 2))
+    # complex max/min: the padding of an empty shard must lose to everything, -inf-2.5j included
+    m3 = DeviceMesh("m311", (3, 1, 1), ("x", "y", "z"))
+    c = np.zeros((5, 2), np.complex64)
+    c[3] = complex(-np.inf, -2.5)
+    x = nb.tensor(c).shard(m3, [("y", "z"), "x"])
+    _same(x.max(-1), c.max(-1))
+    _same((-x).min(-1), (-c).min(-1))
+
