@@ -524,9 +524,12 @@ def _surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tupl
             refs[i] = []
         refs[i] = [r for r in refs[i] if not any(r.overlaps(b) for j in range(n) if j != i for b in in_dims[j])]
     order = sorted(range(n), key=lambda i: -prod(shapes[i]))
-    if elementwise_mul and flt:  # one operand keeps its sums; the others are factors checked at run time
+    if elementwise_mul and flt:
+        # one operand keeps its sums, and only when the others are Python scalars, whose values are checked at
+        # run time (> 0: zero signs); a tensor factor is data an abstract run cannot check, so the sum is made
         first = next((i for i in order if refs[i]), None)
-        refs = [r if i == first else [] for i, r in enumerate(refs)]
+        scalars = all(s[0] == "c" for i, s in enumerate(sigs) if i != first)
+        refs = [r if i == first and scalars else [] for i, r in enumerate(refs)]
     # Cut every kept axis where any operand's kept axes start or end; where the cuts do not nest (x:(1)2 and
     # x:(1)3 on x=6) only the largest operand's pieces of that axis are kept.
     cuts: dict[str, set[int]] = {}

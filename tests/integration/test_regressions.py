@@ -374,3 +374,23 @@ def test_found_by_the_thorough_sweep():
     _same(x.max(-1), c.max(-1))
     _same((-x).min(-1), (-c).min(-1))
 
+
+def test_abstract_runs_plan_what_real_runs_move_for_partial_products():
+    """A pending sum times a tensor: whether it survives once depended on the factor's signs (zero signs), data
+    an abstract run does not have; now the sum is made first for any tensor factor of a float product, and
+    only a Python scalar's value decides."""
+    from nabla.tensor import Tensor
+    m = DeviceMesh("m14", (1, 4), ("x", "y"))
+    w = nb.tensor(np.array([-0.25], np.float32)).shard(m, ["x"])
+    for q in (w, -w):
+        p = nb.tensor(np.array([0.125], np.float32)).shard(m, ["x"], partial_axes=["y"])
+        with nb.comm_log() as real:
+            p * q
+        with nb.comm_log() as planned:
+            Tensor(None, p.sharding, p.shape, p.dtype) * Tensor(None, q.sharding, q.shape, q.dtype)
+        assert [(e.kind, e.axes) for e in planned.events] == [(e.kind, e.axes) for e in real.events] == \
+            [("all_reduce", ("y",))]
+    p = nb.tensor(np.array([0.125], np.float32)).shard(m, ["x"], partial_axes=["y"])
+    with nb.comm_log() as log:
+        r = p * 2.0
+    assert log.events == [] and r.sharding.partial_axes == ("y",)
