@@ -121,7 +121,8 @@ def reduce_over(x: Any, atoms: Sequence[int], op: str = "sum") -> Any:
         return _UFUNCS[op].reduce(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype if op == "sum" else None)
     fn = getattr(xp(x), op)
     if op == "sum":
-        return fn(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype)
+        from .storage import sum_summands
+        return sum_summands(x, tuple(atoms))  # from the additive identity: -0.0 + -0.0 is -0.0
     return fn(x, axis=tuple(atoms), keepdims=True)
 
 

@@ -392,7 +392,7 @@ def _factor_lines(node: Any, used_specs: list, strat: str) -> tuple[list[str], A
             sigs.append(("c", type(a)))
     shapes = tuple(s[1] if s[0] != "c" else () for s in sigs)
     rule = op.rule(shapes, *node.params)
-    keep, _ = X._surviving_partials(op, tuple(sigs), shapes)
+    keep, _ = X._surviving_partials(op, tuple(sigs), shapes, X._dtype(op, tuple(sigs), node.params))
     mesh = next(s[3].mesh for s in sigs if s[0] == "s")
     prop = tuple(X._strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
     dec = propagate(rule, prop, mesh, strat, tuple(sorted(keep)))

@@ -18,6 +18,7 @@ from .cost import current as current_cost_model
 from .errors import ShardingError
 from .factors import LocalStep, OperandContext
 from .layout import chunks, grid, merge_cuts, spec_cuts
+from .mesh import AxisRef
 from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
@@ -128,8 +129,9 @@ class Prep(NamedTuple):
     mask_axes: tuple[str, ...]  # partial axes this operand must be added once over
     grid_shape: tuple[int, ...]  # its stored shape in the kernel's common grid
     local: tuple[LocalStep, ...] = ()  # what the factor kinds do to it before the kernel
-    direct: bool = False  # sharded, nothing moves or changes: its stored blocks are used as they are ...
-    view: tuple | None = None  # ... seen with this shape on the common grid (None: the stored shape)
+    direct: bool = False  # sharded, nothing moves (or only local cuts) and nothing changes: its stored blocks ...
+    view: tuple | None = None  # ... seen through this chain of reshapes and transposes (None: as stored)
+    zero: Any = None  # what the add-once mask leaves on other devices (None: -0.0, IEEE's additive identity)
 
 
 class Program(NamedTuple):
@@ -155,6 +157,8 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     When an operand is traced, the result records a Node (op, params, operands, program)."""
     used = [_settled(a) for a in args]
     out, prog = _run(op, used, params, make)
+    if type(prog) is Program and prog.checks and prog.checks[-1] is _KEEPS and _overflowed(out._data, prog):
+        out, prog = _rerun_strict(op, used, params, make)
     if tracked(args):
         settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
         out._node = Node(op, params, tuple(args), prog, settled if any(settled) else ())
@@ -256,7 +260,7 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be) -> Any:
     if x is None:
         return None
     if p.mask_axes:
-        x = storage.add_once(x, p.target, p.mask_axes)
+        x = storage.add_once(x, p.target, p.mask_axes, p.zero)
     if x.shape != p.grid_shape:
         x = x.reshape(p.grid_shape)
     for step in p.local:
@@ -331,17 +335,63 @@ def _view_chain(stored: tuple[int, ...], plan: reshard.Plan, gshape: tuple[int, 
 
 
 def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
-    """Whether scaling a pending sum summand by summand would not give the scaled sum: an infinite factor
-    meets the zeros other devices hold (0 * inf), or a zero divisor their zeros (0 / 0)."""
-    for j, kind in checks:
+    """Whether scaling a pending sum summand by summand would not give the scaled sum. The factor is taken as
+    cast to the result's dtype (``1e300`` is inf in float32): an infinite factor meets the zeros other devices
+    hold (0 * inf); a factor <= 0 (or -0.0) flips the sign of an exact zero sum (-(+0) is -0, but the negated
+    summands add to +0); a divisor must be positive with a finite reciprocal; ``a - sum`` needs an ``a`` with
+    no -0.0. ``_KEEPS`` marks a program that keeps a pending sum: it breaks when a retry asks for the strict
+    program (see ``_rerun_strict``)."""
+    for check in checks:
+        if check is _KEEPS:
+            if _STRICT[0]:
+                return True
+            continue
+        j, kind, dtype = check
         a = args[j]
         data = a._data if isinstance(a, Value) else a
         if data is None:
             continue
         xp = backends.xp(data)
-        if bool(xp.any(xp.isinf(data))) or (kind == "nonzero" and bool(xp.any(data == 0))):
+        with np.errstate(all="ignore"):
+            c = xp.asarray(data).astype(dtype)
+            if kind == "no_negative_zero":
+                if any(bool(xp.any((part == 0) & xp.signbit(part)))
+                       for part in ((c.real, c.imag) if dtype.kind == "c" else (c,))):
+                    return True
+                continue
+            ok = xp.isfinite(c)
+            if kind != "finite":
+                ok = ok & (c > 0)
+            if kind == "divisor":
+                ok = ok & xp.isfinite(dtype.type(1) / c)
+        if not bool(xp.all(ok)):
             return True
     return False
+
+
+_KEEPS = (-1, "keeps", None)  # the last check of a program that keeps a pending sum of floats
+_STRICT = [False]  # set while a program is redone with its pending sums made first
+
+
+def _overflowed(data: Any, prog: "Program") -> bool:
+    """Whether a result that keeps a pending sum holds a non-finite summand (ignoring padding): then the sum
+    of the summands may differ from the op on the sum (finite summands that overflow, inf - inf)."""
+    if data is None:
+        return False
+    xp = backends.xp(data)
+    if prog.padded:
+        for d in range(len(prog.result_shape)):
+            data = storage.fill(data, storage.pad_regions(prog.result, prog.result_shape, d), 0)
+    return not bool(xp.all(xp.isfinite(data)))
+
+
+def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple[Any, Any]:
+    """Redo an op with every pending sum made first (the strict program); what it gives is numpy's value."""
+    _STRICT[0] = True
+    try:
+        return _run(op, args, params, make)
+    finally:
+        _STRICT[0] = False
 
 
 @lru_cache(maxsize=16384)
@@ -365,7 +415,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     mesh = meshes.pop()
     rule = op.rule(shapes, *params)
     dtype = _dtype(op, sigs, params)
-    keep, keep_by = _surviving_partials(op, sigs, shapes) if not strict else (set(), [set() for _ in sigs])
+    keep, keep_by = _surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
     linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
     reserved = tuple(sorted(keep))
     prop_specs = tuple(_strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
@@ -374,9 +424,11 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     result_shape = rule.result_shape
     result_partial = tuple(sorted(keep)) + tuple(reduced) if op.reduction == "sum" else tuple(sorted(keep))
     post_src = None
-    result = ShardingSpec(mesh, dec.result.dim_specs, partial_axes=result_partial)
-    if op.reduction != "sum" and reduced:
-        post_src = ShardingSpec(mesh, dec.result.dim_specs, partial_axes=tuple(sorted(keep)) + tuple(reduced))
+    computed, wanted = _result_dims(dec, result_shape, dtype, mesh)
+    result = ShardingSpec(mesh, wanted, partial_axes=result_partial)
+    if op.reduction != "sum" and reduced or computed != wanted:
+        post_src = ShardingSpec(mesh, computed, partial_axes=tuple(sorted(keep)) + tuple(reduced)
+                                if op.reduction != "sum" else result_partial)
     targets = []
     for i, s in enumerate(sigs):
         if s[0] == "c":
@@ -388,10 +440,11 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     if cuts is None:
         raise ShardingError(f"{op.name}: the operands' sub-axes do not nest into one device grid "
                             f"({[repr(t) for t in kernel_specs]})")
-    G = len(grid(result, cuts).atoms)
+    G = len(grid(post_src or result, cuts).atoms)  # (the result may be cut finer: post slices it)
     preps = []
     for i, (s, t) in enumerate(zip(sigs, targets)):
         add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
+        zero = 0 if i in _NEGATED.get(op.name, ()) else None  # s - (+0) is s for every s, -0 included
         if s[0] == "c":
             if not add_once:
                 preps.append(Prep("scalar", None, None, (), ()))
@@ -403,9 +456,9 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
         local = _local_steps(rule, i, OperandContext(tt, cuts, shapes[i], s[2] if s[0] != "c" else dtype,
                                                      op.reduction, i))
         if s[0] == "c":
-            preps.append(Prep("scalar", t, None, add_once, gshape))
+            preps.append(Prep("scalar", t, None, add_once, gshape, zero=zero))
         elif s[0] == "h":
-            preps.append(Prep("host", t, None, add_once, gshape, local))
+            preps.append(Prep("host", t, None, add_once, gshape, local, zero=zero))
         else:
             plan = reshard.plan(shapes[i], s[2].itemsize, s[3], t)
             stored = grid(s[3]).shape + chunks(s[3], shapes[i])
@@ -414,21 +467,30 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
             if direct and plan.segments:
                 view = _view_chain(stored, plan, gshape)
                 direct = view is not None
-            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct, view))
+            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct, view, zero))
     kspec = post_src or result
     out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
     post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None
     padded = any(_padded(t, shp) for t, shp in zip(targets, shapes) if t is not None) or _padded(kspec, result_shape)
     result_sid = _sig_id(("s", result_shape, dtype, result))
     aux = op.aux(kspec, cuts, shapes, params) if op.aux is not None else ()
-    checks = ()
-    if op.linear == "mul" and any(keep_by):
-        checks = tuple((j, "nonzero" if op.linear_args == (0,) else "finite") for j, s in enumerate(sigs)
-                       if not keep_by[j] and s[0] != "c" or (s[0] == "c" and not keep_by[j]))
+    checks = _checks(op, sigs, keep_by, dtype) if keep else ()
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape,
                    Local(G, chunks(kspec, result_shape), params, True, aux), post, dtype, result_sid, padded, None,
                    checks, grid(kspec).shape + chunks(kspec, result_shape))
     return prog._replace(fast=_fast_views(op, prog, sigs))
+
+
+def _result_dims(dec, shape: tuple[int, ...], dtype: np.dtype, mesh) -> tuple[tuple, tuple]:
+    """The result's dims as the kernel computes them, and as handed back: propagation may give the result
+    factors its operands' dims cannot hold (Shardy's reshape keeps them); the kernel's output is then sliced
+    to that layout on each device, when that moves no data (else the computed layout is handed back)."""
+    if dec.computed is None or dec.computed.dim_specs == dec.result.dim_specs:
+        return dec.result.dim_specs, dec.result.dim_specs
+    src, dst = ShardingSpec(mesh, dec.computed.dim_specs), ShardingSpec(mesh, dec.result.dim_specs)
+    if reshard.plan(shape, dtype.itemsize, src, dst).collectives:
+        return dec.computed.dim_specs, dec.computed.dim_specs
+    return dec.computed.dim_specs, dec.result.dim_specs
 
 
 def _padded(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:
@@ -475,28 +537,84 @@ def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ..
     return tuple(steps)
 
 
-def _surviving_partials(op: OpDef, sigs: tuple, shapes) -> tuple[set[str], list[set[str]]]:
-    """Which partial axes stay partial through ``op`` (all of them, and per operand); the rest are summed
-    while the operands are resharded. Design decision 4: linear uses keep the sum pending, unless another
-    operand's dims use the axis (then one reduce_scatter beats gathering that operand); a product keeps
-    each axis on one operand (the largest), as a product of two sums needs one of them summed."""
+#: Ops that negate an operand. -(sum) is not the sum of the negated summands when the sum is an exact zero
+#: (-(x + -x) is -0, but -x + x is +0), so ``negative`` keeps no float sum pending. ``a - sum`` does: it is -0
+#: only when ``a`` is -0, so it is checked at run time that ``a`` holds no -0.0 (then neither side is ever -0).
+_NEGATED = {"subtract": (1,), "negative": (0,)}
+
+
+def _checks(op: OpDef, sigs: tuple, keep_by: list, dtype: np.dtype) -> tuple:
+    """What must hold at run time for the pending sums ``keep_by`` keeps to survive ``op`` (see
+    ``_breaks_linearity``), plus ``_KEEPS`` for floats (a non-finite result is redone strictly)."""
+    if dtype.kind not in "fc":
+        return ()  # integers wrap and bools or, as numpy's sums do: every product distributes
+    checks = []
+    if op.name == "subtract" and keep_by[1] and dtype.kind in "fc":
+        checks.append((0, "no_negative_zero", dtype))
+    if op.linear == "mul":
+        elementwise = op.fast is not None  # multiply, divide: a zero factor's sign matters (matmul gives +0)
+        for j, s in enumerate(sigs):
+            if not keep_by[j]:
+                kind = "finite" if not elementwise else "divisor" if op.linear_args == (0,) else "positive"
+                checks.append((j, kind, dtype))
+    return tuple(checks) + (_KEEPS,)
+
+
+def _surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tuple[set[str], list[set[str]]]:
+    """Which partial axes stay partial through ``op`` (all of them, and per operand), as atoms (sub-axes cut
+    where any operand's partial axes start or end, so that ``y`` and ``y:(1)2`` meet as ``y:(1)2, y:(2)2``); the
+    rest are summed while the operands are resharded. Design decision 4: linear uses keep the sum pending,
+    unless another operand's dims use the axis (then one reduce_scatter beats gathering that operand); an
+    addition keeps every operand's axes (an operand partial over fewer is added once over the others, no
+    communication); a product keeps each atom on one operand (the largest), as a product of two sums needs one
+    of them summed. A sum is kept only where it is the sum numpy would make: in the result's dtype (an int8
+    sum wraps, a float16 one rounds and overflows in float16), not negated (zero signs), and for an
+    elementwise product of floats on one operand only (zero signs) and never for complex (the identity
+    -0-0j times a factor is not -0-0j)."""
     n = len(sigs)
-    partial = [set(s[3].partial_axes) if s[0] == "s" else set() for s in sigs]
-    in_dims = [[r for refs in s[3].dim_refs for r in refs] if s[0] == "s" else [] for s in sigs]
     linear_args = range(n) if op.linear_args is None else op.linear_args
-    keep: set[str] = set()
-    if op.linear:
-        for i in linear_args:
-            for a, ref in zip(sigs[i][3].partial_axes, sigs[i][3].partial_refs) if partial[i] else ():
-                if not any(ref.overlaps(b) for j in range(n) if j != i for b in in_dims[j]):
-                    keep.add(a)
-    keep_by = [partial[i] & keep if i in linear_args else set() for i in range(n)]
+    refs = [list(s[3].partial_refs) if s[0] == "s" and i in linear_args else [] for i, s in enumerate(sigs)]
+    in_dims = [[r for rs in s[3].dim_refs for r in rs] if s[0] == "s" else [] for s in sigs]
+    if op.linear is None:
+        refs = [[] for _ in sigs]
+    flt = dtype.kind in "fc"
+    elementwise_mul = op.linear == "mul" and op.fast is not None
+    for i, s in enumerate(sigs):
+        if refs[i] and (s[2] != dtype or (flt and op.name == "negative")
+                        or (elementwise_mul and dtype.kind == "c")):
+            refs[i] = []
+        refs[i] = [r for r in refs[i] if not any(r.overlaps(b) for j in range(n) if j != i for b in in_dims[j])]
+    order = sorted(range(n), key=lambda i: -prod(shapes[i]))
+    if elementwise_mul and flt:
+        # one operand keeps its sums, and only when the others are Python scalars, whose values are checked at
+        # run time (> 0: zero signs); a tensor factor is data an abstract run cannot check, so the sum is made
+        first = next((i for i in order if refs[i]), None)
+        scalars = all(s[0] == "c" for i, s in enumerate(sigs) if i != first)
+        refs = [r if i == first and scalars else [] for i, r in enumerate(refs)]
+    # Cut every kept axis where any operand's kept axes start or end; where the cuts do not nest (x:(1)2 and
+    # x:(1)3 on x=6) only the largest operand's pieces of that axis are kept.
+    cuts: dict[str, set[int]] = {}
+    for i in order:
+        for r in refs[i]:
+            pts = cuts.setdefault(r.name, set())
+            new = sorted(pts | {r.pre, r.pre * r.size})
+            if any(b % a for a, b in zip(new, new[1:])):
+                refs[i] = [q for q in refs[i] if q.name != r.name]
+                break
+            pts.update((r.pre, r.pre * r.size))
+    atoms = [set() for _ in range(n)]
+    for i in range(n):
+        for r in refs[i]:
+            pts = sorted(p for p in cuts[r.name] if r.pre <= p <= r.pre * r.size)
+            atoms[i] |= {str(AxisRef(r.name, a, b // a, r.full)) for a, b in zip(pts, pts[1:])}
+    keep: set[str] = set().union(*atoms) if atoms else set()
+    keep_by = atoms
     if op.linear == "mul":
         owner: dict[str, int] = {}
-        for i in sorted(range(n), key=lambda i: -prod(shapes[i])):
-            for a in sorted(keep_by[i]):
+        for i in order:
+            for a in sorted(atoms[i]):
                 owner.setdefault(a, i)
-        keep_by = [{a for a in keep_by[i] if owner[a] == i} for i in range(n)]
+        keep_by = [{a for a in atoms[i] if owner[a] == i} for i in range(n)]
     return keep, keep_by
 
 

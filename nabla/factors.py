@@ -5,6 +5,7 @@ to an operand dim holding it before the local kernel, with that step's communica
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import gcd, prod
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -190,14 +191,8 @@ class Window(FactorKind):
                 continue
             h = W.halo(win.n_in, self.n_out, k, win.kernel, win.stride, win.dilation, win.pad_lo)
             row = prod(b for i, b in enumerate(block) if i != d) * ctx.dtype.itemsize
-            for dist in range(1, h.max_hops + 1):
-                left, right = h.rows_from(dist)
-                if left and right and h.one_round(dist):  # both sides in one collective_permute
-                    events.append(CommEvent("collective_permute", names, max(left, right) * row, k))
-                    continue
-                for rows in (left, right):
-                    if rows:  # one collective_permute per direction and distance, sized by the most rows sent
-                        events.append(CommEvent("collective_permute", names, rows * row, k))
+            for rows, _ in halo_rounds(h):  # one collective_permute per round, sized by the most rows sent
+                events.append(CommEvent("collective_permute", names, rows * row, k))
             plans.append((d, atoms, h))
             block[d] = h.width
 
@@ -233,10 +228,51 @@ class Window(FactorKind):
         return LocalStep(apply, tuple(events), lower)
 
 
+def _halo_pieces(h, src):
+    """Rows device p takes from device src[p]'s block: (offset in that block, offset in p's window, count)."""
+    k, ci, width = h.k, h.ci, h.width
+    lo = np.asarray(h.lo)
+    a, b = (np.asarray(v) for v in zip(*h.need))
+    ok = (src >= 0) & (src < k)
+    start = np.where(ok, np.maximum(np.maximum(a, src * ci), lo), 0)
+    end = np.where(ok, np.minimum(np.minimum(b, (src + 1) * ci), lo + width), 0)
+    count = np.maximum(end - start, 0)
+    return np.where(count > 0, start - src * ci, 0), np.where(count > 0, start - lo, 0), count
+
+
+@lru_cache(maxsize=4096)
+def halo_rounds(h) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """The halo exchange as rounds of one collective_permute each: ``(rows, ((distance, direction), ...))``.
+    Each (distance, direction) moves rows from the device that far to the left (-1) or right (+1) to the
+    devices that need them; those whose senders and receivers do not collide share a round (a slice
+    ``x[4:12]`` of 16 rows on 4 devices: device 1 -> 0 and 2 -> 3 in one round). A round sends as many rows
+    as its largest part; parts are placed largest first, each in the first round it fits."""
+    pos = np.arange(h.k)
+    parts = []
+    for dist in range(1, h.max_hops + 1):
+        for direction in (-1, 1):
+            count = _halo_pieces(h, pos + direction * dist)[2]
+            if count.max(initial=0) > 0:
+                recv = frozenset(int(p) for p in pos[count > 0])
+                parts.append((int(count.max()), frozenset(p + direction * dist for p in recv), recv,
+                              (dist, direction)))
+    rounds: list[list] = []  # [rows, senders, receivers, parts]
+    for rows, snd, rcv, key in sorted(parts, key=lambda t: -t[0]):
+        for r in rounds:
+            if not (r[1] & snd) and not (r[2] & rcv):
+                r[1], r[2] = r[1] | snd, r[2] | rcv
+                r[3].append(key)
+                break
+        else:
+            rounds.append([rows, snd, rcv, [key]])
+    return tuple((r[0], tuple(r[3])) for r in rounds)
+
+
 def _halo_lower(x, d: int, refs, h, fill, dev):
     """One device's window along dim ``d`` (sharded on ``refs``): start from padding, write in what it holds
-    of its window, and for each distance and direction receive (one ppermute) the rows its windows read from
-    the device that far away; every device sends the same number of rows, the most any receiver needs."""
+    of its window, and for each round of ``halo_rounds`` receive (one ppermute) the rows its windows read from
+    the device its part of the round names; every sender sends the same number of rows, the most any receiver
+    of the round needs."""
     from . import windows as W
 
     xp, lax = dev.xp, dev.lax
@@ -246,15 +282,6 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
     lo = np.asarray(h.lo)
     pos = np.arange(k)
     slab = np.asarray(h.slabs).reshape(k, k, 2)  # [p, s]: the rows p receives from s
-
-    def pieces(src):
-        """Rows device p takes from device src[p]'s block: (offset in that block, offset in p's window, count)."""
-        ok = (src >= 0) & (src < k)
-        s = np.clip(src, 0, k - 1)
-        start = np.where(ok, np.maximum(slab[pos, s, 0], lo), 0)
-        end = np.where(ok, np.minimum(slab[pos, s, 1], lo + width), 0)
-        count = np.maximum(end - start, 0)
-        return np.where(count > 0, start - src * ci, 0), np.where(count > 0, start - lo, 0), count
 
     def along(arr, length):
         return arr.reshape((1,) * d + (length,) + (1,) * (rank - d - 1))
@@ -281,36 +308,21 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
         dst_off = np.where(own_count > 0, own_start - lo, 0)
         piece = lax.dynamic_slice_in_dim(xpad, xp.asarray(src_off)[me], r, axis=d)
         win = write(win, piece, xp.asarray(dst_off)[me], xp.asarray(own_count)[me])
-    for dist in range(1, h.max_hops + 1):
-        src_l, dst_l, cnt_l = pieces(pos - dist)
-        src_r, dst_r, cnt_r = pieces(pos + dist)
-        if cnt_l.max(initial=0) and cnt_r.max(initial=0) and h.one_round(dist):
-            # one ppermute: each sender serves the one receiver that reads from it, on whichever side
-            r = int(max(cnt_l.max(), cnt_r.max()))
-            send_off = np.zeros(k, dtype=np.int64)
-            to: dict[int, int] = {}
-            for u in range(k):
-                if u + dist < k and cnt_l[u + dist]:
-                    send_off[u], to[u] = src_l[u + dist], u + dist
-                elif u - dist >= 0 and cnt_r[u - dist]:
-                    send_off[u], to[u] = src_r[u - dist], u - dist
-            piece = lax.dynamic_slice_in_dim(xpad, xp.asarray(send_off)[me], r, axis=d)
-            got = dev.ppermute(piece, dev.pairs(to.get, refs))
-            dst_off = np.where(cnt_l > 0, dst_l, dst_r)
-            win = write(win, got, xp.asarray(dst_off)[me], xp.asarray(np.maximum(cnt_l, cnt_r))[me])
-            continue
-        for direction in (-1, 1):  # from the left (devices before it), then from the right
-            src_off, dst_off, count = pieces(pos + direction * dist)
-            r = int(count.max(initial=0))
-            if not r:
-                continue
-            # the sender at position u serves receiver u - direction*dist: it looks up that receiver's offsets
-            rec = pos - direction * dist
-            ok = (rec >= 0) & (rec < k)
-            send_off = np.where(ok, src_off[np.clip(rec, 0, k - 1)], 0)
-            piece = lax.dynamic_slice_in_dim(xpad, xp.asarray(send_off)[me], r, axis=d)
-            got = dev.ppermute(piece, dev.pairs(lambda q, s=direction * dist: q - s, refs))
-            win = write(win, got, xp.asarray(dst_off)[me], xp.asarray(count)[me])
+    for r, parts in halo_rounds(h):  # one ppermute per round; its parts' senders and receivers are distinct
+        send_off = np.zeros(k, dtype=np.int64)
+        dst_off = np.zeros(k, dtype=np.int64)
+        count = np.zeros(k, dtype=np.int64)
+        target: dict[int, int] = {}
+        for dist, direction in parts:
+            src_off, d_off, c = _halo_pieces(h, pos + direction * dist)
+            for p in pos[c > 0]:  # receiver p takes c[p] rows from sender p + direction*dist
+                u = int(p + direction * dist)
+                target[u] = int(p)
+                send_off[u] = src_off[p]
+                dst_off[p], count[p] = d_off[p], c[p]
+        piece = lax.dynamic_slice_in_dim(xpad, xp.asarray(send_off)[me], r, axis=d)
+        got = dev.ppermute(piece, dev.pairs(lambda q, t=target: t.get(q), refs))
+        win = write(win, got, xp.asarray(dst_off)[me], xp.asarray(count)[me])
     return win[(slice(None),) * d + (slice(0, width),)]
 
 
@@ -346,4 +358,6 @@ def neutral(reduction: str, dtype: np.dtype) -> Any:
     else:
         big = True
     lo = -np.inf if dtype.kind in "fc" else (np.iinfo(dtype).min if dtype.kind in "iu" else False)
+    if dtype.kind == "c":  # complex numbers order by real part, then imaginary part: -inf-infj is below all
+        return dtype.type(complex(lo, lo)) if reduction == "max" else dtype.type(complex(big, big))
     return lo if reduction == "max" else big

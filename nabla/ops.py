@@ -122,6 +122,10 @@ _UNARY = {
     "sigmoid": _elementwise("sigmoid", _sigmoid),
 }
 _WHERE = _elementwise("where", "where", "add", (1, 2))
+# numpy's ``x ** -1`` on float arrays (see Tensor.__pow__; for complex numbers 1 / x differs in the signs of
+# zeros); not a public name
+_RECIPROCAL = _elementwise("reciprocal", "reciprocal")
+_RECIPROCAL.vjp = lambda g, node, out: (negative(multiply(g, multiply(out, out))) if _is_diff(node.args[0]) else None,)
 
 
 def add(a: ArrayLike, b: ArrayLike) -> Tensor: return _call(_BINARY["add"], (a, b))
@@ -315,6 +319,9 @@ _EINSUM = OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)),
 def einsum(subscripts: str, *operands: ArrayLike) -> Tensor:
     """numpy's einsum (no repeated letters within one operand); contracted letters sharded on the
     operands give partial sums."""
+    if not isinstance(subscripts, str):
+        raise ShardingError(f"einsum: subscripts (the first argument) must be a str such as 'ij,jk->ik', got "
+                            f"{type(subscripts).__name__} {_show(subscripts)}")
     return _call(_EINSUM, operands, (subscripts,))
 
 
@@ -377,9 +384,19 @@ _EINSUM.vjp = _einsum_vjp
 def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if ndim == 0 and isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)) and axis in (0, -1):
+        return ()  # numpy lets a 0-d array be reduced over an int axis 0 (or -1): nothing to reduce
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:  # numpy raises TypeError here; nabla's errors about op arguments are ShardingErrors (ValueErrors)
+        raise ShardingError(f"{op}: axis must be None, an int or a tuple of ints, got {type(axis).__name__} "
+                            f"{_show(axis)}")
     out = []
     for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
+            raise ShardingError(f"{op}: axis {_show(axis)} holds {type(a).__name__} {_show(a)}; axes are ints")
         if not -ndim <= a < ndim:
             raise ShardingError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
         out.append(int(a) % ndim)
@@ -430,6 +447,10 @@ def mean(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool =
     dt = np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
     acc = np.dtype(np.float32) if dt == np.float16 else np.dtype(np.float64) if dt.kind in "iub" else dt
     s = sum(x if acc == dt else astype(x, acc), axes, keepdims)
+    if dt.kind in "iub" and s._spec is not None and s._spec.partial_axes:
+        # numpy sums, then divides: dividing each summand first is off by an ulp (the float64 sum of integers
+        # is exact, so it must be made before the division)
+        s = s.with_sharding(s._spec.mesh, s._spec.dim_specs)
     out = divide(s, s.dtype.type(count) if count else s.dtype.type(np.nan))
     return out if dt.kind in "iub" or out.dtype == dt else astype(out, dt)
 
@@ -490,6 +511,8 @@ def argmax(x: ArrayLike, axis: int | None = None) -> Tensor:
         if isinstance(x, Tensor) and x.sharding is not None and x.ndim > 1:
             return argmax(reshape(x, (-1,)), 0)
         return _call(_ARGMAX, (x,), (None,))
+    if not _axes(axis, _ndim(x), "argmax"):  # 0-d, axis 0 or -1 (numpy: 0)
+        return argmax(x)
     ax = _axes(axis, _ndim(x), "argmax")[0]
     spec = x.sharding if isinstance(x, Tensor) else None
     if spec is not None and spec.dim_specs[ax].axes and x.shape[ax]:
@@ -530,6 +553,9 @@ _ARGMAX.vjp = lambda g, node, out: (None,)  # an index: no gradient
 def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     """Along ``axis``. When that dim is sharded it is not gathered: the row max and the row sum are
     reduced across devices instead (two all_reduces of one value per row)."""
+    if not _axes(axis, _ndim(x), "softmax"):  # a 0-d value (numpy reduces it over axis 0 or -1): exp(0) / exp(0)
+        e = exp(x - max(x))
+        return e / sum(e)
     ax = _axes(axis, _ndim(x), "softmax")[0]
     spec = x.sharding if isinstance(x, Tensor) else None
     if spec is not None and spec.dim_specs[ax].axes and x.size:
@@ -687,6 +713,8 @@ def _index_kernel(arrays, local):
             start, stop, step = e[1:]
             if local.windowed and step > 0:  # the window factor already cut each block to its window
                 idx.append(slice(None, None, step))
+            elif step < 0 and start < 0:  # slice.indices gives start -1 for "before 0": nothing is taken
+                idx.append(slice(0, 0))
             else:
                 idx.append(slice(start, stop if stop >= 0 else None, step))  # slice.indices gives -1 for "past 0"
         elif e[0] == "int":
@@ -1046,6 +1074,8 @@ def arange(*args: int | float, dtype: Any = None) -> Tensor:
 def abstract(shape: int | Sequence[int], dtype: Any = "float32") -> Tensor:
     """A tensor with a shape and no data: ops propagate and log communication without running kernels."""
     shape, dt = _shape_arg(shape, "abstract"), _dtype_arg(dtype, "abstract")
+    if dt is None:  # numpy's meaning of dtype=None, as nb.ones(shape, dtype=None) and np.ones give
+        dt = np.dtype(None)
     return Tensor(None, None, shape, dt)
 
 

@@ -43,6 +43,10 @@ class Decision(NamedTuple):
     operands: tuple[ShardingSpec, ...]
     result: ShardingSpec
     factors: tuple[tuple[AxisRef, ...], ...]
+    #: the result as the kernel computes it, when ``result`` holds more: factors that the operands' dims cannot
+    #: hold but the result's can (a reshape's minor-most factor, a factor behind a replicated one); the
+    #: executor slices the kernel's output to ``result`` locally, or keeps this layout when that would move data
+    computed: ShardingSpec | None = None
 
 
 class _Entry(NamedTuple):
@@ -60,7 +64,8 @@ _NO_PRIORITY = 1 << 30
 def project_dim(refs: Sequence[AxisRef], factors: Sequence[int], sizes: Sequence[int],
                 always: frozenset[int] = frozenset()) -> dict[int, list[AxisRef]]:
     """A dim's axes spread over its factors major to minor; an axis straddling two factors splits into
-    sub-axes, one that does not divide stops the projection. A lone factor takes any axes (uneven ok)."""
+    sub-axes, one that does not divide stops the projection, except on the minor-most factor, which takes
+    whatever is left (uneven or overflowing, as in Shardy). A lone factor takes any axes (uneven ok)."""
     real = [f for f in factors if sizes[f] > 1 or f in always]
     out: dict[int, list[AxisRef]] = {f: [] for f in real}
     if len(real) == 1:
@@ -69,6 +74,9 @@ def project_dim(refs: Sequence[AxisRef], factors: Sequence[int], sizes: Sequence
     q, rem = 0, sizes[real[0]] if real else 1
     todo = list(refs)
     while todo and q < len(real):
+        if q == len(real) - 1:  # the minor-most factor
+            out[real[q]] += todo
+            break
         r = todo.pop(0)
         if rem % r.size == 0:
             out[real[q]].append(r)
@@ -181,9 +189,11 @@ def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMe
 
     for f, kind in enumerate(rule.kinds):  # what each kind accepts (a permutation: even shards only)
         factor_axes[f] = kind.limit(rule.sizes[f], factor_axes[f])
+    wide = list(factor_axes)
     _make_representable(rule, factor_axes)
+    result_axes = _result_only(rule, wide, factor_axes)
 
-    def dims_of(dims, old: ShardingSpec | None, is_result: bool) -> list[DimSpec]:
+    def dims_of(dims, old: ShardingSpec | None, is_result: bool, factor_axes=factor_axes) -> list[DimSpec]:
         out = []
         for i, factors in enumerate(dims):
             axes = merge_adjacent([r for f in factors for r in factor_axes[f]])
@@ -200,13 +210,34 @@ def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMe
     operands = tuple(ShardingSpec(mesh, dims_of(dims, spec, False)) for dims, spec in zip(rule.operands, specs))
     partial = merge_adjacent([r for f in range(nf) if rule.kinds[f].contracting for r in factor_axes[f]])
     result = ShardingSpec(mesh, dims_of(rule.result, None, True), partial_axes=[str(r) for r in partial])
-    return Decision(operands, result, tuple(factor_axes))
+    if result_axes is None:
+        return Decision(operands, result, tuple(factor_axes))
+    wider = ShardingSpec(mesh, dims_of(rule.result, None, True, result_axes), partial_axes=result.partial_axes)
+    return Decision(operands, wider, tuple(factor_axes), result)
 
 
-def _make_representable(rule: Rule, factor_axes: list[tuple[AxisRef, ...]]) -> None:
+def _result_only(rule: Rule, wide: list, common: list) -> list | None:
+    """Factor shardings the result's dims can hold though an operand's cannot (``wide`` before, ``common`` after
+    making every tensor representable), as far as each extends the common one; None when nothing is gained."""
+    if wide == common:
+        return None
+    mine = list(wide)
+    _make_representable(rule, mine, tensors=[rule.result])
+    out = list(common)
+    for f in range(len(out)):
+        if not rule.kinds[f].contracting and mine[f][:len(common[f])] == common[f] and len(mine[f]) > len(common[f]):
+            out[f] = mine[f]
+    if out == common:
+        return None
+    check = list(out)
+    _make_representable(rule, check, tensors=[rule.result])
+    return out if check == out else None
+
+
+def _make_representable(rule: Rule, factor_axes: list[tuple[AxisRef, ...]], tensors: list | None = None) -> None:
     """Truncate factor shardings until every tensor dim can hold them: in a dim of several factors each
     sharded factor divides evenly, and a factor is sharded only if all factors before it are fully."""
-    tensors = list(rule.operands) + [rule.result]
+    tensors = list(rule.operands) + [rule.result] if tensors is None else tensors
     changed = True
     while changed:
         changed = False

@@ -99,7 +99,9 @@ def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Shardin
         return _across_meshes(shape, itemsize, src, dst, model)
     src.check_rank(shape, "with_sharding", "source")
     dst.check_rank(shape, "with_sharding", "target")
-    extra = set(dst.partial_axes) - set(src.partial_axes)
+    extra = [str(r) for r in dst.partial_refs if not any(  # partial over y -> over y:(1)2: sum over y:(2)2
+        q.name == r.name and q.pre <= r.pre and r.pre % q.pre == 0 and r.pre * r.size <= q.pre * q.size
+        for q in src.partial_refs)]
     if extra:
         raise ShardingError(
             f"with_sharding: target {dst!r} is partial over {sorted(extra)} but the value {src!r} is not; "

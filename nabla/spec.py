@@ -214,10 +214,13 @@ class ShardingSpec:
 
     def shard_slices(self, global_shape: Sequence[int], device_id: int) -> tuple[slice, ...]:
         from .layout import shard_slices
-        return shard_slices(self, tuple(global_shape), device_id)
+        return shard_slices(self, _global_shape(self, global_shape, "shard_slices"),
+                            _device_id(self, device_id, "shard_slices"))
 
     def shard_shape(self, global_shape: Sequence[int], device_id: int) -> tuple[int, ...]:
-        return tuple(s.stop - s.start for s in self.shard_slices(global_shape, device_id))
+        from .layout import shard_slices
+        shape = _global_shape(self, global_shape, "shard_shape")
+        return tuple(s.stop - s.start for s in shard_slices(self, shape, _device_id(self, device_id, "shard_shape")))
 
     # ---- formats -----------------------------------------------------------------------------
     def to_mhlo(self) -> str:
@@ -247,6 +250,29 @@ class ShardingSpec:
     @staticmethod
     def replicated(mesh: DeviceMesh, rank: int, is_open: bool = False) -> "ShardingSpec":
         return ShardingSpec(mesh, [DimSpec((), is_open)] * check_rank_arg(rank, "ShardingSpec.replicated"))
+
+
+def _global_shape(spec: "ShardingSpec", shape: Any, who: str) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints >= 0 of the spec's rank, or a ``ShardingError`` naming it."""
+    if isinstance(shape, (str, bytes, bytearray, set, frozenset, dict)) or shape is None or _is_int(shape):
+        raise ShardingError(f"{who}(global_shape, device_id): global_shape must be a sequence of ints, got "
+                            f"{type(shape).__name__} {_show(shape)}")
+    dims = _bounded_tuple(shape, f"{who}: global_shape", MAX_RANK)
+    for i, n in enumerate(dims):
+        if not _is_int(n) or n < 0:
+            raise ShardingError(f"{who}(global_shape, device_id): global_shape {_show(shape)} has "
+                                f"{type(n).__name__} {_show(n)} at position {i}; dims are ints >= 0")
+    dims = tuple(int(n) for n in dims)
+    spec.check_rank(dims, who)
+    return dims
+
+
+def _device_id(spec: "ShardingSpec", device_id: Any, who: str) -> int:
+    if not _is_int(device_id):
+        raise ShardingError(f"{who}(global_shape, device_id): device_id must be an int (a device of "
+                            f"{spec.mesh!r}), got {type(device_id).__name__} {_show(device_id)}")
+    spec.mesh.coords(device_id)  # a ShardingError naming it when not in the mesh
+    return int(device_id)
 
 
 def _axis_tuple(axes: Iterable[str], what: str) -> tuple[str, ...]:

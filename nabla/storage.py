@@ -5,11 +5,12 @@ to and from that layout and reads blocks; moving data between devices belongs to
 from __future__ import annotations
 
 from math import prod
+from typing import Any
 
 import numpy as np
 
 from . import backends
-from .layout import chunks, grid, grid_index, shard_slices, spec_cuts
+from .layout import chunks, grid, grid_index, merge_cuts, shard_slices, spec_cuts
 from .spec import ShardingSpec
 
 
@@ -42,7 +43,7 @@ def _place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
     x = x.reshape(full)
     if not g.partial:
         return _contiguous(x)  # kernels run fastest on contiguous blocks
-    out = np.zeros(g.shape + ch, dtype=value.dtype)
+    out = np.full(g.shape + ch, identity(value.dtype), dtype=value.dtype)
     first = tuple(0 if j in g.partial else slice(None) for j in range(G))
     out[first] = x[first]
     return out
@@ -54,7 +55,7 @@ def assemble(data: np.ndarray, spec: ShardingSpec, shape: tuple[int, ...]) -> np
     g = grid(spec)
     G = len(g.shape)
     if g.partial:
-        data = data.sum(axis=tuple(g.partial), keepdims=True, dtype=data.dtype)
+        data = sum_summands(data, tuple(g.partial))
     order: list[int] = []
     sizes: list[int] = []
     for i, run in enumerate(g.dims):
@@ -107,14 +108,35 @@ def fill(data, regions: tuple[tuple, ...], value):
     return backends.of(data).fill(data, regions, value)
 
 
-def add_once(data: np.ndarray, spec: ShardingSpec, axes: tuple[str, ...]) -> np.ndarray:
-    """Make a value partial over ``axes`` by keeping it on coordinate 0 and zeroing the rest.
+def identity(dtype: np.dtype) -> Any:
+    """The additive identity the devices that hold no summand keep: -0.0 for floats (IEEE: x + -0.0 is x for
+    every x, -0.0 included; +0.0 would turn a sum of -0.0s into +0.0), -0-0j for complex, 0 otherwise."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return dtype.type(-0.0)
+    if dtype.kind == "c":
+        return dtype.type(complex(-0.0, -0.0))
+    return dtype.type(0)
+
+
+def sum_summands(x: Any, axes: tuple[int, ...]) -> Any:
+    """The sum of partial summands held along grid ``axes``, in their dtype, starting from the additive
+    identity: a sum of -0.0s is -0.0 (numpy's ``sum`` starts from +0.0)."""
+    xp = backends.xp(x)
+    if x.dtype.kind in "fc":
+        return xp.sum(x, axis=axes, keepdims=True, dtype=x.dtype, initial=identity(x.dtype))
+    return xp.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+
+
+def add_once(data: np.ndarray, spec: ShardingSpec, axes: tuple[str, ...], zero: Any = None) -> np.ndarray:
+    """Make a value partial over ``axes`` by keeping it on coordinate 0 and ``zero`` (by default the additive
+    identity, -0.0 for floats) on the rest.
 
     Used when a replicated value meets a partial one in an addition: it must be added once per group,
-    not once per device. Local: no data moves.
+    not once per device. Local: no data moves. (A subtrahend's other devices hold +0.0: s - +0.0 is s.)
     """
     wider = ShardingSpec(spec.mesh, spec.dim_specs, partial_axes=tuple(spec.partial_axes) + tuple(axes))
-    cuts = spec_cuts(wider)
+    cuts = merge_cuts(spec_cuts(spec), spec_cuts(wider))
     gw = grid(wider, cuts)
     G = len(gw.shape)
     x = data.reshape(grid(spec, cuts).shape + data.shape[len(grid(spec).shape):])
@@ -122,4 +144,5 @@ def add_once(data: np.ndarray, spec: ShardingSpec, axes: tuple[str, ...]) -> np.
     xp = backends.xp(x)
     first = np.zeros(tuple(gw.shape[j] if j in new else 1 for j in range(G)) + (1,) * (x.ndim - G), dtype=bool)
     first[(0,) * x.ndim] = True
-    return xp.where(first, x, xp.zeros((), dtype=x.dtype))
+    fill = identity(x.dtype) if zero is None else x.dtype.type(zero)
+    return xp.where(first, x, xp.asarray(fill, dtype=x.dtype))

@@ -37,11 +37,13 @@ class Tensor(Value):
 
     @staticmethod
     def ones(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
-        return Tensor._host(np.ones(shape, dtype=dtype))
+        from .ops import ones
+        return ones(shape, dtype)  # nb.ones validates the shape and dtype (ShardingError naming them)
 
     @staticmethod
     def zeros(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
-        return Tensor._host(np.zeros(shape, dtype=dtype))
+        from .ops import zeros
+        return zeros(shape, dtype)
 
     # ---- reading ---------------------------------------------------------------------------------
     @property
@@ -247,7 +249,18 @@ class Tensor(Value):
     def __rmul__(self, o): return _ops().multiply(o, self)
     def __truediv__(self, o): return _ops().divide(self, o)
     def __rtruediv__(self, o): return _ops().divide(o, self)
-    def __pow__(self, o): return _ops().power(self, o)
+    def __pow__(self, o):
+        # numpy's ** on a float or complex array: a Python 0.5 is sqrt, -1 reciprocal, 2 square (its
+        # fast_scalar_power); np.power(-0.0, 0.5) is +0.0 in float16 where sqrt gives -0.0
+        if self._dtype.kind in "fc" and (type(o) is float and o == 0.5 or type(o) is int and o in (-1, 2)):
+            ops = _ops()
+            return ops.sqrt(self) if o == 0.5 else ops.multiply(self, self) if o == 2 else \
+                ops._call(ops._RECIPROCAL, (self,))  # x * x is numpy's square, signs of zeros included
+        if self._dtype.kind == "b" and type(o) is int and o == 2:  # numpy's square: int8
+            ops = _ops()
+            x = ops.astype(self, np.int8)
+            return ops.multiply(x, x)
+        return _ops().power(self, o)
     def __rpow__(self, o): return _ops().power(o, self)
     def __matmul__(self, o): return _ops().matmul(self, o)
     def __rmatmul__(self, o): return _ops().matmul(o, self)

@@ -47,6 +47,56 @@ def assert_sharded_allclose(t: Tensor, expected: Any, rtol: float = 1e-5, atol: 
             np.testing.assert_allclose(blk, expected[sl], rtol=rtol, atol=atol, err_msg=msg)
 
 
+def assert_matches_numpy(t: Tensor, expected: Any, rtol: float = 0.0, atol: float = 0.0,
+                         signed_zeros: bool = True) -> None:
+    """``t`` is numpy's ``expected`` exactly where exactness is defined: shape, dtype, NaN positions, infinities
+    and their signs, the signs of zeros (each part of a complex number alike); finite values within ``rtol`` /
+    ``atol`` (0: equal). Every device's block is the global value at its slice, checked the same way (a partial
+    tensor's blocks are summands: its value is checked through their sum). ``signed_zeros=False`` skips the signs
+    of zeros in the global value (numpy's complex matmul gives -0.0 or +0.0 by the shape of its operands)."""
+    expected = np.asarray(expected)
+    got = t.numpy()
+    assert t.shape == expected.shape == got.shape, f"shape {t.shape} (read {got.shape}) != numpy's {expected.shape}"
+    assert t.dtype == expected.dtype == got.dtype, f"dtype {t.dtype} (read {got.dtype}) != numpy's {expected.dtype}"
+    _same_values(got, expected, rtol, atol, f"global value of {t!r}", signed_zeros)
+    spec = t.sharding
+    if spec is None or spec.partial_axes:
+        return
+    for d, blk in t.shards.items():
+        sl = spec.shard_slices(t.shape, d)
+        assert blk.dtype == expected.dtype, f"device {d} block dtype {blk.dtype} != {expected.dtype}"
+        _same_values(np.asarray(blk), got[sl], 0.0, 0.0, f"device {d} block of {t!r} at {sl}")
+
+
+def _same_values(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, what: str,
+                 signed_zeros: bool = True) -> None:
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    if want.dtype.kind not in "fc":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    cnan = np.zeros(want.shape, bool)
+    if want.dtype.kind == "c":  # a complex NaN is NaN in either part; which part numpy's own kernels fill differs
+        cnan = np.isnan(want)  # between its code paths (BLAS or not), so only NaN-ness is compared there
+        if (np.isnan(got) != cnan).any():
+            i = tuple(int(j[0]) for j in np.nonzero(np.isnan(got) != cnan)) if cnan.ndim else ()
+            raise AssertionError(f"{what}: complex NaN positions differ, e.g. at {i}: {got[i]!r} vs {want[i]!r}")
+    for part in ((np.real, np.imag) if want.dtype.kind == "c" else (lambda x: x,)):
+        g, w = np.where(cnan, 0, part(got)), np.where(cnan, 0, part(want))
+        bad = np.isnan(g) != np.isnan(w)
+        bad |= np.isinf(w) != np.isinf(g)
+        bad |= np.isinf(w) & (g != w)
+        if signed_zeros:
+            bad |= (w == 0) & (g == 0) & (np.signbit(g) != np.signbit(w))
+        fin = np.isfinite(w) & np.isfinite(g)
+        with np.errstate(all="ignore"):
+            gf, wf = g.astype(np.float64), w.astype(np.float64)
+            bad |= fin & ~(np.abs(gf - wf) <= atol + rtol * np.abs(wf))
+        if bad.any():
+            i = tuple(int(j[0]) for j in np.nonzero(bad)) if bad.ndim else ()
+            raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} elements differ from numpy's, e.g. at "
+                                 f"{i}: {got[i]!r} vs {want[i]!r}\n got {got.ravel()[:12]}\nwant {want.ravel()[:12]}")
+
+
 def assert_comm(log: CommLog, **counts: int) -> None:
     """The log holds exactly these counts per collective kind; kinds not named must be zero."""
     for k in counts:
@@ -134,6 +184,39 @@ def sharded_arrays(mesh: DeviceMesh | None = None, shape: Sequence[int] | None =
         value = np.random.default_rng(seed).standard_normal(shp).astype(dtype)
         t = Tensor._host(value).shard(m, spec.dim_specs, spec.replicated_axes, spec.partial_axes)
         return t, value
+
+    return build()
+
+
+def special_values(dtype: Any, shape: Sequence[int], extreme: bool = True, nonfinite: bool = True):
+    """Arrays of ``dtype`` and ``shape`` drawn from values that break careless code: 0, -0.0, NaN, +-inf (unless
+    not ``nonfinite``), small ints, and with ``extreme`` the dtype's largest, smallest and tiniest values
+    (complex: each part)."""
+    st = _st()
+    dt = np.dtype(dtype)
+    n = prod(shape)
+    if dt.kind == "b":
+        pool: list = [True, False]
+    elif dt.kind in "iu":
+        pool = [0, 1, 2, 3, 7] + ([-1, -5] if dt.kind == "i" else [])
+        if extreme:
+            pool += [int(np.iinfo(dt).max), int(np.iinfo(dt).min)] + ([int(np.iinfo(dt).min) + 1] if dt.kind == "i" else [])
+    else:
+        fi = np.finfo(dt)
+        pool = [0.0, -0.0, 1.0, -2.5, 3.0, 0.5, -7.0] + ([np.inf, -np.inf, np.nan] if nonfinite else [])
+        if extreme:
+            pool += [float(fi.max), -float(fi.max), float(fi.tiny), -float(fi.smallest_subnormal)]
+
+    @st.composite
+    def build(draw):
+        vals = draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n))
+        if dt.kind == "c":
+            im = draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n))
+            a = np.array([complex(r, i) for r, i in zip(vals, im)], dtype=dt)  # keeps -0.0 imaginary parts
+        else:
+            with np.errstate(all="ignore"):
+                a = np.array(vals, dtype=object).astype(dt) if dt.kind in "iu" else np.array(vals, dtype=dt)
+        return a.reshape(tuple(shape))
 
     return build()
 

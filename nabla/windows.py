@@ -95,17 +95,6 @@ class Halo:
                 rgt = max(rgt, b - a)
         return lft, rgt
 
-    def one_round(self, distance: int) -> bool:
-        """Whether the rows from the left and from the right at ``distance`` fit one collective_permute: no
-        device receives from both sides and none sends to both (a cut slice: the first devices read from
-        their right, the last from their left)."""
-        def takes(p: int, s: int) -> bool:
-            a, b = self.need[p]
-            return 0 <= s < self.k and min(b, (s + 1) * self.ci) > max(a, s * self.ci)
-
-        left = {p for p in range(self.k) if takes(p, p - distance)}
-        right = {p for p in range(self.k) if takes(p, p + distance)}
-        return not (left & right) and not ({p - distance for p in left} & {p + distance for p in right})
 
 
 @lru_cache(maxsize=4096)

@@ -40,7 +40,7 @@ _BOOL_BINARY = {"add": "Or", "maximum": "Or", "multiply": "And", "minimum": "And
 _COMPARE = {"less": "Less", "less_equal": "LessOrEqual", "greater": "Greater", "greater_equal": "GreaterOrEqual",
             "equal": "Equal", "not_equal": "Equal"}  # not_equal: Not(Equal)
 _UNARY = {"negative": "Neg", "exp": "Exp", "log": "Log", "tanh": "Tanh", "sin": "Sin", "cos": "Cos",
-          "sqrt": "Sqrt", "abs": "Abs", "relu": "Relu", "sigmoid": "Sigmoid"}
+          "sqrt": "Sqrt", "abs": "Abs", "relu": "Relu", "sigmoid": "Sigmoid", "reciprocal": "Reciprocal"}
 _REDUCE = {"sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin"}
 _OTHER = ("where", "astype", "matmul", "einsum", "argmax", "softmax", "transpose", "reshape", "broadcast_to",
           "expand_dims", "squeeze", "concatenate", "getitem", "conv", "max_pool", "avg_pool")

@@ -222,3 +222,240 @@ def test_slicing_a_sharded_dim_moves_only_what_changes_owner():
         assert log.total_bytes == lacked or (start, stop) == (3, 11) and lacked == 128, (spec, start, stop)
         w = nb.jit(lambda a: a[start:stop])(t)
         assert_sharded_allclose(w, x[start:stop], rtol=0, atol=0)
+
+
+# ---- issue 13, second audit: pending sums that meet other sums, overflow, signed zeros ----------------------
+
+M4Y = DeviceMesh("m4y", (4,), ("y",))
+
+
+def _same(got, want):
+    """Equal to numpy: dtype, shape, values, NaN positions and the signs of zeros; every block the global slice."""
+    g = got.numpy()
+    assert g.dtype == want.dtype and g.shape == want.shape, (g, want)
+    np.testing.assert_array_equal(g, want)
+    if want.dtype.kind == "f":
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(want))
+    if got.sharding is not None and not got.sharding.partial_axes:
+        for d, blk in got.shards.items():
+            np.testing.assert_array_equal(blk, g[got.sharding.shard_slices(got.shape, d)])
+
+
+def test_partial_operands_over_overlapping_axes_combine():
+    """P(y) op P(y:(1)2) once raised 'axis y overlaps y:(1)2'. An addition keeps y (the operand partial over
+    y:(1)2 is added once over y:(2)2, no communication); a product keeps each part of y on one operand."""
+    v, w = np.array([1.0, 2.0], np.float32), np.array([3.0, -5.0], np.float32)
+    a = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+    b = nb.tensor(w).shard(M4Y, [None], partial_axes=["y:(1)2"])
+    with nb.comm_log() as log:
+        s = a + b
+    assert log.events == [] and s.sharding.partial_axes == ("y",)
+    _same(s, v + w)
+    _same(b + a, w + v)
+    _same(a - b, v - w)
+    _same(b - a, w - v)
+    _same(a * b, v * w)
+    _same(a @ b, v @ w)
+    _same(nb.where(v > 1, a, b), np.where(v > 1, v, w))
+    c = nb.tensor(w).shard(M4Y, [None], partial_axes=["y:(2)2"])
+    _same(b + c, w + w)
+    _same(b * c, w * w)
+
+
+def test_with_sharding_reduces_a_partial_value_to_a_part_of_its_axis():
+    """Partial over y to partial over y:(1)2 is an all_reduce over y:(2)2 (once refused: 'is not partial')."""
+    v = np.array([1.0, 2.0], np.float32)
+    a = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+    with nb.comm_log() as log:
+        r = a.with_sharding(M4Y, [None], partial_axes=["y:(1)2"])
+    assert r.sharding.partial_axes == ("y:(1)2",)
+    assert [(e.kind, e.axes) for e in log.events] == [("all_reduce", ("y:(2)2",))]
+    _same(r, v)
+    with pytest.raises(nb.ShardingError, match="partial"):
+        r.with_sharding(M4Y, [None], partial_axes=["y"])
+
+
+def test_finite_factors_that_overflow_the_dtype_reduce_pending_sums_first():
+    """float32 partial * 1e300: the factor is inf in float32, so inf * (the -0.0 other devices hold) was NaN."""
+    with np.errstate(all="ignore"):
+        for dt, c in ((np.float32, 1e300), (np.float16, 1e5)):
+            v = np.array([1.0, 2.0], dt)
+            p = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+            _same(p * c, v * c)
+            _same(c * p, c * v)
+        v = np.array([1.0, -2.0], np.float32)
+        p = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+        _same(p / 1e-300, v / 1e-300)  # the divisor is 0 in float32: ±inf, not NaN
+        _same(p / 1e-40, v / np.float32(1e-40))  # a subnormal divisor whose reciprocal is inf
+
+
+def test_deferred_sums_whose_finite_summands_overflow_are_made_first():
+    """Summands 40000 and -40000 (float16) add to 0; doubling each gives inf - inf = NaN. Redone with the sum
+    made first when an op that keeps a sum gives a non-finite value."""
+    with np.errstate(all="ignore"):
+        for dt, big in ((np.float16, 200.0), (np.float32, 1.5e19)):
+            x, y = np.array([[big, -big]], dt), np.array([[big], [big]], dt)
+            p = nb.tensor(x).shard(M2, [None, "x"]) @ nb.tensor(y).shard(M2, ["x", None])
+            assert p.sharding.partial_axes == ("x",)
+            want = x @ y
+            assert want[0, 0] == 0
+            _same(p * 2, want * dt(2))
+            _same(p + p, want + want)
+            _same(p / 0.5, want / dt(0.5))
+            _same(p @ np.array([[2]], dt), want @ np.array([[2]], dt))
+            _same(p.sum(), want.sum())
+            _same(p.mean(), want.mean())
+            q = p * 2  # the retry leaves a correct value behind, partial or not
+            _same(q - 1, want * 2 - 1)
+        # a finite result keeps the sum pending: no communication
+        a = nb.tensor(np.ones((1, 2), np.float32)).shard(M2, [None, "x"]) @ nb.tensor(np.ones((2, 1), np.float32)).shard(M2, ["x", None])
+        with nb.comm_log() as log:
+            r = a * 2.0 + 1.0
+        assert log.events == [] and r.sharding.partial_axes == ("x",)
+
+
+def test_pending_sums_keep_the_sign_of_zero():
+    v = np.array([-0.0, 1.0], np.float32)
+    p = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
+    _same(p, v)
+    assert all(np.signbit(b[0]) for b in p.shards.values())  # the other devices hold -0.0, the identity
+    _same(p.with_sharding(M4Y, [None]), v)
+    with np.errstate(divide="ignore"):
+        _same(1 / p, 1 / v)
+    z = np.array([0.0, -0.0, 2.0], np.float32)
+    q = nb.tensor(z).shard(M4Y, [None], partial_axes=["y"])
+    _same(-q, -z)
+    _same(q * -0.0, z * -0.0)
+    _same(q * -1.0, z * -1.0)
+    _same(q / -2.0, z / -2.0)
+    _same(0.0 - q, 0.0 - z)
+    _same(q - 0.0, z - 0.0)
+    _same(q + -0.0, z + -0.0)
+    _same(q - q, z - z)
+    c = np.array([False, False, True])
+    _same(nb.where(c, q, -0.0), np.where(c, z, np.float32(-0.0)))
+    _same(nb.where(c, -0.0, q), np.where(c, np.float32(-0.0), z))
+    _same(nb.concatenate([q, nb.tensor(z)]), np.concatenate([z, z]))
+    _same(q * np.array([1.0, -1.0, 0.0], np.float32), z * np.array([1.0, -1.0, 0.0], np.float32))
+    m = nb.tensor(np.array([[-0.0]], np.float32)).shard(M4Y, [None, None], partial_axes=["y"])
+    _same(m @ np.array([[1.0]], np.float32), np.array([[-0.0]], np.float32) @ np.array([[1.0]], np.float32))
+
+
+def test_mean_of_integers_sums_before_dividing():
+    v = np.array([716, 938, -86, 114, -748])
+    _same(nb.tensor(v).shard(M4Y, ["y"]).mean(), v.mean())
+    b = np.array([True, False, True, True, False, True, True])
+    _same(nb.tensor(b).shard(M4Y, ["y"]).mean(), b.mean())
+    i = np.arange(24, dtype=np.int32).reshape(4, 6) * 7
+    _same(nb.tensor(i).shard(M4Y, [None, "y"]).mean(axis=1), i.mean(axis=1))
+
+
+def test_power_operator_takes_numpys_fast_paths():
+    """numpy's ``x ** 0.5`` is sqrt (float16 -0.0 ** 0.5 is -0.0; np.power gives +0.0), ``x ** -1`` reciprocal
+    and ``x ** 2`` square on float and complex arrays (found by tests/integration/test_dtype_sweep.py)."""
+    m = DeviceMesh("m2p", (2,), ("x",))
+    with np.errstate(all="ignore"):
+        for dt in (np.float16, np.float32, np.complex64):
+            v = np.array([-0.0, 4, -3, np.inf, np.nan, 0.0], dt)
+            x = nb.tensor(v).shard(m, ["x"])
+            for e in (0.5, -1, 2, 3, 0.5 + 0j, np.float32(0.5)):
+                g, w = (x ** e).numpy(), v ** e
+                assert g.dtype == w.dtype
+                np.testing.assert_array_equal(g, w)
+                np.testing.assert_array_equal(np.signbit(g.real), np.signbit(w.real))
+                np.testing.assert_array_equal(np.signbit(g.imag), np.signbit(w.imag))
+
+
+def test_subtracting_a_pending_sum_keeps_it_pending_unless_signs_of_zero_need_it():
+    """``a - sum`` is -0 only when ``a`` is -0: with no -0.0 in ``a`` the sum stays pending (layer norm's
+    ``x - mean`` over a tp-sharded hidden dim: no extra all_reduce); with one, it is made first."""
+    a, b = np.ones((2, 4), np.float32), np.ones((4, 2), np.float32)
+    p = nb.tensor(a).shard(M2, [None, "x"]) @ nb.tensor(b).shard(M2, ["x", None])  # summands: no -0.0
+    x = np.array([[1.0, -2.0], [0.0, 3.0]], np.float32)
+    with nb.comm_log() as log:
+        r = x - p
+    assert log.events == [] and r.sharding.partial_axes == ("x",)
+    _same(r, x - a @ b)
+    z = np.array([[-0.0, 1.0], [0.0, 2.0]], np.float32)
+    q = nb.tensor(np.zeros((2, 2), np.float32) + (a @ b) * 0).shard(M2, [None, None], partial_axes=["x"])
+    with nb.comm_log() as log:
+        r = z - q  # -0.0 - (+0.0) is -0.0: the sum must be made first
+    assert log.counts == {"all_reduce": 1}
+    _same(r, z - np.zeros((2, 2), np.float32))
+    with np.errstate(all="ignore"):
+        _same(-p, -(a @ b))
+
+
+def test_reshape_result_keeps_the_factors_shardy_keeps_at_no_extra_cost():
+    """Factors the operand's dims cannot hold but the result's can stay on the result (the kernel's output is
+    sliced locally): Shardy's minor_most_factor_non_divisible and the registry's reshape_swap_and_merge /
+    reshape_split_and_swap once came back replicated on those dims, for the same bytes."""
+    for axes, shape, dims, out, want, nbytes in [
+            ({"a": 6}, (8,), ["a"], (2, 4), (("a:(1)2",), ("a:(2)3",)), 24),
+            ({"i": 2, "k": 2, "m": 2, "n": 2}, (2, 3, 8), [("i",), ("k",), ("m", "n")], (3, 4, 4), ((), (), ("n",)), 184),
+            ({"i": 2, "l": 2, "m": 2, "n": 2}, (3, 4, 4), [("i",), ("l", "m"), ("n",)], (2, 3, 8),
+             ((), (), ("m", "n")), 184)]:
+        m = DeviceMesh("r", tuple(axes.values()), tuple(axes))
+        v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        for strat in ("basic", "aggressive"):
+            with nb.strategy(strat), nb.comm_log() as log:
+                r = nb.tensor(v).shard(m, dims).reshape(out)
+            assert tuple(d.axes for d in r.sharding.dim_specs) == want and log.total_bytes == nbytes
+            _same(r, v.reshape(out))
+
+
+def test_found_by_the_dtype_sweep():
+    """Each of these once differed from numpy (tests/integration/test_dtype_sweep.py, thorough profile)."""
+    m = DeviceMesh("m11", (1, 1), ("x", "y"))
+    # a negative-step slice whose start falls before 0 takes nothing (slice.indices gives start -1)
+    v = np.arange(12.0).reshape(2, 2, 3)
+    t = nb.tensor(v).shard(m, [("x", "y"), None, None])
+    for k in (np.s_[:, :, -4:0:-1], np.s_[:, :, -4::-1], np.s_[:, :, -1:-5:-2]):
+        _same(t[k], v[k])
+    # bool ** 2 is numpy's square: int8
+    b = np.array([True, False])
+    _same(nb.tensor(b).shard(M2, ["x"]) ** 2, b ** 2)
+    # a 0-d value reduces over int axis 0 or -1, as numpy lets it
+    z = nb.tensor(np.array(3.0, np.float32)).shard(m, [])
+    _same(z.sum(axis=0), np.sum(np.array(3.0, np.float32), axis=0))
+    _same(z.max(axis=-1, keepdims=True), np.max(np.array(3.0, np.float32), axis=-1, keepdims=True))
+    _same(z.argmax(axis=0), np.argmax(np.array(3.0), axis=0))
+    _same(nb.softmax(z, -1), np.array(1.0, np.float32))
+    with pytest.raises(nb.ShardingError):
+        z.sum(axis=(0,))  # numpy: AxisError
+
+
+def test_found_by_the_thorough_sweep():
+    """The thorough profile's second run (tests/integration/test_dtype_sweep.py, test_random_programs.py)."""
+    # a reshape whose result keeps a factor its operand cannot: the kernel's grid once ignored the result's cuts
+    m = DeviceMesh("m241", (2, 4, 1), ("x", "y", "z"))
+    v = np.arange(80).reshape(4, 5, 4)
+    _same(nb.tensor(v).shard(m, [("x", "z"), None, "y"]).reshape(40, -1), v.reshape(40, 2))
+    # complex max/min: the padding of an empty shard must lose to everything, -inf-2.5j included
+    m3 = DeviceMesh("m311", (3, 1, 1), ("x", "y", "z"))
+    c = np.zeros((5, 2), np.complex64)
+    c[3] = complex(-np.inf, -2.5)
+    x = nb.tensor(c).shard(m3, [("y", "z"), "x"])
+    _same(x.max(-1), c.max(-1))
+    _same((-x).min(-1), (-c).min(-1))
+
+
+def test_abstract_runs_plan_what_real_runs_move_for_partial_products():
+    """A pending sum times a tensor: whether it survives once depended on the factor's signs (zero signs), data
+    an abstract run does not have; now the sum is made first for any tensor factor of a float product, and
+    only a Python scalar's value decides."""
+    from nabla.tensor import Tensor
+    m = DeviceMesh("m14", (1, 4), ("x", "y"))
+    w = nb.tensor(np.array([-0.25], np.float32)).shard(m, ["x"])
+    for q in (w, -w):
+        p = nb.tensor(np.array([0.125], np.float32)).shard(m, ["x"], partial_axes=["y"])
+        with nb.comm_log() as real:
+            p * q
+        with nb.comm_log() as planned:
+            Tensor(None, p.sharding, p.shape, p.dtype) * Tensor(None, q.sharding, q.shape, q.dtype)
+        assert [(e.kind, e.axes) for e in planned.events] == [(e.kind, e.axes) for e in real.events] == \
+            [("all_reduce", ("y",))]
+    p = nb.tensor(np.array([0.125], np.float32)).shard(m, ["x"], partial_axes=["y"])
+    with nb.comm_log() as log:
+        r = p * 2.0
+    assert log.events == [] and r.sharding.partial_axes == ("y",)

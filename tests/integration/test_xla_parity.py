@@ -230,7 +230,87 @@ RESHARDS = [
     reshard(["dp", "tp"], [("dp", "tp"), None]),
 ]
 
-CASES = MLP + TRANSFORMER + SHAPES + RESHARDS
+# ------------------------------------------------------------------------------------------------
+# Training, sequence parallelism, a whole block, partial outputs (issue 13's second audit)
+# ------------------------------------------------------------------------------------------------
+
+
+def _fsdp_grads_nb(x, w1, w2, mesh):
+    """FSDP backward: both weights stored on dp (rows), the batch on dp; nb.grad gives each weight's
+    gradient laid out as the weight (forward all_gathers, backward reduce_scatters)."""
+    return nb.grad(lambda a, b: nb.sum(nb.relu(x @ a) @ b) / 16.0, argnums=(0, 1))(w1, w2)
+
+
+def _fsdp_grads_jax(x, w1, w2):
+    return jax.grad(lambda a, b: jnp.sum(jax.nn.relu(x @ a) @ b) / 16.0, argnums=(0, 1))(w1, w2)
+
+
+def _seq_attention_nb(q, k, v, mesh):
+    p = nb.softmax(nb.einsum("bqd,bkd->bqk", q, k) / 4.0, -1)
+    return nb.einsum("bqk,bkd->bqd", p, v)
+
+
+def _seq_attention_jax(q, k, v):
+    p = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k) / 4.0, -1)
+    return jnp.einsum("bqk,bkd->bqd", p, v)
+
+
+def _block_nb(x, g1, wq, wk, wv, wo, g2, w1, w2, mesh):
+    """A pre-norm transformer block: layer norm, attention with heads on tp, residual, layer norm, an MLP
+    (column- then row-parallel), residual."""
+    def ln(t, g):
+        mu = nb.mean(t, -1, keepdims=True)
+        c = t - mu
+        return c / nb.sqrt(nb.mean(c * c, -1, keepdims=True) + 1e-5) * g
+    h = ln(x, g1)
+    q, k, v = ((h @ w).reshape(B, S, H_, DH) for w in (wq, wk, wv))
+    p = nb.softmax(nb.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(DH), -1)
+    x = x + nb.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, S, H_ * DH) @ wo
+    x = x + nb.relu(ln(x, g2) @ w1) @ w2
+    return x.with_sharding(mesh, ["dp", None, None])
+
+
+def _block_jax(x, g1, wq, wk, wv, wo, g2, w1, w2):
+    def ln(t, g):
+        mu = jnp.mean(t, -1, keepdims=True)
+        c = t - mu
+        return c / jnp.sqrt(jnp.mean(c * c, -1, keepdims=True) + 1e-5) * g
+    h = ln(x, g1)
+    q, k, v = ((h @ w).reshape(B, S, H_, DH) for w in (wq, wk, wv))
+    p = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(DH), -1)
+    x = x + jnp.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, S, H_ * DH) @ wo
+    return x + jax.nn.relu(ln(x, g2) @ w1) @ w2
+
+
+def _unreduced(*dims, axes=("tp",)):
+    from jax.sharding import PartitionSpec as P
+    return P(*dims, unreduced=frozenset(axes))
+
+
+MORE = [
+    case("fsdp_mlp_backward", DP4, [rnd(16, 32), rnd(32, 64, seed=1), rnd(64, 32, seed=2)],
+         [["dp", None], ["dp", None], ["dp", None]], _fsdp_grads_nb, _fsdp_grads_jax, rtol=1e-4, atol=1e-4),
+    case("sequence_parallel_attention", TP4, [rnd(2, 16, 8), rnd(2, 16, 8, seed=1), rnd(2, 16, 8, seed=2)],
+         [[None, "tp", None]] * 3, _seq_attention_nb, _seq_attention_jax, rtol=1e-4, atol=1e-4),
+    case("argmax_vocab_on_tp", MESH_2x4, [rnd(16, 64)], [["dp", "tp"]],
+         lambda x, mesh: nb.argmax(x, -1), lambda x: jnp.argmax(x, -1)),
+    case("transformer_block_dp_tp", MESH_2x4,
+         [rnd(B, S, D), rnd(D, seed=1), rnd(D, H_ * DH, seed=2), rnd(D, H_ * DH, seed=3), rnd(D, H_ * DH, seed=4),
+          rnd(H_ * DH, D, seed=5), rnd(D, seed=6), rnd(D, 64, seed=7), rnd(64, D, seed=8)],
+         [["dp", None, None], None, [None, "tp"], [None, "tp"], [None, "tp"], ["tp", None], None, [None, "tp"],
+          ["tp", None]], _block_nb, _block_jax, rtol=1e-3, atol=1e-3),
+    case("two_layer_dp_tp_forward", MESH_2x4,
+         [rnd(16, 32), rnd(32, 64, seed=1), rnd(64, 32, seed=2), rnd(32, 64, seed=3), rnd(64, 32, seed=4)],
+         [["dp", None], [None, "tp"], ["tp", None], [None, "tp"], ["tp", None]],
+         _reduced(lambda x, a, b, c, d, mesh: nb.relu(nb.relu(x @ a) @ b @ c) @ d, ["dp", None]),
+         lambda x, a, b, c, d: jax.nn.relu(jax.nn.relu(x @ a) @ b @ c) @ d, rtol=1e-4, atol=1e-3),
+    case("row_parallel_partial_output", TP4, [rnd(8, 32), rnd(32, 16, seed=1)], [[None, "tp"], ["tp", None]],
+         lambda x, w, mesh: x @ w, lambda x, w: jnp.matmul(x, w, out_sharding=_unreduced(None, None))),
+    case("dp_tp_partial_output", MESH_2x4, [rnd(16, 32), rnd(32, 16, seed=1)], [["dp", "tp"], ["tp", None]],
+         lambda x, w, mesh: x @ w, lambda x, w: jnp.matmul(x, w, out_sharding=_unreduced("dp", None))),
+]
+
+CASES = MLP + TRANSFORMER + SHAPES + RESHARDS + MORE
 
 
 @functools.lru_cache(maxsize=None)

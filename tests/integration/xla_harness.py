@@ -385,27 +385,33 @@ def collectives(hlo: str, reduce_scatter_creator: bool = True) -> list[XlaCollec
 # Running both sides
 # -------------------------------------------------------------------------------------------------
 
-def jax_mesh(mesh: Any):
-    """The jax ``Mesh`` of a nabla ``DeviceMesh``: same axis names and sizes, device ``d`` is ``jax.devices()[d]``."""
+def jax_mesh(mesh: Any, explicit: bool = False):
+    """The jax ``Mesh`` of a nabla ``DeviceMesh``: same axis names and sizes, device ``d`` is ``jax.devices()[d]``
+    (``explicit``: every axis of type ``Explicit``, as jax's unreduced outputs need)."""
     import jax
-    from jax.sharding import Mesh
+    from jax.sharding import AxisType, Mesh
 
     devices = jax.devices("cpu")
     if max(mesh.devices) >= len(devices):
         raise RuntimeError(f"jax has {len(devices)} CPU devices, the mesh uses ids up to {max(mesh.devices)}: start "
                            f"python with XLA_FLAGS=--xla_force_host_platform_device_count={max(mesh.devices) + 1} "
                            f"(set before jax is imported)")
-    return Mesh(np.array([devices[d] for d in mesh.devices], dtype=object).reshape(mesh.shape), mesh.axis_names)
+    types = {"axis_types": (AxisType.Explicit,) * len(mesh.shape)} if explicit else {}
+    return Mesh(np.array([devices[d] for d in mesh.devices], dtype=object).reshape(mesh.shape), mesh.axis_names,
+                **types)
 
 
-def partition_spec(spec: Any):
+def partition_spec(spec: Any, unreduced: bool = False):
     """A nabla ``ShardingSpec`` as a closed jax ``PartitionSpec``: open dims become replicated, so
-    XLA is held to exactly the layout nabla produced (an UNCONSTRAINED out_sharding would let it pick)."""
+    XLA is held to exactly the layout nabla produced (an UNCONSTRAINED out_sharding would let it pick).
+    With ``unreduced``, partial axes become jax's ``unreduced`` axes (which need an Explicit mesh)."""
     from jax.sharding import PartitionSpec
 
-    if spec.partial_axes:
+    if spec.partial_axes and not unreduced:
         raise ValueError(f"{spec!r} holds partial sums; reduce it first (with_sharding) so jax can name it")
     entries = [None if not d.axes else d.axes[0] if len(d.axes) == 1 else tuple(d.axes) for d in spec.dim_specs]
+    if spec.partial_axes:
+        return PartitionSpec(*entries, unreduced=frozenset(spec.partial_axes))
     return PartitionSpec(*entries)
 
 
@@ -421,15 +427,26 @@ def compile_xla(fn: Callable, args: Sequence[np.ndarray], in_specs: Sequence[Any
     outs = (NamedSharding(jmesh, out_specs) if isinstance(out_specs, PartitionSpec)
             else tuple(NamedSharding(jmesh, s) for s in out_specs))
     placed = [jax.device_put(a, s) for a, s in zip(args, ins)]
-    compiled = jax.jit(fn, in_shardings=ins, out_shardings=outs).lower(*placed).compile()
-    value = compiled(*placed)
-    values = [np.asarray(v) for v in value] if isinstance(value, (tuple, list)) else [np.asarray(value)]
-    return compiled.as_text(), values
+    explicit = any(t == jax.sharding.AxisType.Explicit for t in getattr(jmesh, "axis_types", ()))
+    with (jax.set_mesh(jmesh) if explicit else _nothing()):
+        compiled = jax.jit(fn, in_shardings=ins, out_shardings=outs).lower(*placed).compile()
+        value = compiled(*placed)
+        value = list(value) if isinstance(value, (tuple, list)) else [value]
+        # an unreduced result is summed for reading, outside the compiled program whose collectives are counted
+        value = [jax.jit(lambda v, spec=PartitionSpec(*v.sharding.spec.partitions): jax.reshard(v, spec))(v)
+                 if getattr(v.sharding.spec, "unreduced", None) else v for v in value]
+    return compiled.as_text(), [np.asarray(v) for v in value]
 
 
-def run_xla(fn: Callable, args: Sequence[np.ndarray], in_specs: Sequence[Any], out_specs: Any, mesh: Any):
+def _nothing():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def run_xla(fn: Callable, args: Sequence[np.ndarray], in_specs: Sequence[Any], out_specs: Any, mesh: Any,
+            explicit: bool = False):
     """XLA's collectives (kind, group, bytes per device) for ``fn``, its output values and its HLO."""
-    hlo, values = compile_xla(fn, args, in_specs, out_specs, jax_mesh(mesh))
+    hlo, values = compile_xla(fn, args, in_specs, out_specs, jax_mesh(mesh, explicit))
     return collectives(hlo), values, hlo
 
 
@@ -439,8 +456,10 @@ class Case:
 
     ``specs`` are nabla dim-spec lists, one per input (``None`` for a replicated input);
     ``nabla_fn`` takes the sharded nabla tensors (and the mesh as keyword ``mesh``) and returns a
-    tensor or a tuple of tensors without partial sums (reduce them with ``with_sharding`` first);
-    ``jax_fn`` takes the jax arrays and computes the same math with ``jax.numpy``.
+    tensor or a tuple of tensors; ``jax_fn`` takes the jax arrays and computes the same math with
+    ``jax.numpy``. A partial (pending-sum) result is compared with jax's ``unreduced`` output: such a
+    case runs on an Explicit mesh (jax's rule), so ``jax_fn`` names the unreduced axes itself
+    (``jnp.matmul(a, b, out_sharding=P(..., unreduced={"tp"}))``).
     ``xfail`` says why nabla sends more than XLA on this case, when it does; ``values_xfail`` why
     nabla's values differ from jax's (a known nabla bug), when they do.
     """
@@ -509,9 +528,10 @@ def run_case(case: Case) -> Result:
             raise ValueError(f"{case.name}: nabla returned an unsharded tensor")
     in_specs = [PartitionSpec(*([None] * x.ndim)) if t.sharding is None else partition_spec(t.sharding)
                 for t, x in zip(tensors, case.inputs)]
-    out_specs = [partition_spec(o.sharding) for o in outs]
+    explicit = any(o.sharding.partial_axes for o in outs)
+    out_specs = [partition_spec(o.sharding, unreduced=explicit) for o in outs]
     xla, values, hlo = run_xla(case.jax_fn, case.inputs, in_specs,
-                               tuple(out_specs) if isinstance(out, (tuple, list)) else out_specs[0], mesh)
+                               tuple(out_specs) if isinstance(out, (tuple, list)) else out_specs[0], mesh, explicit)
     return Result(case, list(log.events), xla, [o.numpy() for o in outs], values, out_specs, hlo)
 
 

@@ -67,8 +67,8 @@ def test_sharding_error_is_a_value_error():
 
 def test_slicing_a_sharded_dim_moves_only_rows_that_change_owner():
     """x[4:12] of 16 rows over 4 devices: result blocks are 2 rows; device 0 needs rows 4-5 (from device 1),
-    device 3 rows 10-11 (from device 2), devices 1 and 2 hold theirs: both sends go in one collective_permute
-    round of 2 rows (16 B of float64), where gathering the dim would send 96 B per device."""
+    device 3 rows 10-11 (from device 2), devices 1 and 2 hold theirs: 1 -> 0 and 2 -> 3 do not collide, so
+    one collective_permute of 2 rows (16 B of float64), where gathering the dim would send 96 B per device."""
     m = nb.DeviceMesh("m", (4,), ("x",))
     v = np.arange(16.0)
     t = nb.tensor(v).shard(m, ["x"])
@@ -245,3 +245,16 @@ def test_fuzz_ones_and_zeros_take_anything(shape, dtype):
         return
     assert t.size == 0 or not t.numpy().any()
     np.testing.assert_array_equal(nb.ones(shape, dtype=dtype).numpy(), np.ones(t.shape, dtype=t.dtype))
+
+
+def test_bad_op_arguments_raise_sharding_errors_naming_them():
+    # numpy raises TypeError for axis='a'; nabla's op-argument errors are ShardingErrors (ValueErrors) naming it
+    m = nb.DeviceMesh("m", (2,), ("x",))
+    t = nb.tensor(np.ones((2, 3))).shard(m, ["x", None])
+    with pytest.raises(nb.ShardingError, match="subscripts"):
+        nb.einsum(5, t)
+    for axis in ("a", 1.0, True, (0, "a")):
+        for f in (nb.sum, nb.mean, nb.max, nb.min):
+            with pytest.raises(nb.ShardingError, match="axis"):
+                f(t, axis=axis)
+    np.testing.assert_array_equal(t.sum(axis=np.int64(1)).numpy(), np.full(2, 3.0))

@@ -221,3 +221,16 @@ def test_fuzz_dim_spec_takes_anything(axes, is_open, priority):
     assert all(isinstance(a, str) for a in d.axes) and isinstance(d.is_open, bool)
     assert isinstance(d.priority, int) and d.priority >= 0 and hash(d) == hash(DimSpec(d.axes, d.is_open, d.priority))
     repr(d)
+
+
+def test_shard_shape_and_slices_validate_their_arguments():
+    s = ShardingSpec(MESH, ["dp", None])
+    for bad in ((2, -4), "ab", None, 5, (2.0, 3), (2,)):
+        with pytest.raises(ShardingError, match="global_shape|dims"):
+            s.shard_shape(bad, 0)
+        with pytest.raises(ShardingError, match="global_shape|dims"):
+            s.shard_slices(bad, 0)
+    for dev in (99, "0", [0], 1.0):
+        with pytest.raises(ShardingError, match="device"):
+            s.shard_shape((4, 4), dev)
+    assert s.shard_shape((5, 3), 4) == (2, 3) and s.shard_slices((5, 3), 4) == (slice(3, 5), slice(0, 3))

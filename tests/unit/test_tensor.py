@@ -309,3 +309,18 @@ def test_dtensor_and_jax_spellings():
     v = nb.device_put(A, nb.NamedSharding(MESH, ["tp"]))
     assert v.sharding.dim_specs[0].axes == ("tp",) and np.array_equal(v.shards[6], A[4:5])
     assert nb.device_put(v, nb.NamedSharding(MESH, [])).sharding.is_replicated
+
+
+def test_tensor_ones_and_zeros_validate_as_nb_ones_does():
+    # Tensor.ones / Tensor.zeros once called numpy directly: TypeError, ValueError instead of a ShardingError
+    for bad in (None, "ab", (2**40, 2**40), (-1,), (2.5,)):
+        for make in (Tensor.ones, Tensor.zeros):
+            with pytest.raises(ShardingError, match="shape"):
+                make(bad)
+    assert Tensor.ones(3).dtype == np.float32 and Tensor.zeros((2, 0), "int8").shape == (2, 0)
+
+
+def test_abstract_dtype_none_means_what_nb_ones_means():
+    a = nb.abstract((4,), dtype=None)
+    assert a.dtype == nb.ones((4,), dtype=None).dtype == np.ones(4, dtype=None).dtype
+    assert (a + 1).dtype == np.float64 and nb.exp(a.shard(MESH, ["tp"])).dtype == np.float64
