@@ -117,16 +117,15 @@ def _moveaxis_perm(ndim: int, source: Sequence[int], destination: Sequence[int])
 
 def reduce_over(x: Any, atoms: Sequence[int], op: str = "sum") -> Any:
     """Sum (or max/min) the partial summands held along grid ``atoms``, keeping the dtype."""
-    if type(x) is np.ndarray:  # what np.sum/np.max call, without their Python wrapper
-        return _UFUNCS[op].reduce(x, axis=tuple(atoms), keepdims=True, dtype=x.dtype if op == "sum" else None)
-    fn = getattr(xp(x), op)
     if op == "sum":
         from .storage import sum_summands
         return sum_summands(x, tuple(atoms))  # from the additive identity: -0.0 + -0.0 is -0.0
-    return fn(x, axis=tuple(atoms), keepdims=True)
+    if type(x) is np.ndarray:  # what np.max/np.min call, without their Python wrapper
+        return _UFUNCS[op].reduce(x, axis=tuple(atoms), keepdims=True)
+    return getattr(xp(x), op)(x, axis=tuple(atoms), keepdims=True)
 
 
-_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_UFUNCS = {"max": np.maximum, "min": np.minimum}
 
 
 def permute_blocks(x: Any, dim_before: Sequence[int], dim_after: Sequence[int]) -> Any:

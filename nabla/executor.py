@@ -354,16 +354,9 @@ def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
         xp = backends.xp(data)
         with np.errstate(all="ignore"):
             c = xp.asarray(data).astype(dtype)
-            if kind == "no_negative_zero":
-                if any(bool(xp.any((part == 0) & xp.signbit(part)))
-                       for part in ((c.real, c.imag) if dtype.kind == "c" else (c,))):
-                    return True
-                continue
             ok = xp.isfinite(c)
-            if kind != "finite":
-                ok = ok & (c > 0)
             if kind == "divisor":
-                ok = ok & xp.isfinite(dtype.type(1) / c)
+                ok = ok & (c != 0) & xp.isfinite(dtype.type(1) / c)
         if not bool(xp.all(ok)):
             return True
     return False
@@ -537,9 +530,8 @@ def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ..
     return tuple(steps)
 
 
-#: Ops that negate an operand. -(sum) is not the sum of the negated summands when the sum is an exact zero
-#: (-(x + -x) is -0, but -x + x is +0), so ``negative`` keeps no float sum pending. ``a - sum`` does: it is -0
-#: only when ``a`` is -0, so it is checked at run time that ``a`` holds no -0.0 (then neither side is ever -0).
+#: Ops that negate an operand: the devices that hold no summand of it hold +0.0 there, so that after the
+#: negation they hold -0.0, the identity of the sum.
 _NEGATED = {"subtract": (1,), "negative": (0,)}
 
 
@@ -549,14 +541,10 @@ def _checks(op: OpDef, sigs: tuple, keep_by: list, dtype: np.dtype) -> tuple:
     if dtype.kind not in "fc":
         return ()  # integers wrap and bools or, as numpy's sums do: every product distributes
     checks = []
-    if op.name == "subtract" and keep_by[1] and dtype.kind in "fc":
-        checks.append((0, "no_negative_zero", dtype))
     if op.linear == "mul":
-        elementwise = op.fast is not None  # multiply, divide: a zero factor's sign matters (matmul gives +0)
         for j, s in enumerate(sigs):
             if not keep_by[j]:
-                kind = "finite" if not elementwise else "divisor" if op.linear_args == (0,) else "positive"
-                checks.append((j, kind, dtype))
+                checks.append((j, "divisor" if op.linear_args == (0,) else "finite", dtype))
     return tuple(checks) + (_KEEPS,)
 
 
@@ -567,10 +555,9 @@ def _surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tupl
     unless another operand's dims use the axis (then one reduce_scatter beats gathering that operand); an
     addition keeps every operand's axes (an operand partial over fewer is added once over the others, no
     communication); a product keeps each atom on one operand (the largest), as a product of two sums needs one
-    of them summed. A sum is kept only where it is the sum numpy would make: in the result's dtype (an int8
-    sum wraps, a float16 one rounds and overflows in float16), not negated (zero signs), and for an
-    elementwise product of floats on one operand only (zero signs) and never for complex (the identity
-    -0-0j times a factor is not -0-0j)."""
+    of them summed. A sum is kept only in the result's dtype (an int8 sum wraps, a float16 one rounds and
+    overflows in float16, as numpy's would). What a pending sum does not promise is the sign of an exact zero:
+    -(x + -x) is -0.0, the sum of the negated summands +0.0 (and likewise for a negative or zero factor)."""
     n = len(sigs)
     linear_args = range(n) if op.linear_args is None else op.linear_args
     refs = [list(s[3].partial_refs) if s[0] == "s" and i in linear_args else [] for i, s in enumerate(sigs)]
@@ -580,17 +567,15 @@ def _surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tupl
     flt = dtype.kind in "fc"
     elementwise_mul = op.linear == "mul" and op.fast is not None
     for i, s in enumerate(sigs):
-        if refs[i] and (s[2] != dtype or (flt and op.name == "negative")
-                        or (elementwise_mul and dtype.kind == "c")):
+        if refs[i] and s[2] != dtype:
             refs[i] = []
         refs[i] = [r for r in refs[i] if not any(r.overlaps(b) for j in range(n) if j != i for b in in_dims[j])]
     order = sorted(range(n), key=lambda i: -prod(shapes[i]))
     if elementwise_mul and flt:
-        # one operand keeps its sums, and only when the others are Python scalars, whose values are checked at
-        # run time (> 0: zero signs); a tensor factor is data an abstract run cannot check, so the sum is made
+        # one operand keeps its sums; the others' values are checked at run time (finite factors, nonzero
+        # divisors), and a non-finite result is redone with the sums made first
         first = next((i for i in order if refs[i]), None)
-        scalars = all(s[0] == "c" for i, s in enumerate(sigs) if i != first)
-        refs = [r if i == first and scalars else [] for i, r in enumerate(refs)]
+        refs = [r if i == first else [] for i, r in enumerate(refs)]
     # Cut every kept axis where any operand's kept axes start or end; where the cuts do not nest (x:(1)2 and
     # x:(1)3 on x=6) only the largest operand's pieces of that axis are kept.
     cuts: dict[str, set[int]] = {}

@@ -229,13 +229,17 @@ class Window(FactorKind):
 
 
 def _halo_pieces(h, src):
-    """Rows device p takes from device src[p]'s block: (offset in that block, offset in p's window, count)."""
+    """Rows device p takes from device src[p]'s block: (offset in that block, offset in p's window, count). It
+    takes the slab from the first to the last row its windows read there (a dilated window skips whole
+    neighbours: their slab is empty)."""
     k, ci, width = h.k, h.ci, h.width
     lo = np.asarray(h.lo)
-    a, b = (np.asarray(v) for v in zip(*h.need))
+    pos = np.arange(k)
+    slab = np.asarray(h.slabs, dtype=np.int64).reshape(k, k, 2)  # [p, s]: the rows p reads from s
     ok = (src >= 0) & (src < k)
-    start = np.where(ok, np.maximum(np.maximum(a, src * ci), lo), 0)
-    end = np.where(ok, np.minimum(np.minimum(b, (src + 1) * ci), lo + width), 0)
+    s = np.clip(src, 0, k - 1)
+    start = np.where(ok, np.maximum(slab[pos, s, 0], lo), 0)
+    end = np.where(ok, np.minimum(slab[pos, s, 1], lo + width), 0)
     count = np.maximum(end - start, 0)
     return np.where(count > 0, start - src * ci, 0), np.where(count > 0, start - lo, 0), count
 

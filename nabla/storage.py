@@ -122,6 +122,10 @@ def identity(dtype: np.dtype) -> Any:
 def sum_summands(x: Any, axes: tuple[int, ...]) -> Any:
     """The sum of partial summands held along grid ``axes``, in their dtype, starting from the additive
     identity: a sum of -0.0s is -0.0 (numpy's ``sum`` starts from +0.0)."""
+    if type(x) is np.ndarray:  # what np.sum calls, without its Python wrapper
+        if x.dtype.kind in "fc":
+            return np.add.reduce(x, axis=axes, keepdims=True, dtype=x.dtype, initial=identity(x.dtype))
+        return np.add.reduce(x, axis=axes, keepdims=True, dtype=x.dtype)
     xp = backends.xp(x)
     if x.dtype.kind in "fc":
         return xp.sum(x, axis=axes, keepdims=True, dtype=x.dtype, initial=identity(x.dtype))

@@ -254,8 +254,14 @@ class Tensor(Value):
         # fast_scalar_power); np.power(-0.0, 0.5) is +0.0 in float16 where sqrt gives -0.0
         if self._dtype.kind in "fc" and (type(o) is float and o == 0.5 or type(o) is int and o in (-1, 2)):
             ops = _ops()
-            return ops.sqrt(self) if o == 0.5 else ops.multiply(self, self) if o == 2 else \
-                ops._call(ops._RECIPROCAL, (self,))  # x * x is numpy's square, signs of zeros included
+            from .collectives import user_op
+            with user_op("power"):  # the comm log names what the user wrote
+                if o == 2:  # numpy's square is x * x of the value: a pending sum is made first, as for any power
+                    x = self
+                    if self._spec is not None and self._spec.partial_axes:
+                        x = self.with_sharding(self._spec.mesh, self._spec.dim_specs, self._spec.replicated_axes)
+                    return ops.multiply(x, x)
+                return ops.sqrt(self) if o == 0.5 else ops._call(ops._RECIPROCAL, (self,))
         if self._dtype.kind == "b" and type(o) is int and o == 2:  # numpy's square: int8
             ops = _ops()
             x = ops.astype(self, np.int8)

@@ -158,12 +158,12 @@ def brute_halo_events(x_shape, splits, itemsize, windows):
     ``splits``: how many blocks each dim of ``x`` is split into. ``windows``: per spatial dim ``d`` (in
     order), ``(d, k, kernel, stride, dilation, pad_lo, n_out)`` with ``k = splits[d]``. Each device receives,
     from each device holding rows its windows read, those rows as one slab (first to last row read there:
-    the rows read, unless a stride and a dilation both skip rows inside one block). For every distance and
-    direction, one collective_permute carries the largest such slab; the two directions of one distance
-    share a collective_permute when that is still a permutation (XLA's source-target pairs: no device sends
-    twice or receives twice). A row is the rest of the block: the other dims' blocks (ceil rule), the
-    spatial dims handled before it already widened to their windows (the rows from the first window's first
-    tap to the last window's last)."""
+    the rows read, unless a stride and a dilation both skip rows inside one block). The messages of one
+    distance and direction form a part, as large as its largest slab. Parts share a collective_permute
+    while it stays a permutation (XLA's source-target pairs: no device sends twice or receives twice):
+    largest part first, each into the first round it fits. A row is the rest of the block: the other dims'
+    blocks (ceil rule), the spatial dims handled before it already widened to their windows (the rows from
+    the first window's first tap to the last window's last)."""
     block = [-(-n // k) for n, k in zip(x_shape, splits)]
     sizes = []
     for d, k, kernel, stride, dilation, pad_lo, n_out in windows:
@@ -181,13 +181,17 @@ def brute_halo_events(x_shape, splits, itemsize, windows):
                 key = (abs(q - p), q < p)
                 most[key] = max(most.get(key, 0), max(rows) + 1 - min(rows))  # one slab per source
                 pairs.setdefault(key, set()).add((q, p))
-        for dist in sorted({dist for dist, _ in most}):
-            both = [(dist, side) for side in (True, False) if (dist, side) in most]
-            union = set().union(*(pairs[key] for key in both))
-            if len(both) == 2 and len({q for q, _ in union}) == len({p for _, p in union}) == len(union):
-                sizes.append(max(most[key] for key in both) * row)  # one permutation carries both sides
+        rounds: list[list] = []  # [rows, senders, receivers]
+        for key in sorted(most, key=lambda key: -most[key]):
+            snd, rcv = {q for q, _ in pairs[key]}, {p for _, p in pairs[key]}
+            for r in rounds:
+                if not (r[1] & snd) and not (r[2] & rcv):
+                    r[1] |= snd
+                    r[2] |= rcv
+                    break
             else:
-                sizes += [most[key] * row for key in both]
+                rounds.append([most[key], set(snd), set(rcv)])
+        sizes += [r[0] * row for r in rounds]
         block[d] = (co - 1) * stride + (kernel - 1) * dilation + 1
     return sorted(sizes)
 
@@ -229,8 +233,8 @@ def halo_windows(splits, x_shape, kernel, stride, pads, dilation):
 @pytest.mark.parametrize("case", HALO_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-x{c[2]}k{c[3]}")
 def test_halo_bytes_equal_a_brute_force_count(case):
     """Conv, max pool and average pool on 2-D and multi-axis spatial shardings (multi-hop halos included):
-    only collective_permutes, one per distance and direction (or one per distance when both directions
-    form one permutation), of exactly the rows read and not held."""
+    only collective_permutes, of exactly the rows read and not held, in as few rounds as the permutation rule
+    allows (see brute_halo_events)."""
     mesh, spec, xs, kernel, stride, pads, dil = case
     x = R.standard_normal(xs)
     splits = splits_of(mesh, spec)

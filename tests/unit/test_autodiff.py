@@ -133,7 +133,8 @@ def test_derivatives_at_zero_match_jax():
     with np.errstate(divide="ignore", invalid="ignore"):
         for f, jf, v in cases:
             got = nb.grad(lambda t: f(t).sum())(nb.tensor(v)).numpy()
-            np.testing.assert_array_equal(got, np.asarray(jax.grad(lambda t: jf(t).sum())(v)))
+            # inf and nan where jax has them, and within an ulp elsewhere (pow is rounded differently by XLA)
+            np.testing.assert_allclose(got, np.asarray(jax.grad(lambda t: jf(t).sum())(v)), rtol=2e-16, atol=0)
 
 
 # ---- what the results hold on to, and the ways out of and into the trace ----------------------------------
