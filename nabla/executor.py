@@ -155,6 +155,8 @@ class Program(NamedTuple):
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
     """Apply ``op`` to ``args`` (Values or Python scalars); ``make(data, spec, shape, dtype, sid)`` wraps it.
     When an operand is traced, the result records a Node (op, params, operands, program)."""
+    if op.linear == "mul" and len(args) > 1:
+        _sum_repeated(op, args)
     used = [_settled(a) for a in args]
     out, prog = _run(op, used, params, make)
     if type(prog) is Program and prog.checks and prog.checks[-1] is _KEEPS and _overflowed(out._data, prog):
@@ -163,6 +165,16 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
         out._node = Node(op, params, tuple(args), prog, settled if any(settled) else ())
     return out
+
+
+def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
+    """A pending sum that is more than one factor of a product (``x * x``) is made first: the product is not
+    linear in it, and keeping one factor's summands would only defer a second sum of the result."""
+    partial = [a for a in args if isinstance(a, Value) and a._spec is not None and a._spec.partial_axes]
+    for a in {id(a): a for a in partial if sum(b is a for b in partial) > 1}.values():
+        target = ShardingSpec(a._spec.mesh, a._spec.dim_specs, a._spec.replicated_axes)
+        plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
+        _move(a, plan, target.layout(), op.name, None if a._data is None else backends.of(a._data))
 
 
 def _settled(a: Any) -> Any:

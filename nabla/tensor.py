@@ -256,11 +256,8 @@ class Tensor(Value):
             ops = _ops()
             from .collectives import user_op
             with user_op("power"):  # the comm log names what the user wrote
-                if o == 2:  # numpy's square is x * x of the value: a pending sum is made first, as for any power
-                    x = self
-                    if self._spec is not None and self._spec.partial_axes:
-                        x = self.with_sharding(self._spec.mesh, self._spec.dim_specs, self._spec.replicated_axes)
-                    return ops.multiply(x, x)
+                if o == 2:  # numpy's square is x * x (a pending sum is made first: it is two factors of it)
+                    return ops.multiply(self, self)
                 return ops.sqrt(self) if o == 0.5 else ops._call(ops._RECIPROCAL, (self,))
         if self._dtype.kind == "b" and type(o) is int and o == 2:  # numpy's square: int8
             ops = _ops()
