@@ -32,7 +32,7 @@ def main(devices: int, quick: bool) -> dict:
     def timed(fn):
         # block on every call: nabla is synchronous, and queued async collectives on 2 cores can starve
         # XLA's CPU rendezvous (it aborts after 40 s)
-        return measure(fn, quick, sync=jax.block_until_ready) * 1e6
+        return measure(lambda: jax.block_until_ready(fn()), quick) * 1e6
 
     eager: dict[str, float] = {}
     jit: dict[str, float] = {}
@@ -133,7 +133,8 @@ def training(jax, jnp, put, mesh, quick: bool) -> dict:
     fns = {"eager/forward": lambda: loss(p, xb, yb), "eager/forward_backward": lambda: vg(p, xb, yb),
            "eager/step": lambda: step(p, xb, yb), "jit/forward": lambda: jf(p, xb, yb),
            "jit/forward_backward": lambda: jvg(p, xb, yb), "jit/step": lambda: jstep(p, xb, yb)}
-    t = interleaved(fns, quick, rounds=2 if quick else 5, sync=jax.block_until_ready)
+    blocked = {k: (lambda f=f: jax.block_until_ready(f())) for k, f in fns.items()}  # each call waited for
+    t = interleaved(blocked, quick, rounds=2 if quick else 5)
     return {f"train_{mode}": {part: t[f"{mode}/{part}"] * 1e3 for part in ("forward", "forward_backward", "step")}
             for mode in ("eager", "jit")}
 

@@ -529,6 +529,9 @@ def _softmax_kernel(arrays, local):
     if x.size == 0:
         return xp.exp(x)
     ax = local.G + local.params[0]
+    if xp is np:  # what np.max and np.sum call, without their Python wrappers
+        e = np.exp(x - np.maximum.reduce(x, axis=ax, keepdims=True))
+        return e / np.add.reduce(e, axis=ax, keepdims=True)
     e = xp.exp(x - xp.max(x, axis=ax, keepdims=True))
     return e / xp.sum(e, axis=ax, keepdims=True)
 
@@ -549,19 +552,19 @@ _SOFTMAX.vjp = _softmax_vjp
 _ARGMAX.vjp = lambda g, node, out: (None,)  # an index: no gradient
 
 
-@_named
 def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     """Along ``axis``. When that dim is sharded it is not gathered: the row max and the row sum are
     reduced across devices instead (two all_reduces of one value per row)."""
-    if not _axes(axis, _ndim(x), "softmax"):  # a 0-d value (numpy reduces it over axis 0 or -1): exp(0) / exp(0)
-        e = exp(x - max(x))
-        return e / sum(e)
-    ax = _axes(axis, _ndim(x), "softmax")[0]
-    spec = x.sharding if isinstance(x, Tensor) else None
-    if spec is not None and spec.dim_specs[ax].axes and x.size:
-        e = exp(x - max(x, ax, keepdims=True))
-        return e / sum(e, ax, keepdims=True)
-    return _call(_SOFTMAX, (x,), (ax,))
+    axes = _axes(axis, _ndim(x), "softmax")
+    spec = x._spec if isinstance(x, Value) else None
+    if axes and not (spec is not None and spec.dim_specs[axes[0]].axes and x.size):
+        return _call(_SOFTMAX, (x,), (axes[0],))  # one kernel: the dim is whole on every device
+    with _user_op("softmax"):  # its steps' collectives are logged as softmax's
+        if not axes:  # a 0-d value (numpy reduces it over axis 0 or -1): exp(0) / exp(0)
+            e = exp(x - max(x))
+            return e / sum(e)
+        e = exp(x - max(x, axes[0], keepdims=True))
+        return e / sum(e, axes[0], keepdims=True)
 
 
 # ---- moving elements -------------------------------------------------------------------------------
@@ -772,10 +775,24 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
     return tuple(out)
 
 
+_KEYS: dict = {}  # (hashable form of an index, shape) -> its normalized form
+
+
 def getitem(x: ArrayLike, key: Any) -> Tensor:
     """Basic indexing. A sharded dim cut by a forward slice stays sharded: each device receives only the rows
     of its result block it lacks (none where they line up); a reversed dim is one collective_permute."""
-    return _call(_INDEX, (x,), (_normalize_key(key, _shape(x)),))
+    shape = _shape(x)
+    parts = key if type(key) is tuple else (key,)
+    try:
+        hk = (tuple((k.start, k.stop, k.step) if type(k) is slice else (type(k), k) for k in parts), shape)
+        norm = _KEYS.get(hk)
+    except TypeError:  # an unhashable index: refused by _normalize_key with its message
+        hk, norm = None, None
+    if norm is None:
+        norm = _normalize_key(key, shape)
+        if hk is not None and len(_KEYS) < 4096:
+            _KEYS[hk] = norm
+    return _call(_INDEX, (x,), (norm,))
 
 
 # ---- derivatives of the ops that move elements ----------------------------------------------------------
