@@ -89,6 +89,7 @@ class Local(NamedTuple):
     params: tuple
     windowed: bool = False
     aux: tuple = ()
+    fold: tuple[int, ...] = ()  # grid axes to reduce too (kept as 1s): the all_reduce after the op, done in it
 
 
 class OpDef:
@@ -102,18 +103,21 @@ class OpDef:
     ``fast``: a numpy function equal to the kernel on operands of the result's rank (an elementwise ufunc),
     called directly when nothing moves. ``aux(result_spec, cuts, shapes, params)``: per-layout constants the
     kernel needs (computed once per program). ``vjp(cotangent, node, out)``: the cotangents of the operands
-    (None where there is none), written with nabla ops. Ops hash by identity: each is defined once.
+    (None where there is none), written with nabla ops. ``folds``: the kernel honours ``Local.fold`` (a
+    max/min reduction also reduces over grid axes), so a following all_reduce of the same op runs inside it.
+    Ops hash by identity: each is defined once.
     """
 
-    __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp")
+    __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp",
+                 "folds")
 
     def __init__(self, name: str, rule: Callable[..., Rule], kernel: Callable[[list, Local], Any],
                  linear: str | None = None, linear_args: tuple[int, ...] | None = None, reduction: str = "sum",
                  dtype: Any = "sample", fast: Callable | None = None, aux: Callable | None = None,
-                 vjp: Callable | None = None) -> None:
+                 vjp: Callable | None = None, folds: bool = False) -> None:
         self.name, self.rule, self.kernel, self.linear = name, rule, kernel, linear
         self.linear_args, self.reduction, self.dtype, self.fast = linear_args, reduction, dtype, fast
-        self.aux, self.vjp = aux, vjp
+        self.aux, self.vjp, self.folds = aux, vjp, folds
 
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
@@ -147,9 +151,11 @@ class Program(NamedTuple):
     dtype: np.dtype
     result_sid: int  # the result's signature id
     padded: bool  # some block runs past its dim's end: what the padding computes is ignored, silently
-    fast: tuple | None  # nothing moves, op.fast applies: per operand, the shape to view it as (None: as is)
+    fast: tuple | None  # nothing moves, op.fast applies: per operand, the shape to view it as (None: as is), or
+    # a chain of views (an operand cut locally: each device's block is a view of what it holds)
     checks: tuple = ()  # (operand, "finite"|"nonzero"): a pending sum survives this product only if it holds
     final: tuple = ()  # the result's stored shape (its own grid, its block)
+    folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
 
 
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
@@ -207,7 +213,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple
             d = a._data
             if type(d) is not np.ndarray:
                 break
-            arrays.append(d if view is None else d.reshape(view))
+            arrays.append(d if view is None else d.reshape(view) if type(view[0]) is int else _view(d, view))
         else:
             out = op.fast(*arrays)
             if type(out) is not np.ndarray:
@@ -245,7 +251,10 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple
         if prog.out_grid != prog.final:
             out = out.reshape(prog.final)
     if prog.post is not None:
-        out = reshard.execute(out, prog.post, op.name, op.reduction)
+        if prog.folded:
+            reshard.execute(None, prog.post, op.name, op.reduction)
+        else:
+            out = reshard.execute(out, prog.post, op.name, op.reduction)
     if out is not None:
         out = be.commit(out, prog.result)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
@@ -335,14 +344,19 @@ def _view_chain(stored: tuple[int, ...], plan: reshard.Plan, gshape: tuple[int, 
     except (ValueError, TypeError, AttributeError, IndexError):
         return None
     chain: list = []
+    shape = stored
     for kind, arg in ops:
-        if kind == "transpose" and arg == tuple(range(len(arg))):
-            continue
-        if kind == "reshape" and chain and chain[-1][0] == "reshape":
-            chain.pop()  # two reshapes in a row are the last one
+        if kind == "transpose":
+            if arg == tuple(range(len(arg))):
+                continue
+            shape = tuple(shape[a] for a in arg)
+        elif arg == shape:
+            continue  # a reshape to the shape it has
+        else:
+            if chain and chain[-1][0] == "reshape":
+                chain.pop()  # two reshapes in a row are the last one
+            shape = arg
         chain.append((kind, arg))
-    if chain and chain[0] == ("reshape", stored):
-        chain.pop(0)
     return tuple(chain) if out.shape == gshape else None
 
 
@@ -480,10 +494,30 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     result_sid = _sig_id(("s", result_shape, dtype, result))
     aux = op.aux(kspec, cuts, shapes, params) if op.aux is not None else ()
     checks = _checks(op, sigs, keep_by, dtype) if keep else ()
-    prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape,
-                   Local(G, chunks(kspec, result_shape), params, True, aux), post, dtype, result_sid, padded, None,
-                   checks, grid(kspec).shape + chunks(kspec, result_shape))
+    local = Local(G, chunks(kspec, result_shape), params, True, aux)
+    final = grid(kspec).shape + chunks(kspec, result_shape)
+    fold = _fold(op, post, G, out_grid) if not padded else ()
+    if fold:  # the kernel does the all_reduce; the plan is still carried out for the log (on no data)
+        out_grid = final = post.segments[0].end_grid + out_grid[G:]
+        local = local._replace(fold=fold)
+    prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
+                   result_sid, padded, None, checks, final, bool(fold))
     return prog._replace(fast=_fast_views(op, prog, sigs))
+
+
+def _fold(op: OpDef, post: reshard.Plan | None, G: int, out_grid: tuple[int, ...]) -> tuple[int, ...]:
+    """The grid axes of a max/min whose post plan is one all_reduce of the kernel's own grid: the kernel can
+    reduce over them too, in the same call (what XLA fuses as well: a reduce feeding an all-reduce)."""
+    if not op.folds or post is None or len(post.segments) != 1:
+        return ()
+    seg = post.segments[0]
+    if len(seg.steps) != 1 or seg.steps[0].kind != "all_reduce" or seg.enter != (G, G) or \
+            seg.start_grid != out_grid[:G]:
+        return ()
+    atoms = seg.steps[0].atoms
+    if seg.end_grid != tuple(1 if i in atoms else n for i, n in enumerate(seg.start_grid)):
+        return ()
+    return tuple(sorted(atoms))
 
 
 def _result_dims(dec, shape: tuple[int, ...], dtype: np.dtype, mesh) -> tuple[tuple, tuple]:
@@ -505,7 +539,7 @@ def _padded(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:
 def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
     """When nothing moves, nothing is padded and no factor kind acts, ``op.fast`` runs on the stored blocks
     as they are (viewed on the common grid): per operand, the shape to view it as, None for as is, False
-    for a scalar. Otherwise None."""
+    for a scalar, or a chain of views when the operand is only cut locally. Otherwise None."""
     if op.fast is None or prog.padded or prog.post is not None or prog.kspec_grid + prog.local.out_chunk != \
             prog.out_grid:
         return None
@@ -515,11 +549,11 @@ def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
         if p.kind == "scalar" and not p.mask_axes:
             views.append(False)
             continue
-        if p.kind != "sharded" or p.plan.segments or p.mask_axes or p.local or \
-                len(p.grid_shape) != len(prog.out_grid):
+        if p.kind != "sharded" or p.mask_axes or p.local or len(p.grid_shape) != len(prog.out_grid) or \
+                p.plan.segments and not (p.direct and p.view):
             return None
         stored = grid(s[3]).shape + chunks(s[3], s[1])
-        views.append(None if stored == p.grid_shape else p.grid_shape)
+        views.append(p.view if p.plan.segments else None if stored == p.grid_shape else p.grid_shape)
         grids.append(p.grid_shape[:prog.G])
     if np.broadcast_shapes(*grids) != prog.out_grid[:prog.G]:
         return None

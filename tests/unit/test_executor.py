@@ -4,6 +4,7 @@ import pytest
 import nabla as nb
 from nabla import DeviceMesh, ShardingError
 from nabla import executor, propagation, reshard
+from nabla.testing import assert_matches_numpy
 
 MESH = DeviceMesh("m", (2, 2), ("x", "y"))
 
@@ -77,3 +78,57 @@ def test_a_partial_value_is_summed_once_for_many_uses():
     np.testing.assert_allclose(t.numpy(), np.tanh(ref), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(e.numpy(), np.exp(ref), rtol=1e-5, atol=1e-6)
 
+
+
+MESH24 = DeviceMesh("m24", (2, 4), ("dp", "tp"))
+
+
+def test_operands_cut_locally_run_the_ufunc_on_views():
+    """A[dp,-] + B[-,tp]: each device's blocks are views of what it holds (no copy, nothing logged), and the
+    cached program calls numpy's ufunc on them directly."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
+    a[3, 4], b[5, 6] = np.nan, -np.inf
+    A, B = nb.tensor(a).shard(MESH24, ["dp", None]), nb.tensor(b).shard(MESH24, [None, "tp"])
+    prog = executor._program(nb.ops._BINARY["add"], (executor.sid_of(A), executor.sid_of(B)), (), executor.current_strategy(),
+                             executor.current_cost_model())
+    assert prog.fast is not None and all(isinstance(v, tuple) and isinstance(v[0], tuple) for v in prog.fast)
+    with nb.comm_log() as log:
+        out = A + B
+    assert log.events == [] and out.sharding.dim_specs[0].axes == ("dp",)
+    assert_matches_numpy(out, a + b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint8, np.bool_, np.float64])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_a_max_over_sharded_dims_reduces_across_devices_in_its_kernel(op, dtype):
+    """The all_reduce after a max over a sharded dim is done by the kernel (one numpy call over the grid and
+    the block); the log still shows it, with its bytes, and values, blocks and dtype are numpy's."""
+    rng = np.random.default_rng(1)
+    g = (rng.standard_normal((48, 40)) * 60).astype(dtype)
+    if dtype in (np.float32, np.float64, np.float16):
+        g[7, 3], g[30, 9] = np.nan, np.inf
+    for spec, axis in [(["dp", "tp"], 0), (["dp", "tp"], None), ([("dp", "tp"), None], 0), (["tp", "dp"], 1),
+                       ([None, "tp"], 1), (["dp", None], (0, 1))]:
+        t = nb.tensor(g).shard(MESH24, spec)
+        for keepdims in (False, True):
+            with nb.comm_log() as log:
+                out = getattr(t, op)(axis, keepdims)
+            want = getattr(g, op)(axis, keepdims=keepdims)
+            assert_matches_numpy(out, want)
+            assert log.counts["all_reduce"] == 1 and all(e.op == op for e in log.events)
+            if len(log.events) == 1:  # ring all_reduce: 2 (k - 1) / k of the reduced block
+                e, block = log.events[0], out.to_local(0).nbytes
+                assert e.bytes == 2 * (e.group - 1) * block // e.group
+
+
+def test_the_fold_is_one_call_over_grid_and_block():
+    t = nb.tensor(np.arange(64 * 64, dtype=np.float32).reshape(64, 64)).shard(MESH24, ["dp", "tp"])
+    prog = executor._program(nb.ops._MAX, (executor.sid_of(t),), ((0,), False), executor.current_strategy(),
+                             executor.current_cost_model())
+    assert prog.folded and prog.local.fold == (0,)
+    uneven = nb.tensor(np.arange(63 * 64, dtype=np.float32).reshape(63, 64)).shard(MESH24, ["dp", "tp"])
+    prog = executor._program(nb.ops._MAX, (executor.sid_of(uneven),), ((0,), False), executor.current_strategy(),
+                             executor.current_cost_model())
+    assert not prog.folded  # padded blocks: the padding must not take part, the plain path handles it
+    assert_matches_numpy(uneven.max(0), np.arange(63 * 64, dtype=np.float32).reshape(63, 64).max(0))

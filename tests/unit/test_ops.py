@@ -258,3 +258,27 @@ def test_bad_op_arguments_raise_sharding_errors_naming_them():
             with pytest.raises(nb.ShardingError, match="axis"):
                 f(t, axis=axis)
     np.testing.assert_array_equal(t.sum(axis=np.int64(1)).numpy(), np.full(2, 3.0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8, np.int64, np.complex64])
+@pytest.mark.parametrize("shape, axis", [((2, 4, 32, 16), 2), ((8, 64, 3), 1), ((40, 7), 0), ((2, 17, 1, 5), 1),
+                                         ((3, 0, 20, 4), 2)])
+def test_reducing_a_middle_axis_through_a_leading_copy_is_numpy_bit_for_bit(dtype, shape, axis):
+    """The kernels move a short-run middle axis in front before reducing (3x faster on sharded blocks); the
+    rows are combined in the same order, so every value, NaN and inf included, is numpy's exactly."""
+    from nabla.ops import _reduce_leading
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * 100).astype(dtype)
+    if x.dtype.kind in "fc" and x.size:
+        x.flat[5] = np.nan
+        x.flat[-3] = np.inf
+    for ufunc in (np.add, np.maximum, np.minimum):
+        if dtype == np.complex64 and ufunc is not np.add:
+            continue
+        for keepdims in (False, True):
+            with np.errstate(all="ignore"):
+                got = _reduce_leading(ufunc, x, axis, keepdims, 64)
+                want = ufunc.reduce(x, axis=axis, keepdims=keepdims)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got.real),
+                                                                                  np.signbit(want.real))
