@@ -149,7 +149,13 @@ def dispatch(res: dict) -> Table | None:
         "overhead = nabla − numpy is what nabla adds (propagation lookup, the vectorised kernel over the device "
         "grid, any simulated collective), and the targets apply to it: ≤ 5 µs for an elementwise op "
         "on sharded operands, ≤ 10 µs for any op."],
-        ["op", "nabla call", "nabla sends", "nabla", "numpy", "overhead", "target", "met"], rows, [])
+        ["op", "nabla call", "nabla sends", "nabla", "numpy", "overhead", "target", "met"], rows,
+        [f"{r['op']}: numpy's own call on the blocks as each device holds them (strided views, into contiguous "
+         f"result blocks), without nabla, takes {us(r['numpy_same_blocks_us'])} against "
+         f"{us(r['numpy_us'])} on the contiguous global arrays, so "
+         f"{r['numpy_same_blocks_us'] - r['numpy_us']:.1f} µs of its overhead is the blocks' layout and "
+         f"{r['nabla_us'] - r['numpy_same_blocks_us']:.1f} µs is nabla's dispatch."
+         for r in d["rows"] if "numpy_same_blocks_us" in r])
 
 
 def cases(res: dict) -> Table | None:

@@ -115,8 +115,28 @@ def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Shardin
     if not steps and grid(src).shape == grid(dst).shape:
         return Plan(())
     # (no steps but other grids: one placement spelled two ways, e.g. a size-1 axis between sub-axes)
-    return Plan((Segment(cuts, atoms, s0, tuple(steps), (len(grid(src).shape), len(atoms)),
-                         _grid_shape(atoms, s0), grid(dst).shape),))
+    direct = Plan((Segment(cuts, atoms, s0, tuple(steps), (len(grid(src).shape), len(atoms)),
+                           _grid_shape(atoms, s0), grid(dst).shape),))
+    # The search proposes cuts the target has; a route through other cuts can be cheaper (reduce over y on
+    # a third of the value cut over x, then gather over x: 13 B where one all_reduce costs 16 on a 3x3 mesh).
+    # Making the whole value (summed as the target is) and cutting it locally is that route's end: take it
+    # when it is cheaper, so no plan costs more than it.
+    whole = ShardingSpec(src.mesh, [()] * len(shape), partial_axes=dst.partial_axes).layout()
+    if whole in (src, dst) or not direct.collectives:
+        return direct
+    via = Plan(_plan(shape, itemsize, src, whole, model).segments + _plan(shape, itemsize, whole, dst, model).segments)
+    return via if _price(via, model) < _price(direct, model) else direct
+
+
+def _price(p: Plan, model: CostModel) -> tuple:
+    """What the search ranks plans by: transfer time, latency, collectives."""
+    tr = lat = n = 0
+    for step in p.collectives:
+        for b, axes, k in (step.rounds or ((step.bytes, step.axes, None),)):
+            ring = 1 if step.rounds else C.REGISTRY[step.kind].ring_steps(step.group)
+            t, l = model.split(ring, b, axes)
+            tr, lat, n = tr + t, lat + l, n + 1
+    return tr, lat, n
 
 
 def _state(spec: ShardingSpec, cuts) -> tuple[State, tuple[AxisRef, ...]]:

@@ -115,6 +115,15 @@ def _st():
     return st
 
 
+def examples(ci: int, thorough_share: int = 3) -> int:
+    """How many examples a slow property runs: ``ci`` under a short profile (at most 100 examples), else a
+    ``1/thorough_share`` of the loaded profile's count (10,000 under ``thorough``: 3,333). A plain
+    ``@settings(max_examples=n)`` would pin ``n`` under every profile, long runs included."""
+    from hypothesis import settings
+    n = settings().max_examples
+    return ci if n <= 100 else max(ci, n // thorough_share)
+
+
 def meshes(max_axes: int = 3, max_devices: int = 16, custom_order: bool = True):
     """Meshes of 1 to ``max_axes`` axes named x, y, z (sizes 1-4), sometimes with a shuffled device order."""
     st = _st()

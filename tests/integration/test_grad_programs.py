@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 
 import nabla as nb
-from nabla.testing import programs
+from nabla.testing import examples, programs
 
 
 def _with_inputs(prog, *xs):
@@ -19,7 +19,7 @@ def _with_inputs(prog, *xs):
         prog.inputs[:] = saved
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(programs(max_ops=5))
 def test_gradients_of_random_programs_equal_the_unsharded_gradients(prog):
     out = prog.run(np)

@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 
 import nabla as nb  # noqa: E402
 from nabla import DeviceMesh, ShardingError, optim  # noqa: E402
-from nabla.testing import assert_sharded_allclose, programs  # noqa: E402
+from nabla.testing import assert_sharded_allclose, examples, programs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jit_check import assert_hlo_is_the_log  # noqa: E402
@@ -283,7 +283,7 @@ def _jit_program(prog):
     return fn
 
 
-@settings(max_examples=25, derandomize=True, deadline=None, database=None,
+@settings(max_examples=examples(25), derandomize=True, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(programs(max_ops=5))
 def test_random_programs_under_jit_equal_numpy_with_eager_specs_and_hlo_equal_to_the_log(prog):

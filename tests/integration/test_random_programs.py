@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 
 import nabla as nb
-from nabla.testing import assert_sharded_allclose, programs
+from nabla.testing import assert_sharded_allclose, examples, programs
 
 
 @given(programs(max_ops=6))
@@ -15,7 +15,7 @@ def test_random_programs_equal_numpy(prog):
     assert_sharded_allclose(got, np.asarray(want, dtype=got.dtype), rtol=1e-4, atol=1e-4)
 
 
-@settings(max_examples=15 if settings().max_examples <= 100 else settings().max_examples // 3)  # thorough: 3,333
+@settings(max_examples=examples(15))  # thorough: 3,333
 @given(programs(max_ops=4))
 def test_abstract_programs_log_the_same_collectives(prog):
     """The same chain on nb.abstract inputs plans exactly the communication of the real run."""

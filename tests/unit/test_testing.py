@@ -49,3 +49,19 @@ def test_sharded_arrays_strategy(pair):
 def test_programs_strategy_runs_on_both(prog):
     assert isinstance(prog.run(nb), nb.Tensor)
     assert 1 <= len(prog.steps) <= 3
+
+
+def test_slow_properties_scale_with_the_loaded_profile():
+    """A slow property keeps its short count under CI and takes a third of a long profile's (thorough: 3,333),
+    where a fixed ``@settings(max_examples=n)`` would pin it under every profile."""
+    from hypothesis import settings
+    from nabla.testing import examples
+    current = settings._current_profile
+    assert settings().max_examples <= 100 and examples(25) == 25
+    settings.register_profile("long-for-this-test", max_examples=10_000)
+    settings.load_profile("long-for-this-test")
+    try:
+        assert examples(25) == 3_333 and examples(60, 1) == 10_000 and examples(5_000) == 5_000
+    finally:
+        settings.load_profile(current)
+    assert settings().max_examples <= 100

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nabla import windows as W
+from nabla.testing import examples
 
 jax = pytest.importorskip("jax")
 from jax import lax  # noqa: E402
@@ -132,7 +133,7 @@ def test_conv_broadcasts_grids_and_keeps_float32():
 
 @given(st.integers(0, 30), st.integers(1, 5), st.integers(1, 4), st.integers(1, 3), st.integers(0, 4),
        st.integers(0, 4))
-@settings(max_examples=60)
+@settings(max_examples=examples(60, 1))
 def test_out_size_counts_fitting_windows(n, kernel, stride, dilation, lo, hi):
     span = (kernel - 1) * dilation + 1
     fits = [s for s in range(-lo, n + hi, stride) if s + span <= n + hi]
@@ -140,7 +141,7 @@ def test_out_size_counts_fitting_windows(n, kernel, stride, dilation, lo, hi):
 
 
 @given(st.integers(1, 20), st.integers(1, 5), st.integers(1, 4), st.integers(1, 3), st.integers(0, 4))
-@settings(max_examples=60)
+@settings(max_examples=examples(60, 1))
 def test_tap_counts_brute_force(n, kernel, stride, dilation, pad_lo):
     idx = np.arange(12)
     want = [sum(0 <= i * stride - pad_lo + j * dilation < n for j in range(kernel)) for i in idx]
@@ -182,7 +183,7 @@ def _dims(draw, max_n=24, max_k=6):
 
 
 @given(_dims())
-@settings(max_examples=80)
+@settings(max_examples=examples(80, 1))
 def test_halo_receives_only_what_the_windows_read(dims):
     n_in, n_out, k, kernel, stride, dilation, lo, _ = dims
     h = W.halo(n_in, n_out, k, kernel, stride, dilation, lo)
@@ -292,7 +293,7 @@ def _simulate(x, w, op, dims, kernel, stride, dilation, pads, groups=1, include_
 
 @given(_dims(), st.sampled_from(["conv", "max", "avg", "avg_exclude"]), st.integers(1, 3), st.booleans(),
        st.booleans(), st.integers(0, 2**32 - 1))
-@settings(max_examples=80)
+@settings(max_examples=examples(80, 1))
 def test_sharded_1d_matches_global(dims, op, minor, swap, grouped, seed):
     n_in, _, k, kernel, stride, dilation, lo, hi = dims
     # the dim's k shards on two grid axes (major, minor) with a replicated axis between them
@@ -307,7 +308,7 @@ def test_sharded_1d_matches_global(dims, op, minor, swap, grouped, seed):
 
 @given(_dims(max_n=12, max_k=3), _dims(max_n=12, max_k=4), st.sampled_from(["conv", "max", "avg_exclude"]),
        st.integers(0, 2**32 - 1))
-@settings(max_examples=40)
+@settings(max_examples=examples(40, 1))
 def test_sharded_2d_matches_global(dh, dw, op, seed):
     # H on grid axis 1, W on grid axes (2, 0): corners come through the two one-dim exchanges
     rng = np.random.default_rng(seed)
