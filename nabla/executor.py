@@ -215,7 +215,11 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple
                 break
             arrays.append(d if view is None else d.reshape(view) if type(view[0]) is int else _view(d, view))
         else:
-            out = op.fast(*arrays)
+            if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
+                with np.errstate(all="ignore"):
+                    out = op.fast(*arrays)
+            else:
+                out = op.fast(*arrays)
             if type(out) is not np.ndarray:
                 out = np.asarray(out)
             if out.dtype != prog.dtype:
@@ -237,8 +241,10 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple
     if be is None:
         out = None
     else:
-        if prog.padded:
-            with np.errstate(all="ignore"):  # padding past a dim's end may hold anything
+        if prog.padded or prog.checks:
+            # padding past a dim's end may hold anything; summands of a kept pending sum may overflow where
+            # their sum does not (run() redoes the op strictly when a summand is not finite: numpy's warnings)
+            with np.errstate(all="ignore"):
                 out = op.kernel(arrays, prog.local)
         else:
             out = op.kernel(arrays, prog.local)
@@ -429,8 +435,11 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
         (i, a), (j, b) = ms[0], next((k, m) for k, m in ms if m != ms[0][1])
         same = (f" (two different meshes share the name {a.name!r}: a mesh is its name, axes and devices)"
                 if a.name == b.name else "")
+        how = ("move one with t.with_sharding(other_mesh, dims) (the meshes hold the same devices: a logged "
+               "relabel)" if sorted(a.devices) == sorted(b.devices) else
+               "the meshes hold different devices: copy one through the host, nb.tensor(t.numpy()).shard(...)")
         raise ShardingError(f"{op.name}: operand {i} is on mesh {a!r} but operand {j} is on mesh {b!r}{same}; "
-                            f"move one with nb.tensor(t.numpy()).shard(...)")
+                            f"{how}")
     mesh = meshes.pop()
     rule = op.rule(shapes, *params)
     dtype = _dtype(op, sigs, params)

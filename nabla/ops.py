@@ -15,7 +15,7 @@ import numpy as np
 from . import rules as R
 from .backends import xp as _xp
 from .collectives import user_op as _user_op
-from .errors import ShardingError
+from .errors import ShardingError, ShardingIndexError
 from .executor import SCALARS, Local, OpDef, Value, run
 from . import windows as _windows
 from .layout import global_rows, grid
@@ -788,7 +788,7 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
         key = (key,)
     n_real = len([k for k in key if k is not None and k is not Ellipsis and not isinstance(k, (bool, np.bool_))])
     if n_real > len(shape):
-        raise ShardingError(f"getitem: {n_real} indices for a tensor of rank {len(shape)}")
+        raise ShardingIndexError(f"getitem: {n_real} indices for a tensor of rank {len(shape)}")
     if builtins.sum(k is Ellipsis for k in key) > 1:
         raise ShardingError("getitem: an index can only have a single ellipsis")
     out: list[tuple] = []
@@ -813,7 +813,7 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
             d += 1
         elif isinstance(k, (int, np.integer)):
             if not -shape[d] <= k < shape[d]:
-                raise ShardingError(f"getitem: index {k} is out of bounds for dim {d} of size {shape[d]}")
+                raise ShardingIndexError(f"getitem: index {k} is out of bounds for dim {d} of size {shape[d]}")
             out.append(("int", int(k) % shape[d]))
             d += 1
         else:

@@ -40,11 +40,26 @@ def _like(x, p):
         p.mesh, p.sharding.dim_specs, p.sharding.replicated_axes)
 
 
-def _check(grads, params, what):
+def _outline(tree: Any) -> str:
+    """A pytree's structure in a line: dict keys, list and tuple lengths, leaves as their shapes."""
+    if isinstance(tree, dict):
+        return "{" + ", ".join(f"{k!r}: {_outline(v)}" for k, v in tree.items()) + "}"
+    if isinstance(tree, (list, tuple)):
+        inner = ", ".join(_outline(v) for v in tree)
+        return f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
+    return "None" if tree is None else f"<{'x'.join(map(str, getattr(tree, 'shape', ()))) or 'scalar'}>"
+
+
+def _check(grads, params, what, state=None, kind=None):
+    if state is not None and not isinstance(state, kind):
+        raise ShardingError(f"{what}: the state is of type {type(state).__name__}, not the {kind.__name__} that "
+                            f"{what.split('.')[0]}.init(params) returns (a state from another optimizer?)")
     gl, gt = flatten(grads)
     pl, pt = flatten(params)
     if gt != pt:
-        raise ShardingError(f"{what}: grads and params have different structures")
+        g, p = _outline(grads), _outline(params)
+        raise ShardingError(f"{what}: grads and params have different structures: grads {g[:300]}, "
+                            f"params {p[:300]}")
     for g, p in zip(gl, pl):
         if g.shape != p.shape:
             raise ShardingError(f"{what}: a gradient of shape {g.shape} for a parameter of shape {p.shape}")
@@ -68,7 +83,7 @@ class SGD:
         return SGDState(unflatten(tree, [_zeros_like(p) for p in leaves]))
 
     def update(self, grads: Any, state: SGDState, params: Any) -> tuple[Any, SGDState]:
-        gl, pl, tree = _check(grads, params, "SGD.update")
+        gl, pl, tree = _check(grads, params, "SGD.update", state, SGDState)
         if self.momentum:
             vl, _ = flatten(state.momentum)
             vl = [_like(v * self.momentum + g, v) for v, g in zip(vl, gl)]
@@ -97,7 +112,7 @@ class Adam:
 
     def update(self, grads: Any, state: AdamState, params: Any) -> tuple[Any, AdamState]:
         from .ops import sqrt
-        gl, pl, tree = _check(grads, params, "Adam.update")
+        gl, pl, tree = _check(grads, params, "Adam.update", state, AdamState)
         ml, _ = flatten(state.mu)
         vl, _ = flatten(state.nu)
         t = state.count + 1

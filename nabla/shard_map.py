@@ -82,7 +82,10 @@ def _spec(mesh: DeviceMesh, s: Any, rank: int, what: str) -> ShardingSpec:
     if len(dims) > rank:
         raise ShardingError(f"shard_map: {what} {dims} has more entries than the value's {rank} dims")
     dims += [None] * (rank - len(dims))  # a short spec is padded with None, as in JAX
-    return ShardingSpec(mesh, [d if not hasattr(d, "axes") else tuple(d.axes) for d in dims])
+    try:
+        return ShardingSpec(mesh, [d if not hasattr(d, "axes") else tuple(d.axes) for d in dims])
+    except ShardingError as e:
+        raise ShardingError(f"shard_map: {what} {dims}: {e}") from None
 
 
 def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs: Any) -> Callable:

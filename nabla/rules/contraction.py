@@ -17,7 +17,11 @@ def matmul_rule(a: tuple[int, ...], b: tuple[int, ...]) -> Rule:
     if a[-1] != b[-2]:
         raise ShardingError(f"matmul: contracted dims differ: operand 0 dim {len(a) - 1} has size {a[-1]}, "
                             f"operand 1 dim {len(b) - 2} has size {b[-2]}")
-    batch = broadcast_shapes((a[:-2], b[:-2]), "matmul")
+    try:
+        batch = broadcast_shapes((a[:-2], b[:-2]), "matmul")
+    except ShardingError as e:
+        raise ShardingError(f"matmul of shapes {a} and {b}: the batch dims (all but the last two) "
+                            f"{a[:-2]} and {b[:-2]} do not broadcast ({str(e).split(': ')[-1]})") from None
     nb = len(batch)
     m, k, n = nb, nb + 1, nb + 2
 

@@ -132,3 +132,23 @@ def test_the_fold_is_one_call_over_grid_and_block():
                              executor.current_cost_model())
     assert not prog.folded  # padded blocks: the padding must not take part, the plain path handles it
     assert_matches_numpy(uneven.max(0), np.arange(63 * 64, dtype=np.float32).reshape(63, 64).max(0))
+
+
+def test_summands_that_overflow_where_their_sum_does_not_warn_nothing():
+    """A pending sum of 3e38 and -3e38 is 0: numpy on the value warns nothing, so neither does nabla (whose
+    summands overflow when the op is applied to them; the result is redone from the sum). A value that does
+    overflow still raises under np.errstate(over="raise"), as numpy does."""
+    ring = DeviceMesh("ring4", (4,), ("k",))
+    z = nb.from_local([np.array([3e38], np.float32), np.array([-3e38], np.float32)] +
+                      [np.zeros(1, np.float32)] * 2, ring, [None], partial_axes=["k"])
+    w = nb.from_local([np.full((1, 1), s, np.float32) for s in (3e38, -3e38, 0, 0)], ring, [None, None],
+                      partial_axes=["k"])
+    with np.errstate(all="raise"):
+        for got in (z * 2, z / 0.5, z + z, z.sum(), w @ nb.tensor(np.full((1, 1), 4, np.float32))):
+            assert_matches_numpy(got, np.zeros(got.shape, np.float32))
+        big = nb.from_local([np.array([3e38], np.float32)] + [np.zeros(1, np.float32)] * 3, ring, [None],
+                            partial_axes=["k"])
+        with pytest.raises(FloatingPointError):
+            np.float32(3e38) * np.float32(2)
+        with pytest.raises(FloatingPointError):
+            big * 2

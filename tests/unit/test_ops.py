@@ -282,3 +282,16 @@ def test_reducing_a_middle_axis_through_a_leading_copy_is_numpy_bit_for_bit(dtyp
             assert got.dtype == want.dtype and got.shape == want.shape
             assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got.real),
                                                                                   np.signbit(want.real))
+
+
+def test_an_index_out_of_range_is_an_index_error_too():
+    """numpy raises IndexError there; code written for numpy that catches it catches nabla's too (a
+    ShardingError still, naming op, dim and size)."""
+    t = nb.ones((5, 2)).shard(nb.DeviceMesh("m2", (2,), ("x",)), ["x", None])
+    for bad in (lambda a: a[7], lambda a: a[0, 0, 0], lambda a: a[:, -3]):
+        with pytest.raises(IndexError) as numpy_error:
+            bad(np.ones((5, 2)))
+        with pytest.raises(IndexError) as ours:
+            bad(t)
+        assert isinstance(ours.value, nb.ShardingError) and type(numpy_error.value) is IndexError
+    assert "dim 1 of size 2" in str(pytest.raises(IndexError, lambda: t[:, -3]).value)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nabla as nb
-from nabla import DeviceMesh, optim
+from nabla import DeviceMesh, ShardingError, optim
 from nabla.testing import assert_sharded_allclose
 
 optax = pytest.importorskip("optax")
@@ -47,3 +47,13 @@ def test_mismatched_structures_are_refused():
     _, t = _params()
     with pytest.raises(nb.ShardingError, match="structures"):
         optim.SGD(0.1).update({"w": t["w"]}, optim.SGD(0.1).init(t), t)
+
+
+def test_a_state_or_tree_that_does_not_fit_says_what_differs():
+    p = {"a": nb.ones((2,))}
+    with pytest.raises(ShardingError, match=r"Adam.update: the state is of type SGDState, not the AdamState"):
+        optim.Adam(0.1).update(p, optim.SGD(0.1).init(p), p)
+    with pytest.raises(ShardingError, match=r"SGD.update: the state is of type AdamState"):
+        optim.SGD(0.1, momentum=0.9).update(p, optim.Adam(0.1).init(p), p)
+    with pytest.raises(ShardingError, match=r"grads \{'a': <2>\}, params \{'b': <2>\}"):
+        optim.Adam(0.1).update(p, optim.Adam(0.1).init({"b": nb.ones((2,))}), {"b": nb.ones((2,))})

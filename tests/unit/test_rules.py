@@ -1,5 +1,6 @@
 import pytest
 
+import nabla as nb
 from nabla import ShardingError
 from nabla import rules as R
 from nabla.rules.core import PASS, REDUCE, REPLICATE
@@ -86,3 +87,9 @@ def test_reversing_a_dim_is_a_permutation_factor():
     from nabla.rules.core import PERMUTE
     r = R.index_rule((8, 4), (("reverse",), ("full",)))
     assert r.kinds[r.operands[0][0][0]] == PERMUTE and r.result == r.operands[0]
+
+
+def test_matmul_batch_dims_that_do_not_broadcast_show_both_shapes():
+    with pytest.raises(ShardingError, match=r"matmul of shapes \(2, 3, 4\) and \(3, 4, 5\): the batch dims .* "
+                                            r"\(2,\) and \(3,\) do not broadcast"):
+        nb.ones((2, 3, 4)) @ nb.ones((3, 4, 5))

@@ -213,3 +213,12 @@ def test_pmax_has_no_gradient_as_in_jax():
     prog = nb.shard_map(lambda x: nb.lax.pmax(x, "tp"), M, [["dp", "tp"]], ["dp", None])
     with pytest.raises(ShardingError, match="pmax"):
         nb.grad(lambda x: prog(x).sum())(nb.tensor(X))
+
+
+def test_a_bad_spec_names_which_spec_of_shard_map():
+    m = nb.DeviceMesh("m_sm", (2, 4), ("dp", "tp"))
+    x = nb.ones((8, 8)).shard(m, ["dp", None])
+    with pytest.raises(ShardingError, match=r"shard_map: out_specs\[0\] \['dp', 'dp'\]: .*'dp' .* used twice"):
+        nb.shard_map(lambda b: b, m, in_specs=[["dp", None]], out_specs=["dp", "dp"])(x)
+    with pytest.raises(ShardingError, match=r"shard_map: in_specs\[0\]"):
+        nb.shard_map(lambda b: b, m, in_specs=[["dp", "dp"]], out_specs=["dp", None])(x)
