@@ -163,7 +163,6 @@ def test_import_nabla_does_not_import_jax():
 
 # ---- sizes, rank and argument order ------------------------------------------------------------------
 
-import time  # noqa: E402
 import tracemalloc  # noqa: E402
 import warnings  # noqa: E402
 
@@ -192,17 +191,16 @@ _HUGE_TEXTS = [
 
 @pytest.mark.parametrize("text", _HUGE_TEXTS, ids=lambda t: t[:40])
 def test_huge_sizes_are_refused_before_anything_is_built(text):
-    """Regression: <=[10**15] raised MemoryError and <=[50000000] took seconds and gigabytes."""
+    """Regression: <=[10**15] raised MemoryError and <=[50000000] took seconds and gigabytes. What was built
+    is measured in bytes (peak allocation), not with a clock."""
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         with pytest.raises(ShardingError) as e:
             ShardingSpec.from_mhlo(MESH2, text)
-        elapsed = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert elapsed < 1.0 and peak < 20 * len(text) + 4_000_000, (elapsed, peak)
+    assert peak < 20 * len(text) + 4_000_000, peak
     assert any(w in str(e.value) for w in ("hold", "out of range", "listed", "more than")), str(e.value)
 
 
@@ -370,13 +368,10 @@ def near_mhlo(draw):
 
 
 def _check_parsed(mesh, text, rank):
-    t0 = time.perf_counter()
     try:
         spec = ShardingSpec.from_mhlo(mesh, text, rank)
     except ShardingError:
-        assert time.perf_counter() - t0 < 1.0
         return
-    assert time.perf_counter() - t0 < 1.0
     assert isinstance(spec, ShardingSpec) and spec.mesh == mesh and not spec.partial_axes
     assert rank is None or (rank >= 0 and spec.rank == rank)
     again = ShardingSpec.from_mhlo(mesh, spec.to_mhlo(), spec.rank)

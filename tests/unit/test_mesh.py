@@ -125,14 +125,12 @@ def test_devices_may_be_an_array_of_the_mesh_shape():
         DeviceMesh("m", (2, 2), ("x", "y"), devices=grid.reshape(4, 1))
 
 
-def test_largest_mesh_builds_fast_and_duplicates_are_found_fast():
-    import time
-    t0 = time.perf_counter()
+def test_largest_mesh_builds_and_duplicates_are_found():
+    """(How fast this is belongs to benchmarks/; here: the largest mesh is accepted, a repeat refused.)"""
     m = DeviceMesh("big", (256, MAX_DEVICES // 256), ("x", "y"))
     assert m.coords(MAX_DEVICES - 1) == (255, MAX_DEVICES // 256 - 1)
     with pytest.raises(ShardingError, match=r"repeated: \[0\]"):
         DeviceMesh("big", (MAX_DEVICES,), ("x",), devices=[0] * 2 + list(range(2, MAX_DEVICES + 1))[:MAX_DEVICES - 2])
-    assert time.perf_counter() - t0 < 3
 
 
 def test_size_one_sub_axes_are_refused_and_overlap_is_symmetric():
