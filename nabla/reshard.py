@@ -128,15 +128,18 @@ def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Shardin
     return via if _price(via, model) < _price(direct, model) else direct
 
 
+def _step_price(step: Step, model: CostModel) -> tuple[int, int, int]:
+    """What the search ranks moves by: transfer time, latency, collectives (an exchange: one per round)."""
+    if step.rounds:
+        parts = [model.split(1, b, axes) for b, axes, _ in step.rounds]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts), len(step.rounds)
+    return model.split(C.REGISTRY[step.kind].ring_steps(step.group), step.bytes, step.axes) + (1,)
+
+
 def _price(p: Plan, model: CostModel) -> tuple:
-    """What the search ranks plans by: transfer time, latency, collectives."""
-    tr = lat = n = 0
-    for step in p.collectives:
-        for b, axes, k in (step.rounds or ((step.bytes, step.axes, None),)):
-            ring = 1 if step.rounds else C.REGISTRY[step.kind].ring_steps(step.group)
-            t, l = model.split(ring, b, axes)
-            tr, lat, n = tr + t, lat + l, n + 1
-    return tr, lat, n
+    """A whole plan, priced as the search prices its moves."""
+    prices = [_step_price(step, model) for step in p.collectives]
+    return tuple(sum(x[i] for x in prices) for i in range(3))
 
 
 def _state(spec: ShardingSpec, cuts) -> tuple[State, tuple[AxisRef, ...]]:
@@ -180,12 +183,11 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
 
     def cost_of(step: Step) -> tuple[int, int, int]:
         if step.rounds:
-            parts = [model.split(1, b, axes) for b, axes, _ in step.rounds]
-            return sum(p[0] for p in parts), sum(p[1] for p in parts), len(step.rounds)
+            return _step_price(step, model)
         key = (step.kind, step.group, step.bytes, step.axes)
         got = costs.get(key)
         if got is None:
-            got = costs[key] = model.split(C.REGISTRY[step.kind].ring_steps(step.group), step.bytes, step.axes) + (1,)
+            got = costs[key] = _step_price(step, model)
         return got
 
     tie = count()
