@@ -14,6 +14,7 @@ import numpy as np
 from . import collectives as C
 from .errors import ShardingError
 from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
+from .step import serial
 from .tensor import Tensor
 from .trace import (LEAF, PLACE, RELAYOUT, Node, differentiating, outer_live, paused, recording,
                     topological, tracing_whole)
@@ -83,18 +84,17 @@ def _leaf(t: Tensor, what: str) -> Tensor:
                             f"gradients need float or complex inputs (cast with .astype('float32'))")
     leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
     # a leaf made from a traced value remembers it (a whole-program trace computes it from there)
-    leaf._node = GRAD_LEAF if t._node is None else Node(LEAF, GRAD_LEAF.params, (t,))
+    leaf._node = GRAD_LEAF if t._node is None else Node(LEAF, GRAD_LEAF.params, (t,), diff=True)
+    leaf._serial = serial(t)  # the same value: steps that read the leaf read ``t``
     return leaf
 
 
-GRAD_LEAF = Node(LEAF, ("autodiff",))  # a value being differentiated (not a twin nb.explain or ONNX export traces)
+GRAD_LEAF = Node(LEAF, ("autodiff",), diff=True)  # a value being differentiated (not a twin nb.explain or ONNX export traces)
 
 
 def differentiated(t: Tensor) -> bool:
     """Whether ``t`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
-    if t._node is None or not recording():
-        return False
-    return any(v._node.op == LEAF and v._node.params == GRAD_LEAF.params for v in topological([t]))
+    return t._node is not None and t._node.diff and recording()
 
 
 def _from_local_vjp(g, node, out):
@@ -122,7 +122,9 @@ def record_from_local(out: Tensor, blocks: dict, spec: Any, holders: set) -> Non
 def _detach(t: Any) -> Any:
     """The value without its record (a whole-program trace, nb.jit's, keeps it: the value is computed there)."""
     if isinstance(t, Tensor) and t._node is not None and not tracing_whole():
-        return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
+        out = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
+        out._serial = serial(t)
+        return out
     return t
 
 

@@ -285,10 +285,14 @@ def event(kind: str, axes: tuple[str, ...], block_bytes: int, group: int) -> Com
 
 
 class CommLog:
-    """Every simulated collective run while the log is active (``with nb.comm_log() as log:``)."""
+    """Every simulated collective run while the log is active (``with nb.comm_log() as log:``): ``steps``, the
+    recorded ops (``nabla.step.Step``: operands, layouts, moves, FLOPs), and ``events``, their moves in order.
+    ``keep_values``: also keep the values the steps read and make, by serial (for tools that replay them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_values: bool = False) -> None:
         self.events: list[CommEvent] = []
+        self.steps: list = []
+        self.values: dict[int, Any] | None = {} if keep_values else None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -341,6 +345,7 @@ class CommLog:
 
     def clear(self) -> None:
         self.events.clear()
+        self.steps.clear()
 
 
 _logs: contextvars.ContextVar[tuple[CommLog, ...]] = contextvars.ContextVar("nabla_comm_logs", default=())
@@ -349,9 +354,9 @@ _op: contextvars.ContextVar[str] = contextvars.ContextVar("nabla_user_op", defau
 
 
 @contextlib.contextmanager
-def comm_log() -> Iterator[CommLog]:
-    """Record the collectives run inside the block; logs nest (an outer log sees inner events too)."""
-    log = CommLog()
+def comm_log(keep_values: bool = False) -> Iterator[CommLog]:
+    """Record the ops and collectives run inside the block; logs nest (an outer log sees inner steps too)."""
+    log = CommLog(keep_values)
     token = _logs.set(_logs.get() + (log,))
     try:
         yield log
@@ -387,11 +392,41 @@ def logging() -> bool:
     return bool(_logs.get())
 
 
-def record(e: CommEvent, op: str = "") -> None:
+def current_op() -> str:
+    """The public op the running code belongs to ("" outside any)."""
+    return _op.get()
+
+
+def current_phase() -> str:
+    return _phase.get()
+
+
+def step_user(user: str) -> str:
+    """The name a recorded step gives the public op it ran for: in a backward pass, ``gradient of <op>``
+    (the sums of a gradient keep their own name, ``grad of p['w']``)."""
+    if user and _phase.get() == "backward" and not user.startswith("grad of"):
+        return f"gradient of {user}"
+    return user
+
+
+def stamped(e: CommEvent, op: str) -> CommEvent:
+    """``e`` named after the public op and phase it runs in, with its estimated seconds."""
+    seconds = current_cost_model().time(REGISTRY[e.kind].ring_steps(e.group), e.bytes, e.axes)
+    return e._replace(op=op, phase=_phase.get(), seconds=seconds)
+
+
+def publish(step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
+    """Hand a recorded step to every open log: the one place moves enter a comm log. ``values``: (serial,
+    value) pairs a log that keeps values takes."""
     logs = _logs.get()
     if not logs:
         return
-    seconds = current_cost_model().time(REGISTRY[e.kind].ring_steps(e.group), e.bytes, e.axes)
-    e = e._replace(op=_op.get() or op or e.op, phase=_phase.get(), seconds=seconds)
+    events = step.events
     for log in logs:
-        log.events.append(e)
+        log.steps.append(step)
+        if events:
+            log.events.extend(events)
+        if log.values is not None:
+            for s, v in values:
+                if s:
+                    log.values.setdefault(s, v)

@@ -298,17 +298,6 @@ class _Step(NamedTuple):
     events: list  # (CommEvent, seconds)
 
 
-def _twin(t: Any) -> Any:
-    """A traced twin of ``t``: the same blocks, recording every op that uses it (``autodiff._leaf`` without the
-    float check: explain follows integer values too)."""
-    from .tensor import Tensor
-    from .trace import LEAF, LEAF_NODE, Node
-
-    leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
-    leaf._node = LEAF_NODE if t._node is None else Node(LEAF, (), (t,))
-    return leaf
-
-
 def _named_leaves(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     """(name, value) for every leaf of the arguments, named after fn's parameters and the keys inside them."""
     try:
@@ -342,30 +331,11 @@ def _named_leaves(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     return out
 
 
-def _replace_leaves(tree: Any, table: dict[int, Any]) -> Any:
-    if isinstance(tree, dict):
-        return {k: _replace_leaves(v, table) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
-        return type(tree)(_replace_leaves(v, table) for v in tree)
-    return table.get(id(tree), tree)
-
-
-def _type(v: Any) -> str:
-    dt = np.dtype(v._dtype)
+def _type_of(shape: tuple[int, ...], dtype: Any) -> str:
+    dt = np.dtype(dtype)
     short_dt = {"float32": "f32", "float64": "f64", "int64": "i64", "int32": "i32", "bool": "bool",
                 "float16": "f16"}.get(dt.name, dt.name)
-    return f"{short_dt}[{','.join(map(str, v._shape))}]"
-
-
-def _desc(v: Any, names: dict[int, str]) -> str:
-    from .executor import Value
-    if not isinstance(v, Value):
-        return f"scalar {v!r}"
-    name = names.get(id(v), "const")
-    spec = v._spec
-    where = "host (unsharded: placed on the mesh with every dim open, a local slice)" if spec is None else \
-        f"{spec!r}   {short(spec)}"
-    return f"{name}: {_type(v)} {where}"
+    return f"{short_dt}[{','.join(map(str, shape))}]"
 
 
 def _events_cost(events, model) -> list:
@@ -377,31 +347,21 @@ def _ev_text(e: Any, seconds: float) -> str:
     return f"{e.kind} over {','.join(e.axes)} (group of {e.group}): {e.bytes:,} B/device, est. {seconds * 1e6:.1f} us"
 
 
-def _factor_lines(node: Any, used_specs: list, strat: str) -> tuple[list[str], Any, Any, list]:
-    """The op's factors: each one's size, kind, what every operand says, and what propagation decided."""
-    from . import executor as X
-    from .propagation import project_dim, propagate
+def _factor_lines(step: Any, strat: str) -> tuple[list[str], Any, Any, list]:
+    """The op's factors: each one's size, kind, what every operand says, and what propagation decided (read from
+    the recorded program: nothing is propagated again)."""
+    from .propagation import project_dim
     from .rules.core import _names
+    from .spec import ShardingSpec
 
-    op, args = node.op, node.args
-    sigs = []
-    for a, spec in zip(args, used_specs):
-        if isinstance(a, X.Value):
-            sigs.append(("s" if spec is not None else "h", a._shape, a._dtype, spec))
-        else:
-            sigs.append(("c", type(a)))
-    shapes = tuple(s[1] if s[0] != "c" else () for s in sigs)
-    rule = op.rule(shapes, *node.params)
-    keep, _ = X._surviving_partials(op, tuple(sigs), shapes, X._dtype(op, tuple(sigs), node.params))
-    mesh = next(s[3].mesh for s in sigs if s[0] == "s")
-    prop = tuple(X._strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
-    dec = propagate(rule, prop, mesh, strat, tuple(sorted(keep)))
+    rule, dec, keep, _ = step.prog.decision
     names = _names(len(rule.sizes))
     windowed = frozenset(f for f in range(len(rule.sizes)) if rule.kinds[f].windowed)
     says: list[list[str]] = [[] for _ in rule.sizes]
     opinions: list[list[tuple]] = [[] for _ in rule.sizes]
-    for k, (spec, dims) in enumerate(zip(prop, rule.operands)):
-        if spec is None:
+    for k, (u, dims) in enumerate(zip(step.uses, rule.operands)):
+        spec = u.src
+        if not isinstance(spec, ShardingSpec):
             continue
         for ds, refs, factors in zip(spec.dim_specs, spec.dim_refs, dims):
             for f, axes in project_dim(refs, factors, rule.sizes, windowed).items():
@@ -468,15 +428,18 @@ def _why_dim(f: int, rule: Any, dec: Any, opinions: list, strat: str) -> str:
             f"dims it shares with other factors limit it ({show})")
 
 
-def _operand_reasons(i: int, src: Any, tgt: Any, node: Any, rule: Any, dec: Any, opinions: list,
-                     strat: str) -> list[str]:
+def _operand_reasons(i: int, src: Any, tgt: Any, op: Any, rule: Any, dec: Any, opinions: list,
+                     strat: str, strict: Any = False) -> list[str]:
     from .rules.core import _names
     names = _names(len(rule.sizes))
     out = []
     if src.partial_axes and set(src.partial_axes) - set(tgt.partial_axes):
         summed = sorted(set(src.partial_axes) - set(tgt.partial_axes))
-        if node.op.linear is None or (node.op.linear_args is not None and i not in node.op.linear_args):
-            out.append(f"{node.op.name} is not linear in operand {i}: its pending sum over {summed} is made first")
+        if strict == "cost":
+            out.append(f"the pending sum over {summed} is made here: passed on, it would be paid on the larger "
+                       f"result (at least a reduce_scatter of its block), which costs more than summing operand {i}")
+        elif op.linear is None or (op.linear_args is not None and i not in op.linear_args):
+            out.append(f"{op.name} is not linear in operand {i}: its pending sum over {summed} is made first")
         else:
             out.append(f"the pending sum over {summed} is made here: another operand (or the product) uses that axis, "
                        f"and a sum cannot stay pending there")
@@ -491,169 +454,132 @@ def _operand_reasons(i: int, src: Any, tgt: Any, node: Any, rule: Any, dec: Any,
     return out
 
 
-def _program_order(outputs: list) -> list:
-    """The recorded values in the order the program most likely made them. The trace keeps no clock: operands
-    come first, a partial value's summing use comes before the uses that reused its sum (``Node.settled``), and
-    otherwise left operands before right ones, as Python evaluates them."""
-    from .executor import Value
-
-    rank: dict[int, int] = {}
-    values: dict[int, Any] = {}
-
-    def visit(root):  # left-to-right depth-first postorder, iteratively
-        stack = [(root, False)]
-        while stack:
-            v, done = stack.pop()
-            if done:
-                rank.setdefault(id(v), len(rank))
-                continue
-            if id(v) in values:
-                continue
-            values[id(v)] = v
-            stack.append((v, True))
-            for a in reversed(v._node.args):
-                if isinstance(a, Value) and a._node is not None and id(a) not in values:
-                    stack.append((a, False))
-
-    for o in outputs:
-        if getattr(o, "_node", None) is not None:
-            visit(o)
-    after: dict[int, set[int]] = {i: set() for i in values}  # value -> the values that must come before it
-    for i, v in values.items():
-        for a in v._node.args:
-            if isinstance(a, Value) and id(a) in values:
-                after[i].add(id(a))
-    users: dict[int, list] = {}
-    for i, v in values.items():
-        for k, a in enumerate(v._node.args):
-            if isinstance(a, Value) and a._spec is not None and a._spec.partial_axes:
-                users.setdefault(id(a), []).append((i, bool(v._node.settled and v._node.settled[k] is not None)))
-    for uses in users.values():
-        payers = [i for i, reused in uses if not reused]
-        for i, reused in uses:
-            if reused:
-                after[i].update(p for p in payers if p != i)
-    order, placed = [], set()
-    pending = sorted(values, key=rank.__getitem__)
-    while pending:
-        ready = next((i for i in pending if after[i] <= placed), pending[0])  # (a cycle cannot happen; be safe)
-        pending.remove(ready)
-        placed.add(ready)
-        order.append(values[ready])
-    return order
-
-
 def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any, Any, str, Any]:
-    """Run ``fn`` on traced twins of its tensor arguments; per recorded op, what was decided and moved."""
+    """Run ``fn`` as eager code runs it and read back its recorded steps: per step, what was decided and moved.
+    The moves shown are the steps' own, so the totals are the comm log's."""
     from . import collectives as C
     from .cost import current as current_cost_model
-    from .executor import OpDef, Value
+    from .executor import Program
     from .propagation import current_strategy
+    from .step import MOVE, PLACE, RELAYOUT, serial
     from .tensor import Tensor
-    from .trace import LEAF, PLACE, RELAYOUT, whole
 
     strat, model = current_strategy(), current_cost_model()
     leaves = _named_leaves(fn, args, kwargs)
     names: dict[int, str] = {}
-    table: dict[int, Any] = {}
     for name, v in leaves:
         if isinstance(v, Tensor):
-            tw = _twin(v)
-            table[id(v)] = tw
-            names[id(tw)] = name
+            names.setdefault(serial(v), name)
     from .jit import inlined  # a jitted function's ops are explained one by one
-    with C.comm_log() as log, whole(), inlined():  # backward passes inside fn (nb.grad) are recorded too
-        out = fn(*_replace_leaves(args, table), **_replace_leaves(kwargs, table))
-    outs = [o for _, o in _named_leaves(lambda *a: None, (out,), {}) if isinstance(o, Tensor)]
-    order = _program_order(outs)
+    with C.comm_log() as log, inlined():
+        out = fn(*args, **kwargs)
     steps: list[_Step] = []
-    summed: set[tuple] = set()  # (value, layout) a partial value was summed to: later uses reuse it
     k = 0
-    for v in order:
-        node = v._node
-        if node.op == LEAF:
-            continue
-        k += 1
-        names.setdefault(id(v), f"%{k}")
-        argnames = ", ".join(names.get(id(a), "const") if isinstance(a, Value) else repr(a) for a in node.args)
-        opname = node.op.name if isinstance(node.op, OpDef) else {RELAYOUT: "with_sharding", PLACE: "shard"}[node.op]
-        title = f"{names[id(v)]} = {opname}({argnames})"
-        if node.user and node.user != opname:  # a step of a public op (softmax's max), or a gradient's reduction
-            title += f"    (in {node.user})"
+    for st in log.steps:
+        if st.op == MOVE:
+            title = f"{names.get(st.out, 'const')} summed once for later uses    (in {st.user})"
+        else:
+            k += 1
+            names.setdefault(st.out, f"%{k}")
+            argnames = ", ".join(names.get(u.value, "const") if u.value else repr(u.const) for u in st.uses)
+            title = f"{names[st.out]} = {st.name}({argnames})"
+            if st.user and st.user != st.name:  # a step of a public op (softmax's max), or a gradient's reduction
+                title += f"    (in {st.user})"
         lines: list[_Line] = []
         evs: list = []
-        for i, a in enumerate(node.args):
-            if isinstance(a, Value):
-                lines.append(_Line("operand", f"operand {i} {_desc(a, names)}"))
-        if node.op == RELAYOUT:
-            src, tgt = node.args[0]._spec, node.params[0]
-            got = _events_cost(node.prog.events, model)
-            if got:
-                lines.append(_Line("move", f"{short(src)} -> {short(tgt)}: "
-                                           + "; ".join(_ev_text(e, s) for e, s in got)))
+        for i, u in enumerate(st.uses):
+            if u.value:
+                lines.append(_Line("operand", f"operand {i} {_desc_use(u, names)}"))
+        if st.op in (RELAYOUT, MOVE):
+            u = st.uses[0]
+            got = _events_cost(u.events, model)
+            if u.reused:
+                lines.append(_Line("note", f"already moved to {short(u.dst)} for an earlier use (the summed copy is "
+                                           f"kept; no communication)"))
+            elif got:
+                lines.append(_Line("move", f"{short(u.src)} -> {short(u.dst)}: "
+                                           + "; ".join(_ev_text(e, t) for e, t in got)))
                 lines.append(_Line("why", "with_sharding asked for this layout (the planner picked the cheapest "
-                                          "collectives under the cost model)"))
+                                          "collectives under the cost model)" if st.op == RELAYOUT else
+                                          f"{st.user} uses this pending sum more than once: it is made first, once"))
             evs += got
-        elif node.op == PLACE:
+        elif st.op == PLACE:
             lines.append(_Line("note", "a host value placed on the mesh: each device keeps its block "
                                        "(no communication)"))
-        elif node.prog is None:
+        elif st.prog is None:
             lines.append(_Line("note", "no operand is sharded: runs once, on the host"))
+        elif not isinstance(st.prog, Program):  # per-device code, nb.lax collectives, shard_map's edges
+            for u in st.uses:
+                got = _events_cost(u.events, model)
+                if got:
+                    evs += got
+                    lines.append(_Line("move", "; ".join(_ev_text(e, t) for e, t in got)))
+                    lines.append(_Line("why", f"an explicit collective ({st.name}) inside nb.shard_map"))
         else:
-            prog = node.prog
-            settled = node.settled or (None,) * len(node.args)
-            used = [s if s is not None else (a._spec if isinstance(a, Value) else None)
-                    for a, s in zip(node.args, settled)]
-            flines, rule, dec, opinions = _factor_lines(node, used, strat)
-            lines += [_Line("factors", x) for x in flines]
-            for i, (a, p) in enumerate(zip(node.args, prog.preps)):
-                if settled[i] is not None:
-                    lines.append(_Line("note", f"operand {i}: its pending sum was made by an earlier use; that summed "
-                                               f"copy {short(settled[i])} is reused (no communication)"))
-                if p.kind == "sharded" and p.plan is not None and p.plan.events:
-                    key = (id(a), p.target.layout())
-                    src = used[i]
-                    if src.partial_axes and key in summed:
-                        lines.append(_Line("note", f"operand {i}: already moved to {short(p.target)} for an earlier "
-                                                   f"use (the summed copy is kept; no communication)"))
-                    else:
-                        if src.partial_axes:
-                            summed.add(key)
-                        got = _events_cost(p.plan.events, model)
-                        evs += got
-                        lines.append(_Line("move", f"operand {i} {short(src)} -> {short(p.target)}: "
-                                                   + "; ".join(_ev_text(e, s) for e, s in got)))
-                        for r in _operand_reasons(i, src, p.target, node, rule, dec, opinions, strat):
-                            lines.append(_Line("why", r))
-                if p.mask_axes:
-                    lines.append(_Line("note", f"operand {i} is added once per {list(p.mask_axes)} group (kept on the "
-                                               f"first device of each, zeros elsewhere): the sum stays pending, "
-                                               f"no communication"))
-                if p.kind == "host":
-                    lines.append(_Line("note", f"operand {i} is a host value: placed as {short(p.target)} "
-                                               f"(a local slice, no communication)"))
-                for step in p.local:
-                    if step.events:
-                        got = _events_cost(step.events, model)
-                        evs += got
-                        lines.append(_Line("move", f"operand {i}, inside the op: "
-                                                   + "; ".join(_ev_text(e, s) for e, s in got)))
-                        lines.append(_Line("why", "a window (convolution, pooling, slice) needs rows its neighbours "
-                                                  "hold: each device receives only that halo"))
-            if prog.post is not None and prog.post.events:
-                got = _events_cost(prog.post.events, model)
-                evs += got
-                lines.append(_Line("move", f"result {short(prog.kspec)} -> {short(prog.result)}: "
-                                           + "; ".join(_ev_text(e, s) for e, s in got)))
-                lines.append(_Line("why", f"{node.op.name} reduces a dim sharded over "
-                                          f"{sorted(set(prog.kspec.partial_axes) - set(prog.result.partial_axes))}: "
-                                          f"each device's partial {node.op.reduction} is combined across them at once"))
-        lines.append(_Line("result", f"result {_type(v)} {v._spec!r}   {short(v._spec)}" if v._spec is not None
-                           else f"result {_type(v)} on the host"))
+            evs += _explain_program(st, lines, model, strat)
+        if st.op != MOVE:
+            lines.append(_Line("result", f"result {_type_of(st.out_shape, st.out_dtype)} {st.out_spec!r}   "
+                                         f"{short(st.out_spec)}" if st.out_spec is not None else
+                               f"result {_type_of(st.out_shape, st.out_dtype)} on the host"))
         if not evs:
             lines.append(_Line("note", "no communication"))
         steps.append(_Step(title, lines, evs))
     return steps, log, model, strat, out
+
+
+def _explain_program(st: Any, lines: list, model: Any, strat: str) -> list:
+    """The lines of a planned op: its factors, each operand's move and why, halos, the result's move."""
+    prog = st.prog
+    evs: list = []
+    flines, rule, dec, opinions = _factor_lines(st, strat)
+    lines += [_Line("factors", x) for x in flines]
+    for i, (u, p) in enumerate(zip(st.uses, prog.preps)):
+        if not u.value:
+            continue
+        own = st.uses[i].src
+        if u.settled:
+            lines.append(_Line("note", f"operand {i}: its pending sum was made by an earlier use; that summed copy "
+                                       f"{short(own)} is reused (no communication)"))
+        if p.kind == "sharded":
+            if u.reused:
+                lines.append(_Line("note", f"operand {i}: already moved to {short(p.target)} for an earlier use (the "
+                                           f"summed copy is kept; no communication)"))
+            elif u.events:
+                got = _events_cost(u.events, model)
+                evs += got
+                lines.append(_Line("move", f"operand {i} {short(own)} -> {short(p.target)}: "
+                                           + "; ".join(_ev_text(e, t) for e, t in got)))
+                for r in _operand_reasons(i, own, p.target, st.op, rule, dec, opinions, strat, prog.decision[3]):
+                    lines.append(_Line("why", r))
+        if p.mask_axes:
+            lines.append(_Line("note", f"operand {i} is added once per {list(p.mask_axes)} group (kept on the "
+                                       f"first device of each, zeros elsewhere): the sum stays pending, "
+                                       f"no communication"))
+        if p.kind == "host":
+            lines.append(_Line("note", f"operand {i} is a host value: placed as {short(p.target)} "
+                                       f"(a local slice, no communication)"))
+        if u.inside:
+            got = _events_cost(u.inside, model)
+            evs += got
+            lines.append(_Line("move", f"operand {i}, inside the op: " + "; ".join(_ev_text(e, t) for e, t in got)))
+            lines.append(_Line("why", "a window (convolution, pooling, slice) needs rows its neighbours "
+                                      "hold: each device receives only that halo"))
+    if st.post:
+        got = _events_cost(st.post, model)
+        evs += got
+        lines.append(_Line("move", f"result {short(prog.kspec)} -> {short(prog.result)}: "
+                                   + "; ".join(_ev_text(e, t) for e, t in got)))
+        lines.append(_Line("why", f"{st.name} reduces a dim sharded over "
+                                  f"{sorted(set(prog.kspec.partial_axes) - set(prog.result.partial_axes))}: "
+                                  f"each device's partial {st.op.reduction} is combined across them at once"))
+    return evs
+
+
+def _desc_use(u: Any, names: dict[int, str]) -> str:
+    name = names.get(u.value, "const")
+    where = "host (unsharded: placed on the mesh with every dim open, a local slice)" if u.src is None else \
+        f"{u.src!r}   {short(u.src)}"
+    return f"{name}: {_type_of(u.shape, u.dtype)} {where}"
 
 
 def _render(steps: list[_Step], log: Any, model: Any, strat: str, head: str, fmt: str) -> str:

@@ -5,6 +5,7 @@ moves and the op is a plain numpy function, the cached program calls it directly
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from functools import lru_cache
 from math import prod
@@ -22,18 +23,27 @@ from .mesh import AxisRef
 from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
+from .step import MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
 from .trace import PLACE, RELAYOUT, Node, tracked
 
 SCALARS = (bool, int, float, complex, np.generic)
 MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
+#: how an op on per-device values runs (``nb.shard_map`` registers it: the executor does not import it)
+_MANUAL: list = [None]
+
+
+def register_manual(fn: Callable) -> None:
+    """Install the runner of ops on per-device values (``fn(op, args, params, make)``)."""
+    _MANUAL[0] = fn
 
 
 class Value:
     """What a Tensor is made of: stored blocks (or a host array, or None if abstract), spec, shape, dtype;
-    the layouts a partial value was already summed to (made once, reused by every later use); and the id of
-    its signature (kind, shape, dtype, spec), the program cache's key, computed once per value."""
+    the layouts a partial value was already summed to (made once, reused by every later use); the id of
+    its signature (kind, shape, dtype, spec), the program cache's key, computed once per value; and its serial
+    in recorded steps (given on first need; values sharing their blocks share it)."""
 
-    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node")
+    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial")
 
     def __init__(self, data: Any, spec: ShardingSpec | None, shape: tuple[int, ...], dtype: np.dtype,
                  sid: int = -1) -> None:
@@ -44,6 +54,7 @@ class Value:
         self._moved: dict | None = None
         self._sid = sid
         self._node: Node | None = None  # how it was made, when it depends on a traced value
+        self._serial = 0
 
 
 _SIG_IDS: dict[tuple, int] = {}
@@ -109,15 +120,16 @@ class OpDef:
     """
 
     __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp",
-                 "folds")
+                 "folds", "flops")
 
     def __init__(self, name: str, rule: Callable[..., Rule], kernel: Callable[[list, Local], Any],
                  linear: str | None = None, linear_args: tuple[int, ...] | None = None, reduction: str = "sum",
                  dtype: Any = "sample", fast: Callable | None = None, aux: Callable | None = None,
-                 vjp: Callable | None = None, folds: bool = False) -> None:
+                 vjp: Callable | None = None, folds: bool = False, flops: Callable | None = None) -> None:
         self.name, self.rule, self.kernel, self.linear = name, rule, kernel, linear
         self.linear_args, self.reduction, self.dtype, self.fast = linear_args, reduction, dtype, fast
         self.aux, self.vjp, self.folds = aux, vjp, folds
+        self.flops = flops  # flops(operand block shapes, result block shape, params); None: one per result element
 
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
@@ -156,21 +168,50 @@ class Program(NamedTuple):
     checks: tuple = ()  # (operand, "finite"|"nonzero"): a pending sum survives this product only if it holds
     final: tuple = ()  # the result's stored shape (its own grid, its block)
     folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
+    flops: int = 0  # of one device's kernel (the largest block)
+    decision: Any = None  # what propagation decided (per factor), for nb.explain to tell
 
 
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
     """Apply ``op`` to ``args`` (Values or Python scalars); ``make(data, spec, shape, dtype, sid)`` wraps it.
-    When an operand is traced, the result records a Node (op, params, operands, program)."""
+    When an operand is traced, the result records a Node (op, params, operands, program); when a comm log is
+    open, the op's step (what moved, and why) is published to it."""
+    rec = C.logging()
     if op.linear == "mul" and len(args) > 1:
         _sum_repeated(op, args)
     used = [_settled(a) for a in args]
-    out, prog = _run(op, used, params, make)
+    sink = [None] * (len(used) + 1) if rec else None  # per operand (events, reused), then the result's moves
+    out, prog = _run(op, used, params, make, sink)
     if type(prog) is Program and prog.checks and prog.checks[-1] is _KEEPS and _overflowed(out._data, prog):
-        out, prog = _rerun_strict(op, used, params, make)
+        sink = [None] * (len(used) + 1) if rec else None
+        out, prog = _rerun_strict(op, used, params, make, sink)
     if tracked(args):
         settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
         out._node = Node(op, params, tuple(args), prog, settled if any(settled) else ())
+    if rec:
+        _publish(op, params, args, used, out, prog, sink)
     return out
+
+
+def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any], out: Any, prog: Any,
+             sink: list) -> None:
+    """The step of one op as it ran, to the open comm logs."""
+    user = C.current_op() or op.name
+    uses = []
+    preps = prog.preps if type(prog) is Program else None
+    for i, (orig, a) in enumerate(zip(args, used)):
+        if not isinstance(a, Value):
+            uses.append(Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None,
+                            const=a))
+            continue
+        events, reused, inside = sink[i] or ((), False, ())
+        dst = preps[i].target if preps is not None and preps[i].target is not None else a._spec
+        uses.append(Use(serial(a), a._shape, a._dtype, a._spec, dst, tuple(C.stamped(e, user) for e in events),
+                        reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a))
+    post = tuple(C.stamped(e, user) for e in sink[-1] or ())
+    flops = prog.flops if type(prog) is Program else 0
+    C.publish(Step(op, params, tuple(uses), serial(out), out._shape, out._dtype, out._spec, post, prog,
+                   C.step_user(user), C.current_phase(), flops), [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
 
 
 def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
@@ -180,28 +221,60 @@ def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
     for a in {id(a): a for a in partial if sum(b is a for b in partial) > 1}.values():
         target = ShardingSpec(a._spec.mesh, a._spec.dim_specs, a._spec.replicated_axes)
         plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
-        _move(a, plan, target.layout(), op.name, None if a._data is None else backends.of(a._data))
+        _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
+        publish_move(a, target, () if reused else plan.events, reused, op.name)
+
+
+def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None
+                ) -> None:
+    """Publish the step of an op the executor did not plan (per-device code, ``nb.lax`` collectives, values
+    crossing into and out of ``nb.shard_map``): each operand read as it is, ``events`` its moves."""
+    if not C.logging():
+        return
+    name = op if isinstance(op, str) else op.name
+    user = C.current_op() or name
+    uses = tuple(Use(serial(a), a._shape, a._dtype, a._spec, a._spec) if isinstance(a, Value) else
+                 Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None, const=a)
+                 for a in args)
+    if events and uses:
+        uses = (uses[0]._replace(events=tuple(C.stamped(e, user) for e in events)),) + uses[1:]
+    C.publish(Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, (), prog, C.step_user(user),
+                   C.current_phase()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
+
+
+def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) -> None:
+    """The step of a value brought to another layout for later uses (a pending sum made once)."""
+    if not C.logging():
+        return
+    user = C.current_op() or op
+    s = serial(v)
+    use = Use(s, v._shape, v._dtype, v._spec, target, tuple(C.stamped(e, user) for e in events), reused)
+    C.publish(Step(MOVE, (target,), (use,), s, v._shape, v._dtype, target, user=C.step_user(user),
+                   phase=C.current_phase()),
+              [(s, v)])
 
 
 def _settled(a: Any) -> Any:
-    """A partial value that an earlier use already summed is used summed: it is the same value, and its
-    sum has been paid for (tensors are immutable)."""
+    """A partial value that an earlier use already summed is used summed: it is the same value (the same
+    serial), and its sum has been paid for (tensors are immutable)."""
     if isinstance(a, Value) and a._moved:
         for spec, data in a._moved.items():
             if not spec.partial_axes:
-                return Value(data, spec, a._shape, a._dtype)
+                v = Value(data, spec, a._shape, a._dtype)
+                v._serial = serial(a)
+                return v
     return a
 
 
-def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple[Any, Program | None]:
+def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None
+         ) -> tuple[Any, Program | None]:
     sids = tuple([a._sid if isinstance(a, Value) and a._sid >= 0 else sid_of(a) for a in args])
     strat, model = current_strategy(), current_cost_model()
-    prog = _program(op, sids, params, strat, model)
+    prog = _program(op, sids, params, strat, model, _STRICT.get())
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
-        from .shard_map import manual_run
-        return manual_run(op, args, params, make), MANUAL
+        return _MANUAL[0](op, args, params, make), MANUAL
     if prog.checks and _breaks_linearity(prog.checks, args):
         prog = _program(op, sids, params, strat, model, True)
     if prog.fast is not None and backends.active() is backends.NUMPY:
@@ -237,7 +310,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple
                 be = backends.of(d)
     arrays = [(a._data if p.view is None else _view(a._data, p.view))
               if p.direct and be is not None and (be is backends.NUMPY or not p.plan.segments)
-              else _prepare(a, p, prog, op, be) for a, p in zip(args, prog.preps)]
+              else _prepare(a, p, prog, op, be, sink, i) for i, (a, p) in enumerate(zip(args, prog.preps))]
     if be is None:
         out = None
     else:
@@ -257,33 +330,35 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple
         if prog.out_grid != prog.final:
             out = out.reshape(prog.final)
     if prog.post is not None:
-        if prog.folded:
-            reshard.execute(None, prog.post, op.name, op.reduction)
-        else:
-            out = reshard.execute(out, prog.post, op.name, op.reduction)
+        if sink is not None:
+            sink[-1] = prog.post.events
+        if not prog.folded:  # (folded: the kernel did the post plan's all_reduce)
+            out = reshard.execute(out, prog.post, op.reduction)
     if out is not None:
         out = be.commit(out, prog.result)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
 
 
-def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be) -> Any:
+def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i: int) -> Any:
+    local_events = () if sink is None else tuple(e for step in p.local for e in step.events)
     if p.kind == "scalar":
         if not p.mask_axes:
             return a
         a = Value(np.asarray(a, dtype=prog.dtype), None, (), prog.dtype)
         p = p._replace(kind="host")
-    if p.local and C.logging():
-        for step in p.local:
-            for e in step.events:
-                C.record(e, op.name)
     if p.kind == "sharded":
-        x = _move(a, p.plan, p.target, op.name, be)
-    elif be is None:
-        x = None
+        x, reused = _move(a, p.plan, p.target, be)
+        if sink is not None:
+            sink[i] = (() if reused else p.plan.events, reused, local_events)
     else:
-        x = storage.place(np.asarray(a._data), p.target)
-        if be is not backends.NUMPY:  # a host value joining blocks on devices goes to the devices that own them
-            x = be.commit(x, p.target)
+        if sink is not None and local_events:
+            sink[i] = ((), False, local_events)
+        if be is None:
+            x = None
+        else:
+            x = storage.place(np.asarray(a._data), p.target)
+            if be is not backends.NUMPY:  # a host value joining blocks on devices goes to the devices that own them
+                x = be.commit(x, p.target)
     if x is None:
         return None
     if p.mask_axes:
@@ -295,22 +370,23 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be) -> Any:
     return x
 
 
-def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, op: str, be) -> Any:
-    """Carry out ``plan`` on ``v``'s blocks; a partial value's summed layouts are remembered on the value."""
+def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be) -> tuple[Any, bool]:
+    """Carry out ``plan`` on ``v``'s blocks; a partial value's summed layouts are remembered on the value, so a
+    later use in the same layout reuses them (then the second result is True: nothing moved)."""
     if not plan.segments:
-        return v._data
+        return v._data, False
     key = target.layout()
     if v._spec.partial_axes:
         if v._moved is None:
             v._moved = {}
         elif key in v._moved:
-            return v._moved[key]
-    x = reshard.execute(None if be is None else v._data, plan, op)  # abstract: plan and log, move nothing
+            return v._moved[key], True
+    x = reshard.execute(None if be is None else v._data, plan)  # abstract: plan only, move nothing
     if x is not None and be is not backends.NUMPY:  # blocks that moved go to the devices that own them
         x = be.commit(x, target)
     if v._spec.partial_axes:
         v._moved[key] = x
-    return x
+    return x, False
 
 
 def _view(x: Any, chain: tuple) -> Any:
@@ -375,8 +451,6 @@ def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
     program (see ``_rerun_strict``)."""
     for check in checks:
         if check is _KEEPS:
-            if _STRICT[0]:
-                return True
             continue
         j, kind, dtype = check
         a = args[j]
@@ -395,7 +469,8 @@ def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
 
 
 _KEEPS = (-1, "keeps", None)  # the last check of a program that keeps a pending sum of floats
-_STRICT = [False]  # set while a program is redone with its pending sums made first
+#: set while a program is redone with its pending sums made first (per thread and task: a context variable)
+_STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_strict", default=False)
 
 
 def _overflowed(data: Any, prog: "Program") -> bool:
@@ -410,13 +485,14 @@ def _overflowed(data: Any, prog: "Program") -> bool:
     return not bool(xp.all(xp.isfinite(data)))
 
 
-def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> tuple[Any, Any]:
+def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None
+                  ) -> tuple[Any, Any]:
     """Redo an op with every pending sum made first (the strict program); what it gives is numpy's value."""
-    _STRICT[0] = True
+    token = _STRICT.set(True)
     try:
-        return _run(op, args, params, make)
+        return _run(op, args, params, make, sink)
     finally:
-        _STRICT[0] = False
+        _STRICT.reset(token)
 
 
 @lru_cache(maxsize=16384)
@@ -509,9 +585,31 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     if fold:  # the kernel does the all_reduce; the plan is still carried out for the log (on no data)
         out_grid = final = post.segments[0].end_grid + out_grid[G:]
         local = local._replace(fold=fold)
+    if keep and op.linear == "mul" and op.fast is None and _cheaper_to_sum(mesh, sigs, shapes, keep_by, result,
+                                                                             result_shape, dtype):
+        return _program(op, sids, params, strat, model, "cost")
+    blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
+    flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
-                   result_sid, padded, None, checks, final, bool(fold))
+                   result_sid, padded, None, checks, final, bool(fold), int(flops), (rule, dec, reserved, strict))
     return prog._replace(fast=_fast_views(op, prog, sigs))
+
+
+def _cheaper_to_sum(mesh, sigs: tuple, shapes: tuple, keep_by: list, result: ShardingSpec,
+                    result_shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether a contraction should make its operands' pending sums now rather than pass them to its result:
+    kept, they are paid later on the result, at least a reduce_scatter of its block; made now, an all_reduce
+    of each operand's block. (The gradient of an embedding table: summing the small incoming gradient beats
+    summing the table-sized product; Megatron's activations keep theirs.)"""
+    def ring(k: int, nbytes: int, factor: int) -> float:
+        return factor * (k - 1) / k * nbytes
+
+    kept = set().union(*keep_by)
+    k_keep = prod(mesh.axis_ref(a).size for a in kept)
+    later = ring(k_keep, prod(chunks(result, result_shape)) * dtype.itemsize, 1)
+    now = sum(ring(prod(mesh.axis_ref(a).size for a in atoms), prod(chunks(s[3], shp)) * s[2].itemsize, 2)
+              for s, shp, atoms in zip(sigs, shapes, keep_by) if atoms)
+    return later > now
 
 
 def _fold(op: OpDef, post: reshard.Plan | None, G: int, out_grid: tuple[int, ...]) -> tuple[int, ...]:
@@ -700,12 +798,18 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
     """``with_sharding``: move stored blocks from their spec to ``target`` with planned collectives."""
     p = reshard.plan(v._shape, v._dtype.itemsize, v._spec, target)
     be = None if v._data is None else backends.of(v._data)
-    out = _move(v, p, target.layout(), "with_sharding", be)
+    out, reused = _move(v, p, target.layout(), be)
     if out is not None:
         out = be.commit(out, target)
     res = make(out, target, v._shape, v._dtype)
     if tracked((v,)):
         res._node = Node(RELAYOUT, (target,), (v,), p)
+    if C.logging():
+        user = C.current_op() or RELAYOUT_STEP
+        events = () if reused else tuple(C.stamped(e, user) for e in p.events)
+        use = Use(serial(v), v._shape, v._dtype, v._spec, target, events, reused)
+        C.publish(Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
+                       C.step_user(user), C.current_phase()), [(use.value, v), (serial(res), res)])
     return res
 
 
@@ -715,4 +819,8 @@ def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     res = make(data, spec, v._shape, v._dtype)
     if tracked((v,)):
         res._node = Node(PLACE, (spec,), (v,))
+    if C.logging():
+        use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
+        C.publish(Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,
+                       user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase()), [(use.value, v), (serial(res), res)])
     return res

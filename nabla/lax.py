@@ -13,6 +13,7 @@ import numpy as np
 from . import collectives as C
 from .backends import xp as _xp
 from .errors import ShardingError
+from .executor import record_step
 from .shard_map import ManualSpec
 from .tensor import Tensor
 from .trace import Node, tracked, tracing_whole
@@ -96,8 +97,6 @@ def _group(x: Tensor, axes: tuple[str, ...]):
 def _result(x: Tensor, data, shape, varying, name: str, params: tuple, event: C.CommEvent | None):
     mesh = x.sharding.mesh
     spec = ManualSpec(mesh, varying)
-    if event is not None and C.logging():
-        C.record(event, name)
     if data is not None:
         xp = _xp(data)
         data = xp.broadcast_to(data, spec.grid() + tuple(shape)) if data.shape != spec.grid() + tuple(shape) else data
@@ -105,8 +104,10 @@ def _result(x: Tensor, data, shape, varying, name: str, params: tuple, event: C.
             data = np.ascontiguousarray(data)
             data.flags.writeable = False
     out = Tensor(data, spec, tuple(shape), x.dtype if name != "axis_index" else np.dtype(np.int32))
+    op = LaxOp(name, params)
     if tracked((x,)):
-        out._node = Node(LaxOp(name, params), params, (x,), "manual")
+        out._node = Node(op, params, (x,), "manual")
+    record_step(op, params, (x,), out, (event,) if event is not None else (), "manual")
     return out
 
 
@@ -284,8 +285,10 @@ def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:
     data = np.ascontiguousarray(ids.transpose(order)).reshape(grid)
     data.flags.writeable = False
     out = Tensor(data, ManualSpec(mesh, names), (), np.dtype(np.int32))
+    op = LaxOp("axis_index", (names,))
     if tracing_whole():  # nb.jit computes it on each device
-        out._node = Node(LaxOp("axis_index", (names,)), (names,), (), "manual")
+        out._node = Node(op, (names,), (), "manual")
+    record_step(op, (names,), (), out, (), "manual")
     return out
 
 

@@ -172,7 +172,7 @@ def astype(x: ArrayLike, dtype: Any) -> Tensor:
 
 def _is_diff(x: Any) -> bool:
     """Whether ``x`` needs a cotangent: a float or complex value that depends on a traced one."""
-    return isinstance(x, Value) and x._node is not None and x._dtype.kind in "fc"
+    return isinstance(x, Value) and x._node is not None and x._node.diff and x._dtype.kind in "fc"
 
 
 def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:

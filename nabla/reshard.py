@@ -818,18 +818,14 @@ def _across_meshes(shape, itemsize: int, src: ShardingSpec, dst: ShardingSpec, m
 # ---- carrying a plan out ---------------------------------------------------------------------------
 
 
-def execute(data, p: Plan, op: str = "with_sharding", reduce_op: str = "sum"):
-    """Run plan ``p`` on stored blocks ``data`` (None for abstract tensors: only the log is written)."""
-    logging = C.logging()
+def execute(data, p: Plan, reduce_op: str = "sum"):
+    """Run plan ``p`` on stored blocks ``data`` (None for abstract tensors: nothing runs). The moves are logged by
+    whoever records the step they belong to (``Plan.events``), not here."""
+    if data is None:
+        return None
     for seg in p.segments:
-        if data is not None:
-            data = data.reshape(seg.start_grid + data.shape[seg.enter[0]:])
+        data = data.reshape(seg.start_grid + data.shape[seg.enter[0]:])
         for s in seg.steps:
-            if logging:
-                for e in s.events():
-                    C.record(e, op)
-            if data is not None:
-                data = C.REGISTRY[s.kind].move(data, seg.enter[1], s, reduce_op)
-        if data is not None:
-            data = data.reshape(seg.end_grid + data.shape[seg.enter[1]:])
+            data = C.REGISTRY[s.kind].move(data, seg.enter[1], s, reduce_op)
+        data = data.reshape(seg.end_grid + data.shape[seg.enter[1]:])
     return data

@@ -14,6 +14,7 @@ import numpy as np
 from .errors import ShardingError
 from .mesh import DeviceMesh
 from .spec import ShardingSpec
+from .executor import record_step, register_manual
 from .tensor import Tensor
 from .trace import Node, tracked
 
@@ -160,6 +161,7 @@ def _to_manual(t: Tensor, spec: ShardingSpec) -> Tensor:
     out = Tensor(data, m, block, t.dtype)
     if tracked((t,)):
         out._node = Node(SM_IN, (spec,), (t,))
+    record_step(SM_IN, (spec,), (t,), out)
     return out
 
 
@@ -183,6 +185,7 @@ def _from_manual(o: Any, mesh: DeviceMesh, s: Any, i: int) -> Tensor:
     out = Tensor(data, spec, shape, o.dtype)
     if tracked((o,)):
         out._node = Node(SM_OUT, (spec,), (o,))
+    record_step(SM_OUT, (spec,), (o,), out)
     return out
 
 
@@ -235,6 +238,9 @@ def manual_run(op, args: Sequence[Any], params: tuple, make: Callable):
     if x is np and out.flags.writeable:
         out.flags.writeable = False
     return make(out, spec, shape, dtype)
+
+
+register_manual(manual_run)
 
 
 def manual_block_bytes(t: Tensor) -> int:
@@ -298,6 +304,7 @@ def in_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
     res = Tensor(data, gspec, t.shape, g.dtype)
     if tracked((g,)):
         res._node = Node(SM_OUT, (gspec,), (g,))
+    record_step(SM_OUT, (gspec,), (g,), res)
     return (res,)
 
 

@@ -20,6 +20,7 @@ class _Record(NamedTuple):
     prog: Any
     settled: tuple
     user: str
+    diff: bool
 
 
 class Node(_Record):
@@ -28,17 +29,21 @@ class Node(_Record):
     executor decided for it (its reshard plans and local steps), or the relayout's plan; ``settled``, per
     operand, the summed layout used instead of a partial operand whose sum an earlier use already paid;
     ``user``, the public op it ran for (``softmax`` for the max and sum inside it), read from the comm log's
-    op name when the node is made, so a backward pass names its collectives after it."""
+    op name when the node is made, so a backward pass names its collectives after it; ``diff``, whether the
+    value depends on one being differentiated (a traced twin that ``nb.jit`` or ``nb.explain`` follows is not:
+    the backward pass computes no cotangent for it)."""
 
     __slots__ = ()
 
     def __new__(cls, op: Any, params: tuple = (), args: tuple = (), prog: Any = None, settled: tuple = (),
-                user: str | None = None) -> "Node":
+                user: str | None = None, diff: bool | None = None) -> "Node":
         if user is None:
             user = _user_op.get()
             if user and _phase.get() == "backward" and not user.startswith("grad of"):
                 user = f"gradient of {user}"  # a step of the backward pass of the public op ``user``
-        return super().__new__(cls, op, params, args, prog, settled, user)
+        if diff is None:
+            diff = any(getattr(getattr(a, "_node", None), "diff", False) for a in args)
+        return super().__new__(cls, op, params, args, prog, settled, user, diff)
 
     @property
     def name(self) -> str:

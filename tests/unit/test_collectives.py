@@ -51,14 +51,21 @@ def test_permute_blocks_swaps_axis_roles():
 
 
 def test_logs_nest_and_count():
+    mesh = nb.DeviceMesh("m", (2, 4), ("x", "y"))
+    a = nb.ones((4, 8)).shard(mesh, ["x", None])  # 2x8 float32 blocks: 64 B
+    p = nb.ones((4, 8)).shard(mesh, [None, None], partial_axes=["y"])  # 4x8 summands: 128 B
     with nb.comm_log() as outer:
-        C.record(C.CommEvent("all_gather", ("x",), 10, 2))
+        a.with_sharding(mesh, [None, None])  # all_gather over x: (2 - 1) * 64 B
         with nb.comm_log() as inner:
-            C.record(C.CommEvent("all_reduce", ("y",), 30, 4))
-    assert outer.counts == {"all_gather": 1, "all_reduce": 1} and outer.total_bytes == 40
-    assert inner.counts == {"all_reduce": 1}
-    C.record(C.CommEvent("all_gather", ("x",), 10, 2))  # no active log: nothing recorded
-    assert outer.total_bytes == 40
+            # the planner cuts rows over the idle x first (local), sums 2x8 halves over y (2 * 3/4 * 64 B),
+            # then gathers them over x (64 B): 160 B instead of one all_reduce of 4x8 (2 * 3/4 * 128 = 192 B)
+            p.with_sharding(mesh, [None, None])
+    assert outer.counts == {"all_gather": 2, "all_reduce": 1} and outer.total_bytes == 64 + 96 + 64
+    assert inner.counts == {"all_reduce": 1, "all_gather": 1} and inner.total_bytes == 160
+    assert [s.name for s in outer.steps] == ["with_sharding", "with_sharding"] and len(inner.steps) == 1
+    assert inner.steps[0].events == tuple(inner.events)
+    a.with_sharding(mesh, [None, None])  # no open log: nothing recorded
+    assert outer.total_bytes == 224
 
 
 def test_ring_cost_model():

@@ -113,10 +113,14 @@ def test_explain_follows_the_backward_pass_of_grad_and_names_the_public_op_of_ea
     w = nb.ones((4, 2)).shard(m, [None, None])
     text = nb.explain(nb.grad(lambda w, x: (x @ w).sum()), w, x, show=False)
     titles = [line for line in text.splitlines() if line.startswith("%")]
-    # d/dw sum(x @ w) = x.T @ ones: a contraction over the dp-sharded batch, then the dp sum of its summands
-    assert titles == ["%1 = transpose(args[1])    (in gradient of matmul)",
-                      "%2 = matmul(%1, const)    (in gradient of matmul)",
-                      "%3 = with_sharding(%2)    (in grad of w)"], titles
+    # every step that ran, in order: the forward pass (its pending sum is never made: nothing reads it), the seed
+    # cotangent broadcast back through sum, then d/dw sum(x @ w) = x.T @ ones: a contraction over the dp-sharded
+    # batch, and the dp sum of its summands
+    assert titles == ["%1 = matmul(args[1], args[0])", "%2 = sum(%1)", "%3 = shard(const)",
+                      "%4 = expand_dims(%3)    (in gradient of sum)", "%5 = broadcast_to(%4)    (in gradient of sum)",
+                      "%6 = transpose(args[1])    (in gradient of matmul)",
+                      "%7 = matmul(%6, %5)    (in gradient of matmul)",
+                      "%8 = with_sharding(%7)    (in grad of w)"], titles
     assert "[?|?] Σdp -> [-|-]: all_reduce over dp (group of 4): 48 B/device, est. 30.0 us" in text
     assert "total: 1 collective, 48 B/device, est. 30.0 us" in text
 

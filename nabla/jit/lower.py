@@ -1,0 +1,517 @@
+"""``nb.jit``'s per-device program: the rewritten instructions (``program.py``) interpreted on one device's
+blocks inside ``jax.shard_map``: kernels in ``jax.numpy``, each planned move through its registry entry's
+``jax.lax`` twin. Reads the recorded steps only; plans nothing."""
+
+from __future__ import annotations
+
+import weakref
+from math import prod
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import collectives as C
+from .. import reshard
+from ..errors import ShardingError
+from ..executor import Local, Value
+from ..layout import chunk, chunks, grid, merge_cuts, spec_cuts
+from ..mesh import AxisRef, DeviceMesh
+from ..spec import ShardingSpec
+from ..tensor import Tensor
+from .program import Key, Rewritten, layout
+
+
+class CompiledProgram:
+    """The rewritten instructions as one function of every device's blocks, run under shard_map over a jax mesh
+    with one axis per mesh atom: the arguments' blocks, then the constants', in; the results' blocks out."""
+
+    def __init__(self, twins: list, outs: list, rw: Rewritten, values: dict) -> None:
+        self.twins, self.outs, self.rw, self.values = twins, outs, rw, values
+        self.input_keys = [(t._serial, layout(t._spec)) for t in twins]
+        self.out_keys = [_out_key(o, rw) for o in outs]
+        self.consts = [(self.const_value(k), k[1]) for k in rw.consts]
+        self._const_arrays = self._targets = None
+        self.mesh = self._mesh()
+        specs = [s for s in [t.sharding for t in twins + outs] + [k[1] for k in rw.consts] if s is not None]
+        for ins in rw.instrs:
+            specs += [k[1] for k in (ins.writes,) + tuple(r for r in ins.reads if r is not None)]
+            prog = ins.step.prog
+            if ins.kind == "kernel":
+                specs += [p.target for p in prog.preps if p.target is not None] + [prog.kspec, prog.result]
+        cuts = merge_cuts(*(spec_cuts(s) for s in specs if isinstance(s, ShardingSpec)))
+        if cuts is None:
+            raise ShardingError("jit: the sub-axes this function uses do not nest into one jax mesh")
+        self.cuts = cuts
+        atoms = []
+        for name, n, c in zip(self.mesh.axis_names, self.mesh.shape, cuts):
+            pts = sorted(set(c) | {1, n})
+            atoms += [AxisRef(name, a, b // a, n) for a, b in zip(pts, pts[1:])]
+        self.atoms = tuple(atoms)
+        from ..backends.jax import atom_mesh, atom_name
+        self.jmesh = atom_mesh(self.mesh, self.atoms)
+        self.names = tuple(atom_name(a) for a in self.atoms)
+
+    def const_value(self, k: Key) -> Value:
+        v = self.rw.folded.get(k)
+        if v is None:
+            v = self.values[k[0]]
+            if layout(v._spec) != k[1]:
+                raise ShardingError(f"internal: jit constant {k} is laid out {v._spec!r}")
+        return v
+
+    def _mesh(self) -> DeviceMesh:
+        meshes = {t.sharding.mesh for t in self.twins + self.outs if t.sharding is not None}
+        for ins in self.rw.instrs:
+            for k in (ins.writes,) + tuple(r for r in ins.reads if r is not None):
+                if k[1] is not None:
+                    meshes.add(k[1].mesh)
+        for _, spec in self.consts:
+            if spec is not None:
+                meshes.add(spec.mesh)
+        if not meshes:  # only host values: the program runs on one device (jax.devices()[0])
+            return DeviceMesh("host", (1,), ("host",))
+        if len(meshes) != 1:
+            raise ShardingError(f"jit: the function uses {len(meshes)} meshes ({', '.join(map(repr, meshes))}); a "
+                                f"compiled program runs on one mesh: move values between meshes outside nb.jit")
+        return meshes.pop()
+
+    # -- layout of blocks as jax arrays --
+    def pspec(self, spec: Any, rank: int):
+        from jax.sharding import PartitionSpec
+        if spec is None:  # a host value: every device holds all of it
+            return PartitionSpec(*([None] * (len(self.atoms) + rank)))
+        g = grid(spec, self.cuts)
+        return PartitionSpec(*[n if s > 1 else None for n, s in zip(self.names, g.shape)], *([None] * rank))
+
+    def global_array(self, v: Value, spec: ShardingSpec | None):
+        """A tensor's stored blocks as the jax global array shard_map splits over the atoms."""
+        if spec is None:
+            data = np.asarray(v._data)
+            return data.reshape((1,) * len(self.atoms) + data.shape)
+        data = v._data
+        if data is None:
+            raise ShardingError("jit: an abstract tensor (nb.abstract) cannot be run; call .lower(...) to plan only")
+        shape = grid(spec, self.cuts).shape + data.shape[len(grid(spec).shape):]
+        return data if data.shape == shape else data.reshape(shape)
+
+    def inputs(self, leaves: list) -> list:
+        """The jax global arrays of the arguments' blocks, then the constants'. A numpy-backed tensor's device
+        copy is made once and reused while its (immutable) blocks live; blocks already on their devices (a
+        previous call's results, data loaded per process) are used as they are."""
+        import jax
+        from jax.sharding import NamedSharding
+        if self._targets is None:
+            self._targets = [NamedSharding(self.jmesh, self.pspec(t.sharding, t.ndim)) for t in self.twins]
+        arrays = []
+        for t, x, target in zip(self.twins, leaves, self._targets):
+            if not isinstance(x, Tensor) or (x._spec is not t._spec and x._spec != t._spec) or x._shape != t._shape:
+                raise ShardingError(f"jit: expected a tensor of shape {t.shape} laid out {t.sharding!r}")
+            data = x._data
+            if data is None:
+                raise ShardingError("jit: an abstract tensor (nb.abstract) cannot be run; call .lower(...) to plan "
+                                    "only")
+            if isinstance(data, jax.Array):
+                arr = self.global_array(x, x.sharding)
+                if arr.sharding is target or arr.sharding.is_equivalent_to(target, arr.ndim):
+                    arrays.append(arr)  # already on its devices
+                else:
+                    arrays.append(jax.device_put(arr, target))
+                continue
+            arrays.append(_device_copy(data, lambda x=x: self.global_array(x, x.sharding), target))
+        if self._const_arrays is None:
+            self._const_arrays = [jax.device_put(self.global_array(value, spec), NamedSharding(
+                self.jmesh, self.pspec(spec, len(value._shape)))) for value, spec in self.consts]
+        return arrays + self._const_arrays
+
+    def avals(self) -> list:
+        """The jax global arrays ``inputs`` gives, as shapes, dtypes and shardings (to trace without data)."""
+        import jax
+        from jax.sharding import NamedSharding
+        out = []
+        for spec, shape, dtype in [(t.sharding, t.shape, t.dtype) for t in self.twins] + \
+                                  [(spec, v._shape, v._dtype) for v, spec in self.consts]:
+            g = (1,) * len(self.atoms) if spec is None else grid(spec, self.cuts).shape
+            block = tuple(shape) if spec is None else _block(spec, shape)
+            out.append(jax.ShapeDtypeStruct(g + block, dtype,
+                                            sharding=NamedSharding(self.jmesh, self.pspec(spec, len(shape)))))
+        return out
+
+    def outputs(self, arrays) -> list:
+        out = []
+        for o, a in zip(self.outs, arrays):
+            if o.sharding is None:
+                out.append(Tensor(np.asarray(a).reshape(o.shape), None, o.shape, o.dtype))
+                continue
+            shape = grid(o.sharding).shape + a.shape[len(self.atoms):]
+            out.append(Tensor(a if a.shape == shape else a.reshape(shape), o.sharding, o.shape, o.dtype))
+        return out
+
+    def jitted(self):
+        import jax
+        in_specs = tuple([self.pspec(t.sharding, t.ndim) for t in self.twins] +
+                         [self.pspec(spec, len(v._shape)) for v, spec in self.consts])
+        out_specs = tuple(self.pspec(o.sharding, o.ndim) for o in self.outs)
+        fn = jax.shard_map(lambda *arrays: run_body(self, arrays), mesh=self.jmesh, in_specs=in_specs,
+                           out_specs=out_specs, check_vma=False)
+        return jax.jit(fn)
+
+
+def _block(spec: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape) if spec is None or not isinstance(spec, ShardingSpec) else chunks(spec, tuple(shape))
+
+
+def _out_key(o: Tensor, rw: Rewritten) -> Key:
+    return (o._serial, layout(o._spec))
+
+
+def run_body(prog: CompiledProgram, arrays: tuple) -> tuple:
+    """The function every device runs: the instructions, in order, on its blocks."""
+    dev = _Device(prog)
+    xp = dev.xp
+    G = len(prog.atoms)
+    env: dict = {}
+
+    def block_of(a, v, spec):  # a block with no elements holds nothing: not read (XLA would fold it, and an
+        b = a.reshape(a.shape[G:])  # unread manual-computation input fails)
+        return xp.zeros(b.shape, b.dtype) if 0 in a.shape else b
+
+    for k, t, a in zip(prog.input_keys, prog.twins, arrays):
+        env[k] = block_of(a, t, t._spec)
+    for k, (v, spec), a in zip(prog.rw.consts, prog.consts, arrays[len(prog.twins):]):
+        env[k] = block_of(a, v, spec)
+    for ins in prog.rw.instrs:
+        env[ins.writes] = _LOWER[ins.kind](ins, env, dev)
+    return tuple(env[k].reshape((1,) * G + tuple(env[k].shape)) for k in prog.out_keys)
+
+
+def _shape_of(key: Key, ins) -> tuple[int, ...]:
+    s = ins.step
+    if key[0] == s.out:
+        return s.out_shape
+    for u in s.uses:
+        if u.value == key[0]:
+            return u.shape
+    raise ShardingError(f"internal: jit lost the shape of {key}")
+
+
+def _lower_move(ins, env, dev):
+    u = ins.step.uses[ins.use]
+    src = env[ins.reads[0]]
+    dst = ins.writes[1]
+    return _lower_plan(src, ins.plan, u.shape, dev, "sum", dst)
+
+
+def _lower_alias(ins, env, dev):
+    return env[ins.reads[0]]
+
+
+def _lower_place(ins, env, dev):
+    return _place_local(env[ins.reads[0]], ins.step.out_spec, dev)
+
+
+def _lower_view(ins, env, dev):
+    x = env[ins.reads[0]]
+    s = ins.step
+    return x.reshape(_block(s.out_spec, s.out_shape) if isinstance(s.out_spec, ShardingSpec) else s.out_shape)
+
+
+def _lower_manual(ins, env, dev):
+    s = ins.step
+    ins_ = [env[r] if r is not None else u.const for r, u in zip(ins.reads, s.uses)]
+    if hasattr(s.op, "lower"):
+        return s.op.lower(ins_[0] if ins_ else None, dev)
+    return dev.xp.asarray(s.op.kernel(ins_, Local(0, s.out_shape, s.params)))
+
+
+def _lower_host(ins, env, dev):
+    s = ins.step
+    arrays = [env[r] if r is not None else u.const for r, u in zip(ins.reads, s.uses)]
+    return dev.xp.asarray(s.op.kernel(arrays, Local(0, s.out_shape, s.params)))
+
+
+def _lower_kernel(ins, env, dev):
+    """Each operand's block as the kernel takes it (moved before, as the move instructions did), masked where
+    it joins a partial sum, then through its factor kinds' local steps; the kernel; the result's moves."""
+    xp = dev.xp
+    s = ins.step
+    prog = s.prog
+    op = s.op
+    arrays = []
+    for r, u, p in zip(ins.reads, s.uses, prog.preps):
+        if p.kind == "scalar" and not p.mask_axes:
+            arrays.append(u.const)
+            continue
+        if p.kind == "scalar":
+            arrays.append(_prepare_local(xp.asarray(u.const, dtype=prog.dtype).reshape(()), p, op, dev))
+            continue
+        x = env[r]
+        if p.kind == "host":
+            x = _place_local(x, p.target, dev)
+        if p.mask_axes or p.local:
+            x = _prepare_local(x, p, op, dev)
+        arrays.append(x)
+    aux = tuple(_aux_local(a, prog, dev) for a in prog.local.aux)
+    out = op.kernel(arrays, Local(0, prog.local.out_chunk, prog.local.params, True, aux))
+    out = xp.asarray(out)
+    if out.dtype != prog.dtype:
+        out = out.astype(prog.dtype)
+    if tuple(out.shape) != prog.local.out_chunk:
+        out = xp.broadcast_to(out, prog.local.out_chunk)
+    if prog.post is not None:
+        out = _lower_plan(out, prog.post, prog.result_shape, dev, op.reduction, prog.result)
+    return out
+
+
+_LOWER = {"move": _lower_move, "alias": _lower_alias, "place": _lower_place, "view": _lower_view,
+          "manual": _lower_manual, "host": _lower_host, "kernel": _lower_kernel}
+
+
+_DEVICE_COPIES: dict[int, tuple] = {}  # id of numpy blocks -> (weak reference to them, jax sharding, jax array)
+
+
+def _device_copy(data: Any, make: Callable[[], Any], target: Any) -> Any:
+    """``make()`` (a global array of ``data``) on its devices as ``target``, reusing the copy made for the same
+    read-only blocks before (they cannot change: tensors are immutable); the copy is dropped with them."""
+    import jax
+    key = id(data)
+    hit = _DEVICE_COPIES.get(key)
+    if hit is not None and hit[0]() is data and (hit[1] is target or hit[1] == target):
+        return hit[2]
+    if isinstance(data, np.ndarray) and not data.flags.writeable:
+        # a private host copy: jax's CPU client may alias an aligned numpy buffer, and a cached device array
+        # that holds the tensor's own blocks would keep them alive for ever (the weak reference never fires)
+        arr = jax.device_put(np.array(make()), target)
+        ref = weakref.ref(data, lambda _, key=key: _DEVICE_COPIES.pop(key, None))
+        _DEVICE_COPIES[key] = (ref, target, arr)
+        return arr
+    return jax.device_put(make(), target)
+
+
+class _Device:
+    """What a lowering needs about the device it runs on: coordinates along any (sub-)axis, its mesh position,
+    and ppermute between mesh positions."""
+
+    def __init__(self, prog: CompiledProgram) -> None:
+        import jax
+        self.lax = jax.lax
+        self.xp = jax.numpy
+        self.prog = prog
+        self.mesh = prog.mesh
+
+    def axis_names(self, refs) -> tuple[str, ...]:
+        """The jax mesh axes (atoms) that make up ``refs``, major to minor."""
+        out = []
+        for r in refs:
+            for a, n in zip(self.prog.atoms, self.prog.names):
+                if a.name == r.name and r.pre <= a.pre and a.pre * a.size <= r.pre * r.size:
+                    out.append(n)
+        return tuple(out)
+
+    def linear(self, refs):
+        """This device's position along ``refs`` (mixed radix, major first)."""
+        names = self.axis_names(refs)
+        return self.lax.axis_index(names) if names else 0
+
+    def position(self):
+        return self.lax.axis_index(self.prog.names) if self.prog.names else 0
+
+    def pairs(self, fn: Callable[[int], int | None], refs) -> list[tuple[int, int]]:
+        """(source, target) mesh positions: each device sends to the one whose position along ``refs`` is
+        ``fn`` of its own, all else equal (targets outside the axis are dropped)."""
+        mesh = self.mesh
+        k = prod(r.size for r in refs)
+        out = []
+        for u, d in enumerate(mesh.devices):
+            coords = list(mesh.coords(d))
+            q = 0
+            for r in refs:
+                q = q * r.size + r.coord(coords[mesh.axis_index(r.name)])
+            t = fn(q)
+            if t is None or not 0 <= t < k:
+                continue
+            new = list(coords)
+            rest = t
+            for r in reversed(refs):
+                digit = rest % r.size
+                rest //= r.size
+                i = mesh.axis_index(r.name)
+                new[i] += (digit - r.coord(new[i])) * r.minor
+            out.append((u, mesh.devices.index(mesh.device_at(new))))
+        return out
+
+    def ppermute(self, x, pairs):
+        """Device ``u`` sends ``x`` to ``v`` for each pair; a device no one sends to receives zeros."""
+        if not self.prog.names:
+            return x
+        return self.lax.ppermute(x, self.prog.names, perm=pairs)
+
+
+def _fit(xp, x, axis: int, n: int):
+    c = x.shape[axis]
+    if c == n:
+        return x
+    if c > n:
+        return x[(slice(None),) * axis + (slice(0, n),)]
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, n - c)
+    return xp.pad(x, pad)
+
+
+
+
+def _prepare_local(x, p, op, dev):
+    """What an operand's use does to its block before the kernel: a value added to a partial sum counts once
+    per group (on coordinate 0 only), then the factor kinds' local steps."""
+    xp = dev.xp
+    if p.mask_axes:
+        first = xp.asarray(True)
+        for name in p.mask_axes:
+            first = first & (dev.linear([dev.mesh.axis_ref(name)]) == 0)
+        x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
+    for step in p.local:
+        if step.lower is None:
+            raise ShardingError(f"jit: a local step of {op.name} has no lowering")
+        x = step.lower(x, dev)
+    return x
+
+
+def _aux_local(a, prog, dev):
+    """This device's part of a per-layout constant shaped (*grid of the op's atoms, ...)."""
+    if not isinstance(a, np.ndarray):
+        return a
+    cut_grid = grid(prog.kspec, _cuts_of(prog))
+    G = len(cut_grid.shape)
+    if a.ndim < G:
+        return dev.xp.asarray(a)
+    idx = tuple(dev.linear([atom]) if a.shape[j] > 1 else 0 for j, atom in enumerate(cut_grid.atoms))
+    return dev.xp.asarray(a)[idx]
+
+
+def _cuts_of(prog):
+    specs = [p.target for p in prog.preps if p.target is not None] + [prog.kspec]
+    return merge_cuts(*(spec_cuts(s) for s in specs))
+
+
+def _place_local(full, spec: ShardingSpec, dev):
+    """A host value's block on this device (every device holds the whole value: cut, no communication)."""
+    xp = dev.xp
+    x = xp.asarray(full)
+    for d, (refs, n) in enumerate(zip(spec.dim_refs, x.shape)):
+        k = prod(r.size for r in refs)
+        if k == 1:
+            continue
+        c = chunk(n, k)
+        x = _fit(xp, x, d, k * c)
+        x = dev.lax.dynamic_slice_in_dim(x, dev.linear(refs) * c, c, axis=d)
+    if spec.partial_axes:  # the whole value on coordinate 0 of each partial group, zeros elsewhere
+        first = xp.asarray(True)
+        for r in spec.partial_refs:
+            first = first & (dev.linear([r]) == 0)
+        x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
+    return x
+
+
+class _StepContext:
+    """What a collective's lowering (``Collective.lower``) sees: jax, this device, the step's mesh atoms."""
+
+    def __init__(self, dev, refs, shape: tuple[int, ...], reduce_op: str) -> None:
+        self.lax, self.xp, self.dev = dev.lax, dev.xp, dev
+        self.refs = refs
+        self.names = dev.axis_names(refs)
+        self.k = prod(r.size for r in refs)
+        self.shape = shape
+        self.reduce_op = reduce_op
+
+    def index(self):
+        """This device's position along the step's atoms (mixed radix, major first)."""
+        return self.dev.linear(self.refs)
+
+    def fit(self, x, axis: int, n: int):
+        return _fit(self.xp, x, axis, n)
+
+    def exchange(self, x, src: ShardingSpec, dst: ShardingSpec):
+        return _lower_exchange(x, src, dst, self.shape, self.dev)
+
+
+def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str, dst: ShardingSpec):
+    """A reshard plan as jax.lax collectives on one device's block: each step through its registry entry's
+    ``lower`` (its jax.lax twin)."""
+    for seg in plan.segments:
+        for s in seg.steps:
+            if s.fused:
+                continue
+            c = C.REGISTRY.get(s.kind)
+            if c is None or c.lower is None:
+                raise ShardingError(f"jit: the collective {s.kind!r} has no jax.lax lowering, so a plan using it "
+                                    f"cannot be compiled; give its registry entry one "
+                                    f"(Collective(..., lower=fn), fn(block, step, ctx) -> block)")
+            x = c.lower(x, s, _StepContext(dev, [seg.atoms[a] for a in s.atoms], tuple(shape), reduce_op))
+    return x
+
+
+def _lower_exchange(x, src: ShardingSpec, dst: ShardingSpec, shape, dev):
+    """Every device keeps what it holds of its target block and receives the rest, one ppermute a round."""
+    xp, lax = dev.xp, dev.lax
+    rounds = reshard.exchange_detail(tuple(shape), src, dst)
+    sb, tb = reshard._boxes(src, tuple(shape)), reshard._boxes(dst, tuple(shape))
+    mesh = src.mesh
+    n = len(mesh.devices)
+    cs, ct = chunks(src, shape), chunks(dst, shape)
+    # block origins (unclipped ceil-rule starts) per mesh position
+    s_origin = np.array([[_origin(src, shape, p, j) for j in range(len(shape))] for p in range(n)],
+                        dtype=np.int64).reshape(n, len(shape))
+    t_origin = np.array([[_origin(dst, shape, p, j) for j in range(len(shape))] for p in range(n)],
+                        dtype=np.int64).reshape(n, len(shape))
+    me = dev.position()
+    out = xp.zeros(ct, dtype=x.dtype)
+
+    def write(out, piece, recv_off, size):
+        slab = piece.shape
+        big = xp.pad(out, [(0, s) for s in slab])
+        region = lax.dynamic_slice(big, tuple(recv_off), slab)
+        mask = xp.asarray(True)
+        for j, s in enumerate(slab):
+            iota = xp.arange(s).reshape((-1,) + (1,) * (len(slab) - j - 1))
+            mask = mask & (iota < size[j])
+        big = lax.dynamic_update_slice(big, xp.where(mask, piece, region), tuple(recv_off))
+        return big[tuple(slice(0, c) for c in ct)]
+
+    # what this device already holds of its target block
+    lo = np.maximum(sb[..., 0], tb[..., 0])
+    hi = np.minimum(sb[..., 1], tb[..., 1])
+    size = np.maximum(hi - lo, 0)
+    has = (size > 0).all(axis=1)
+    size = np.where(has[:, None], size, 0)
+    send_off = np.where(has[:, None], lo - s_origin, 0)
+    recv_off = np.where(has[:, None], lo - t_origin, 0)
+    slab = tuple(int(v) for v in size.max(axis=0)) if n else ()
+    if all(slab):
+        src_block = xp.pad(x, [(0, s) for s in slab])
+        piece = lax.dynamic_slice(src_block, tuple(xp.asarray(send_off)[me]), slab)
+        out = write(out, piece, xp.asarray(recv_off)[me], xp.asarray(size)[me])
+    for r in rounds:
+        if not all(r.slab):
+            continue
+        send = np.zeros((n, len(shape)), dtype=np.int64)
+        recv = np.zeros((n, len(shape)), dtype=np.int64)
+        sizes = np.zeros((n, len(shape)), dtype=np.int64)
+        pairs = []
+        for u, v, box in r.pieces:
+            start = np.array([b[0] for b in box])
+            send[u] = start - s_origin[u]
+            recv[v] = start - t_origin[v]
+            sizes[v] = [b[1] - b[0] for b in box]
+            pairs.append((u, v))
+        src_block = xp.pad(x, [(0, s) for s in r.slab])
+        piece = lax.dynamic_slice(src_block, tuple(xp.asarray(send)[me]), r.slab)
+        got = lax.ppermute(piece, dev.prog.names, perm=pairs)
+        out = write(out, got, xp.asarray(recv)[me], xp.asarray(sizes)[me])
+    return out
+
+
+def _origin(spec: ShardingSpec, shape, p: int, j: int) -> int:
+    """Global index of local row 0 of dim ``j`` on the device at mesh position ``p`` (the ceil rule, unclipped)."""
+    from ..layout import dim_position
+    mesh = spec.mesh
+    coords = mesh.coords(mesh.devices[p])
+    return dim_position(spec.dim_refs[j], mesh, coords) * chunk(shape[j], spec.num_shards(j))

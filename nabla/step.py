@@ -1,0 +1,98 @@
+"""The recorded step: what one op did, as plain immutable data (operands and the layouts they were read and
+used in, every move carried out with its bytes, the result, FLOPs per device). The executor writes steps; the
+comm log, ``nb.explain``, ``nb.jit`` and the estimator read them, so they cannot disagree."""
+
+from __future__ import annotations
+
+import itertools
+from math import prod
+from typing import Any, NamedTuple
+
+import numpy as np
+
+#: ``Step.op`` of the executor's own steps (no kernel): a value laid out anew (``with_sharding``), a host value
+#: placed on a mesh (``shard``), and a value brought to another layout for a later use (a pending sum made once).
+RELAYOUT, PLACE, MOVE = "with_sharding", "shard", "move"
+
+_SERIALS = itertools.count(1)  # atomic under the GIL: two threads never get the same serial
+
+
+def serial(v: Any) -> int:
+    """The serial number naming value ``v`` in recorded steps (0 for a Python scalar), given on first need.
+    Values that share their blocks (a summed copy, a traced twin) share it: they are the same value."""
+    s = getattr(v, "_serial", None)
+    if s is None:
+        return 0
+    if s == 0:
+        s = v._serial = next(_SERIALS)
+    return s
+
+
+class Use(NamedTuple):
+    """How one operand reached the kernel: read in layout ``src`` (its own, or a copy an earlier step made),
+    moved to ``dst`` by ``events`` here, or taken as an earlier step moved it (``reused``); ``inside``: what the
+    op itself exchanged of it on the way in (the halo rows a window reads from its neighbours)."""
+
+    value: int  # the operand's serial (0: a Python scalar, in ``const``)
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    src: Any  # ShardingSpec, a per-device spec, or None (a host value)
+    dst: Any
+    events: tuple = ()
+    reused: bool = False
+    const: Any = None
+    inside: tuple = ()
+    settled: bool = False  # ``src`` is a summed copy an earlier use made, not the value's own (partial) layout
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one device's block of the operand as the kernel reads it."""
+        if self.value == 0:
+            return 0
+        return _block_elems(self.dst, self.shape) * self.dtype.itemsize
+
+
+class Step(NamedTuple):
+    """One op as it ran: ``op`` (an OpDef, or RELAYOUT / PLACE / MOVE), its params, how each operand was used,
+    the result (serial, shape, dtype, layout), the moves after the kernel (``post``: a max over a sharded dim),
+    what the executor decided (``prog``: reshard plans, local steps; None on the host), the public op it ran
+    for (``user``), ``"forward"``/``"backward"``, and the FLOPs of one device's kernel (the largest block)."""
+
+    op: Any
+    params: tuple
+    uses: tuple[Use, ...]
+    out: int
+    out_shape: tuple[int, ...]
+    out_dtype: np.dtype
+    out_spec: Any
+    post: tuple = ()
+    prog: Any = None
+    user: str = ""
+    phase: str = "forward"
+    flops: int = 0
+
+    @property
+    def name(self) -> str:
+        """The kernel's name ("matmul"), or the executor's step ("with_sharding")."""
+        return self.op if isinstance(self.op, str) else getattr(self.op, "name", str(self.op))
+
+    @property
+    def events(self) -> tuple:
+        """Every move of the step, in the order it ran: each operand's, then the result's."""
+        return tuple(e for u in self.uses for e in u.events + u.inside) + tuple(self.post)
+
+    @property
+    def bytes_in(self) -> int:
+        """Bytes the kernel reads on one device."""
+        return 0 if isinstance(self.op, str) else sum(u.block_bytes for u in self.uses)
+
+    @property
+    def bytes_out(self) -> int:
+        """Bytes of one device's result block."""
+        return _block_elems(self.out_spec, self.out_shape) * self.out_dtype.itemsize
+
+
+def _block_elems(spec: Any, shape: tuple[int, ...]) -> int:
+    if spec is None or not hasattr(spec, "num_shards"):
+        return prod(shape)
+    return prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape))
