@@ -1,0 +1,8 @@
+"""Planning on a real cluster from recorded steps: hardware and clusters as data, and pure functions that price
+kernels, collectives, schedules and pipelines. Reads steps only; the executor records them."""
+
+from .cluster import Cluster, Tier
+from .hardware import Hardware
+from .steps import MATMUL_OPS, Step, StepLike, is_grad_reduction
+
+__all__ = ["Cluster", "Hardware", "MATMUL_OPS", "Step", "StepLike", "Tier", "is_grad_reduction"]
