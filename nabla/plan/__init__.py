@@ -2,7 +2,10 @@
 kernels, collectives, schedules and pipelines. Reads steps only; the executor records them."""
 
 from .cluster import Cluster, Tier
+from .comm import Phase, event_time, phases
+from .compute import kernel_time
 from .hardware import Hardware
 from .steps import MATMUL_OPS, Step, StepLike, is_grad_reduction
 
-__all__ = ["Cluster", "Hardware", "MATMUL_OPS", "Step", "StepLike", "Tier", "is_grad_reduction"]
+__all__ = ["Cluster", "Hardware", "MATMUL_OPS", "Phase", "Step", "StepLike", "Tier", "event_time",
+           "is_grad_reduction", "kernel_time", "phases"]
