@@ -5,7 +5,10 @@ from .cluster import Cluster, Tier
 from .comm import Phase, event_time, phases
 from .compute import kernel_time
 from .hardware import Hardware
+from .report import MemoryReport, Report, estimate_steps
+from .schedule import Interval, StepCost, Timeline, simulate
 from .steps import MATMUL_OPS, Step, StepLike, is_grad_reduction
 
-__all__ = ["Cluster", "Hardware", "MATMUL_OPS", "Phase", "Step", "StepLike", "Tier", "event_time",
-           "is_grad_reduction", "kernel_time", "phases"]
+__all__ = ["Cluster", "Hardware", "Interval", "MATMUL_OPS", "MemoryReport", "Phase", "Report", "Step", "StepCost",
+           "StepLike", "Tier", "Timeline", "estimate_steps", "event_time", "is_grad_reduction", "kernel_time",
+           "phases", "simulate"]
