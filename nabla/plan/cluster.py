@@ -60,29 +60,28 @@ class Cluster:
     def mesh(self, name: str, shape: int | Sequence[int], axis_names: str | Sequence[str]) -> DeviceMesh:
         """A ``DeviceMesh`` over every device of the cluster, ``0..N-1`` row-major (an ordinary mesh: hashable,
         equal by value); so the last axes vary fastest and, if they fit in a node, run on NVLink."""
-        shape_t = (shape,) if _is_int(shape) else tuple(shape)
-        n = prod(int(s) for s in shape_t) if all(_is_int(s) for s in shape_t) else None
-        if n != self.size:
-            raise ShardingError(f"Cluster.mesh {name!r}: mesh shape {shape_t} has {n} devices but the cluster has "
-                                f"{self.nodes} nodes x {self.devices_per_node} devices = {self.size}")
-        return DeviceMesh(name, shape_t, axis_names)
+        mesh = DeviceMesh(name, shape, axis_names)
+        if mesh.size != self.size:
+            raise ShardingError(f"Cluster.mesh {name!r}: mesh shape {mesh.shape} has {mesh.size} devices but the "
+                                f"cluster has {self.nodes} nodes x {self.devices_per_node} devices = {self.size}")
+        return mesh
 
     def tier(self, mesh: DeviceMesh, axes: Sequence[str]) -> Tier:
         """The link tier of a collective over ``axes`` (axes or sub-axes ``"x:(pre)size"``) of ``mesh``."""
         if not isinstance(mesh, DeviceMesh):
             raise ShardingError(f"Cluster.tier: expected a DeviceMesh, got {type(mesh).__name__}")
-        bad = [d for d in mesh.devices if d >= self.size]
-        if bad:
-            raise ShardingError(f"Cluster.tier: mesh @{mesh.name} has device {bad[0]} but the cluster has "
-                                f"devices 0..{self.size - 1} ({self.nodes} nodes x {self.devices_per_node})")
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
         for a in axes:
             mesh.axis_ref(a)  # validates, naming the axis
-        return _tier(mesh, axes, self.devices_per_node)
+        return _tier(mesh, axes, self.nodes, self.devices_per_node)
 
 
 @lru_cache(maxsize=1024)
-def _tier(mesh: DeviceMesh, axes: tuple[str, ...], devices_per_node: int) -> Tier:
+def _tier(mesh: DeviceMesh, axes: tuple[str, ...], nodes: int, devices_per_node: int) -> Tier:
+    top = max(mesh.devices)
+    if top >= nodes * devices_per_node:
+        raise ShardingError(f"Cluster.tier: mesh @{mesh.name} has device {top} but the cluster has devices "
+                            f"0..{nodes * devices_per_node - 1} ({nodes} nodes x {devices_per_node})")
     refs = [mesh.axis_ref(a) for a in axes]
     k = prod(r.size for r in refs)
     if k == 1:

@@ -140,7 +140,9 @@ class Report:
                          f"({'fits' if mem.fits else 'DOES NOT FIT'})")
         return "\n".join(lines)
 
-    __repr__ = __str__
+    def __repr__(self) -> str:
+        return (f"Report(step_time={self.step_time:.6g}, exposed_comm={self.exposed_comm:.6g}, "
+                f"tflops_per_device={self.tflops_per_device:.4g}, mfu={self.mfu:.4g}, mesh={self.mesh!r})")
 
     def to_chrome_trace(self, path: str | None = None, devices: Sequence[int] | None = None) -> dict:
         """Chrome trace event JSON (opens in Perfetto): per device a process ``"device d"`` with a

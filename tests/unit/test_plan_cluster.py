@@ -62,7 +62,7 @@ def test_bad_inputs_are_named():
     m = CL.mesh("m", (4, 8), ("dp", "tp"))
     with pytest.raises(ShardingError, match="unknown axis 'pp'"):
         CL.tier(m, ["pp"])
-    with pytest.raises(ShardingError, match="device 32 but the cluster has devices 0..31"):
+    with pytest.raises(ShardingError, match="device 63 but the cluster has devices 0..31"):
         CL.tier(DeviceMesh("big", (64,), ("x",)), ["x"])
     with pytest.raises(ShardingError, match="nodes must be an int >= 1, got 0"):
         Cluster(HW, nodes=0, devices_per_node=8)

@@ -115,7 +115,7 @@ def test_plot(tmp_path):
 def test_bad_inputs():
     with pytest.raises(ShardingError, match="overlap must be one of"):
         simulate(PROGRAM, CL, MESH, "all")
-    with pytest.raises(ShardingError, match="device 4 but the cluster has devices 0..3"):
+    with pytest.raises(ShardingError, match="device 7 but the cluster has devices 0..3"):
         estimate_steps(PROGRAM, CL, DeviceMesh("m", (8,), ("dp",)))
     with pytest.raises(ShardingError, match="model_flops"):
         estimate_steps(PROGRAM, CL, MESH, model_flops=-1)
