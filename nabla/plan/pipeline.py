@@ -1,0 +1,102 @@
+"""A pipelined job priced from one stage's report for one microbatch: the 1F1B or interleaved schedule's
+bubble and the stage-to-stage sends (Narayanan et al., SC'21, sec. 2.2). Pipelines sit outside SPMD."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ShardingError
+from ..mesh import _is_int
+from .cluster import Cluster
+from .report import Report
+
+SCHEDULES = ("1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    """One training step of ``stages`` stages over ``microbatches`` microbatches, each stage split in
+    ``virtual_stages`` model chunks. Times in seconds, per device:
+
+    ``step_time = (v*m + p - 1) * (microbatch_time / v + 2 * send_time) + grad_time``, of which
+    ``bubble_time = (p - 1) * microbatch_time / v`` (a fraction ``(p - 1) / (v * m)`` of the ideal
+    ``m * microbatch_time``) and ``p2p_time = 2 * (v*m + p - 1) * send_time`` (each chunk step sends an
+    activation forward and receives a gradient back); ``grad_time`` is the gradient reductions, once."""
+
+    stage_report: Report
+    stages: int
+    microbatches: int
+    schedule: str
+    virtual_stages: int
+    microbatch_time: float
+    send_time: float
+    grad_time: float
+
+    @property
+    def bubble_fraction(self) -> float:
+        return (self.stages - 1) / (self.virtual_stages * self.microbatches)
+
+    @property
+    def bubble_time(self) -> float:
+        return (self.stages - 1) * self.microbatch_time / self.virtual_stages
+
+    @property
+    def p2p_time(self) -> float:
+        return 2 * self._chunk_steps * self.send_time
+
+    @property
+    def _chunk_steps(self) -> int:
+        return self.virtual_stages * self.microbatches + self.stages - 1
+
+    @property
+    def step_time(self) -> float:
+        return (self.microbatches * self.microbatch_time + self.bubble_time + self.p2p_time + self.grad_time)
+
+    @property
+    def tflops_per_device(self) -> float:
+        return self.microbatches * self.stage_report.flops / self.step_time / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.microbatches * self.stage_report.model_flops / self.step_time / self.stage_report.peak_flops
+
+    def __str__(self) -> str:
+        return (f"pipeline {self.schedule} p={self.stages} m={self.microbatches} v={self.virtual_stages}: step "
+                f"{self.step_time * 1e3:.3f} ms (bubble {self.bubble_time * 1e3:.3f} ms = "
+                f"{self.bubble_fraction:.1%}, p2p {self.p2p_time * 1e3:.3f} ms, gradients "
+                f"{self.grad_time * 1e3:.3f} ms) | {self.tflops_per_device:.1f} TFLOP/s per device | "
+                f"MFU {self.mfu:.1%}")
+
+
+def pipeline_estimate(stage_report: Report, stages: int, microbatches: int, schedule: str = "1f1b",
+                      virtual_stages: int = 1, p2p_bytes: int | None = None,
+                      cluster: Cluster | None = None) -> PipelineReport:
+    """Price a pipeline of ``stages`` copies of the stage that ``stage_report`` estimated for one microbatch
+    (forward and backward, gradient reductions included: they are taken out of each microbatch and paid
+    once). ``p2p_bytes``: what each device sends at a stage boundary per microbatch (default none); a
+    send runs on the network when the job's stages span nodes (``stages * stage size > devices_per_node``
+    of ``cluster``, default the stage's cluster), else on NVLink."""
+    for what, v in (("stages", stages), ("microbatches", microbatches), ("virtual_stages", virtual_stages)):
+        if not _is_int(v) or v < 1:
+            raise ShardingError(f"pipeline_estimate: {what} must be an int >= 1, got {v!r}")
+    if schedule not in SCHEDULES:
+        raise ShardingError(f"pipeline_estimate: schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    if schedule == "1f1b" and virtual_stages != 1:
+        raise ShardingError(f"pipeline_estimate: the 1f1b schedule has one model chunk per stage, got "
+                            f"virtual_stages={virtual_stages}; use schedule='interleaved'")
+    if schedule == "interleaved" and microbatches % stages:
+        raise ShardingError(f"pipeline_estimate: the interleaved schedule needs microbatches ({microbatches}) to "
+                            f"be a multiple of stages ({stages}), as in Megatron-LM")
+    if not isinstance(stage_report, Report):
+        raise ShardingError(f"pipeline_estimate: stage_report must be a Report, got {type(stage_report).__name__}")
+    cluster = stage_report.cluster if cluster is None else cluster
+    send = 0.0
+    if p2p_bytes:
+        if not _is_int(p2p_bytes) or p2p_bytes < 0:
+            raise ShardingError(f"pipeline_estimate: p2p_bytes must be an int >= 0, got {p2p_bytes!r}")
+        tier = "network" if stages * stage_report.mesh.size > cluster.devices_per_node else "nvlink"
+        latency, bandwidth = cluster.hardware.link(tier)
+        send = latency + p2p_bytes / bandwidth
+    per_microbatch = stage_report.step_time - stage_report.exposed_grad_comm
+    return PipelineReport(stage_report, int(stages), int(microbatches), schedule, int(virtual_stages),
+                          per_microbatch, send, stage_report.exposed_grad_comm)

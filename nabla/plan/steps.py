@@ -1,0 +1,46 @@
+"""What the estimator prices: a recorded step, as plain data. The executor writes steps; this package
+only reads them, through ``StepLike`` (any object with these attributes), so it never imports the executor."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+
+from ..collectives import CommEvent
+
+#: Kernel ops priced by the matmul roofline (tensor cores); every other op is priced by its bytes.
+MATMUL_OPS = frozenset({"matmul", "einsum", "conv", "dot", "dot_general"})
+
+
+@runtime_checkable
+class StepLike(Protocol):
+    """One op as the executor recorded it: its kernel, the public op it ran for, its phase, dtype, FLOPs and
+    bytes per device (the max over devices), the collectives carried out for it (in order) and a layer label."""
+
+    op: str
+    user: str
+    phase: str
+    out_dtype: Any
+    flops: int
+    bytes_in: int
+    bytes_out: int
+    events: Sequence[CommEvent]
+    layer: str | None
+
+
+class Step(NamedTuple):
+    """A concrete ``StepLike``: what tests and hand-made plans build (the executor may record its own type)."""
+
+    op: str
+    user: str = ""
+    phase: str = "forward"
+    out_dtype: Any = "float32"
+    flops: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    events: tuple[CommEvent, ...] = ()
+    layer: str | None = None
+
+
+def is_grad_reduction(step: StepLike) -> bool:
+    """A gradient reduction: a backward step run for ``"grad of ..."`` (what ``overlap="grads"`` hides)."""
+    return step.phase == "backward" and str(step.user).startswith("grad of")

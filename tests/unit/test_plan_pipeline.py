@@ -1,0 +1,61 @@
+"""nabla.plan.pipeline: the bubble of 1F1B, (p-1)/m, and of the interleaved schedule, (p-1)/(v m)
+(Narayanan et al. SC'21), and the stage-to-stage sends, on a toy stage with round numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from nabla.collectives import CommEvent
+from nabla.errors import ShardingError
+from nabla.plan import Cluster, Hardware, Step, estimate_steps, pipeline_estimate
+
+TOY = Hardware("toy", peak_flops={"float32": 1e12}, vector_flops=1e12, hbm_bytes=10**9, hbm_bandwidth=1e9,
+               nvlink_bandwidth=1e9, network_bandwidth=1e8, nvlink_latency=1e-6, network_latency=1e-5)
+CL = Cluster(TOY, nodes=1, devices_per_node=2)
+MESH = CL.mesh("m", (2,), ("dp",))
+# one microbatch on one stage: 3 ms of matmul, then a 1 ms gradient all_reduce (1e6 bytes over NVLink + 1 step)
+STAGE = (Step("matmul", "f", "forward", "float32", flops=10**9),
+         Step("matmul", "g", "backward", "float32", flops=2 * 10**9),
+         Step("with_sharding", "grad of p['w']", "backward", events=(CommEvent("all_reduce", ("dp",), 10**6, 2),)))
+
+
+def test_1f1b_bubble():
+    r = estimate_steps(STAGE, CL, MESH, overlap="none")
+    assert r.step_time == pytest.approx(3e-3 + 2 * 1e-6 + 1e-3)  # all_reduce over 2: 2 ring steps
+    p = pipeline_estimate(r, stages=4, microbatches=8)
+    assert p.bubble_fraction == pytest.approx(3 / 8)  # (p - 1) / m
+    assert p.microbatch_time == pytest.approx(3e-3)  # the gradient reduction is paid once, not per microbatch
+    assert p.bubble_time == pytest.approx(3 * 3e-3)
+    assert p.step_time == pytest.approx(8 * 3e-3 + 3 * 3e-3 + (2e-6 + 1e-3))
+    assert p.tflops_per_device == pytest.approx(8 * 3e9 / p.step_time / 1e12)
+    assert p.mfu == pytest.approx(p.tflops_per_device)  # peak 1 TFLOP/s, model FLOPs = FLOPs
+
+
+def test_interleaved_bubble_and_sends():
+    r = estimate_steps(STAGE[:2], CL, MESH)
+    # 4 stages of 2 devices span 8 > 2 devices per node: sends on the network, 1e-5 + 1e5 / 1e8 = 1.01 ms
+    p = pipeline_estimate(r, stages=4, microbatches=8, schedule="interleaved", virtual_stages=2, p2p_bytes=10**5,
+                          cluster=Cluster(TOY, nodes=4, devices_per_node=2))
+    assert p.bubble_fraction == pytest.approx(3 / (2 * 8))  # (p - 1) / (v m)
+    assert p.bubble_time == pytest.approx(3 * 3e-3 / 2)
+    assert p.send_time == pytest.approx(1e-5 + 1e5 / 1e8)
+    assert p.p2p_time == pytest.approx(2 * (2 * 8 + 3) * 1.01e-3)  # a send each way per chunk step
+    assert p.step_time == pytest.approx(8 * 3e-3 + 4.5e-3 + 38.38e-3)
+    # on one node (stages x 2 devices <= 8), the same sends run on NVLink: 1e-6 + 1e5 / 1e9
+    q = pipeline_estimate(r, stages=4, microbatches=8, p2p_bytes=10**5, cluster=Cluster(TOY, 1, 8))
+    assert q.send_time == pytest.approx(1.01e-4)
+    assert "bubble" in str(q)
+
+
+def test_bad_inputs():
+    r = estimate_steps(STAGE, CL, MESH)
+    with pytest.raises(ShardingError, match="schedule must be one of"):
+        pipeline_estimate(r, 4, 8, schedule="gpipe")
+    with pytest.raises(ShardingError, match="virtual_stages=2; use schedule='interleaved'"):
+        pipeline_estimate(r, 4, 8, virtual_stages=2)
+    with pytest.raises(ShardingError, match=r"microbatches \(6\) to be a multiple of stages \(4\)"):
+        pipeline_estimate(r, 4, 6, schedule="interleaved", virtual_stages=2)
+    with pytest.raises(ShardingError, match="stages must be an int >= 1, got 0"):
+        pipeline_estimate(r, 0, 8)
+    with pytest.raises(ShardingError, match="stage_report must be a Report"):
+        pipeline_estimate(1.0, 4, 8)
