@@ -331,6 +331,14 @@ def _named_leaves(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     return out
 
 
+def _replace_leaves(tree: Any, table: dict[int, Any]) -> Any:
+    if isinstance(tree, dict):
+        return {k: _replace_leaves(v, table) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(_replace_leaves(v, table) for v in tree)
+    return table.get(id(tree), tree)
+
+
 def _type_of(shape: tuple[int, ...], dtype: Any) -> str:
     dt = np.dtype(dtype)
     short_dt = {"float32": "f32", "float64": "f64", "int64": "i64", "int32": "i32", "bool": "bool",
@@ -467,12 +475,16 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
     strat, model = current_strategy(), current_cost_model()
     leaves = _named_leaves(fn, args, kwargs)
     names: dict[int, str] = {}
+    table: dict[int, Any] = {}
     for name, v in leaves:
-        if isinstance(v, Tensor):
-            names.setdefault(serial(v), name)
+        if isinstance(v, Tensor) and id(v) not in table:
+            # a twin: the same blocks, none of the sums an earlier use made of them (what a first run does)
+            tw = table[id(v)] = Tensor(v._data, v._spec, v._shape, v._dtype, v._sid)
+            tw._node = v._node
+            names[serial(tw)] = name
     from .jit import inlined  # a jitted function's ops are explained one by one
     with C.comm_log() as log, inlined():
-        out = fn(*args, **kwargs)
+        out = fn(*_replace_leaves(args, table), **_replace_leaves(kwargs, table))
     steps: list[_Step] = []
     k = 0
     for st in log.steps:
