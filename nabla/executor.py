@@ -20,6 +20,7 @@ from .errors import ShardingError
 from .factors import LocalStep, OperandContext
 from .layout import chunks, grid, merge_cuts, spec_cuts
 from .mesh import AxisRef
+from .opdef import Local, OpDef
 from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
@@ -88,51 +89,6 @@ def sid_of(a: Any) -> int:
     if i is None:
         i = _SCALAR_IDS[t] = _sig_id(("c", t))
     return i
-
-
-class Local(NamedTuple):
-    """What a kernel needs beyond its arrays: grid axes in front, the result block shape, op params; whether
-    window factors already cut each operand's windowed dims to its windows (on sharded values, always; on
-    host values, never); and what the op's ``aux`` hook computed for this layout (e.g. global row indices)."""
-
-    G: int
-    out_chunk: tuple[int, ...]
-    params: tuple
-    windowed: bool = False
-    aux: tuple = ()
-    fold: tuple[int, ...] = ()  # grid axes to reduce too (kept as 1s): the all_reduce after the op, done in it
-
-
-class OpDef:
-    """An op is data: its rule, its kernel, and how partial sums and reductions behave.
-
-    ``linear``: "add" (partial operands add; other operands are added once), "mul" (linear in each
-    operand separately), or None (partial operands are summed first). ``linear_args`` limits which
-    operands that applies to. ``reduction``: what a sharded reduce factor leaves ("sum": partial sums;
-    "max"/"min": reduced at once). ``dtype``: "sample" (run the kernel on tiny arrays), "same", a dtype, or
-    a function of the operands' dtypes.
-    ``fast``: a numpy function equal to the kernel on operands of the result's rank (an elementwise ufunc),
-    called directly when nothing moves. ``aux(result_spec, cuts, shapes, params)``: per-layout constants the
-    kernel needs (computed once per program). ``vjp(cotangent, node, out)``: the cotangents of the operands
-    (None where there is none), written with nabla ops. ``folds``: the kernel honours ``Local.fold`` (a
-    max/min reduction also reduces over grid axes), so a following all_reduce of the same op runs inside it.
-    Ops hash by identity: each is defined once.
-    """
-
-    __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp",
-                 "folds", "flops")
-
-    def __init__(self, name: str, rule: Callable[..., Rule], kernel: Callable[[list, Local], Any],
-                 linear: str | None = None, linear_args: tuple[int, ...] | None = None, reduction: str = "sum",
-                 dtype: Any = "sample", fast: Callable | None = None, aux: Callable | None = None,
-                 vjp: Callable | None = None, folds: bool = False, flops: Callable | None = None) -> None:
-        self.name, self.rule, self.kernel, self.linear = name, rule, kernel, linear
-        self.linear_args, self.reduction, self.dtype, self.fast = linear_args, reduction, dtype, fast
-        self.aux, self.vjp, self.folds = aux, vjp, folds
-        self.flops = flops  # flops(operand block shapes, result block shape, params); None: one per result element
-
-    def __repr__(self) -> str:
-        return f"OpDef({self.name})"
 
 
 # ---- planning (cached) ---------------------------------------------------------------------------

@@ -1,0 +1,67 @@
+"""What an op is, as data: ``OpDef`` (rule, kernel, VJP, FLOPs, and the names numpy and ONNX know it by) and
+``Local``, what a kernel sees besides its arrays. The executor runs OpDefs; ``nabla.ops`` registers them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+if TYPE_CHECKING:
+    from .rules.core import Rule
+
+
+class Local(NamedTuple):
+    """What a kernel needs beyond its arrays: grid axes in front, the result block shape, op params; whether
+    window factors already cut each operand's windowed dims to its windows (on sharded values, always; on
+    host values, never); and what the op's ``aux`` hook computed for this layout (e.g. global row indices)."""
+
+    G: int
+    out_chunk: tuple[int, ...]
+    params: tuple
+    windowed: bool = False
+    aux: tuple = ()
+    fold: tuple[int, ...] = ()  # grid axes to reduce too (kept as 1s): the all_reduce after the op, done in it
+
+
+class OpDef:
+    """An op is data: its rule, its kernel, and how partial sums and reductions behave.
+
+    ``linear``: "add" (partial operands add; other operands are added once), "mul" (linear in each
+    operand separately), or None (partial operands are summed first). ``linear_args`` limits which
+    operands that applies to. ``reduction``: what a sharded reduce factor leaves ("sum": partial sums;
+    "max"/"min": reduced at once). ``dtype``: "sample" (run the kernel on tiny arrays), "same", a dtype, or
+    a function of the operands' dtypes.
+    ``fast``: a numpy function equal to the kernel on operands of the result's rank (an elementwise ufunc),
+    called directly when nothing moves. ``aux(result_spec, cuts, shapes, params)``: per-layout constants the
+    kernel needs (computed once per program). ``vjp(cotangent, node, out)``: the cotangents of the operands
+    (None where there is none), written with nabla ops. ``folds``: the kernel honours ``Local.fold`` (a
+    max/min reduction also reduces over grid axes), so a following all_reduce of the same op runs inside it.
+    ``flops(operand block shapes, result block shape, params)``: per device (None: one per result element).
+
+    What the rest of nabla reads from the registry (``nabla.ops.registry``): ``numpy``, the numpy ufunc or
+    function the op answers to on tensors (``np.exp(t)``); ``onnx``, how ``nabla.onnx.export`` writes it (an
+    ONNX op type for one node taking the operands in the result's dtype, or a function of an export context,
+    marked with the ONNX op types it emits); ``reference``, a numpy function computing the op on host arrays
+    (random programs and tests compare with it); ``domain``, the ``(low, high)`` interval random programs
+    keep its operands in (None: any value); ``arity``, how many operands it takes (None: a varying number);
+    ``public``, the user-facing function (``nb.<name>``; None for an op that is not called directly).
+    Ops hash by identity: each is defined once.
+    """
+
+    __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp",
+                 "folds", "flops", "numpy", "onnx", "reference", "domain", "arity", "public")
+
+    def __init__(self, name: str, rule: Callable[..., Rule], kernel: Callable[[list, Local], Any],
+                 linear: str | None = None, linear_args: tuple[int, ...] | None = None, reduction: str = "sum",
+                 dtype: Any = "sample", fast: Callable | None = None, aux: Callable | None = None,
+                 vjp: Callable | None = None, folds: bool = False, flops: Callable | None = None, *,
+                 numpy: str | None = None, onnx: str | Callable | None = None, reference: Callable | None = None,
+                 domain: tuple[float, float] | None = None, arity: int | None = None,
+                 public: Callable | None = None) -> None:
+        self.name, self.rule, self.kernel, self.linear = name, rule, kernel, linear
+        self.linear_args, self.reduction, self.dtype, self.fast = linear_args, reduction, dtype, fast
+        self.aux, self.vjp, self.folds, self.flops = aux, vjp, folds, flops
+        self.numpy, self.onnx, self.reference, self.domain = numpy, onnx, reference, domain
+        self.arity, self.public = arity, public
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name})"
