@@ -1,5 +1,7 @@
 """nabla: an eager SPMD tensor framework; numpy-like code on tensors sharded over a named device mesh."""
 
+import builtins as _builtins
+
 from . import distributed, lax, optim, random
 from .shard_map import shard_map
 from .distributed import from_process_local
@@ -10,11 +12,9 @@ from .cost import AxisCost, CostModel, cost_model
 from .errors import ShardingError
 from .jit import jit  # (jax is imported when a function is first traced, not here)
 from .mesh import DeviceMesh
-from .ops import (abs, abstract, add, arange, argmax, astype, avg_pool, batch_norm, broadcast_to, concatenate, conv,
-                  cos, divide, einsum, global_avg_pool, layer_norm, max_pool,
-                  equal, exp, expand_dims, getitem, greater, greater_equal, less, less_equal, log, matmul, max,
-                  maximum, mean, min, minimum, multiply, negative, not_equal, ones, power, relu, reshape, sigmoid,
-                  sin, softmax, sqrt, squeeze, subtract, sum, swapaxes, tanh, tensor, transpose, where, zeros)
+from .ops import (abstract, arange, ones, tensor, zeros,  # making tensors
+                  batch_norm, global_avg_pool, layer_norm, mean, swapaxes)  # functions built from registered ops
+from .ops import registry as _registry
 from .propagation import strategy
 from .spec import DimSpec, ShardingSpec
 from .tensor import Tensor, device_put, from_local, with_sharding_constraint
@@ -32,6 +32,21 @@ def from_jax(array, mesh: DeviceMesh | None = None) -> Tensor:
     return _from(array, mesh)
 
 
+def __getattr__(name: str):
+    """An op registered after ``import nabla`` (``nb.ops.elementwise``, ``nb.ops.register``): its function (PEP 562)."""
+    fn = _registry.function(name)
+    if fn is None:
+        raise AttributeError(f"module 'nabla' has no attribute {name!r}")
+    return fn
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_registry.names()))
+
+
+# every registered op's function: nb.add, nb.matmul, ... (ops registered later: __getattr__)
+globals().update({n: _registry.function(n) for n in _registry.names()})
+
 # ``from nabla import *`` gives the public API only, and leaves Python's sum, max, min and abs alone
 # (use nb.sum, nb.max, nb.min, nb.abs).
 __all__ = [
@@ -39,10 +54,5 @@ __all__ = [
     "AxisCost", "comm_log", "cost_model", "strategy", "backend", "random", "optim", "visualize_sharding",
     "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
     "vjp", "jit", "distributed", "from_process_local", "shard_map", "lax",
-    "tensor", "ones", "zeros", "arange", "abstract",
-    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "where", "exp", "log", "tanh", "sin",
-    "cos", "sqrt", "negative", "relu", "sigmoid", "matmul", "einsum", "mean", "argmax",
-    "softmax", "transpose", "reshape", "broadcast_to", "expand_dims", "squeeze", "swapaxes", "concatenate",
-    "astype", "getitem", "conv", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "layer_norm", "equal",
-    "not_equal", "less", "less_equal", "greater", "greater_equal",
-]
+    "tensor", "ones", "zeros", "arange", "abstract", "mean", "swapaxes", "global_avg_pool", "batch_norm", "layer_norm",
+] + [n for n in _registry.names() if not hasattr(_builtins, n)]

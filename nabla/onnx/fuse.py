@@ -21,7 +21,9 @@ from onnx import helper
 
 from .. import ops as _ops
 from .. import windows as _windows
-from ..executor import OpDef
+from ..opdef import OpDef
+from ..ops import elementwise, onnx_export, register
+from ..ops.windowed import _onnx_pads
 from ..rules import conv as _conv_rules
 
 
@@ -126,9 +128,22 @@ def _conv_act_aux(spec, cuts, shapes, params):
     return (tuple(live),)
 
 
-CONV_ACT = OpDef("conv_act", lambda shapes, stride, padding, dilation, groups, relu: _conv_rules.conv_rule(
+@onnx_export("Conv", "Relu")
+def _conv_act_onnx(ex):
+    """Conv with its bias, then Relu when fused."""
+    stride, pads, dilation, groups, relu = ex.params
+    ins = [ex.operand(i, ex.dtype) for i in range(len(ex.node.args))]
+    attrs = dict(strides=list(stride), pads=_onnx_pads(pads), dilations=list(dilation), group=int(groups),
+                 kernel_shape=[int(k) for k in ex.node.args[1]._shape[2:]])
+    main = [(x, i) for i, x in enumerate(ins)]
+    if not relu:
+        return ex.finish(ex.out("Conv", ins, **attrs), main)
+    return ex.finish(ex.out("Relu", [ex.emit("Conv", ins, "conv", **attrs)]), main)
+
+
+CONV_ACT = register(OpDef("conv_act", lambda shapes, stride, padding, dilation, groups, relu: _conv_rules.conv_rule(
     shapes[0], shapes[1], stride, padding, dilation, groups, shapes[2] if len(shapes) > 2 else None, True),
-    _conv_act_kernel, dtype=lambda *d: np.result_type(*d), aux=_conv_act_aux)
+    _conv_act_kernel, dtype=lambda *d: np.result_type(*d), aux=_conv_act_aux, onnx=_conv_act_onnx))
 
 
 def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool):
@@ -146,4 +161,10 @@ def _add_relu(xp, a, b):
     return xp.maximum(out, out.dtype.type(0))
 
 
-ADD_RELU = _ops._elementwise("add_relu", _add_relu)
+@onnx_export("Add", "Relu")
+def _add_relu_onnx(ex):
+    ins = [ex.operand(i, ex.dtype) for i in range(2)]
+    return ex.finish(ex.out("Relu", [ex.emit("Add", ins, "sum")]), [(ins[0], 0), (ins[1], 1)])
+
+
+ADD_RELU = elementwise("add_relu", _add_relu, onnx=_add_relu_onnx, public=False).op

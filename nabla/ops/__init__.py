@@ -1,0 +1,29 @@
+"""The numpy-like functions, one module per op family; every op is an entry of the registry (``registry``), from
+which ``nb.<name>``, numpy's protocols on tensors, ONNX export and random programs are read. ``nabla.ops.<name>``
+is an op's function (ops registered later too); ``elementwise`` and ``register`` add ops."""
+
+from __future__ import annotations
+
+from . import registry
+from .core import ArrayLike, _align, _arg, _axes, _call, _is_diff, _mask, _named, _ndim, _shape, _unbroadcast
+from .registry import REGISTRY, by_numpy, by_onnx, elementwise, function, lookup, onnx_export, register, unregister
+from .creation import (_ML_DTYPE_NAMES, _MAX_DIM, _allocate, _dtype_arg, _int_like, _is_ml_dtype, _numeric_array,
+                       _shape_arg, abstract, arange, full, ones, tensor, zeros)
+from .pointwise import (_ASTYPE, _BINARY, _RECIPROCAL, _UNARY, _WHERE, abs, add, astype, cos, divide, equal, exp,
+                        greater, greater_equal, less, less_equal, log, maximum, minimum, multiply, negative, not_equal,
+                        power, relu, sigmoid, sin, sqrt, subtract, tanh, where)
+from .shape import (_BROADCAST, _CONCAT, _EXPAND, _RESHAPE, _SQUEEZE, _TRANSPOSE, _pad_dim, _scatter_slice,
+                    broadcast_to, concatenate, expand_dims, reshape, squeeze, swapaxes, transpose)
+from .indexing import _INDEX, _KEYS, _normalize_key, getitem
+from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, argmax, max, mean,
+                        min, softmax, sum)
+from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
+from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
+                   global_avg_pool, layer_norm, max_pool)
+
+def __getattr__(name: str):
+    """An op registered after import, by name (PEP 562)."""
+    fn = registry.function(name)
+    if fn is None:
+        raise AttributeError(f"module 'nabla.ops' has no attribute {name!r}")
+    return fn

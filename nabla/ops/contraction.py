@@ -1,0 +1,153 @@
+"""Contractions (matmul, einsum): a contracted letter sharded on the operands leaves partial sums; batch and
+free letters keep their sharding."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from .. import rules as R
+from ..backends import xp as _xp
+from ..errors import ShardingError
+from ..mesh import _show
+from ..opdef import OpDef
+from .core import ArrayLike, Tensor, _call, _is_diff, _named, _ndim, _shape, _unbroadcast
+from .registry import onnx_export, register
+from .shape import broadcast_to, expand_dims, reshape, squeeze, swapaxes
+
+
+# ---- matmul ----------------------------------------------------------------------------------------------------
+
+
+def _matmul_kernel(arrays, local):
+    a, b = arrays
+    G = local.G
+    batch = len(local.out_chunk) - 2
+    # give both operands the result's batch rank so grid axes line up
+    a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
+    b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
+    return _xp(a, b).matmul(a, b)
+
+
+def _matmul_vjp(g, node, out):
+    a, b = node.args
+    ga = _unbroadcast(matmul(g, swapaxes(b, -1, -2)), a) if _is_diff(a) else None
+    gb = _unbroadcast(matmul(swapaxes(a, -1, -2), g), b) if _is_diff(b) else None
+    return ga, gb
+
+
+@onnx_export("MatMul")
+def _matmul_onnx(ex):
+    return ex.one("MatMul")
+
+
+@_named
+def matmul(a: ArrayLike, b: ArrayLike) -> Tensor:
+    """numpy's matmul; 1-D operands are lifted to matrices and the added dim removed, as numpy does."""
+    ra, rb = _ndim(a), _ndim(b)
+    if ra == 0 or rb == 0:
+        raise ShardingError(f"matmul: operands must have at least 1 dim, got ranks {ra} and {rb}")
+    a2 = expand_dims(a, 0) if ra == 1 else a
+    b2 = expand_dims(b, 1) if rb == 1 else b
+    out = _call(_MATMUL, (a2, b2))
+    if ra == 1:
+        out = squeeze(out, out.ndim - 2)
+    if rb == 1:
+        out = squeeze(out, out.ndim - 1)
+    return out
+
+
+_MATMUL = register(OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel, "mul", vjp=_matmul_vjp,
+                         numpy="matmul", onnx=_matmul_onnx, arity=2, public=matmul))
+
+
+# ---- einsum ----------------------------------------------------------------------------------------------------
+
+
+def _einsum_kernel(arrays, local):
+    """Carry the grid axes through as extra leading letters, so one einsum serves every device."""
+    subscripts = local.params[0].replace(" ", "")
+    G = local.G
+    if G == 0:
+        return _xp(*arrays).einsum(subscripts, *arrays)
+    lhs, arrow, rhs = subscripts.partition("->")
+    terms = lhs.split(",")
+    if not arrow:  # numpy's implicit output: ellipsis dims, then the letters used once, sorted
+        letters = lhs.replace(".", "").replace(",", "")
+        rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in subscripts]
+    g = "".join(free[:G])
+    xp = _xp(*arrays)
+    grid = np.broadcast_shapes(*(a.shape[:G] for a in arrays))
+    arrays = [xp.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
+    return xp.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *arrays)
+
+
+def _einsum_terms(subscripts: str, shapes) -> tuple[list[str], str]:
+    """Explicit letters for every operand and the output (ellipses spelled out, implicit output made explicit)."""
+    spec = subscripts.replace(" ", "")
+    lhs, arrow, rhs = spec.partition("->")
+    terms = lhs.split(",")
+    letters = [c for c in lhs if c.isalpha()]
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in spec]
+    ell = builtins.max((len(s) - (len(t) - 3) for t, s in zip(terms, shapes) if "..." in t), default=0)
+    e = "".join(spare[:ell])
+    out_terms = [t.replace("...", e[ell - (len(s) - (len(t) - 3)):]) if "..." in t else t
+                 for t, s in zip(terms, shapes)]
+    if arrow:
+        out = rhs.replace("...", e)
+    else:
+        out = e + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    return out_terms, out
+
+
+def _einsum_vjp(g, node, out):
+    operands = node.args
+    shapes = [_shape(x) for x in operands]
+    terms, res = _einsum_terms(node.params[0], shapes)
+    sizes = {c: n for t, s in zip(terms, shapes) for c, n in zip(t, s) if n != 1}
+    grads = []
+    for i, (x, t) in enumerate(zip(operands, terms)):
+        if not _is_diff(x):
+            grads.append(None)
+            continue
+        others = [(o, u) for j, (o, u) in enumerate(zip(operands, terms)) if j != i]
+        seen = set(res) | {c for _, u in others for c in u}
+        keep = "".join(c for c in t if c in seen)
+        d = einsum(",".join([res] + [u for _, u in others]) + "->" + keep, g, *(o for o, _ in others))
+        if keep != t:  # letters summed in x alone: their cotangent is broadcast back
+            d = broadcast_to(reshape(d, tuple(sizes.get(c, 1) if c in keep else 1 for c in t)),
+                             tuple(sizes.get(c, 1) for c in t))
+        grads.append(_unbroadcast(d, x) if d.shape != x._shape else
+                     (d if d.dtype == x._dtype else d.astype(x._dtype)))
+    return tuple(grads)
+
+
+def _explicit(subscripts: str) -> str:
+    """numpy's implicit einsum output made explicit (ellipsis dims, then letters used once, sorted)."""
+    s = subscripts.replace(" ", "")
+    lhs, arrow, rhs = s.partition("->")
+    if arrow:
+        return s
+    letters = lhs.replace(".", "").replace(",", "")
+    rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    return f"{lhs}->{rhs}"
+
+
+@onnx_export("Einsum")
+def _einsum_onnx(ex):
+    return ex.one("Einsum", equation=_explicit(ex.params[0]))
+
+
+def einsum(subscripts: str, *operands: ArrayLike) -> Tensor:
+    """numpy's einsum (no repeated letters within one operand); contracted letters sharded on the
+    operands give partial sums."""
+    if not isinstance(subscripts, str):
+        raise ShardingError(f"einsum: subscripts (the first argument) must be a str such as 'ij,jk->ik', got "
+                            f"{type(subscripts).__name__} {_show(subscripts)}")
+    return _call(_EINSUM, operands, (subscripts,))
+
+
+_EINSUM = register(OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul",
+                         vjp=_einsum_vjp, numpy="einsum", onnx=_einsum_onnx, public=einsum))

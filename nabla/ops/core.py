@@ -1,0 +1,124 @@
+"""The plumbing every op family shares: operands checked and wrapped, ops run through the executor, kernel
+blocks aligned by rank, argument normalisers, and the cotangent helpers the VJPs use."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..collectives import user_op as _user_op
+from ..errors import ShardingError
+from ..executor import SCALARS, Value, run
+from ..mesh import _show
+from ..opdef import Local, OpDef
+from ..tensor import Tensor
+
+ArrayLike = Any  # a Tensor, a numpy array, or a Python scalar
+
+
+def _arg(x: Any, op: str, i: int) -> Any:
+    if isinstance(x, Value):
+        return x
+    if isinstance(x, SCALARS) and not isinstance(x, np.ndarray):
+        return x
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # noqa: BLE001 - reported as the op's error
+        raise ShardingError(f"{op}: operand {i} of type {type(x).__name__} is not array-like ({e})") from None
+    if a.dtype.kind not in "biufc":
+        raise ShardingError(f"{op}: operand {i} ({type(x).__name__} of dtype {a.dtype}) is not a numeric array")
+    if a.flags.writeable:  # the caller may change their array later; the result must not change with it
+        a = a.copy()
+        a.flags.writeable = False
+    return Value(a, None, a.shape, a.dtype)
+
+
+def _named(fn):
+    """The collectives a composite op runs are logged under its own name (softmax, not max and divide)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with _user_op(fn.__name__):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
+    return run(op, [_arg(a, op.name, i) for i, a in enumerate(args)], params, Tensor)
+
+
+def _align(arrays: list, local: Local) -> list:
+    """Give every block the result's rank (singletons after the grid axes) so numpy broadcasts by dim."""
+    rank = len(local.out_chunk)
+    if all(getattr(a, "ndim", -1) == local.G + rank for a in arrays):
+        return arrays
+    out = []
+    for a in arrays:
+        if hasattr(a, "ndim") and not isinstance(a, np.generic) and a.ndim - local.G < rank:
+            a = a.reshape(a.shape[:local.G] + (1,) * (rank - a.ndim + local.G) + a.shape[local.G:])
+        out.append(a)
+    return out
+
+
+def _ndim(x) -> int:
+    return len(x._shape) if isinstance(x, Value) else np.ndim(x)
+
+
+def _shape(x) -> tuple[int, ...]:
+    return x._shape if isinstance(x, Value) else np.shape(x)
+
+
+def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
+    if type(axis) is int and 0 < ndim and -ndim <= axis < ndim:  # the common call, checked in one line
+        return (axis % ndim,)
+    if axis is None:
+        return tuple(range(ndim))
+    if ndim == 0 and isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)) and axis in (0, -1):
+        return ()  # numpy lets a 0-d array be reduced over an int axis 0 (or -1): nothing to reduce
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:  # numpy raises TypeError here; nabla's errors about op arguments are ShardingErrors (ValueErrors)
+        raise ShardingError(f"{op}: axis must be None, an int or a tuple of ints, got {type(axis).__name__} "
+                            f"{_show(axis)}")
+    out = []
+    for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
+            raise ShardingError(f"{op}: axis {_show(axis)} holds {type(a).__name__} {_show(a)}; axes are ints")
+        if not -ndim <= a < ndim:
+            raise ShardingError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ShardingError(f"{op}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+# ---- cotangents (VJPs are written with nabla ops: the backward pass shards like any code) ----------------------
+
+
+def _is_diff(x: Any) -> bool:
+    """Whether ``x`` needs a cotangent: a float or complex value that depends on a traced one."""
+    return isinstance(x, Value) and x._node is not None and x._node.diff and x._dtype.kind in "fc"
+
+
+def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
+    """The cotangent of an operand that broadcasting stretched: summed back to its shape, in its dtype."""
+    if not _is_diff(x):
+        return None
+    shape = x._shape
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axes, keepdims=True)
+    return g if g.dtype == x._dtype else g.astype(x._dtype)
+
+
+def _mask(cond: Tensor, like: Any) -> Tensor:
+    """``cond`` as 0/1 in the cotangent's dtype."""
+    dt = like._dtype if isinstance(like, Value) and like._dtype.kind in "fc" else np.dtype(np.float64)
+    return cond.astype(dt)

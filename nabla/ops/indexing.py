@@ -1,0 +1,185 @@
+"""Basic indexing (``getitem``: ints, slices, None, ``...``): a sharded dim cut by a forward slice stays sharded,
+each device receiving only the rows of its result block it lacks; a reversed dim is one collective_permute."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import numpy as np
+
+from .. import rules as R
+from ..errors import ShardingError, ShardingIndexError
+from ..opdef import OpDef
+from .core import ArrayLike, Tensor, _call, _is_diff, _shape
+from .registry import onnx_export, register
+from .shape import _pad_dim, _scatter_slice, expand_dims, squeeze
+
+INT64_MIN = -(2 ** 63)
+
+
+def _index_kernel(arrays, local):
+    key = local.params[0]
+    idx = [slice(None)] * local.G
+    for e in key:
+        if e[0] == "full":
+            idx.append(slice(None))
+        elif e[0] == "reverse":  # blocks were already swapped across devices: reverse each one locally
+            idx.append(slice(None, None, -1))
+        elif e[0] == "slice":
+            start, stop, step = e[1:]
+            if local.windowed and step > 0:  # the window factor already cut each block to its window
+                idx.append(slice(None, None, step))
+            elif step < 0 and start < 0:  # slice.indices gives start -1 for "before 0": nothing is taken
+                idx.append(slice(0, 0))
+            else:
+                idx.append(slice(start, stop if stop >= 0 else None, step))  # slice.indices gives -1 for "past 0"
+        elif e[0] == "int":
+            idx.append(e[1])
+        else:
+            idx.append(None)
+    out = arrays[0][tuple(idx)]
+    if any(e[0] == "empty" for e in key):  # a False index: the new axis holds nothing
+        at = [e[0] for e in key if e[0] != "int"]
+        out = out[(slice(None),) * local.G + tuple(slice(0, 0) if e == "empty" else slice(None) for e in at)]
+    return out
+
+
+def _getitem_vjp(g, node, out):
+    x, = node.args
+    if not _is_diff(x):
+        return (None,)
+    key = node.params[0]
+    shape = x._shape
+    # undo new axes and integer indices first, then slices dim by dim
+    squeeze_at = [i for i, e in enumerate([e for e in key if e[0] != "int"]) if e[0] == "new"]
+    if squeeze_at:
+        g = squeeze(g, tuple(squeeze_at))
+    d = 0
+    entries = [e for e in key if e[0] != "new"]
+    for e in entries:
+        if e[0] == "int":
+            g = expand_dims(g, d)
+        d += 1
+    for d, e in enumerate(entries):
+        n = shape[d]
+        if e[0] == "reverse":
+            g = g[(slice(None),) * d + (slice(None, None, -1),)]
+        elif e[0] == "int":
+            g = _pad_dim(g, d, e[1], n - e[1] - 1)
+        elif e[0] == "slice":
+            start, stop, step = e[1:]
+            if step > 0:
+                g = _scatter_slice(g, d, n, start, step)
+            else:  # x[start:stop:step] is the reversed x cut forward from n-1-start by -step
+                g = _scatter_slice(g, d, n, n - 1 - start, -step)[(slice(None),) * d + (slice(None, None, -1),)]
+    return (g if g.dtype == x._dtype else g.astype(x._dtype),)
+
+
+@onnx_export("Slice", "Squeeze", "Unsqueeze")
+def _getitem_onnx(ex):
+    """One Slice over the sliced, reversed and indexed dims, then Squeeze the indexed dims and Unsqueeze the new
+    ones."""
+    x = ex.operand(0)
+    key = ex.params[0]
+    starts, ends, axes, steps, squeezed, new = [], [], [], [], [], []
+    d = 0  # input dim
+    o = 0  # output dim (entries that are not ints)
+    for e in key:
+        kind = e[0]
+        if kind == "new":
+            new.append(o)
+            o += 1
+            continue
+        if kind == "reverse":
+            starts.append(-1), ends.append(INT64_MIN), axes.append(d), steps.append(-1)
+        elif kind == "slice":
+            start, stop, step = e[1:]
+            starts.append(start), axes.append(d), steps.append(step)
+            ends.append(INT64_MIN if step < 0 and stop < 0 else stop)
+        elif kind == "int":
+            starts.append(e[1]), ends.append(e[1] + 1), axes.append(d), steps.append(1)
+            squeezed.append(d)
+        d += 1
+        if kind != "int":
+            o += 1
+    stages = []
+    if axes:
+        stages.append(("Slice", [ex.ints(starts, "starts"), ex.ints(ends, "ends"), ex.ints(axes, "axes"),
+                                 ex.ints(steps, "steps")]))
+    if squeezed:
+        stages.append(("Squeeze", [ex.ints(squeezed, "axes")]))
+    if new:
+        stages.append(("Unsqueeze", [ex.ints(new, "axes")]))
+    if not stages:
+        return ex.finish(ex.out("Identity", [x]), [(x, 0)])
+    cur = x
+    for k, (op_type, extra) in enumerate(stages):
+        if k == len(stages) - 1:
+            return ex.finish(ex.out(op_type, [cur] + extra), [(x, 0)])
+        cur = ex.emit(op_type, [cur] + extra, op_type.lower())
+
+
+def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_real = len([k for k in key if k is not None and k is not Ellipsis and not isinstance(k, (bool, np.bool_))])
+    if n_real > len(shape):
+        raise ShardingIndexError(f"getitem: {n_real} indices for a tensor of rank {len(shape)}")
+    if builtins.sum(k is Ellipsis for k in key) > 1:
+        raise ShardingError("getitem: an index can only have a single ellipsis")
+    out: list[tuple] = []
+    d = 0
+    for k in key:
+        if k is Ellipsis:
+            for _ in range(len(shape) - n_real):
+                out.append(("full",))
+                d += 1
+        elif k is None or k is True or (isinstance(k, np.bool_) and k):
+            out.append(("new",))  # numpy: a True scalar index adds an axis of size 1
+        elif k is False or isinstance(k, np.bool_):
+            out.append(("empty",))  # ... and False one of size 0
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(shape[d])
+            if (start, stop, step) == (0, shape[d], 1):
+                out.append(("full",))
+            elif step == -1 and start == shape[d] - 1 and stop == -1:
+                out.append(("reverse",))
+            else:
+                out.append(("slice", start, stop, step))
+            d += 1
+        elif isinstance(k, (int, np.integer)):
+            if not -shape[d] <= k < shape[d]:
+                raise ShardingIndexError(f"getitem: index {k} is out of bounds for dim {d} of size {shape[d]}")
+            out.append(("int", int(k) % shape[d]))
+            d += 1
+        else:
+            raise ShardingError(f"getitem: only basic indexing (ints, slices, None, ...) is supported, got {k!r}")
+    while d < len(shape):
+        out.append(("full",))
+        d += 1
+    return tuple(out)
+
+
+_KEYS: dict = {}  # (hashable form of an index, shape) -> its normalized form
+
+
+def getitem(x: ArrayLike, key: Any) -> Tensor:
+    """Basic indexing. A sharded dim cut by a forward slice stays sharded: each device receives only the rows
+    of its result block it lacks (none where they line up); a reversed dim is one collective_permute."""
+    shape = _shape(x)
+    parts = key if type(key) is tuple else (key,)
+    try:
+        hk = (tuple((k.start, k.stop, k.step) if type(k) is slice else (type(k), k) for k in parts), shape)
+        norm = _KEYS.get(hk)
+    except TypeError:  # an unhashable index: refused by _normalize_key with its message
+        hk, norm = None, None
+    if norm is None:
+        norm = _normalize_key(key, shape)
+        if hk is not None and len(_KEYS) < 4096:
+            _KEYS[hk] = norm
+    return _call(_INDEX, (x,), (norm,))
+
+
+_INDEX = register(OpDef("getitem", lambda shapes, key: R.index_rule(shapes[0], key), _index_kernel, "add",
+                        dtype="same", vjp=_getitem_vjp, onnx=_getitem_onnx, arity=1, public=getitem))

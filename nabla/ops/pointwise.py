@@ -1,0 +1,168 @@
+"""Elementwise ops (arithmetic, comparisons, unary math, ``where``, ``astype``): one registry entry each, with
+its derivative and its ONNX export. Their rule is one factor per dim; numpy broadcasting decides the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import rules as R
+from ..errors import ShardingError
+from ..executor import Value
+from ..opdef import OpDef
+from .core import ArrayLike, Tensor, _call, _is_diff, _mask, _unbroadcast
+from .registry import elementwise, onnx_export, register
+
+
+# ---- ONNX export of the elementwise group -----------------------------------------------------------------------
+
+
+def _arith(op_type: str, bool_type: str | None = None):
+    """Arithmetic in the result's dtype; on bools numpy's logic (``+`` is or, ``*`` is and) or an error."""
+    @onnx_export(op_type)
+    def export(ex):
+        if ex.dtype == np.bool_ and bool_type is None:
+            raise ShardingError(f"export: op {ex.name} on bool operands has no ONNX form (numpy computes it as "
+                                f"int8 and casts back); cast the operands first")
+        return ex.one(bool_type if ex.dtype == np.bool_ else op_type)
+    return export
+
+
+def _compare(*op_types: str):
+    """A comparison in the operands' common dtype; ``not_equal`` is Not(Equal)."""
+    @onnx_export(*op_types)
+    def export(ex):
+        common = np.result_type(*(a._dtype if isinstance(a, Value) else a for a in ex.node.args))
+        ins = [ex.operand(i, common) for i in range(2)]
+        name = ex.out(op_types[0], ins) if len(op_types) == 1 else \
+            ex.out(op_types[1], [ex.emit(op_types[0], ins, "eq")])
+        return ex.finish(name, [(ins[0], 0), (ins[1], 1)])
+    return export
+
+
+@onnx_export("Where")
+def _where_onnx(ex):
+    c = ex.operand(0, np.dtype(np.bool_))
+    a, b = ex.operand(1, ex.dtype), ex.operand(2, ex.dtype)
+    return ex.finish(ex.out("Where", [c, a, b]), [(c, 0), (a, 1), (b, 2)])
+
+
+@onnx_export("Cast")
+def _astype_onnx(ex):
+    x = ex.operand(0)
+    return ex.finish(ex.out("Cast", [x], to=ex.onnx_type(ex.dtype, "astype's result")), [(x, 0)])
+
+
+# ---- derivatives that need more than one line --------------------------------------------------------------------
+
+
+def _pow_da(g, a, b, out):
+    """d(a**b)/da = b * a**(b-1), as jax: for an integer exponent 0 where b == 0 (jax's integer_pow); for a float
+    one as it comes (0.0 * 0**-1: nan at a == 0, b == 0)."""
+    d = multiply(b, power(a, subtract(b, 1)))
+    integer = isinstance(b, (int, np.integer)) and not isinstance(b, bool) or \
+        isinstance(b, Value) and b._dtype.kind in "iu"
+    return g * (where(equal(b, 0), 0.0, d) if integer else d)
+
+
+def _pow_db(g, a, b, out):
+    """d(a**b)/db = a**b log a, with log 1 where a == 0 (as jax: 0 there unless a**b is not finite)."""
+    return g * (out * log(where(equal(a, 0), 1.0, a)))
+
+
+def _tie(g, a, b, win):
+    """max/min: the winner takes the cotangent, a tie splits it in half (as jax)."""
+    return g * (_mask(win, g) + _mask(equal(a, b), g) * 0.5)
+
+
+def _abs_dx(g, x, o):
+    """d|x|/dx: the sign, 1 at 0 (as jax: select(x >= 0, g, -g)); for complex x, conj(x) / |x| (jax's
+    convention for a real function of a complex value) = |x| / x, 0 at 0."""
+    if isinstance(x, Value) and x._dtype.kind == "c":
+        zero = equal(o, 0)
+        return g * where(zero, 0.0, o / where(zero, 1.0, x))
+    return g * (_mask(greater_equal(x, 0), g) * 2.0 - 1.0)
+
+
+def _relu(xp, x):
+    return xp.maximum(x, x.dtype.type(0) if hasattr(x, "dtype") else 0)
+
+
+def _sigmoid(xp, x):
+    x = xp.asarray(x)
+    one = x.dtype.type(1) if x.dtype.kind == "f" else 1.0
+    return one / (one + xp.exp(-x))
+
+
+_NONE = (None, None)  # comparisons: no gradient
+
+# ---- the ops ------------------------------------------------------------------------------------------------------
+
+add = elementwise("add", numpy="add", onnx=_arith("Add", "Or"), linear="add",
+                  vjp=(lambda g, a, b, o: g, lambda g, a, b, o: g))
+subtract = elementwise("subtract", numpy="subtract", onnx=_arith("Sub"), linear="add",
+                       vjp=(lambda g, a, b, o: g, lambda g, a, b, o: -g))
+multiply = elementwise("multiply", numpy="multiply", onnx=_arith("Mul", "And"), linear="mul",
+                       vjp=(lambda g, a, b, o: g * b, lambda g, a, b, o: g * a))
+divide = elementwise("divide", numpy="divide", onnx=_arith("Div"), linear="mul", linear_args=(0,),
+                     vjp=(lambda g, a, b, o: g / b, lambda g, a, b, o: -(g * o) / b), domain=(0.5, 2.0))
+power = elementwise("power", numpy="power", onnx=_arith("Pow"), vjp=(_pow_da, _pow_db), domain=(0.5, 2.0))
+maximum = elementwise("maximum", numpy="maximum", onnx=_arith("Max", "Or"),
+                      vjp=(lambda g, a, b, o: _tie(g, a, b, greater(a, b)),
+                           lambda g, a, b, o: _tie(g, a, b, less(a, b))))
+minimum = elementwise("minimum", numpy="minimum", onnx=_arith("Min", "And"),
+                      vjp=(lambda g, a, b, o: _tie(g, a, b, less(a, b)),
+                           lambda g, a, b, o: _tie(g, a, b, greater(a, b))))
+less = elementwise("less", numpy="less", onnx=_compare("Less"), vjp=_NONE)
+less_equal = elementwise("less_equal", numpy="less_equal", onnx=_compare("LessOrEqual"), vjp=_NONE)
+greater = elementwise("greater", numpy="greater", onnx=_compare("Greater"), vjp=_NONE)
+greater_equal = elementwise("greater_equal", numpy="greater_equal", onnx=_compare("GreaterOrEqual"), vjp=_NONE)
+equal = elementwise("equal", numpy="equal", onnx=_compare("Equal"), vjp=_NONE)
+not_equal = elementwise("not_equal", numpy="not_equal", onnx=_compare("Equal", "Not"), vjp=_NONE)
+
+negative = elementwise("negative", numpy="negative", onnx="Neg", linear="add", vjp=lambda g, x, o: -g)
+exp = elementwise("exp", numpy="exp", onnx="Exp", vjp=lambda g, x, o: g * o, domain=(-3.0, 3.0))
+log = elementwise("log", numpy="log", onnx="Log", vjp=lambda g, x, o: g / x, domain=(0.1, 10.0))
+tanh = elementwise("tanh", numpy="tanh", onnx="Tanh", vjp=lambda g, x, o: g * (1.0 - o * o))
+sin = elementwise("sin", numpy="sin", onnx="Sin", vjp=lambda g, x, o: g * cos(x))
+cos = elementwise("cos", numpy="cos", onnx="Cos", vjp=lambda g, x, o: -(g * sin(x)))
+sqrt = elementwise("sqrt", numpy="sqrt", onnx="Sqrt", vjp=lambda g, x, o: g / (o * 2.0), domain=(0.1, 10.0))
+abs = elementwise("abs", numpy="absolute", onnx="Abs", vjp=_abs_dx)  # noqa: A001 - numpy's name
+relu = elementwise("relu", _relu, onnx="Relu", vjp=lambda g, x, o: g * _mask(greater(x, 0), g))
+sigmoid = elementwise("sigmoid", _sigmoid, onnx="Sigmoid", vjp=lambda g, x, o: g * (o * (1.0 - o)))
+where = elementwise("where", numpy="where", onnx=_where_onnx, linear="add", linear_args=(1, 2),
+                    arity=3, operands=("cond", "a", "b"))
+# numpy's ``x ** -1`` on float arrays (see Tensor.__pow__; for complex numbers 1 / x differs in the signs of
+# zeros); not a public name
+_reciprocal = elementwise("reciprocal", onnx="Reciprocal", public=False,
+                          vjp=lambda g, x, o: negative(multiply(g, multiply(o, o))))
+
+
+def _where_vjp(g, node, out):
+    # the condition has no cotangent; each branch gets the cotangent where it was chosen
+    return (None, _unbroadcast(where(node.args[0], g, 0.0), node.args[1]),
+            _unbroadcast(where(node.args[0], 0.0, g), node.args[2]))
+
+
+where.op.vjp = _where_vjp
+
+
+def _astype_kernel(arrays, local):
+    return arrays[0].astype(local.params[0])
+
+
+def astype(x: ArrayLike, dtype: Any) -> Tensor:
+    return _call(_ASTYPE, (x,), (np.dtype(dtype),))
+
+
+_ASTYPE = register(OpDef("astype", lambda shapes, dt: R.elementwise_rule(tuple(shapes)), _astype_kernel,
+                         dtype="sample", numpy="astype", onnx=_astype_onnx, arity=1, public=astype,
+                         vjp=lambda g, node, out: (astype(g, node.args[0]._dtype) if _is_diff(node.args[0])
+                                                   else None,)))
+
+_BINARY = {f.__name__: f.op for f in (add, subtract, multiply, divide, power, maximum, minimum, less, less_equal,
+                                      greater, greater_equal, equal, not_equal)}
+_UNARY = {f.__name__: f.op for f in (negative, exp, log, tanh, sin, cos, sqrt, abs, relu, sigmoid)}
+_WHERE = where.op
+_RECIPROCAL = _reciprocal.op
