@@ -3,7 +3,8 @@
 Each tensor argument becomes a traced leaf (a twin sharing its blocks, as autodiff makes them); ``fn`` runs
 eagerly (on abstract tensors no kernel runs), and every result that depends on a leaf records a ``Node``:
 the op, its params, its operands and the executor's program. The trace, operands first, becomes the graph:
-one ONNX node (or a few) per nabla op, constants as initializers, and under a ``DeviceConfigurationProto``
+one ONNX node (or a few) per nabla op, as the op's registry entry says (``OpDef.onnx``: an ONNX op type, or an
+export function next to the op), constants as initializers, and under a ``DeviceConfigurationProto``
 named after the mesh, on the main node of each op, the layout each operand was brought to before the
 local kernel ran and the layout of the result.
 
@@ -15,6 +16,7 @@ the same."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -25,6 +27,7 @@ from ..autodiff import flatten
 from ..errors import ShardingError
 from ..executor import Value
 from ..mesh import DeviceMesh
+from ..ops import registry
 from ..spec import ShardingSpec
 from ..tensor import Tensor
 from ..trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, topological
@@ -32,33 +35,27 @@ from .specs import spec_to_onnx
 
 OPSET = 21
 IR_VERSION = 10  # device configurations arrived in IR version 10
-INT64_MIN = -(2 ** 63)
 
-_BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "power": "Pow",
-           "maximum": "Max", "minimum": "Min"}
-_BOOL_BINARY = {"add": "Or", "maximum": "Or", "multiply": "And", "minimum": "And"}  # numpy's bool arithmetic
-_COMPARE = {"less": "Less", "less_equal": "LessOrEqual", "greater": "Greater", "greater_equal": "GreaterOrEqual",
-            "equal": "Equal", "not_equal": "Equal"}  # not_equal: Not(Equal)
-_UNARY = {"negative": "Neg", "exp": "Exp", "log": "Log", "tanh": "Tanh", "sin": "Sin", "cos": "Cos",
-          "sqrt": "Sqrt", "abs": "Abs", "relu": "Relu", "sigmoid": "Sigmoid", "reciprocal": "Reciprocal"}
-_REDUCE = {"sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin"}
-_OTHER = ("where", "astype", "matmul", "einsum", "argmax", "softmax", "transpose", "reshape", "broadcast_to",
-          "expand_dims", "squeeze", "concatenate", "getitem", "conv", "max_pool", "avg_pool")
 
-#: nabla op name -> the ONNX op types its export uses (besides Cast, inserted where numpy's dtype rules
-#: and ONNX's same-type inputs differ)
-MAPPING: dict[str, tuple[str, ...]] = {
-    **{k: (v,) for k, v in _BINARY.items()},
-    **{k: (v,) for k, v in _COMPARE.items()}, "not_equal": ("Equal", "Not"),
-    **{k: (v,) for k, v in _UNARY.items()},
-    **{k: (v,) for k, v in _REDUCE.items()},
-    "where": ("Where",), "astype": ("Cast",), "matmul": ("MatMul",), "einsum": ("Einsum",),
-    "argmax": ("ArgMax", "Reshape"), "softmax": ("Softmax",), "transpose": ("Transpose",),
-    "reshape": ("Reshape",), "broadcast_to": ("Expand",), "expand_dims": ("Unsqueeze",),
-    "squeeze": ("Squeeze",), "concatenate": ("Concat",), "getitem": ("Slice", "Squeeze", "Unsqueeze"),
-    "conv": ("Conv",), "max_pool": ("MaxPool",), "avg_pool": ("AveragePool",),
-    "conv_act": ("Conv", "Relu"), "add_relu": ("Add", "Relu"),  # nox.run's fused epilogues (fuse.py)
-}
+class _Mapping(Mapping):
+    """nabla op name -> the ONNX op types its export uses (besides Cast, inserted where numpy's dtype rules and
+    ONNX's same-type inputs differ): read from the op registry when asked, so ops registered later are in it."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        op = registry.REGISTRY.get(name)
+        types = registry.onnx_types(op) if op is not None else ()
+        if not types:
+            raise KeyError(name)
+        return types
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n, op in list(registry.REGISTRY.items()) if registry.onnx_types(op))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+MAPPING: Mapping[str, tuple[str, ...]] = _Mapping()
 
 
 def _onnx_type(dtype: np.dtype, what: str) -> int:
@@ -178,10 +175,6 @@ class _Builder:
         if np.dtype(src) == np.dtype(dst):
             return name
         return self.node("Cast", [name], f"{name}_as_{np.dtype(dst).name}", to=_onnx_type(dst, name))
-
-
-def _dtype_of(a: Any) -> Any:
-    return a._dtype if isinstance(a, Value) else a
 
 
 def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto:
@@ -310,201 +303,70 @@ def _annotate(mesh: DeviceMesh, annotations: list[tuple[onnx.NodeProto, list[tup
 # ---- one nabla op -> ONNX nodes ------------------------------------------------------------------------------
 
 
-def _emit(b: _Builder, v: Tensor, out_name: str | None) -> tuple[str, list[tuple[str, ShardingSpec | None]]]:
-    """Emit the nodes computing ``v``; returns its tensor name and the (tensor, spec) annotations for the
-    last node emitted (the op's main node): its data inputs as the kernel received them, and its output."""
-    node = v._node
-    op = node.op
-    base = out_name or (op if isinstance(op, str) else op.name)
-    prog = node.prog
+class _Export:
+    """What an op's export function sees of one traced op (see ``nabla.ops.registry``): the op's node, its
+    params and result dtype, and the builder's steps named after the result."""
 
-    def operand(i: int, dtype: np.dtype | None = None) -> str:
-        a = node.args[i]
+    def __init__(self, b: _Builder, v: Tensor, out_name: str | None) -> None:
+        self.b, self.v, self.out_name = b, v, out_name
+        self.node = v._node
+        op = self.node.op
+        self.name = getattr(op, "name", op)
+        self.base = out_name or self.name
+        self.params = self.node.params
+        self.dtype = v._dtype
+
+    def operand(self, i: int, dtype: np.dtype | None = None) -> str:
+        """The name of operand ``i`` (a constant for a value that is not traced), cast to ``dtype`` if given."""
+        a = self.node.args[i]
         if isinstance(a, Value):
-            nm = b.names[id(a)] if id(a) in b.names else b.constant(a)
-            return nm if dtype is None else b.cast(nm, a._dtype, dtype)
-        return b.constant(a, dtype if dtype is not None else np.result_type(a))
+            nm = self.b.names[id(a)] if id(a) in self.b.names else self.b.constant(a)
+            return nm if dtype is None else self.b.cast(nm, a._dtype, dtype)
+        return self.b.constant(a, dtype if dtype is not None else np.result_type(a))
 
-    def target(i: int) -> ShardingSpec | None:
-        if prog is None or not hasattr(prog, "preps") or i >= len(prog.preps):
-            return None
-        return prog.preps[i].target
-
-    def finish(name: str, main_inputs: list[tuple[str, int]]) -> tuple[str, list]:
-        specs = [(nm, target(i)) for nm, i in main_inputs if isinstance(node.args[i], Value)]
-        specs.append((name, v.sharding))
-        return name, specs
-
-    def out(op_type: str, inputs: list[str], **attrs) -> str:
-        nm = out_name or b.fresh(base)
-        if out_name is not None:
-            b.used.add(out_name)
-        b.nodes.append(helper.make_node(op_type, inputs, [nm], name=b.fresh(f"{op_type}_{base}"), **attrs))
+    def out(self, op_type: str, inputs: list[str], **attrs) -> str:
+        """The op's main node, whose output is the op's result."""
+        nm = self.out_name or self.b.fresh(self.base)
+        if self.out_name is not None:
+            self.b.used.add(self.out_name)
+        self.b.nodes.append(helper.make_node(op_type, inputs, [nm], name=self.b.fresh(f"{op_type}_{self.base}"),
+                                             **attrs))
         return nm
 
+    def emit(self, op_type: str, inputs: list[str], suffix: str, **attrs) -> str:
+        """An intermediate node (before the main one)."""
+        return self.b.node(op_type, inputs, f"{self.base}_{suffix}", **attrs)
+
+    def ints(self, values, base: str = "shape") -> str:
+        return self.b.ints(values, base)
+
+    def onnx_type(self, dtype: np.dtype, what: str) -> int:
+        return _onnx_type(dtype, what)
+
+    def finish(self, name: str, main_inputs: list[tuple[str, int]]) -> tuple[str, list]:
+        """The result's name and the annotations of the main node: the operands among ``main_inputs`` (name,
+        operand index) as the kernel received them, and the result."""
+        prog = self.node.prog
+        preps = getattr(prog, "preps", None) if prog is not None else None
+        specs = [(nm, preps[i].target if preps is not None and i < len(preps) else None)
+                 for nm, i in main_inputs if isinstance(self.node.args[i], Value)]
+        specs.append((name, self.v.sharding))
+        return name, specs
+
+    def one(self, op_type: str, cast: bool = True, **attrs) -> tuple[str, list]:
+        """One node over every operand (in the result's dtype unless ``cast`` is False)."""
+        ins = [self.operand(i, self.dtype if cast else None) for i in range(len(self.node.args))]
+        return self.finish(self.out(op_type, ins, **attrs), [(x, i) for i, x in enumerate(ins)])
+
+
+def _emit(b: _Builder, v: Tensor, out_name: str | None) -> tuple[str, list[tuple[str, ShardingSpec | None]]]:
+    """Emit the nodes computing ``v`` as its op's registry entry says; returns its tensor name and the (tensor,
+    spec) annotations for the op's main node: its data inputs as the kernel received them, and its output."""
+    ex = _Export(b, v, out_name)
+    op = ex.node.op
     if op in (RELAYOUT, PLACE):
-        return finish(out("Identity", [operand(0)]), [])
-    name = op.name
-    dt = v._dtype
-    n_args = len(node.args)
-    if name in _BINARY:
-        if dt == np.bool_ and name in _BOOL_BINARY:
-            ins = [operand(i, dt) for i in range(2)]
-            return finish(out(_BOOL_BINARY[name], ins), [(ins[0], 0), (ins[1], 1)])
-        if dt == np.bool_:
-            raise ShardingError(f"export: op {name} on bool operands has no ONNX form (numpy computes it as "
-                                f"int8 and casts back); cast the operands first")
-        ins = [operand(i, dt) for i in range(2)]
-        return finish(out(_BINARY[name], ins), [(ins[0], 0), (ins[1], 1)])
-    if name in _COMPARE:
-        common = np.result_type(*(_dtype_of(a) for a in node.args))
-        ins = [operand(i, common) for i in range(2)]
-        if name == "not_equal":
-            eq = b.node("Equal", ins, f"{base}_eq")
-            return finish(out("Not", [eq]), [(ins[0], 0), (ins[1], 1)])
-        return finish(out(_COMPARE[name], ins), [(ins[0], 0), (ins[1], 1)])
-    if name in _UNARY:
-        x = operand(0, dt)
-        return finish(out(_UNARY[name], [x]), [(x, 0)])
-    if name == "where":
-        c = operand(0, np.dtype(np.bool_))
-        a, bb = operand(1, dt), operand(2, dt)
-        return finish(out("Where", [c, a, bb]), [(c, 0), (a, 1), (bb, 2)])
-    if name == "astype":
-        x = operand(0)
-        return finish(out("Cast", [x], to=_onnx_type(dt, "astype's result")), [(x, 0)])
-    if name == "matmul":
-        ins = [operand(i, dt) for i in range(2)]
-        return finish(out("MatMul", ins), [(ins[0], 0), (ins[1], 1)])
-    if name == "einsum":
-        ins = [operand(i, dt) for i in range(n_args)]
-        return finish(out("Einsum", ins, equation=_explicit(node.params[0])), [(x, i) for i, x in enumerate(ins)])
-    if name in _REDUCE:
-        axes, keepdims = node.params
-        x = operand(0, dt)
-        ins = [x, b.ints(axes, "axes")]
-        return finish(out(_REDUCE[name], ins, keepdims=int(keepdims), noop_with_empty_axes=int(not axes)), [(x, 0)])
-    if name == "argmax":
-        axis, = node.params
-        x = operand(0)
-        if axis is None:
-            x = b.node("Reshape", [x, b.ints([-1])], f"{base}_flat")
-            axis = 0
-        x0 = operand(0)
-        if dt == np.int64:
-            return finish(out("ArgMax", [x], axis=int(axis), keepdims=0), [(x0, 0)])
-        i64 = b.node("ArgMax", [x], f"{base}_i64", axis=int(axis), keepdims=0)
-        return finish(out("Cast", [i64], to=_onnx_type(dt, "argmax's result")), [(x0, 0)])
-    if name == "softmax":
-        x = operand(0, dt)
-        return finish(out("Softmax", [x], axis=int(node.params[0])), [(x, 0)])
-    if name == "transpose":
-        x = operand(0)
-        return finish(out("Transpose", [x], perm=[int(p) for p in node.params[0]]), [(x, 0)])
-    if name == "reshape":
-        x = operand(0)
-        target_shape = [int(s) for s in node.params[0]]
-        attrs = {"allowzero": 1} if 0 in target_shape else {}
-        return finish(out("Reshape", [x, b.ints(target_shape)], **attrs), [(x, 0)])
-    if name == "broadcast_to":
-        x = operand(0)
-        return finish(out("Expand", [x, b.ints(node.params[0])]), [(x, 0)])
-    if name in ("expand_dims", "squeeze"):
-        x = operand(0)
-        axes = tuple(node.params[0])
-        if not axes:
-            return finish(out("Identity", [x]), [(x, 0)])
-        return finish(out("Unsqueeze" if name == "expand_dims" else "Squeeze", [x, b.ints(axes, "axes")]), [(x, 0)])
-    if name == "concatenate":
-        ins = [operand(i, dt) for i in range(n_args)]
-        return finish(out("Concat", ins, axis=int(node.params[0])), [(x, i) for i, x in enumerate(ins)])
-    if name == "getitem":
-        return _getitem(b, node, operand(0), base, out, finish)
-    if name == "conv":
-        stride, pads, dilation, groups = node.params
-        x, w = operand(0, dt), operand(1, dt)
-        kernel = [int(k) for k in node.args[1]._shape[2:]]
-        return finish(out("Conv", [x, w], strides=list(stride), pads=_pads(pads), dilations=list(dilation),
-                          group=int(groups), kernel_shape=kernel), [(x, 0), (w, 1)])
-    if name == "conv_act":  # Conv with its bias, then Relu when fused
-        stride, pads, dilation, groups, relu = node.params
-        ins = [operand(i, dt) for i in range(n_args)]
-        kernel = [int(k) for k in node.args[1]._shape[2:]]
-        attrs = dict(strides=list(stride), pads=_pads(pads), dilations=list(dilation), group=int(groups),
-                     kernel_shape=kernel)
-        main = [(x, i) for i, x in enumerate(ins)]
-        if not relu:
-            return finish(out("Conv", ins, **attrs), main)
-        return finish(out("Relu", [b.node("Conv", ins, f"{base}_conv", **attrs)]), main)
-    if name == "add_relu":
-        ins = [operand(i, dt) for i in range(2)]
-        return finish(out("Relu", [b.node("Add", ins, f"{base}_sum")]), [(ins[0], 0), (ins[1], 1)])
-    if name == "max_pool":
-        kernel, stride, pads, dilation = node.params
-        x = operand(0)
-        return finish(out("MaxPool", [x], kernel_shape=list(kernel), strides=list(stride), pads=_pads(pads),
-                          dilations=list(dilation)), [(x, 0)])
-    if name == "avg_pool":
-        kernel, stride, pads, dilation, include = node.params
-        x = operand(0, dt)
-        return finish(out("AveragePool", [x], kernel_shape=list(kernel), strides=list(stride), pads=_pads(pads),
-                          dilations=list(dilation), count_include_pad=int(include)), [(x, 0)])
-    raise ShardingError(f"export: op {name!r} has no ONNX mapping (ops with one: {sorted(MAPPING)})")
-
-
-def _pads(pads) -> list[int]:
-    """nabla's (before, after) per spatial dim -> ONNX's begins then ends."""
-    return [int(lo) for lo, _ in pads] + [int(hi) for _, hi in pads]
-
-
-def _explicit(subscripts: str) -> str:
-    """numpy's implicit einsum output made explicit (ellipsis dims, then letters used once, sorted)."""
-    s = subscripts.replace(" ", "")
-    lhs, arrow, rhs = s.partition("->")
-    if arrow:
-        return s
-    letters = lhs.replace(".", "").replace(",", "")
-    rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    return f"{lhs}->{rhs}"
-
-
-def _getitem(b: _Builder, node, x: str, base: str, out, finish):
-    """Basic indexing: one Slice over the sliced, reversed and indexed dims, then Squeeze the indexed dims and
-    Unsqueeze the new ones."""
-    key = node.params[0]
-    starts, ends, axes, steps, squeeze, new = [], [], [], [], [], []
-    d = 0  # input dim
-    o = 0  # output dim (entries that are not ints)
-    for e in key:
-        kind = e[0]
-        if kind == "new":
-            new.append(o)
-            o += 1
-            continue
-        if kind == "reverse":
-            starts.append(-1), ends.append(INT64_MIN), axes.append(d), steps.append(-1)
-        elif kind == "slice":
-            start, stop, step = e[1:]
-            starts.append(start), axes.append(d), steps.append(step)
-            ends.append(INT64_MIN if step < 0 and stop < 0 else stop)
-        elif kind == "int":
-            starts.append(e[1]), ends.append(e[1] + 1), axes.append(d), steps.append(1)
-            squeeze.append(d)
-        d += 1
-        if kind != "int":
-            o += 1
-    stages = []
-    if axes:
-        stages.append(("Slice", [b.ints(starts, "starts"), b.ints(ends, "ends"), b.ints(axes, "axes"),
-                                 b.ints(steps, "steps")]))
-    if squeeze:
-        stages.append(("Squeeze", [b.ints(squeeze, "axes")]))
-    if new:
-        stages.append(("Unsqueeze", [b.ints(new, "axes")]))
-    if not stages:
-        return finish(out("Identity", [x]), [(x, 0)])
-    cur = x
-    for k, (op_type, extra) in enumerate(stages):
-        if k == len(stages) - 1:
-            return finish(out(op_type, [cur] + extra), [(x, 0)])
-        cur = b.node(op_type, [cur] + extra, f"{base}_{op_type.lower()}")
+        return ex.finish(ex.out("Identity", [ex.operand(0)]), [])
+    how = getattr(op, "onnx", None)
+    if how is None:
+        raise ShardingError(f"export: op {ex.name!r} has no ONNX mapping (ops with one: {sorted(MAPPING)})")
+    return ex.one(how) if isinstance(how, str) else how(ex)
