@@ -1,4 +1,5 @@
-"""The ``programs()`` strategy of ``nabla.testing``: random op chains run on nabla and on numpy."""
+"""The ``programs()`` strategy of ``nabla.testing``: random op chains run on nabla and on numpy. Its elementwise
+steps are the registered ops with a numpy reference (``nabla.ops.registry``), read when the strategy is built."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .mesh import DeviceMesh
+from .ops import registry
+from .opdef import OpDef
 
 
 @dataclass
@@ -38,11 +41,40 @@ def _softmax_np(x, axis):
     return e / e.sum(axis=axis, keepdims=True)
 
 
+def _drawable(arity: int) -> list[OpDef]:
+    """The public registered ops of ``arity`` operands with a numpy reference that keeps float32 float32 (the
+    programs' values), in registration order."""
+    out = []
+    for op in list(registry.REGISTRY.values()):
+        if op.public is None or op.reference is None or op.arity != arity:
+            continue
+        x = np.full(2, 0.5 if op.domain is None else sum(op.domain) / 2, np.float32)
+        with np.errstate(all="ignore"):
+            if np.asarray(op.reference(*[x] * arity)).dtype == np.float32:
+                out.append(op)
+    return out
+
+
+def _step(op: OpDef, n: int) -> tuple[str, Callable]:
+    """A step applying ``op`` to the value and the program's other input (``n`` = 2), operands clipped into the
+    op's domain first (with maximum and minimum, in nabla and in numpy alike)."""
+    def fn(lib, x, xs):
+        args = [x, xs[1]][:n]
+        if op.domain is not None:
+            lo, hi = op.domain
+            args = [lib.minimum(lib.maximum(a, lo), hi) for a in args]
+        return op.reference(*args) if lib is np else op.public(*args)
+    where = "" if op.domain is None else f" on [{op.domain[0]}, {op.domain[1]}]"
+    return f"{op.name}{' other' if n == 2 else ''}{where}", fn
+
+
 def programs(mesh: DeviceMesh | None, max_ops: int):
     import hypothesis.strategies as st
 
     from .tensor import Tensor
     from .testing import meshes, shapes, specs
+
+    unary, binary = _drawable(1), _drawable(2)
 
     @st.composite
     def build(draw):
@@ -74,19 +106,14 @@ def programs(mesh: DeviceMesh | None, max_ops: int):
                 choices += ["reduce", "transpose", "reshape", "matmul", "softmax", "slice", "expand"]
             kind = draw(st.sampled_from(choices))
             if kind == "unary":
-                name = draw(st.sampled_from(["tanh", "sin", "relu", "sigmoid", "abs", "negative"]))
-                npf = {"tanh": np.tanh, "sin": np.sin, "relu": lambda a: np.maximum(a, 0),
-                       "sigmoid": lambda a: 1 / (1 + np.exp(-a)), "abs": np.abs, "negative": np.negative}[name]
-                add(name, lambda lib, x, xs, name=name, npf=npf: getattr(nb, name)(x) if lib is nb else npf(x),
-                    lambda a: a)
+                add(*_step(draw(st.sampled_from(unary)), 1), lambda a: a)
             elif kind == "scalar":
                 c = draw(st.sampled_from([0.5, 2.0, -1.5]))
                 op = draw(st.sampled_from(["add", "mul", "sub"]))
                 f = {"add": lambda x, c: x + c, "mul": lambda x, c: x * c, "sub": lambda x, c: c - x}[op]
                 add(f"{op} {c}", lambda lib, x, xs, f=f, c=c: f(x, np.float32(c) if lib is np else c), lambda a: a)
             elif kind == "binary":
-                op = draw(st.sampled_from(["add", "subtract", "multiply", "maximum"]))
-                add(f"{op} other", lambda lib, x, xs, op=op: getattr(lib, op)(x, xs[1]), lambda a: a)
+                add(*_step(draw(st.sampled_from(binary)), 2), lambda a: a)
             elif kind == "with_sharding":
                 s = draw(specs(m, cur.shape, partial=False))
                 add(f"with_sharding {s!r}",
