@@ -10,23 +10,9 @@ An elementwise op is one call::
     from nabla.ops import elementwise
     elementwise("tan", numpy="tan", onnx="Tan", vjp=lambda g, x, out: g * (1 + out * out), domain=(-1.2, 1.2))
 
-``elementwise(name, fn=None, *, numpy=None, onnx=None, vjp=None, reference=None, domain=None, arity=None,
-operands=None, linear=None, linear_args=None, dtype="sample", flops=None, public=True, doc=None)``:
-
-- ``fn``: the kernel, as a name that ``numpy`` and ``jax.numpy`` both have (default: ``name``), or a function
-  ``fn(xp, *blocks)`` of the array module and the operands' blocks;
-- ``numpy``: the numpy ufunc or function it answers to on tensors (``np.tan(t)``);
-- ``onnx``: an ONNX op type (one node, operands cast to the result's dtype) or an export function (below);
-- ``vjp``: for one operand ``vjp(g, x, out)``, else one function per operand ``d(g, *operands, out)`` (None:
-  no cotangent); each result is summed back over broadcast dims. Left out: the op is not differentiable;
-- ``reference``: numpy's version (default: ``np.<fn>``, or ``fn(np, ...)``); ``domain``: the ``(low, high)``
-  interval random programs clip operands to (default: any value); ``arity``: the operand count (default: from
-  ``fn``); ``operands``: the public function's parameter names (default ``x``; ``a, b``; ``a, b, c``);
-- ``linear``, ``linear_args``, ``dtype``, ``flops``: as ``OpDef`` has them;
-- ``public``: whether ``nb.<name>`` is it (False: an op nabla calls internally).
-
-It returns the op's function (its ``OpDef`` is ``fn.op``). Any other op is an ``OpDef`` (``nabla.opdef``) with
-its rule, kernel and VJP, and ``public`` set to its user-facing function: ``register(OpDef(...))``.
+``elementwise`` returns the op's function (its ``OpDef`` is ``fn.op``); its docstring lists the options. Any
+other op is an ``OpDef`` (``nabla.opdef``) with its rule, kernel and VJP, and ``public`` set to its user-facing
+function: ``register(OpDef(...))``.
 
 An export function takes the export context ``ex`` of one traced op and returns ``ex.finish(...)``; mark it
 with the ONNX op types it emits (``nabla.onnx.export.MAPPING`` lists them)::
@@ -152,7 +138,21 @@ def elementwise(name: str, fn: str | Callable | None = None, *, numpy: str | Non
                 arity: int | None = None, operands: Sequence[str] | None = None, linear: str | None = None,
                 linear_args: tuple[int, ...] | None = None, dtype: Any = "sample", flops: Callable | None = None,
                 public: bool = True, doc: str | None = None) -> Callable:
-    """Define, register and return an elementwise op's function (see the module doc); its OpDef is ``.op``."""
+    """Define, register and return an elementwise op's function; its OpDef is ``.op``.
+
+    - ``fn``: the kernel, as a name that ``numpy`` and ``jax.numpy`` both have (default: ``name``), or a function
+      ``fn(xp, *blocks)`` of the array module and the operands' blocks;
+    - ``numpy``: the numpy ufunc or function it answers to on tensors (``np.tan(t)``);
+    - ``onnx``: an ONNX op type (one node, operands cast to the result's dtype) or an export function (see the
+      module doc);
+    - ``vjp``: for one operand ``vjp(g, x, out)``, else one function per operand ``d(g, *operands, out)`` (None:
+      no cotangent); each result is summed back over broadcast dims. Left out: the op is not differentiable;
+    - ``reference``: numpy's version (default: ``np.<fn>``, or ``fn(np, ...)``); ``domain``: the ``(low, high)``
+      interval random programs clip operands to (default: any value); ``arity``: the operand count (default: from
+      ``fn``); ``operands``: the public function's parameter names (default ``x``; ``a, b``; ``a, b, c``);
+    - ``linear``, ``linear_args``, ``dtype``, ``flops``: as ``OpDef`` has them;
+    - ``public``: whether ``nb.<name>`` is it (False: an op nabla calls internally); ``doc``: its docstring.
+    """
     fn = name if fn is None else fn
     if isinstance(fn, str):
         if not hasattr(np, fn):
