@@ -1,9 +1,6 @@
-"""numpy's protocols on tensors: ``np.exp(t)``, ``np.sum(t)``, ``np.matmul(t, u)`` run nabla's sharded ops.
-A ufunc or function runs the registered op whose ``numpy`` name it has (looked up when it is called, so ops
-registered later answer too); the numpy functions nabla composes from ops (np.mean, np.stack, np.clip, ...) are
-listed here. Anything without a sharded version raises a ShardingError rather than silently reading the global
-value to the host: a hidden host fallback would hide the communication it stands for. ``np.asarray(t)``
-(``__array__``) stays the explicit host read."""
+"""numpy's protocols on tensors (``np.exp(t)``, ``np.sum(t)``): the registered op with that numpy name, looked up at
+call time, or a composition listed here; anything else raises rather than reading the value to the host behind
+the user's back (that would hide communication). ``np.asarray(t)`` stays the explicit host read."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Making tensors: ``tensor``, ``ones``, ``zeros``, ``arange``, ``full``, ``abstract`` (host values or shapes, no
-op runs), and the argument validators every constructor shares. Every constructor refuses bad input with a
-ShardingError naming the argument: no TypeError, no OverflowError, no object or str tensor, no silently
-truncated shape."""
+"""Making tensors (``tensor``, ``ones``, ``zeros``, ``arange``, ``full``, ``abstract``: host values, no op runs) and
+the argument checks they share: bad input is a ShardingError naming the argument, never a TypeError, an
+OverflowError, an object or str tensor or a silently truncated shape."""
 
 from __future__ import annotations
 
