@@ -57,12 +57,19 @@ class Value:
         self._serial = 0
 
 
+# The signature intern table: signature -> id and back. Ids are never reused; when the table holds
+# ``_SIG_LIMIT`` signatures it is emptied (a program run with so many shapes would not reuse most of them), and
+# values holding an id from before are given a new one on their next use (``_StaleSignature``).
 _SIG_IDS: dict[tuple, int] = {}
-_SIGS: list[tuple] = []
+_SIGS: dict[int, tuple] = {}
 _SCALAR_IDS: dict[type, int] = {}
-
-
+_SIG_LIMIT = 1 << 15
+_NEXT_SID = [0]
 _SIG_LOCK = threading.Lock()
+
+
+class _StaleSignature(Exception):
+    """A signature id from before the intern table was emptied."""
 
 
 def _sig_id(sig: tuple) -> int:
@@ -71,9 +78,21 @@ def _sig_id(sig: tuple) -> int:
         with _SIG_LOCK:  # two threads meeting a new signature at once must not share an id
             i = _SIG_IDS.get(sig)
             if i is None:
-                _SIGS.append(sig)
-                i = _SIG_IDS[sig] = len(_SIGS) - 1
+                if len(_SIG_IDS) >= _SIG_LIMIT:
+                    _SIG_IDS.clear()
+                    _SIGS.clear()
+                    _SCALAR_IDS.clear()
+                i = _NEXT_SID[0]
+                _NEXT_SID[0] += 1
+                _SIG_IDS[sig] = i
+                _SIGS[i] = sig
     return i
+
+
+def _sig_of(a: Any) -> tuple:
+    if isinstance(a, Value):
+        return ("s" if a._spec is not None else "h", a._shape, a._dtype, a._spec)
+    return ("c", type(a))
 
 
 def sid_of(a: Any) -> int:
@@ -81,12 +100,13 @@ def sid_of(a: Any) -> int:
     if isinstance(a, Value):
         i = a._sid
         if i < 0:
-            i = a._sid = _sig_id(("s" if a._spec is not None else "h", a._shape, a._dtype, a._spec))
+            i = a._sid = _sig_id(_sig_of(a))
         return i
     t = type(a)
     i = _SCALAR_IDS.get(t)
     if i is None:
-        i = _SCALAR_IDS[t] = _sig_id(("c", t))
+        i = _sig_id(("c", t))
+        _SCALAR_IDS[t] = i
     return i
 
 
@@ -270,7 +290,14 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
          ) -> tuple[Any, Program | None]:
     sids = tuple([a._sid if isinstance(a, Value) and a._sid >= 0 else sid_of(a) for a in args])
     strat, model = current_strategy(), current_cost_model()
-    prog = _program(op, sids, params, strat, model, _STRICT.get())
+    try:
+        prog = _program(op, sids, params, strat, model, _STRICT.get())
+    except _StaleSignature:  # the intern table was emptied since these values got their ids
+        for a in args:
+            if isinstance(a, Value):
+                a._sid = -1
+        sids = tuple(sid_of(a) for a in args)
+        prog = _program(op, sids, params, strat, model, _STRICT.get())
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
@@ -495,11 +522,14 @@ def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable,
         _STRICT.reset(token)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
              strict: bool = False) -> Program | None:
     """``strict``: no pending sum survives the op (its values would break linearity)."""
-    sigs = tuple(_SIGS[i] for i in sids)
+    try:
+        sigs = tuple(_SIGS[i] for i in sids)
+    except KeyError:
+        raise _StaleSignature() from None
     if not any(s[0] == "s" for s in sigs):
         return None
     if any(s[0] == "s" and not isinstance(s[3], ShardingSpec) for s in sigs):
@@ -760,7 +790,7 @@ def _strip_partial(spec: ShardingSpec) -> ShardingSpec:
     return spec if not spec.partial_axes else ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def _dtype(op: OpDef, sigs: tuple, params: tuple) -> np.dtype:
     if callable(op.dtype) and not isinstance(op.dtype, type):  # from the operands' dtypes
         return np.dtype(op.dtype(*(s[2] for s in sigs if s[0] != "c")))
@@ -780,7 +810,7 @@ def _run_host(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> 
     rule = op.rule(shapes, *params)  # validates shapes and gives the result shape
     shape = rule.result_shape
     if any(isinstance(a, Value) and a._data is None for a in args):
-        sigs = tuple(_SIGS[sid_of(a)] for a in args)
+        sigs = tuple(_sig_of(a) for a in args)
         return make(None, None, shape, _dtype(op, sigs, params))
     arrays = [a._data if isinstance(a, Value) else a for a in args]
     out = np.asarray(op.kernel(arrays, Local(0, shape, params)))

@@ -138,7 +138,7 @@ def _merge_factor(entries: list[_Entry], strat: str) -> tuple[tuple[AxisRef, ...
     return axes, p, size, min((e.operand for e in sources), default=0)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMesh,
               strat: str = BASIC, reserved: tuple[str, ...] = ()) -> Decision:
     """Decide every factor's axes, then each operand's required layout and the result's spec.

@@ -93,7 +93,7 @@ def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Sharding
     return _plan(tuple(shape), itemsize, src.layout(), dst.layout(), current_cost_model())
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel) -> Plan:
     if src.mesh != dst.mesh:
         return _across_meshes(shape, itemsize, src, dst, model)
