@@ -272,3 +272,23 @@ def test_a_bad_spec_names_which_spec_of_shard_map():
         nb.shard_map(lambda b: b, m, in_specs=[["dp", None]], out_specs=["dp", "dp"])(x)
     with pytest.raises(ShardingError, match=r"shard_map: in_specs\[0\]"):
         nb.shard_map(lambda b: b, m, in_specs=[["dp", "dp"]], out_specs=["dp", None])(x)
+
+
+@pytest.mark.parametrize("fn, ins, outs, args, message", [
+    (lambda x: (x, 2 * x), [["tp", None]], ["tp", None], 1,
+     r"fn returned 2 outputs but out_specs holds 1 spec \(\['tp', None\]\)"),
+    (lambda x: (x, 2 * x), [["tp", None]], [["tp", None]] * 3, 1, "fn returned 2 outputs but out_specs holds 3 specs"),
+    (lambda x: x, [["tp", None]], [["tp", None]] * 2, 1, "fn returned 1 output but out_specs holds 2 specs"),
+    (lambda x, y: x, [["tp", None]] * 3, ["tp", None], 2, "fn was called with 2 arguments but in_specs holds 3 specs"),
+    (lambda x, y: x, [["tp", None]], ["tp", None], 2, "fn was called with 2 arguments but in_specs holds 1 spec"),
+])
+def test_spec_counts_that_differ_are_named(fn, ins, outs, args, message):
+    with pytest.raises(ShardingError, match=message):
+        nb.shard_map(fn, M, ins, outs)(*[nb.tensor(X)] * args)
+
+
+def test_a_list_of_out_specs_gives_each_output_its_own():
+    got = nb.shard_map(lambda x: (x, nb.lax.psum(x, "tp")), M, [["tp", None]], [["tp", None], [None, None]])(
+        nb.tensor(X))
+    np.testing.assert_allclose(got[0].numpy(), X)
+    np.testing.assert_allclose(got[1].numpy(), X.reshape(4, 2, 8).sum(0), rtol=1e-6)
