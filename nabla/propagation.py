@@ -133,9 +133,11 @@ def _merge_factor(entries: list[_Entry], strat: str) -> tuple[tuple[AxisRef, ...
         if _overlaps_any(r, banned):
             axes = axes[:i]
             break
-    sources = [e for e in top if e.axes and axes[:len(e.axes)] == e.axes]
+    # Shardy's source of a factor's axes: a tensor that holds them all (its list starts with them); of several,
+    # the first of the largest
+    sources = [e for e in top if axes and e.axes[:len(axes)] == axes]
     size = max((e.size for e in sources), default=0)
-    return axes, p, size, min((e.operand for e in sources), default=0)
+    return axes, p, size, min((e.operand for e in sources if e.size == size), default=0)
 
 
 @lru_cache(maxsize=65536)
