@@ -91,7 +91,8 @@ def _spec(mesh: DeviceMesh, s: Any, rank: int, what: str) -> ShardingSpec:
 def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs: Any) -> Callable:
     """``nb.shard_map(fn, mesh, in_specs, out_specs)(*tensors)``: each input is laid out as its in_spec and
     ``fn`` runs on every device's block at once; ``out_specs`` say how the blocks it returns tile the results.
-    Dims must divide evenly over their axes (as in JAX)."""
+    Dims must divide evenly over their axes (as in JAX). One spec in ``in_specs`` serves every argument (JAX's
+    prefix rule); a ``fn`` that returns a tuple or list needs one out_spec per output."""
     if not isinstance(mesh, DeviceMesh):
         raise ShardingError(f"shard_map: mesh must be a DeviceMesh, got {type(mesh).__name__}")
 
