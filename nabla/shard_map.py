@@ -119,9 +119,12 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
             _mesh.reset(token)
         single = not isinstance(out, (tuple, list))
         outs = [out] if single else list(out)
-        # one output takes out_specs as one spec first (a bare [("dp", "tp")] is a spec, not a list of one)
+        # one output takes out_specs as one spec first (a bare [("dp", "tp")] is a spec, not a list of one); as in
+        # JAX (a pytree prefix), one PartitionSpec or ShardingSpec serves every output
+        from .sharding import _is_pspec
         ospecs = [out_specs] if single and _one_spec(out_specs) else \
-            _per_item(out_specs, len(outs), "out_specs", "output", share=False)
+            _per_item(out_specs, len(outs), "out_specs", "output",
+                      share=_is_pspec(out_specs) or isinstance(out_specs, ShardingSpec) or out_specs is None)
         results = [_from_manual(o, mesh, s, i) for i, (o, s) in enumerate(zip(outs, ospecs))]
         return results[0] if single else type(out)(results)
 

@@ -292,3 +292,12 @@ def test_a_list_of_out_specs_gives_each_output_its_own():
         nb.tensor(X))
     np.testing.assert_allclose(got[0].numpy(), X)
     np.testing.assert_allclose(got[1].numpy(), X.reshape(4, 2, 8).sum(0), rtol=1e-6)
+
+
+def test_one_partition_spec_serves_every_output_as_in_jax():
+    """jax.shard_map takes out_specs as a pytree prefix of the outputs: one PartitionSpec applies to each."""
+    P = pytest.importorskip("jax.sharding").PartitionSpec
+    a, b = nb.shard_map(lambda x: (x * 2, x + 1), M, P("tp", None), P("tp", None))(nb.tensor(X))
+    np.testing.assert_allclose(a.numpy(), X * 2)
+    np.testing.assert_allclose(b.numpy(), X + 1)
+    assert a.sharding == b.sharding
