@@ -40,11 +40,30 @@ class Collective:
 
 
 REGISTRY: dict[str, Collective] = {}
+_EPOCH = [0]  # bumped by every change to what the planner may use; every plan cache is keyed on it
+
+
+def epoch() -> int:
+    """The registry's version: plans cached under another epoch are not reused."""
+    return _EPOCH[0]
+
+
+def bump() -> None:
+    """Mark the collectives or their move generators changed (later plans are made afresh)."""
+    _EPOCH[0] += 1
 
 
 def register(c: Collective) -> Collective:
+    """Add (or replace) a kind of collective; plans made from now on may use it."""
     REGISTRY[c.name] = c
+    bump()
     return c
+
+
+def unregister(name: str) -> None:
+    """Remove a kind added with ``register``; plans made from now on do not use it."""
+    del REGISTRY[name]
+    bump()
 
 
 def kinds() -> tuple[str, ...]:

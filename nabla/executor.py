@@ -290,20 +290,21 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
          ) -> tuple[Any, Program | None]:
     sids = tuple([a._sid if isinstance(a, Value) and a._sid >= 0 else sid_of(a) for a in args])
     strat, model = current_strategy(), current_cost_model()
+    epoch = C.epoch()
     try:
-        prog = _program(op, sids, params, strat, model, _STRICT.get())
+        prog = _program(op, sids, params, strat, model, _STRICT.get(), epoch)
     except _StaleSignature:  # the intern table was emptied since these values got their ids
         for a in args:
             if isinstance(a, Value):
                 a._sid = -1
         sids = tuple(sid_of(a) for a in args)
-        prog = _program(op, sids, params, strat, model, _STRICT.get())
+        prog = _program(op, sids, params, strat, model, _STRICT.get(), epoch)
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
         return _MANUAL[0](op, args, params, make), MANUAL
     if prog.checks and _breaks_linearity(prog.checks, args):
-        prog = _program(op, sids, params, strat, model, True)
+        prog = _program(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY:
         arrays = []
         for a, view in zip(args, prog.fast):
@@ -524,8 +525,10 @@ def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable,
 
 @lru_cache(maxsize=4096)
 def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
-             strict: bool = False) -> Program | None:
-    """``strict``: no pending sum survives the op (its values would break linearity)."""
+             strict: bool | str = False, epoch: int = 0) -> Program | None:
+    """``strict``: no pending sum survives the op (True: its values would break linearity; "cost": passing it
+    on costs more than making it). ``epoch``: the collective registry's (a newly registered collective is
+    planned with from then on)."""
     try:
         sigs = tuple(_SIGS[i] for i in sids)
     except KeyError:
@@ -617,7 +620,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
         local = local._replace(fold=fold)
     if keep and op.linear == "mul" and op.fast is None and _cheaper_to_sum(mesh, sigs, shapes, keep_by, result,
                                                                              result_shape, dtype):
-        return _program(op, sids, params, strat, model, "cost")
+        return _program(op, sids, params, strat, model, "cost", epoch)
     blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
     flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,

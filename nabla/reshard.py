@@ -90,11 +90,12 @@ class Plan(NamedTuple):
 
 def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> Plan:
     """The collectives that turn blocks laid out as ``src`` into ``dst``, cheapest first under ``nb.CostModel``."""
-    return _plan(tuple(shape), itemsize, src.layout(), dst.layout(), current_cost_model())
+    return _plan(tuple(shape), itemsize, src.layout(), dst.layout(), current_cost_model(), C.epoch())
 
 
 @lru_cache(maxsize=8192)
-def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel) -> Plan:
+def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel,
+          epoch: int = 0) -> Plan:
     if src.mesh != dst.mesh:
         return _across_meshes(shape, itemsize, src, dst, model)
     src.check_rank(shape, "with_sharding", "source")
@@ -528,14 +529,14 @@ GENERATORS: list = [local_slices, gathers, reductions, cuts_before_reductions]
 
 def register_generator(generate) -> None:
     """Let the planner consider ``generate(moves, state) -> steps`` (the steps of a newly registered
-    collective); cached plans are dropped so every later plan sees it."""
+    collective); every later plan sees it (plan caches are keyed on the registry's epoch)."""
     GENERATORS.append(generate)
-    _plan.cache_clear()
+    C.bump()
 
 
 def unregister_generator(generate) -> None:
     GENERATORS.remove(generate)
-    _plan.cache_clear()
+    C.bump()
 
 
 # ---- exchanges: per device, the pieces it lacks ----------------------------------------------------------
