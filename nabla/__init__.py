@@ -21,6 +21,10 @@ from .tensor import Tensor, device_put, from_local, with_sharding_constraint
 from .sharding import NamedSharding
 from .debug import explain, visualize_sharding
 from . import parallel
+from .collectives import named_scope
+from .plan import Cluster, Hardware, pipeline_estimate
+from .plan.estimate import estimate, flops
+from .plan.memory import memory_log
 
 __version__ = "0.1.0"
 
@@ -45,4 +49,5 @@ __all__ = [
     "softmax", "transpose", "reshape", "broadcast_to", "expand_dims", "squeeze", "swapaxes", "concatenate",
     "astype", "getitem", "conv", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "layer_norm", "equal",
     "not_equal", "less", "less_equal", "greater", "greater_equal",
+    "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
 ]

@@ -221,7 +221,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
             else:
                 if node.op.vjp is None:
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
-                with C.user_op(node.name):
+                with C.user_op(node.name), C.in_scope(node.scope):
                     parts = node.op.vjp(g, node, v)
             for arg, c in zip(node.args, parts):
                 if c is not None and id(arg) in needed:
@@ -318,6 +318,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str]):
         flat.append(leaves)
         trees.append(tree)
         traced.append([_leaf(x, "vjp") for x in leaves])
+        C.tag(traced[-1], "params")  # to a memory log: the values being differentiated are the parameters
         for t, path in zip(traced[-1], _paths(p, names[i])):
             labels[id(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
     with differentiating():
@@ -343,7 +344,9 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str]):
             if o.shape != c.shape:
                 raise ShardingError(f"vjp: cotangent of shape {c.shape} for an output of shape {o.shape}")
         got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels)
-        return tuple(unflatten(tree, _gradients(got, tr, fl, labels)) for tree, tr, fl in zip(trees, traced, flat))
+        grads = [_gradients(got, tr, fl, labels) for tr, fl in zip(traced, flat)]
+        C.tag([g for gs in grads for g in gs if isinstance(g, Tensor)], "grads")
+        return tuple(unflatten(tree, gs) for tree, gs in zip(trees, grads))
 
     # inside an enclosing differentiation the result stays recorded: the outer pass differentiates through it
     out = unflatten(out_tree, out_leaves if outer_live() else [_detach(o) for o in out_leaves])

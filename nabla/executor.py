@@ -229,9 +229,13 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
         uses.append(Use(serial(a), a._shape, a._dtype, a._spec, dst, tuple(C.stamped(e, user) for e in events),
                         reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a))
     post = tuple(C.stamped(e, user) for e in sink[-1] or ())
-    flops = prog.flops if type(prog) is Program else 0
+    if type(prog) is Program:
+        flops = prog.flops
+    else:  # on the host, or per-device code: the op on whole operands (a per-device value is its block)
+        shapes = tuple(u.shape for u in uses)
+        flops = op.flops(shapes, out._shape, params) if op.flops is not None else prod(out._shape)
     C.publish(Step(op, params, tuple(uses), serial(out), out._shape, out._dtype, out._spec, post, prog,
-                   C.step_user(user), C.current_phase(), flops), [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
+                   C.step_user(user), C.current_phase(), int(flops), C.current_scope()), [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
 
 
 def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
@@ -259,7 +263,7 @@ def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events:
     if events and uses:
         uses = (uses[0]._replace(events=tuple(C.stamped(e, user) for e in events)),) + uses[1:]
     C.publish(Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, (), prog, C.step_user(user),
-                   C.current_phase()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
+                   C.current_phase(), 0, C.current_scope()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
 
 
 def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) -> None:
@@ -270,7 +274,7 @@ def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) ->
     s = serial(v)
     use = Use(s, v._shape, v._dtype, v._spec, target, tuple(C.stamped(e, user) for e in events), reused)
     C.publish(Step(MOVE, (target,), (use,), s, v._shape, v._dtype, target, user=C.step_user(user),
-                   phase=C.current_phase()),
+                   phase=C.current_phase(), layer=C.current_scope()),
               [(s, v)])
 
 
@@ -842,7 +846,7 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
         use = Use(serial(v), v._shape, v._dtype, v._spec, target, events, reused)
         C.publish(Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
-                       C.step_user(user), C.current_phase()), [(use.value, v), (serial(res), res)])
+                       C.step_user(user), C.current_phase(), 0, C.current_scope()), [(use.value, v), (serial(res), res)])
     return res
 
 
@@ -855,5 +859,6 @@ def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
         C.publish(Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,
-                       user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase()), [(use.value, v), (serial(res), res)])
+                       user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase(),
+                       layer=C.current_scope()), [(use.value, v), (serial(res), res)])
     return res

@@ -8,7 +8,7 @@ import contextlib
 import contextvars
 from typing import Any, Iterator, NamedTuple
 
-from .collectives import _op as _user_op, _phase
+from .collectives import _op as _user_op, _phase, _scope
 
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
@@ -21,6 +21,7 @@ class _Record(NamedTuple):
     settled: tuple
     user: str
     diff: bool
+    scope: str
 
 
 class Node(_Record):
@@ -43,7 +44,7 @@ class Node(_Record):
                 user = f"gradient of {user}"  # a step of the backward pass of the public op ``user``
         if diff is None:
             diff = any(getattr(getattr(a, "_node", None), "diff", False) for a in args)
-        return super().__new__(cls, op, params, args, prog, settled, user, diff)
+        return super().__new__(cls, op, params, args, prog, settled, user, diff, _scope.get())
 
     @property
     def name(self) -> str:
