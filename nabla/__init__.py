@@ -3,7 +3,7 @@
 from . import distributed, lax, optim, random
 from .shard_map import shard_map
 from .distributed import from_process_local
-from .autodiff import grad, value_and_grad, vjp
+from .autodiff import checkpoint, grad, value_and_grad, vjp
 from .backends import backend
 from .collectives import CommEvent, CommLog, comm_log
 from .cost import AxisCost, CostModel, cost_model
@@ -49,5 +49,5 @@ __all__ = [
     "softmax", "transpose", "reshape", "broadcast_to", "expand_dims", "squeeze", "swapaxes", "concatenate",
     "astype", "getitem", "conv", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "layer_norm", "equal",
     "not_equal", "less", "less_equal", "greater", "greater_equal",
-    "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
+    "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
 ]

@@ -24,7 +24,7 @@ from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
 from .step import MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
-from .trace import PLACE, RELAYOUT, Node, tracked
+from .trace import PLACE, RELAYOUT, Node, _remat, tracked
 
 SCALARS = (bool, int, float, complex, np.generic)
 MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
@@ -196,6 +196,10 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     """Apply ``op`` to ``args`` (Values or Python scalars); ``make(data, spec, shape, dtype, sid)`` wraps it.
     When an operand is traced, the result records a Node (op, params, operands, program); when a comm log is
     open, the op's step (what moved, and why) is published to it."""
+    r = _remat.get()
+    if r is not None and op.name in r.ops:
+        if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
+            return _replayed(r, op, params, args, make)
     rec = C.logging()
     if op.linear == "mul" and len(args) > 1:
         _sum_repeated(op, args)
@@ -210,6 +214,23 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         out._node = Node(op, params, tuple(args), prog, settled if any(settled) else ())
     if rec:
         _publish(op, params, args, used, out, prog, sink)
+    if r is not None and op.name in r.ops:
+        r.saved.append((out, prog))
+    return out
+
+
+def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Callable) -> Any:
+    """The output ``nb.checkpoint`` kept of this op in the forward run, as the recompute's result (nothing runs,
+    nothing is logged: it was not recomputed); it records a node, so its gradient flows to its operands."""
+    try:
+        kept, prog = next(r.replay)
+    except StopIteration:
+        raise ShardingError(f"checkpoint: the recompute ran more {op.name} ops than the forward run; the function "
+                            f"must run the same ops each time") from None
+    out = make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid)
+    out._serial, out._moved = serial(kept), kept._moved  # the same value: sums made of it are reused
+    if tracked(args):
+        out._node = Node(op, params, tuple(args), prog)
     return out
 
 
@@ -246,7 +267,8 @@ def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
         target = ShardingSpec(a._spec.mesh, a._spec.dim_specs, a._spec.replicated_axes)
         plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
         _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
-        publish_move(a, target, () if reused else plan.events, reused, op.name)
+        if not reused:  # (a sum made before is only read: no step)
+            publish_move(a, target, plan.events, False, op.name)
 
 
 def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None

@@ -62,6 +62,38 @@ def recording() -> bool:
     return _recording.get()
 
 
+class Remat:
+    """What ``nb.checkpoint`` keeps of a function's forward run: the outputs of its ``saved`` ops (matmuls under
+    ``policy="save_matmuls"``), in the order they ran; ``replay`` hands them back, in order, to the recompute."""
+
+    __slots__ = ("ops", "saved", "replay")
+
+    def __init__(self, ops: frozenset) -> None:
+        self.ops, self.saved, self.replay = ops, [], None
+
+
+_remat: contextvars.ContextVar[Remat | None] = contextvars.ContextVar("nabla_remat", default=None)
+
+
+@contextlib.contextmanager
+def remat(r: Remat | None) -> Iterator[None]:
+    token = _remat.set(r)
+    try:
+        yield
+    finally:
+        _remat.reset(token)
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[None]:
+    """Ops inside leave nodes, even inside a backward pass (a recompute differentiates what it runs)."""
+    token = _recording.set(True)
+    try:
+        yield
+    finally:
+        _recording.reset(token)
+
+
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """Ops inside leave no nodes (a backward pass that does not need its own gradients), unless a whole
