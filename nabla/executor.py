@@ -43,7 +43,7 @@ class Value:
     its signature (kind, shape, dtype, spec), the program cache's key, computed once per value; and its serial
     in recorded steps (given on first need; values sharing their blocks share it)."""
 
-    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial")
+    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial", "__weakref__")
 
     def __init__(self, data: Any, spec: ShardingSpec | None, shape: tuple[int, ...], dtype: np.dtype,
                  sid: int = -1) -> None:
