@@ -5,7 +5,7 @@ import builtins as _builtins
 from . import distributed, lax, optim, random
 from .shard_map import shard_map
 from .distributed import from_process_local
-from .autodiff import grad, value_and_grad, vjp
+from .autodiff import checkpoint, grad, value_and_grad, vjp
 from .backends import backend
 from .collectives import CommEvent, CommLog, comm_log
 from .cost import AxisCost, CostModel, cost_model
@@ -21,6 +21,10 @@ from .tensor import Tensor, device_put, from_local, with_sharding_constraint
 from .sharding import NamedSharding
 from .debug import explain, visualize_sharding
 from . import parallel
+from .collectives import named_scope
+from .plan import Cluster, Hardware, pipeline_estimate
+from .plan.estimate import estimate, flops
+from .plan.memory import memory_log
 
 __version__ = "0.1.0"
 
@@ -55,4 +59,5 @@ __all__ = [
     "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
     "vjp", "jit", "distributed", "from_process_local", "shard_map", "lax",
     "tensor", "ones", "zeros", "arange", "abstract", "mean", "swapaxes", "global_avg_pool", "batch_norm", "layer_norm",
+    "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
 ] + [n for n in _registry.names() if not hasattr(_builtins, n)]

@@ -16,8 +16,8 @@ from .errors import ShardingError
 from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
 from .step import serial
 from .tensor import Tensor
-from .trace import (LEAF, PLACE, RELAYOUT, Node, differentiating, outer_live, paused, recording,
-                    topological, tracing_whole)
+from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, differentiating, outer_live, paused, recorded,
+                    recording, remat, topological, tracing_whole)
 
 # ---- pytrees: nested dict, list and tuple of tensors --------------------------------------------------------
 
@@ -221,7 +221,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
             else:
                 if node.op.vjp is None:
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
-                with C.user_op(node.name):
+                with C.user_op(node.name), C.in_scope(node.scope):
                     parts = node.op.vjp(g, node, v)
             for arg, c in zip(node.args, parts):
                 if c is not None and id(arg) in needed:
@@ -310,7 +310,7 @@ def _paths(tree: Any, prefix: str) -> list[str]:
     return [] if tree is None else [prefix]
 
 
-def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str]):
+def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool = True):
     flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
@@ -318,6 +318,8 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str]):
         flat.append(leaves)
         trees.append(tree)
         traced.append([_leaf(x, "vjp") for x in leaves])
+        if params:  # to a memory log: the values being differentiated are the parameters
+            C.tag(traced[-1], "params")
         for t, path in zip(traced[-1], _paths(p, names[i])):
             labels[id(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
     with differentiating():
@@ -343,7 +345,10 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str]):
             if o.shape != c.shape:
                 raise ShardingError(f"vjp: cotangent of shape {c.shape} for an output of shape {o.shape}")
         got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels)
-        return tuple(unflatten(tree, _gradients(got, tr, fl, labels)) for tree, tr, fl in zip(trees, traced, flat))
+        grads = [_gradients(got, tr, fl, labels) for tr, fl in zip(traced, flat)]
+        if params:
+            C.tag([g for gs in grads for g in gs if isinstance(g, Tensor)], "grads")
+        return tuple(unflatten(tree, gs) for tree, gs in zip(trees, grads))
 
     # inside an enclosing differentiation the result stays recorded: the outer pass differentiates through it
     out = unflatten(out_tree, out_leaves if outer_live() else [_detach(o) for o in out_leaves])
@@ -399,6 +404,68 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
         return (grads, value[1]) if has_aux else grads
 
     return wrapped
+
+
+# ---- rematerialisation ------------------------------------------------------------------------------------------
+
+#: what ``policy="save_matmuls"`` keeps from the forward run (the rest is recomputed)
+_MATMULS = frozenset({"matmul", "einsum", "conv"})
+
+
+def checkpoint(fn: Callable, policy: str = "full") -> Callable:
+    """``nb.checkpoint(fn)``: differentiated, ``fn`` keeps nothing of its forward run for the backward pass; its
+    gradient runs ``fn``'s forward again first (a recompute, its steps in phase ``"recompute"``, their
+    collectives in the comm log and their FLOPs in ``nb.flops``), then its backward. ``policy="save_matmuls"``
+    keeps the outputs of its matmuls (einsums, convolutions) and recomputes the rest. As ``jax.checkpoint``."""
+    if policy not in ("full", "save_matmuls"):
+        raise ShardingError(f"checkpoint: policy must be 'full' or 'save_matmuls', got {policy!r}")
+    name = getattr(fn, "__name__", "fn")
+
+    def wrapped(*args: Any) -> Any:
+        leaves, tree = flatten(args)
+        diff = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._node is not None and x._node.diff]
+        if not diff or not recording():  # nothing is differentiated: an ordinary call
+            return fn(*args)
+        keep = Remat(_MATMULS if policy == "save_matmuls" else frozenset())
+        with paused(), remat(keep):  # no node: nothing of fn's run is kept but what ``keep`` holds
+            out = fn(*args)
+        outs, out_tree = flatten(out)
+        for o in outs:
+            if not isinstance(o, Tensor):
+                raise ShardingError(f"checkpoint: {name} must return tensors (or pytrees of them), got "
+                                    f"{type(o).__name__}")
+        op = _Op(f"checkpoint({name})", _recompute_vjp(fn, tree, leaves, diff, keep, len(outs)))
+        inputs = tuple(leaves[i] for i in diff)
+        res = []
+        for k, o in enumerate(outs):
+            o = Tensor(o._data, o._spec, o._shape, o._dtype, o._sid)
+            o._node = Node(op, (k,), inputs, diff=True)
+            res.append(o)
+        return unflatten(out_tree, res)
+
+    wrapped.__name__ = f"checkpoint_{name}"
+    return wrapped
+
+
+def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, keep: Any, n_out: int) -> Callable:
+    def vjp_fn(g: Tensor, node: Any, out: Tensor) -> tuple:
+        k = node.params[0]
+
+        def again(*variables):
+            full = list(leaves)
+            for i, v in zip(diff, variables):
+                full[i] = v
+            outs, _ = flatten(fn(*unflatten(tree, full)))
+            return outs[k]
+
+        if keep.ops:
+            keep.replay = iter(keep.saved)
+        with recorded(), remat(keep if keep.ops else None), C.phase("recompute"):
+            _, back = _vjp(again, node.args, False, [f"recompute[{i}]" for i in range(len(node.args))], False)
+        keep.replay = None
+        return back(g)
+
+    return vjp_fn
 
 
 # ---- the Nabla sharding README's spelling ----------------------------------------------------------------------------------

@@ -40,11 +40,30 @@ class Collective:
 
 
 REGISTRY: dict[str, Collective] = {}
+_EPOCH = [0]  # bumped by every change to what the planner may use; every plan cache is keyed on it
+
+
+def epoch() -> int:
+    """The registry's version: plans cached under another epoch are not reused."""
+    return _EPOCH[0]
+
+
+def bump() -> None:
+    """Mark the collectives or their move generators changed (later plans are made afresh)."""
+    _EPOCH[0] += 1
 
 
 def register(c: Collective) -> Collective:
+    """Add (or replace) a kind of collective; plans made from now on may use it."""
     REGISTRY[c.name] = c
+    bump()
     return c
+
+
+def unregister(name: str) -> None:
+    """Remove a kind added with ``register``; plans made from now on do not use it."""
+    del REGISTRY[name]
+    bump()
 
 
 def kinds() -> tuple[str, ...]:
@@ -347,6 +366,17 @@ class CommLog:
         self.events.clear()
         self.steps.clear()
 
+    def take(self, step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
+        """Record one step (every open recorder is handed each step; see ``publish``)."""
+        self.steps.append(step)
+        events = step.events
+        if events:
+            self.events.extend(events)
+        if self.values is not None:
+            for s, v in values:
+                if s:
+                    self.values.setdefault(s, v)
+
 
 _logs: contextvars.ContextVar[tuple[CommLog, ...]] = contextvars.ContextVar("nabla_comm_logs", default=())
 _phase: contextvars.ContextVar[str] = contextvars.ContextVar("nabla_phase", default="forward")
@@ -356,10 +386,16 @@ _op: contextvars.ContextVar[str] = contextvars.ContextVar("nabla_user_op", defau
 @contextlib.contextmanager
 def comm_log(keep_values: bool = False) -> Iterator[CommLog]:
     """Record the ops and collectives run inside the block; logs nest (an outer log sees inner steps too)."""
-    log = CommLog(keep_values)
-    token = _logs.set(_logs.get() + (log,))
-    try:
+    with recording(CommLog(keep_values)) as log:
         yield log
+
+
+@contextlib.contextmanager
+def recording(recorder: Any) -> Iterator[Any]:
+    """Hand every step published inside the block to ``recorder.take(step, values)`` (a comm log, a memory log)."""
+    token = _logs.set(_logs.get() + (recorder,))
+    try:
+        yield recorder
     finally:
         _logs.reset(token)
 
@@ -401,6 +437,37 @@ def current_phase() -> str:
     return _phase.get()
 
 
+_scope: contextvars.ContextVar[str] = contextvars.ContextVar("nabla_scope", default="")
+
+
+@contextlib.contextmanager
+def named_scope(name: str) -> Iterator[None]:
+    """Label the steps run inside (as ``jax.named_scope``): ``nb.estimate``'s report groups them per label (a
+    layer, a block); nested labels are joined with ``/``."""
+    if not isinstance(name, str) or not name:
+        raise ShardingError(f"named_scope: the name must be a non-empty str, got {name!r}")
+    outer = _scope.get()
+    token = _scope.set(f"{outer}/{name}" if outer else name)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def current_scope() -> str:
+    return _scope.get()
+
+
+@contextlib.contextmanager
+def in_scope(scope: str) -> Iterator[None]:
+    """Run inside the scope label ``scope`` as it is (a backward pass runs each VJP in its forward op's scope)."""
+    token = _scope.set(scope)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
 def step_user(user: str) -> str:
     """The name a recorded step gives the public op it ran for: in a backward pass, ``gradient of <op>``
     (the sums of a gradient keep their own name, ``grad of p['w']``)."""
@@ -415,18 +482,18 @@ def stamped(e: CommEvent, op: str) -> CommEvent:
     return e._replace(op=op, phase=_phase.get(), seconds=seconds)
 
 
+def tag(values: Sequence[Any], kind: str) -> None:
+    """Tell the open recorders that keep accounts (a memory log) what ``values`` are to the program: "params",
+    "grads", "optimizer"."""
+    for log in _logs.get():
+        t = getattr(log, "tag", None)
+        if t is not None:
+            for v in values:
+                t(v, kind)
+
+
 def publish(step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
     """Hand a recorded step to every open log: the one place moves enter a comm log. ``values``: (serial,
     value) pairs a log that keeps values takes."""
-    logs = _logs.get()
-    if not logs:
-        return
-    events = step.events
-    for log in logs:
-        log.steps.append(step)
-        if events:
-            log.events.extend(events)
-        if log.values is not None:
-            for s, v in values:
-                if s:
-                    log.values.setdefault(s, v)
+    for log in _logs.get():
+        log.take(step, values)

@@ -424,7 +424,9 @@ def _why_dim(f: int, rule: Any, dec: Any, opinions: list, strat: str) -> str:
         elif size_g != size_f:
             why = f"it comes from the larger tensor ({size_g:,} elements vs {size_f:,})"
         else:
-            why = "on a tie the more sharded factor, then the left operand, wins"
+            why = ("on a tie the more sharded factor, then the left operand, wins (an elementwise op)"
+                   if rule.elementwise else
+                   "on a tie the left operand's factor wins (not an elementwise op: how sharded does not count)")
         return f"axis {lost} went to factor {names[g]}, which also wants it: {why}"
     if strat == "basic":
         if any(not o and len(a) < len(longest) for _, a, o, _ in ops):

@@ -25,7 +25,7 @@ from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
 from .step import MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
-from .trace import PLACE, RELAYOUT, Node, tracked
+from .trace import PLACE, RELAYOUT, Node, _remat, tracked
 
 SCALARS = (bool, int, float, complex, np.generic)
 MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
@@ -44,7 +44,7 @@ class Value:
     its signature (kind, shape, dtype, spec), the program cache's key, computed once per value; and its serial
     in recorded steps (given on first need; values sharing their blocks share it)."""
 
-    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial")
+    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial", "__weakref__")
 
     def __init__(self, data: Any, spec: ShardingSpec | None, shape: tuple[int, ...], dtype: np.dtype,
                  sid: int = -1) -> None:
@@ -58,12 +58,19 @@ class Value:
         self._serial = 0
 
 
+# The signature intern table: signature -> id and back. Ids are never reused; when the table holds
+# ``_SIG_LIMIT`` signatures it is emptied (a program run with so many shapes would not reuse most of them), and
+# values holding an id from before are given a new one on their next use (``_StaleSignature``).
 _SIG_IDS: dict[tuple, int] = {}
-_SIGS: list[tuple] = []
+_SIGS: dict[int, tuple] = {}
 _SCALAR_IDS: dict[type, int] = {}
-
-
+_SIG_LIMIT = 1 << 15
+_NEXT_SID = [0]
 _SIG_LOCK = threading.Lock()
+
+
+class _StaleSignature(Exception):
+    """A signature id from before the intern table was emptied."""
 
 
 def _sig_id(sig: tuple) -> int:
@@ -72,9 +79,21 @@ def _sig_id(sig: tuple) -> int:
         with _SIG_LOCK:  # two threads meeting a new signature at once must not share an id
             i = _SIG_IDS.get(sig)
             if i is None:
-                _SIGS.append(sig)
-                i = _SIG_IDS[sig] = len(_SIGS) - 1
+                if len(_SIG_IDS) >= _SIG_LIMIT:
+                    _SIG_IDS.clear()
+                    _SIGS.clear()
+                    _SCALAR_IDS.clear()
+                i = _NEXT_SID[0]
+                _NEXT_SID[0] += 1
+                _SIG_IDS[sig] = i
+                _SIGS[i] = sig
     return i
+
+
+def _sig_of(a: Any) -> tuple:
+    if isinstance(a, Value):
+        return ("s" if a._spec is not None else "h", a._shape, a._dtype, a._spec)
+    return ("c", type(a))
 
 
 def sid_of(a: Any) -> int:
@@ -82,12 +101,13 @@ def sid_of(a: Any) -> int:
     if isinstance(a, Value):
         i = a._sid
         if i < 0:
-            i = a._sid = _sig_id(("s" if a._spec is not None else "h", a._shape, a._dtype, a._spec))
+            i = a._sid = _sig_id(_sig_of(a))
         return i
     t = type(a)
     i = _SCALAR_IDS.get(t)
     if i is None:
-        i = _SCALAR_IDS[t] = _sig_id(("c", t))
+        i = _sig_id(("c", t))
+        _SCALAR_IDS[t] = i
     return i
 
 
@@ -132,6 +152,10 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     """Apply ``op`` to ``args`` (Values or Python scalars); ``make(data, spec, shape, dtype, sid)`` wraps it.
     When an operand is traced, the result records a Node (op, params, operands, program); when a comm log is
     open, the op's step (what moved, and why) is published to it."""
+    r = _remat.get()
+    if r is not None and op.name in r.ops:
+        if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
+            return _replayed(r, op, params, args, make)
     rec = C.logging()
     if op.linear == "mul" and len(args) > 1:
         _sum_repeated(op, args)
@@ -146,6 +170,23 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         out._node = Node(op, params, tuple(args), prog, settled if any(settled) else ())
     if rec:
         _publish(op, params, args, used, out, prog, sink)
+    if r is not None and op.name in r.ops:
+        r.saved.append((out, prog))
+    return out
+
+
+def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Callable) -> Any:
+    """The output ``nb.checkpoint`` kept of this op in the forward run, as the recompute's result (nothing runs,
+    nothing is logged: it was not recomputed); it records a node, so its gradient flows to its operands."""
+    try:
+        kept, prog = next(r.replay)
+    except StopIteration:
+        raise ShardingError(f"checkpoint: the recompute ran more {op.name} ops than the forward run; the function "
+                            f"must run the same ops each time") from None
+    out = make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid)
+    out._serial, out._moved = serial(kept), kept._moved  # the same value: sums made of it are reused
+    if tracked(args):
+        out._node = Node(op, params, tuple(args), prog)
     return out
 
 
@@ -165,9 +206,13 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
         uses.append(Use(serial(a), a._shape, a._dtype, a._spec, dst, tuple(C.stamped(e, user) for e in events),
                         reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a))
     post = tuple(C.stamped(e, user) for e in sink[-1] or ())
-    flops = prog.flops if type(prog) is Program else 0
+    if type(prog) is Program:
+        flops = prog.flops
+    else:  # on the host, or per-device code: the op on whole operands (a per-device value is its block)
+        shapes = tuple(u.shape for u in uses)
+        flops = op.flops(shapes, out._shape, params) if op.flops is not None else prod(out._shape)
     C.publish(Step(op, params, tuple(uses), serial(out), out._shape, out._dtype, out._spec, post, prog,
-                   C.step_user(user), C.current_phase(), flops), [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
+                   C.step_user(user), C.current_phase(), int(flops), C.current_scope()), [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
 
 
 def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
@@ -178,7 +223,8 @@ def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
         target = ShardingSpec(a._spec.mesh, a._spec.dim_specs, a._spec.replicated_axes)
         plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
         _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
-        publish_move(a, target, () if reused else plan.events, reused, op.name)
+        if not reused:  # (a sum made before is only read: no step)
+            publish_move(a, target, plan.events, False, op.name)
 
 
 def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None
@@ -195,7 +241,7 @@ def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events:
     if events and uses:
         uses = (uses[0]._replace(events=tuple(C.stamped(e, user) for e in events)),) + uses[1:]
     C.publish(Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, (), prog, C.step_user(user),
-                   C.current_phase()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
+                   C.current_phase(), 0, C.current_scope()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
 
 
 def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) -> None:
@@ -206,7 +252,7 @@ def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) ->
     s = serial(v)
     use = Use(s, v._shape, v._dtype, v._spec, target, tuple(C.stamped(e, user) for e in events), reused)
     C.publish(Step(MOVE, (target,), (use,), s, v._shape, v._dtype, target, user=C.step_user(user),
-                   phase=C.current_phase()),
+                   phase=C.current_phase(), layer=C.current_scope()),
               [(s, v)])
 
 
@@ -226,13 +272,21 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
          ) -> tuple[Any, Program | None]:
     sids = tuple([a._sid if isinstance(a, Value) and a._sid >= 0 else sid_of(a) for a in args])
     strat, model = current_strategy(), current_cost_model()
-    prog = _program(op, sids, params, strat, model, _STRICT.get())
+    epoch = C.epoch()
+    try:
+        prog = _program(op, sids, params, strat, model, _STRICT.get(), epoch)
+    except _StaleSignature:  # the intern table was emptied since these values got their ids
+        for a in args:
+            if isinstance(a, Value):
+                a._sid = -1
+        sids = tuple(sid_of(a) for a in args)
+        prog = _program(op, sids, params, strat, model, _STRICT.get(), epoch)
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
         return _MANUAL[0](op, args, params, make), MANUAL
     if prog.checks and _breaks_linearity(prog.checks, args):
-        prog = _program(op, sids, params, strat, model, True)
+        prog = _program(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY:
         arrays = []
         for a, view in zip(args, prog.fast):
@@ -451,11 +505,16 @@ def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable,
         _STRICT.reset(token)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
-             strict: bool = False) -> Program | None:
-    """``strict``: no pending sum survives the op (its values would break linearity)."""
-    sigs = tuple(_SIGS[i] for i in sids)
+             strict: bool | str = False, epoch: int = 0) -> Program | None:
+    """``strict``: no pending sum survives the op (True: its values would break linearity; "cost": passing it
+    on costs more than making it). ``epoch``: the collective registry's (a newly registered collective is
+    planned with from then on)."""
+    try:
+        sigs = tuple(_SIGS[i] for i in sids)
+    except KeyError:
+        raise _StaleSignature() from None
     if not any(s[0] == "s" for s in sigs):
         return None
     if any(s[0] == "s" and not isinstance(s[3], ShardingSpec) for s in sigs):
@@ -543,7 +602,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
         local = local._replace(fold=fold)
     if keep and op.linear == "mul" and op.fast is None and _cheaper_to_sum(mesh, sigs, shapes, keep_by, result,
                                                                              result_shape, dtype):
-        return _program(op, sids, params, strat, model, "cost")
+        return _program(op, sids, params, strat, model, "cost", epoch)
     blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
     flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
@@ -716,7 +775,7 @@ def _strip_partial(spec: ShardingSpec) -> ShardingSpec:
     return spec if not spec.partial_axes else ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def _dtype(op: OpDef, sigs: tuple, params: tuple) -> np.dtype:
     if callable(op.dtype) and not isinstance(op.dtype, type):  # from the operands' dtypes
         return np.dtype(op.dtype(*(s[2] for s in sigs if s[0] != "c")))
@@ -736,7 +795,7 @@ def _run_host(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> 
     rule = op.rule(shapes, *params)  # validates shapes and gives the result shape
     shape = rule.result_shape
     if any(isinstance(a, Value) and a._data is None for a in args):
-        sigs = tuple(_SIGS[sid_of(a)] for a in args)
+        sigs = tuple(_sig_of(a) for a in args)
         return make(None, None, shape, _dtype(op, sigs, params))
     arrays = [a._data if isinstance(a, Value) else a for a in args]
     out = np.asarray(op.kernel(arrays, Local(0, shape, params)))
@@ -765,7 +824,7 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
         use = Use(serial(v), v._shape, v._dtype, v._spec, target, events, reused)
         C.publish(Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
-                       C.step_user(user), C.current_phase()), [(use.value, v), (serial(res), res)])
+                       C.step_user(user), C.current_phase(), 0, C.current_scope()), [(use.value, v), (serial(res), res)])
     return res
 
 
@@ -778,5 +837,6 @@ def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
         C.publish(Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,
-                       user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase()), [(use.value, v), (serial(res), res)])
+                       user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase(),
+                       layer=C.current_scope()), [(use.value, v), (serial(res), res)])
     return res

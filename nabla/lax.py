@@ -143,8 +143,9 @@ def pmin(x: Tensor, axes: Any) -> Tensor:
     return _reduce(x, axes, "pmin", "min")
 
 
-def all_gather(x: Tensor, axes: Any, axis: int = 0, tiled: bool = True) -> Tensor:
-    """Every device's block along ``axes``, concatenated on ``axis`` (``tiled``) or stacked as a new one."""
+def all_gather(x: Tensor, axes: Any, axis: int = 0, *, tiled: bool = False) -> Tensor:
+    """Every device's block along ``axes``, stacked as a new dim at ``axis`` (JAX's default) or, ``tiled``,
+    concatenated on dim ``axis``."""
     x = _manual(x, "all_gather")
     axes = _axes(x, axes, "all_gather")
     rank = x.ndim
@@ -175,15 +176,23 @@ def all_gather(x: Tensor, axes: Any, axis: int = 0, tiled: bool = True) -> Tenso
                    C.event("all_gather", axes, _block(x), k))
 
 
-def psum_scatter(x: Tensor, axes: Any, scatter_dimension: int = 0, tiled: bool = True) -> Tensor:
-    """The sum over ``axes``, split along ``scatter_dimension``: device ``i`` of the group keeps piece ``i``."""
+def _check_split(fn: str, dim: str, n: int, k: int, axes: tuple[str, ...], tiled: bool) -> None:
+    """Tiled, the dim is cut into k blocks; untiled (JAX's default), it must have one entry per device."""
+    if (n % k) if tiled else (n != k):
+        raise ShardingError(f"nb.lax.{fn}: {dim} of size {n} " + (
+            f"does not split over {k} devices of {axes}" if tiled else
+            f"is not the {k} devices of {axes} (untiled; tiled=True splits a dim into blocks)"))
+
+
+def psum_scatter(x: Tensor, axes: Any, scatter_dimension: int = 0, *, tiled: bool = False) -> Tensor:
+    """The sum over ``axes``, split along ``scatter_dimension``: device ``i`` of the group keeps piece ``i``.
+    Untiled (JAX's default), that dim's size is the group's and the dim is removed; ``tiled``, it is divided."""
     x = _manual(x, "psum_scatter")
     axes = _axes(x, axes, "psum_scatter")
     d = scatter_dimension % max(x.ndim, 1)
     k = prod(x.sharding.mesh.axis_size(a) for a in axes)
     n = x.shape[d]
-    if (tiled and n % k) or (not tiled and n != k):
-        raise ShardingError(f"nb.lax.psum_scatter: dim {d} of size {n} does not split over {k} devices of {axes}")
+    _check_split("psum_scatter", f"dim {d}", n, k, axes, tiled)
     shape = list(x.shape)
     if tiled:
         shape[d] = n // k
@@ -206,34 +215,40 @@ def psum_scatter(x: Tensor, axes: Any, scatter_dimension: int = 0, tiled: bool =
                    C.event("reduce_scatter", axes, _block(x), k))
 
 
-def all_to_all(x: Tensor, axes: Any, split_axis: int, concat_axis: int, tiled: bool = True) -> Tensor:
+def all_to_all(x: Tensor, axes: Any, split_axis: int, concat_axis: int, *, tiled: bool = False) -> Tensor:
     """Device ``i`` cuts its block into ``k`` pieces along ``split_axis`` and sends piece ``j`` to device
-    ``j``; each device concatenates what it receives along ``concat_axis``, in the senders' order."""
+    ``j``; each device puts what it receives along ``concat_axis``, in the senders' order. Untiled (JAX's
+    default), dim ``split_axis`` has size ``k`` and is removed, and the pieces stack as a new dim at
+    ``concat_axis`` of the result; ``tiled``, they concatenate on dim ``concat_axis``."""
     x = _manual(x, "all_to_all")
-    if not tiled:
-        raise ShardingError("nb.lax.all_to_all: only tiled=True is supported")
     axes = _axes(x, axes, "all_to_all")
     s, c = split_axis % x.ndim, concat_axis % x.ndim
     k = prod(x.sharding.mesh.axis_size(a) for a in axes)
-    if x.shape[s] % k:
-        raise ShardingError(f"nb.lax.all_to_all: split dim {s} of size {x.shape[s]} does not split over {k}")
+    _check_split("all_to_all", f"split dim {s}", x.shape[s], k, axes, tiled)
     shape = list(x.shape)
-    shape[s] //= k
-    shape[c] *= k
+    if tiled:
+        shape[s] //= k
+        shape[c] *= k
+    else:
+        del shape[s]
+        shape.insert(c, k)
     data = None
     if x._data is not None:
         merged, _, back = _group(x, axes)  # (k senders, *rest grid, *block)
         xp = _xp(merged)
         G = x.sharding.mesh.ndim
         Gr = G - len(axes)
-        blk = merged.shape[1 + Gr:]
-        parts = merged.reshape(merged.shape[:1 + Gr + s] + (k, blk[s] // k) + merged.shape[1 + Gr + s + 1:])
-        parts = xp.moveaxis(parts, 1 + Gr + s, 0)  # (k receivers, k senders, *rest grid, *block with the piece)
-        parts = xp.moveaxis(parts, 1, 1 + Gr + c)  # senders just before the concat dim
-        merged_shape = list(parts.shape)
-        j = 1 + Gr + c
-        merged_shape[j:j + 2] = [merged_shape[j] * merged_shape[j + 1]]
-        data = back(parts.reshape(merged_shape))
+        if tiled:
+            blk = merged.shape[1 + Gr:]
+            merged = merged.reshape(merged.shape[:1 + Gr + s] + (k, blk[s] // k) + merged.shape[1 + Gr + s + 1:])
+        parts = xp.moveaxis(merged, 1 + Gr + s, 0)  # (k receivers, k senders, *rest grid, *block with the piece)
+        parts = xp.moveaxis(parts, 1, 1 + Gr + c)  # senders at the concat dim (untiled: they are the new dim)
+        if tiled:
+            merged_shape = list(parts.shape)
+            j = 1 + Gr + c
+            merged_shape[j:j + 2] = [merged_shape[j] * merged_shape[j + 1]]
+            parts = parts.reshape(merged_shape)
+        data = back(parts)
     varying = sorted(set(x.sharding.varying) | set(axes))
     return _result(x, data, shape, varying, "all_to_all", (axes, s, c, tiled),
                    C.event("all_to_all", axes, _block(x), k))
@@ -331,7 +346,7 @@ def _all_gather_vjp(g, node, out):
         g = psum(g, other)
     along = [a for a in axes if a in g.sharding.varying]
     if len(along) == len(axes):
-        return (_transpose_of("all_gather")(g, axes, axis, tiled),)
+        return (_transpose_of("all_gather")(g, axes, axis, tiled=tiled),)
     if along:
         g = psum(g, tuple(along))
     return (_own_block(g, axes, axis, tiled),)
@@ -352,13 +367,13 @@ def _psum_scatter_vjp(g, node, out):
     x, = node.args
     axes, d, tiled = node.params
     k = prod(x.sharding.mesh.axis_size(a) for a in axes if a not in x.sharding.varying)
-    ct = _transpose_of("psum_scatter")(g, axes, d, tiled)
+    ct = _transpose_of("psum_scatter")(g, axes, d, tiled=tiled)
     return (ct * float(k) if k != 1 else ct,)
 
 
 def _all_to_all_vjp(g, node, out):
     axes, s, c, tiled = node.params
-    return (_transpose_of("all_to_all")(g, axes, c, s, tiled),)
+    return (_transpose_of("all_to_all")(g, axes, c, s, tiled=tiled),)
 
 
 def _ppermute_vjp(g, node, out):

@@ -32,7 +32,7 @@ def is_nested(n: int, k: int, s: int) -> bool:
     return chunk(n, k) == s * chunk(n, k * s)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def chunks(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The padded local block shape of ``spec`` on a tensor of global ``shape``."""
     spec.check_rank(shape)
@@ -47,7 +47,7 @@ def dim_position(refs: Sequence[AxisRef], mesh: DeviceMesh, coords: Sequence[int
     return pos
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def shard_slices(spec: ShardingSpec, shape: tuple[int, ...], device_id: int) -> tuple[slice, ...]:
     coords = spec.mesh.coords(device_id)
     out = []
@@ -93,7 +93,7 @@ def merge_cuts(*all_cuts: tuple[frozenset[int], ...]) -> tuple[frozenset[int], .
     return merged
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def grid(spec: ShardingSpec, cuts: tuple[frozenset[int], ...] | None = None) -> Grid:
     """The atom grid of ``spec`` (at its own cuts, or a finer common refinement)."""
     mesh = spec.mesh
@@ -120,7 +120,7 @@ def grid(spec: ShardingSpec, cuts: tuple[frozenset[int], ...] | None = None) -> 
     return Grid(tuple(atoms), shape, dims, partial)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def grid_index(spec: ShardingSpec, device_id: int) -> tuple[int, ...]:
     """Where a device's block sits in the stored grid (0 on atoms the value is replicated over)."""
     g = grid(spec)

@@ -8,7 +8,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import collectives as C
 from .autodiff import flatten, unflatten
+from .tensor import Tensor
 from .errors import ShardingError
 
 
@@ -80,7 +82,7 @@ class SGD:
         if not self.momentum:
             return SGDState(None)
         leaves, tree = flatten(params)
-        return SGDState(unflatten(tree, [_zeros_like(p) for p in leaves]))
+        return _state(SGDState(unflatten(tree, [_zeros_like(p) for p in leaves])))
 
     def update(self, grads: Any, state: SGDState, params: Any) -> tuple[Any, SGDState]:
         gl, pl, tree = _check(grads, params, "SGD.update", state, SGDState)
@@ -88,8 +90,8 @@ class SGD:
             vl, _ = flatten(state.momentum)
             vl = [_like(v * self.momentum + g, v) for v, g in zip(vl, gl)]
             new = [_like(p - v * self.lr, p) for p, v in zip(pl, vl)]
-            return unflatten(tree, new), SGDState(unflatten(tree, vl))
-        return unflatten(tree, [_like(p - g * self.lr, p) for p, g in zip(pl, gl)]), state
+            return _params(unflatten(tree, new)), _state(SGDState(unflatten(tree, vl)))
+        return _params(unflatten(tree, [_like(p - g * self.lr, p) for p, g in zip(pl, gl)])), state
 
 
 class AdamState(NamedTuple):
@@ -108,7 +110,8 @@ class Adam:
         leaves, tree = flatten(params)
         zeros = [_zeros_like(p) for p in leaves]
         from .ops import tensor
-        return AdamState(tensor(np.int32(0)), unflatten(tree, zeros), unflatten(tree, [_zeros_like(p) for p in leaves]))
+        return _state(AdamState(tensor(np.int32(0)), unflatten(tree, zeros),
+                                 unflatten(tree, [_zeros_like(p) for p in leaves])))
 
     def update(self, grads: Any, state: AdamState, params: Any) -> tuple[Any, AdamState]:
         from .ops import sqrt
@@ -122,4 +125,15 @@ class Adam:
         c1, c2 = 1 - self.b1 ** tf, 1 - self.b2 ** tf
         new = [_like(p - (m / c1.astype(m.dtype)) / (sqrt(v / c2.astype(v.dtype)) + self.eps) * self.lr, p)
                for p, m, v in zip(pl, ml, vl)]
-        return unflatten(tree, new), AdamState(t, unflatten(tree, ml), unflatten(tree, vl))
+        return _params(unflatten(tree, new)), _state(AdamState(t, unflatten(tree, ml), unflatten(tree, vl)))
+
+
+def _state(state: Any) -> Any:
+    """Optimizer state, so told to an open memory log."""
+    C.tag([x for x in flatten(tuple(state))[0] if isinstance(x, Tensor)], "optimizer")
+    return state
+
+
+def _params(params: Any) -> Any:
+    C.tag([x for x in flatten(params)[0] if isinstance(x, Tensor)], "params")
+    return params

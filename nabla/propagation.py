@@ -133,12 +133,14 @@ def _merge_factor(entries: list[_Entry], strat: str) -> tuple[tuple[AxisRef, ...
         if _overlaps_any(r, banned):
             axes = axes[:i]
             break
-    sources = [e for e in top if e.axes and axes[:len(e.axes)] == e.axes]
+    # Shardy's source of a factor's axes: a tensor that holds them all (its list starts with them); of several,
+    # the first of the largest
+    sources = [e for e in top if axes and e.axes[:len(axes)] == axes]
     size = max((e.size for e in sources), default=0)
-    return axes, p, size, min((e.operand for e in sources), default=0)
+    return axes, p, size, min((e.operand for e in sources if e.size == size), default=0)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMesh,
               strat: str = BASIC, reserved: tuple[str, ...] = ()) -> Decision:
     """Decide every factor's axes, then each operand's required layout and the result's spec.
@@ -167,10 +169,13 @@ def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMe
     if strat == AGGRESSIVE:
         # One factor at a time, each taking what is left: stronger priority first, then a factor of the
         # result before a contracting one (which only takes axes left over), then the larger source
-        # tensor, the more sharded factor, and the lhs.
+        # tensor, then (elementwise ops only, as in Shardy) the more sharded factor, then the lhs.
+        most_sharded = rule.elementwise
+
         def rank(f: int):
             axes, p, size, operand = merged[f]
-            return (p, rule.kinds[f].contracting, -size, -prod(r.size for r in axes), operand, f)
+            sharded = prod(r.size for r in axes) if most_sharded else 1
+            return (p, rule.kinds[f].contracting, -size, -sharded, operand, f)
 
         for f in sorted(range(nf), key=rank):
             factor_axes[f] = _prefix_free(merged[f][0], taken)

@@ -1,9 +1,11 @@
 """Random tensors (host values; shard them to place them), with numpy's habits: without a seed, fresh
-values on each call from a module-level ``numpy.random.Generator`` that ``seed(n)`` resets; with a
-seed, the same values every time."""
+values on each call from a ``numpy.random.Generator`` that ``seed(n)`` resets; with a seed, the same values
+every time. The generator belongs to the calling context (a thread, an async task): ``seed`` in one thread
+does not change what another draws, and two threads never share one generator's state."""
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Any, Sequence
 
@@ -17,7 +19,7 @@ from .tensor import Tensor
 __all__ = ["seed", "normal", "uniform"]
 
 _MAX_SEED_BITS = 1024
-_rng = np.random.default_rng()
+_rng: contextvars.ContextVar[np.random.Generator | None] = contextvars.ContextVar("nabla_random", default=None)
 
 
 def _seed_arg(value: Any, op: str) -> int:
@@ -29,13 +31,18 @@ def _seed_arg(value: Any, op: str) -> int:
 
 def seed(n: int | None = None) -> None:
     """Reset the generator that ``normal`` and ``uniform`` draw from when called without a seed
-    (``seed()`` with no argument: fresh entropy, as ``numpy.random.seed()``)."""
-    global _rng
-    _rng = np.random.default_rng(None if n is None else _seed_arg(n, "random.seed"))
+    (``seed()`` with no argument: fresh entropy, as ``numpy.random.seed()``), in the calling context."""
+    _rng.set(np.random.default_rng(None if n is None else _seed_arg(n, "random.seed")))
 
 
 def _generator(s: Any, op: str) -> np.random.Generator:
-    return _rng if s is None else np.random.default_rng(_seed_arg(s, op))
+    if s is not None:
+        return np.random.default_rng(_seed_arg(s, op))
+    rng = _rng.get()
+    if rng is None:  # a context that never seeded: fresh entropy, its own generator
+        rng = np.random.default_rng()
+        _rng.set(rng)
+    return rng
 
 
 def _real(value: Any, name: str, op: str) -> float:
@@ -50,7 +57,7 @@ def _real(value: Any, name: str, op: str) -> float:
 def normal(shape: Sequence[int] | int, seed: int | None = None, dtype: Any = "float32",
            scale: float = 1.0) -> Tensor:
     """Standard normal values times ``scale``, of a floating ``dtype``; ``seed=None`` draws from the
-    module generator (see ``seed``), an int seed gives the same values every time."""
+    context's generator (see ``seed``), an int seed gives the same values every time."""
     op = "random.normal"
     shape, dt = _shape_arg(shape, op), _dtype_arg(dtype, op, kinds="f")
     scale = _real(scale, "scale", op)

@@ -90,11 +90,12 @@ class Plan(NamedTuple):
 
 def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> Plan:
     """The collectives that turn blocks laid out as ``src`` into ``dst``, cheapest first under ``nb.CostModel``."""
-    return _plan(tuple(shape), itemsize, src.layout(), dst.layout(), current_cost_model())
+    return _plan(tuple(shape), itemsize, src.layout(), dst.layout(), current_cost_model(), C.epoch())
 
 
-@lru_cache(maxsize=65536)
-def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel) -> Plan:
+@lru_cache(maxsize=8192)
+def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel,
+          epoch: int = 0) -> Plan:
     if src.mesh != dst.mesh:
         return _across_meshes(shape, itemsize, src, dst, model)
     src.check_rank(shape, "with_sharding", "source")
@@ -177,7 +178,7 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
     dst = _spec_of(t, atoms, mesh)
 
     def h(s: State) -> int:
-        return int(ctx.bound(s) / fastest * 1e15)
+        return round(ctx.bound(s) / fastest * 1e15)  # rounded as CostModel.split rounds: equal bytes tie
 
     costs: dict = {}
 
@@ -528,14 +529,14 @@ GENERATORS: list = [local_slices, gathers, reductions, cuts_before_reductions]
 
 def register_generator(generate) -> None:
     """Let the planner consider ``generate(moves, state) -> steps`` (the steps of a newly registered
-    collective); cached plans are dropped so every later plan sees it."""
+    collective); every later plan sees it (plan caches are keyed on the registry's epoch)."""
     GENERATORS.append(generate)
-    _plan.cache_clear()
+    C.bump()
 
 
 def unregister_generator(generate) -> None:
     GENERATORS.remove(generate)
-    _plan.cache_clear()
+    C.bump()
 
 
 # ---- exchanges: per device, the pieces it lacks ----------------------------------------------------------
@@ -721,8 +722,43 @@ def _exchange_step(rounds: tuple, after: State, moves: tuple, specs: tuple) -> S
 
 
 def _edge_colouring(edges: list[tuple[int, int, int]]) -> list[int]:
-    """A proper colouring of a bipartite multigraph (senders, receivers) with max-degree colours (Koenig):
-    where the first colour free at the sender is taken at the receiver, swap an alternating path."""
+    """A proper colouring of a bipartite multigraph (senders, receivers) with max-degree colours (Koenig). The
+    regular exchanges of a mesh (a gather, a transpose) colour by shift: edges that move data the same number of
+    mesh positions form one round when each sends and receives once (O(edges)); otherwise Koenig's method."""
+    by_shift = _shift_colouring(edges)
+    return by_shift if by_shift is not None else _koenig(edges)
+
+
+def _shift_colouring(edges: list[tuple[int, int, int]]) -> list[int] | None:
+    """Colour each edge (u, v) by ``v - u``, when that is proper and uses as many colours as the largest degree
+    (the fewest any colouring can); None otherwise."""
+    if not edges:
+        return []
+    n = max(max(u, v) for u, v, _ in edges) + 1
+    classes: dict[int, int] = {}
+    sends: set = set()
+    gets: set = set()
+    deg_u: dict[int, int] = {}
+    deg_v: dict[int, int] = {}
+    colour = []
+    for u, v, _ in edges:
+        shift = (v - u) % n
+        c = classes.setdefault(shift, len(classes))
+        if (u, c) in sends or (v, c) in gets:
+            return None
+        sends.add((u, c))
+        gets.add((v, c))
+        deg_u[u] = deg_u.get(u, 0) + 1
+        deg_v[v] = deg_v.get(v, 0) + 1
+        colour.append(c)
+    if len(classes) != max(max(deg_u.values()), max(deg_v.values())):
+        return None
+    return colour
+
+
+def _koenig(edges: list[tuple[int, int, int]]) -> list[int]:
+    """Koenig's edge colouring: where the first colour free at the sender is taken at the receiver, swap an
+    alternating path."""
     at_u: dict[int, dict[int, int]] = {}
     at_v: dict[int, dict[int, int]] = {}
     colour = [-1] * len(edges)

@@ -92,13 +92,14 @@ def _spec(mesh: DeviceMesh, s: Any, rank: int, what: str) -> ShardingSpec:
 def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs: Any) -> Callable:
     """``nb.shard_map(fn, mesh, in_specs, out_specs)(*tensors)``: each input is laid out as its in_spec and
     ``fn`` runs on every device's block at once; ``out_specs`` say how the blocks it returns tile the results.
-    Dims must divide evenly over their axes (as in JAX)."""
+    Dims must divide evenly over their axes (as in JAX). One spec in ``in_specs`` serves every argument (JAX's
+    prefix rule); a ``fn`` that returns a tuple or list needs one out_spec per output."""
     if not isinstance(mesh, DeviceMesh):
         raise ShardingError(f"shard_map: mesh must be a DeviceMesh, got {type(mesh).__name__}")
 
     def wrapped(*args: Tensor):
         from .ops import tensor
-        specs = _per_argument(in_specs, len(args))
+        specs = _per_item(in_specs, len(args), "in_specs", "argument", share=True)
         manual = []
         for i, (a, s) in enumerate(zip(args, specs)):
             t = a if isinstance(a, Tensor) else tensor(a)
@@ -118,9 +119,12 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
             _mesh.reset(token)
         single = not isinstance(out, (tuple, list))
         outs = [out] if single else list(out)
-        ospecs = [out_specs] if single else list(out_specs)
-        if len(ospecs) != len(outs):
-            raise ShardingError(f"shard_map: fn returned {len(outs)} values but out_specs has {len(ospecs)}")
+        # one output takes out_specs as one spec first (a bare [("dp", "tp")] is a spec, not a list of one); as in
+        # JAX (a pytree prefix), one PartitionSpec or ShardingSpec serves every output
+        from .sharding import _is_pspec
+        ospecs = [out_specs] if single and _one_spec(out_specs) else \
+            _per_item(out_specs, len(outs), "out_specs", "output",
+                      share=_is_pspec(out_specs) or isinstance(out_specs, ShardingSpec) or out_specs is None)
         results = [_from_manual(o, mesh, s, i) for i, (o, s) in enumerate(zip(outs, ospecs))]
         return results[0] if single else type(out)(results)
 
@@ -138,20 +142,29 @@ def _dim_like(e: Any) -> bool:
         isinstance(e, tuple) and all(isinstance(a, str) for a in e))
 
 
-def _per_argument(in_specs: Any, n: int) -> list:
-    """One spec per argument. As in JAX, in_specs is a prefix of the arguments: one spec (a PartitionSpec, a
-    ShardingSpec, or a bare list of dim entries) applies to every argument."""
+def _one_spec(s: Any) -> bool:
+    """Whether ``s`` is one value's spec: a PartitionSpec, a ShardingSpec, None, or a bare list of dim entries."""
     from .sharding import _is_pspec
-    if isinstance(in_specs, ShardingSpec) or _is_pspec(in_specs) or in_specs is None:
-        return [in_specs] * n
-    if isinstance(in_specs, (list, tuple)):
-        entries = list(in_specs)
-        if len(entries) == n and all(_spec_like(e) for e in entries):
-            return entries
-        if all(_dim_like(e) for e in entries):  # a bare spec of dim entries
-            return [entries] * n
-    raise ShardingError(f"shard_map: {n} arguments but in_specs {in_specs!r}: give one spec per argument, or one "
-                        f"spec for all of them")
+    return isinstance(s, ShardingSpec) or _is_pspec(s) or s is None or (
+        isinstance(s, (list, tuple)) and all(_dim_like(e) for e in s))
+
+
+def _per_item(specs: Any, n: int, what: str, item: str, share: bool) -> list:
+    """One spec per argument or output: ``specs`` lists one each; or, where ``share`` (in_specs, a prefix of the
+    arguments as in JAX), one spec serves them all. Otherwise the error says how many of each there are."""
+    from .sharding import _is_pspec
+    listed = isinstance(specs, (list, tuple)) and not _is_pspec(specs) and all(_spec_like(e) for e in specs)
+    if listed and len(specs) == n:
+        return list(specs)
+    one = _one_spec(specs)
+    if one and (share or n == 1):
+        return [specs] * n
+    if not one and not listed:
+        raise ShardingError(f"shard_map: {what} {specs!r} is neither one spec nor a list of specs, one per {item}")
+    k = 1 if one else len(specs)
+    counted = f"fn {'returned' if item == 'output' else 'was called with'} {n} {item}{'s' * (n != 1)}"
+    raise ShardingError(f"shard_map: {counted} but {what} holds {k} spec{'s' * (k != 1)} ({specs!r}): give one "
+                        f"spec per {item}" + (", or one spec for all of them" if share else ""))
 
 
 def _to_manual(t: Tensor, spec: ShardingSpec) -> Tensor:

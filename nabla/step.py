@@ -70,6 +70,7 @@ class Step(NamedTuple):
     user: str = ""
     phase: str = "forward"
     flops: int = 0
+    layer: str = ""  # the ``nb.named_scope`` it ran in
 
     @property
     def name(self) -> str:

@@ -21,7 +21,7 @@ class Tensor(Value):
     """An immutable value: a host array, blocks sharded over a mesh, or abstract (a shape and no data).
     Build with ``nb.tensor``, ``nb.ones``, ``Tensor.ones`` and friends; place with ``shard``."""
 
-    __slots__ = ("__weakref__", "_grad")
+    __slots__ = ("_grad",)
     __array_priority__ = 1000  # so `ndarray + Tensor` defers to Tensor.__radd__
 
     # ---- construction --------------------------------------------------------------------------

@@ -231,10 +231,28 @@ def special_values(dtype: Any, shape: Sequence[int], extreme: bool = True, nonfi
 
 
 def programs(mesh: DeviceMesh | None = None, max_ops: int = 5):
-    """Random op chains: ``(run, inputs)`` where ``run(nb_or_np, *inputs)`` evaluates the chain.
+    """A hypothesis strategy of random op chains, each drawn as a ``Program``, so one property checks many
+    programs against numpy.
 
-    Run it once with ``nabla`` on sharded inputs and once with ``numpy`` on their values, then compare.
-    Chains draw from elementwise, matmul, reductions, transpose, reshape, softmax and ``with_sharding``.
+    ``prog.run(nb)`` runs the chain on the sharded tensors and returns a ``Tensor``; ``prog.run(np)`` runs
+    the same chain on their numpy values: compare the two. ``prog.inputs`` is ``[(tensor, value), ...]``
+    (the chain's input, then the other operand its binary steps use); ``prog.steps`` is
+    ``[(description, fn), ...]``; ``prog.mesh`` is the mesh (``mesh``, or a drawn one of up to 8 devices).
+    Chains of 1 to ``max_ops`` steps draw from elementwise ops, matmul, reductions, transpose, reshape,
+    slices, expand_dims, softmax and ``with_sharding``. A failing example prints as its mesh, input shardings
+    and steps.
+
+    >>> import numpy as np
+    >>> from hypothesis import given
+    >>> import nabla as nb
+    >>> from nabla.testing import assert_sharded_allclose, programs
+    >>> @given(programs(max_ops=3))
+    ... def test_chains_equal_numpy(prog):
+    ...     got = prog.run(nb)
+    ...     with np.errstate(all="ignore"):  # numpy's overflow warnings
+    ...         want = prog.run(np)
+    ...     assert_sharded_allclose(got, np.asarray(want, got.dtype), rtol=1e-4, atol=1e-4)
+    >>> test_chains_equal_numpy()
     """
     from ._programs import programs as _programs
     return _programs(mesh, max_ops)

@@ -8,7 +8,7 @@ import contextlib
 import contextvars
 from typing import Any, Iterator, NamedTuple
 
-from .collectives import _op as _user_op, _phase
+from .collectives import _op as _user_op, _phase, _scope
 
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
@@ -21,6 +21,7 @@ class _Record(NamedTuple):
     settled: tuple
     user: str
     diff: bool
+    scope: str
 
 
 class Node(_Record):
@@ -43,7 +44,7 @@ class Node(_Record):
                 user = f"gradient of {user}"  # a step of the backward pass of the public op ``user``
         if diff is None:
             diff = any(getattr(getattr(a, "_node", None), "diff", False) for a in args)
-        return super().__new__(cls, op, params, args, prog, settled, user, diff)
+        return super().__new__(cls, op, params, args, prog, settled, user, diff, _scope.get())
 
     @property
     def name(self) -> str:
@@ -59,6 +60,38 @@ _depth: contextvars.ContextVar[int] = contextvars.ContextVar("nabla_differentiat
 
 def recording() -> bool:
     return _recording.get()
+
+
+class Remat:
+    """What ``nb.checkpoint`` keeps of a function's forward run: the outputs of its ``saved`` ops (matmuls under
+    ``policy="save_matmuls"``), in the order they ran; ``replay`` hands them back, in order, to the recompute."""
+
+    __slots__ = ("ops", "saved", "replay")
+
+    def __init__(self, ops: frozenset) -> None:
+        self.ops, self.saved, self.replay = ops, [], None
+
+
+_remat: contextvars.ContextVar[Remat | None] = contextvars.ContextVar("nabla_remat", default=None)
+
+
+@contextlib.contextmanager
+def remat(r: Remat | None) -> Iterator[None]:
+    token = _remat.set(r)
+    try:
+        yield
+    finally:
+        _remat.reset(token)
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[None]:
+    """Ops inside leave nodes, even inside a backward pass (a recompute differentiates what it runs)."""
+    token = _recording.set(True)
+    try:
+        yield
+    finally:
+        _recording.reset(token)
 
 
 @contextlib.contextmanager

@@ -92,8 +92,13 @@ def reshape(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
     total = 1
     for s in src:
         total *= s
-    if shape.count(-1) > 1:
-        raise ShardingError(f"reshape: at most one -1 in {shape}")
+    negative = [s for s in shape if s < 0]
+    if len(negative) > 1:
+        raise ShardingError(f"reshape: can only specify one unknown dim (-1), got shape {shape} for a tensor "
+                            f"of shape {tuple(src)}")
+    if negative and negative[0] != -1:  # numpy 2.4 takes any negative as -1 (undocumented); JAX refuses it
+        raise ShardingError(f"reshape: negative dim {negative[0]} in shape {shape} for a tensor of shape "
+                            f"{tuple(src)}; only -1 (one unknown dim) is allowed")
     if -1 in shape:
         rest = 1
         for s in shape:

@@ -35,8 +35,8 @@ class MemoryReport:
 
     @classmethod
     def of(cls, record: Any, capacity: int) -> "MemoryReport":
-        """From a memory record (anything with ``.peak`` and ``.by_kind`` mappings, and optionally ``.live``
-        as a sequence of bytes after each step), or an empty report for ``None``."""
+        """From a memory record (anything with ``.peak`` and ``.by_kind`` mappings, and optionally ``.timeline``,
+        one device's live bytes after each step, as ``nb.memory_log`` keeps it), or an empty report for ``None``."""
         if record is None:
             return cls(MappingProxyType({}), MappingProxyType({}), capacity)
         try:
@@ -46,7 +46,7 @@ class MemoryReport:
         except (AttributeError, TypeError, ValueError):
             raise ShardingError(f"estimate: memory must have .peak (device -> bytes) and .by_kind (kind -> device "
                                 f"-> bytes), got {type(record).__name__}") from None
-        live = tuple(int(b) for b in getattr(record, "live", ()) or ())
+        live = tuple(int(b) for b in getattr(record, "timeline", ()) or ())
         return cls(MappingProxyType(peak), MappingProxyType(by_kind), capacity, live, True)
 
 

@@ -22,6 +22,17 @@ class Rule(NamedTuple):
     def result_shape(self) -> tuple[int, ...]:
         return tuple(prod(self.sizes[f] for f in dim) for dim in self.result)
 
+    @property
+    def elementwise(self) -> bool:
+        """Each result element reads the same element of every operand (numpy broadcasting aside): every factor
+        passes through and each operand dim holds its trailing-aligned result dim's factor, or none. Shardy
+        resolves conflicts between the factors of such ops (and of no others) by how sharded they are."""
+        if any(k != PASS for k in self.kinds) or any(len(d) > 1 for d in self.result):
+            return False
+        rank = len(self.result)
+        return all(len(dims) <= rank and all(not d or d == self.result[rank - len(dims) + i] for i, d in enumerate(dims))
+                   for dims in self.operands)
+
     def __str__(self) -> str:
         names = _names(len(self.sizes))
 

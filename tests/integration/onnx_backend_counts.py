@@ -6,7 +6,9 @@ other) and per input placement, to tests/integration/onnx_backend_counts.json:
 
 A test's group is its op's (``nabla.onnx.ops.group_of``); a function-expanded test (``*_expanded``) counts
 for the op it expands; a test of several op types otherwise is "other". Tests the suite leaves out (element
-types nabla cannot hold, ops it does not claim) are not counted.
+types nabla cannot hold, ops it does not claim) are not counted as outcomes; they are counted under
+"skipped", by why ONNX's runner skipped them (it makes a cpu and a cuda test of every test case of every
+suite, and skips those the file does not select).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ TEST_FILE = HERE / "test_onnx_backend.py"
 class _Recorder:
     def __init__(self) -> None:
         self.outcomes: dict[str, str] = {}
+        self.skip_reasons: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when == "call" or report.outcome != "passed":
@@ -37,6 +40,8 @@ class _Recorder:
                 outcome = report.outcome
             if report.nodeid not in self.outcomes or outcome != "passed":
                 self.outcomes[report.nodeid] = outcome
+            if outcome == "skipped" and isinstance(report.longrepr, tuple):
+                self.skip_reasons[report.nodeid] = report.longrepr[2]
 
 
 def _main_op(name: str, tests: dict) -> str | None:
@@ -49,6 +54,32 @@ def _main_op(name: str, tests: dict) -> str | None:
         if len(ops) == 1:
             return next(iter(ops))
     return None
+
+
+SKIP_KINDS = {
+    "cuda": "cuda copies of node tests (the backend runs on cpu)",
+    "op": "node tests of ops nabla.onnx does not claim (or of other domains)",
+    "model": "model suites (PyTorch-converted, PyTorch operator, simple and real models): node tests only here",
+    "dtype": "node tests of claimed ops in element types nabla cannot hold (bfloat16, float8, int4, strings...)",
+    "placement": "spatial copies of tests whose inputs spatial places as batch does (run once)",
+    "scope": "out of scope: training-mode Dropout and BatchNormalization, sequences, MaxPool's Indices",
+}
+
+
+def _skip_kind(nodeid: str, reason: str, module) -> str:
+    """Why ONNX's runner skipped a test, the first of SKIP_KINDS that applies (a cuda copy of a bfloat16 test
+    is a cuda copy)."""
+    m = re.match(r".*::OnnxBackend(\w+?)ModelTest(?:_(\w+))?::(test_\w+)_(cpu|cuda)$", nodeid)
+    if m is None or m.group(1) != "Node":
+        return "model"
+    if m.group(4) == "cuda":
+        return "cuda"
+    name = m.group(3)
+    if "exclude" in reason:
+        if module.UNHOLDABLE not in reason:
+            return "scope"
+        return "dtype" if name in module.NAMES else "op"
+    return "placement" if m.group(2) and name in module.NAMES else "op"
 
 
 def main() -> int:
@@ -84,11 +115,15 @@ def main() -> int:
         "counts": {p: {g: dict(sorted(counts[p][g].items())) for g in groups if counts[p][g]}
                    for p in ("batch", "spatial")},
         "totals": {p: dict(sorted(sum(counts[p].values(), Counter()).items())) for p in ("batch", "spatial")},
+        "skipped": {kind: sum(_skip_kind(n, r, module) == kind for n, r in rec.skip_reasons.items())
+                    for kind in SKIP_KINDS},
+        "skip_kinds": SKIP_KINDS,
         "pytest_exit_code": int(code),
         "seconds": round(seconds, 1),
     }
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["counts"], indent=1))
+    print(json.dumps(out["skipped"], indent=1), sum(out["skipped"].values()), "skipped")
     print(f"written to {args.out}")
     return int(code)
 

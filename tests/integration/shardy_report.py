@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 DOC = HERE.parent.parent / "docs" / "shardy-agreement.md"
 sys.path.insert(0, str(HERE))
 
-REVISIONS = {"basic_propagation.mlir": "05e26bc", "aggressive_propagation.mlir": "d3b397e",
+REVISIONS = {"basic_propagation.mlir": "05e26bc", "aggressive_propagation.mlir": "7c7aec8",
              "user_priority_propagation.mlir": "1a30b2b", "op_priority_propagation.mlir": "5dd93f8",
              "op_sharding_rule_registry.mlir": "009a911"}
 STRATEGY = {"basic_propagation.mlir": "BASIC", "aggressive_propagation.mlir": "AGGRESSIVE",
@@ -210,7 +210,8 @@ device; a size-0 dim holds nothing).
   `[b, a]` (the open operand grows, by a local slice).
 * **AGGRESSIVE.** Closed dims no longer cap the result (`@empty_mesh_replaced_closed_dim_respected`
   gives `[a, b]` where BASIC gives `[a, -]`); an axis wanted by two factors goes to the factor of the
-  larger tensor, then to the more sharded factor, then to the first factor; a factor whose lists
+  larger tensor, then, in an elementwise op only, to the more sharded factor, then to the factor of
+  the earlier tensor (the lhs of a dot), then to the first factor; a factor whose lists
   conflict outright (`[a]` vs `[b]`) gets nothing.
 * **Priorities** are propagated round by round (p0 everywhere first) on top of op-priority and
   aggressive propagation, and are dropped from the final shardings; an eager framework must carry

@@ -13,7 +13,7 @@ int4/uint4, int2/uint2, float4, strings), sequences and optionals, training-mode
 and BatchNormalization (running statistics), and MaxPool's Indices output. Expected failures (``KNOWN``):
 four float16 attention tests under ``spatial`` (a float16 sum split over devices rounds once more).
 ``python -m tests.integration.onnx_backend_counts`` runs this file and writes the pass counts per op
-group and placement to ``tests/integration/onnx_backend_counts.json``.
+group and placement, and the runner's skips by kind, to ``tests/integration/onnx_backend_counts.json``.
 """
 
 import re

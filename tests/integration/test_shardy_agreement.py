@@ -32,7 +32,7 @@ import nabla as nb
 from nabla import DeviceMesh, DimSpec, ShardingError
 
 # Revisions of openxla/shardy the cases were read from: basic_propagation.mlir @05e26bc,
-# aggressive_propagation.mlir @d3b397e, user_priority_propagation.mlir @1a30b2b,
+# aggressive_propagation.mlir @7c7aec8 (unchanged at a0277a8), user_priority_propagation.mlir @1a30b2b,
 # op_priority_propagation.mlir @5dd93f8, op_sharding_rule_registry.mlir @009a911.
 # docs/shardy-agreement.md lists every case of those files, expressible or not.
 
@@ -551,6 +551,17 @@ def test_aggressive_real_conflict_within_a_factor():
     expect(y, (), ())
 
 
+def test_aggressive_real_conflict_within_a_factor2():
+    """aggressive_propagation.mlir, func.func @real_conflict_within_a_factor2.
+
+    [{a},{b}] + [{},{a,b,c}], all closed: dim 0 takes "a" (the other list is empty); dim 1's lists [b] and
+    [a,b,c] conflict outright, so it gets nothing: [{a,?},{?}].
+    """
+    with nb.strategy("aggressive"):
+        y = arg(M_A2_B2_C2, (8, 8), [C("a"), C("b")]) + arg(M_A2_B2_C2, (8, 8), [C(), C("a", "b", "c")])
+    expect(y, ("a",), ())
+
+
 def test_aggressive_real_and_fake_conflicts():
     """aggressive_propagation.mlir, func.func @real_and_fake_conflicts: [{a,?},{?}] + [{b,?},{a,?}] is [{?},{a,?}]."""
     with nb.strategy("aggressive"):
@@ -592,10 +603,11 @@ def test_aggressive_real_conflict_across_factors_diff_tensors_size():
 def test_aggressive_allow_sideways_propagation_if_result_is_open_empty():
     """aggressive_propagation.mlir, func.func @allow_sideways_propagation_if_result_is_open_empty.
 
-    [{a,b}] + [{?}] with the result annotated only [{?}] (no axes, open: no constraint): [{a,b,?}].
+    [{a,b}] + an unannotated arg, with the result annotated only [{?}] (no axes, open: no constraint):
+    [{a,b,?}].
     """
     with nb.strategy("aggressive"):
-        y = arg(M_A2_B2, (8,), [C("a", "b")]) + arg(M_A2_B2, (8,), [O()])
+        y = arg(M_A2_B2, (8,), [C("a", "b")]) + host(8)
     expect(y, ("a", "b"))
 
 
@@ -613,14 +625,43 @@ def test_aggressive_unreduced_axes_block_bwd_propagation_dot():
 
 
 def test_aggressive_prefer_most_sharded_factor_elementwise_op():
-    """aggressive_propagation.mlir (a later revision than the stored @d3b397e), func.func
-    @prefer_most_sharded_factor_elementwise_op, known from a walkthrough that quotes it.
+    """aggressive_propagation.mlir, func.func @prefer_most_sharded_factor_elementwise_op.
 
-    [{},{a}] + [{b,a},{}], all closed: both factors want "a"; the more sharded one wins: [{b,a,?},{?}].
+    [{},{a}] + [{b,a},{}], all closed: both factors want "a" from tensors of one size; in an elementwise op
+    the more sharded factor wins: [{b,a,?},{?}].
     """
     with nb.strategy("aggressive"):
         y = arg(M_A2_B2, (8, 8), [C(), C("a")]) + arg(M_A2_B2, (8, 8), [C("b", "a"), C()])
     expect(y, ("b", "a"), ())
+
+
+M_A2_B2_C8 = mesh("mesh_a_2_b_2_c_8", a=2, b=2, c=8)
+
+
+def test_aggressive_prefer_most_sharded_factor_elementwise_op2():
+    """aggressive_propagation.mlir, func.func @prefer_most_sharded_factor_elementwise_op2.
+
+    On a=2, b=2, c=8: [{},{a,b}] + [{a,c},{}], all closed: both factors want "a"; [a,c] (16 devices, so it
+    overflows the dim of 8) is more sharded than [a,b] and wins, the other factor keeps nothing, as "a"
+    leads its list: [{a,c,?},{?}].
+    """
+    with nb.strategy("aggressive"):
+        y = arg(M_A2_B2_C8, (8, 8), [C(), C("a", "b")]) + arg(M_A2_B2_C8, (8, 8), [C("a", "c"), C()])
+    expect(y, ("a", "c"), ())
+
+
+def test_aggressive_prefer_lhs_factor_non_elementwise():
+    """aggressive_propagation.mlir, func.func @prefer_lhs_factor_non_elementwise.
+
+    8x8 [{a},{}] @ 8x8 [{},{b,a}] (contracting dim 1 with dim 0): both non-contracting factors want "a" from
+    tensors of one size; a dot is not elementwise, so how sharded they are does not count and the lhs's
+    factor wins "a"; the rhs's keeps the prefix [b]: [{a,?},{b,?}]. The rhs gives up "a" with one all_gather.
+    """
+    with nb.strategy("aggressive"), nb.comm_log() as log:
+        y = arg(M_A2_B2, (8, 8), [C("a"), C()]) @ arg(M_A2_B2, (8, 8), [C(), C("b", "a")])
+    expect(y, ("a",), ("b",))
+    np.testing.assert_array_equal(y.numpy(), host(8, 8) @ host(8, 8))
+    assert log.counts == {"all_gather": 1}
 
 
 # ---- user_priority_propagation.mlir ------------------------------------------------------------------

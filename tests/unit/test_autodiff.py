@@ -472,3 +472,54 @@ def test_abstract_training_step_plans_1024_devices():
         ("backward", "all_reduce", ("tp",)): [2 * 15 * act // 16] * (layers - 1),  # layer 0's input: no gradient
         ("backward", "all_reduce", ("dp",)): [2 * 63 * (1024 * 256 * 4) // 64] * (2 * layers),
     }, {k: (len(v), sorted(set(v))) for k, v in per_axis.items()}
+
+
+# ---- nb.checkpoint: the backward pass recomputes what the forward run did not keep ------------------------------
+
+
+def _remat_case():
+    mesh = nb.DeviceMesh("remat", (2, 2), ("dp", "tp"))
+    r = np.random.default_rng(3)
+    vals = [r.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 32), (32, 16))]
+    x = nb.tensor(vals[0]).shard(mesh, ["dp", None])
+    w1 = nb.tensor(vals[1]).shard(mesh, [None, "tp"])
+    w2 = nb.tensor(vals[2]).shard(mesh, ["tp", None])
+    return vals, (x, w1, w2)
+
+
+@pytest.mark.parametrize("policy", ["full", "save_matmuls"])
+def test_checkpoint_recomputes_in_the_backward_pass_and_gives_jax_s_gradients(policy):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    vals, (x, w1, w2) = _remat_case()
+
+    def block(x, w1, w2, np_=nb):
+        h = np_.tanh(x @ w1) @ w2  # the row-parallel matmul leaves a sum over tp: one all_reduce in the forward
+        return h * h
+
+    f = nb.checkpoint(block, policy)
+    with nb.comm_log() as log:
+        g1, g2 = nb.grad(lambda w1, w2, x: f(x, w1, w2).sum(), argnums=(0, 1))(w1, w2, x)
+    ref = jax.grad(lambda a, b, c: jax.checkpoint(lambda c, a, b: block(c, a, b, jnp))(c, a, b).sum(),
+                   argnums=(0, 1))(vals[1], vals[2], vals[0])
+    np.testing.assert_allclose(g1.numpy(), ref[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g2.numpy(), ref[1], rtol=1e-4, atol=1e-4)
+    again = [s.name for s in log.steps if s.phase == "recompute"]
+    if policy == "full":  # the whole forward again, its all_reduce over tp included (h * h makes the sum first)
+        assert again == ["matmul", "tanh", "matmul", "move", "multiply"]
+        assert [e.kind for s in log.steps if s.phase == "recompute" for e in s.events] == ["all_reduce"]
+    else:  # the matmuls' outputs were kept: only tanh and the product are recomputed, nothing is sent again
+        assert again == ["tanh", "multiply"]
+        assert [e for s in log.steps if s.phase == "recompute" for e in s.events] == []
+    forward = [e.kind for s in log.steps if s.phase == "forward" for e in s.events]
+    assert forward == ["all_reduce"]
+
+
+def test_checkpoint_outside_differentiation_is_a_plain_call():
+    _, (x, w1, w2) = _remat_case()
+    f = nb.checkpoint(lambda x, w: x @ w)
+    with nb.comm_log() as log:
+        y = f(x, w1)
+    assert all(s.phase == "forward" for s in log.steps) and y.shape == (8, 32)
+    with pytest.raises(nb.ShardingError, match="policy must be 'full' or 'save_matmuls'"):
+        nb.checkpoint(lambda x: x, policy="dots")

@@ -94,18 +94,19 @@ def _tree_all_gather(lower=None):
             if step.kind == "all_gather":
                 yield step._replace(kind="tree_all_gather")
 
-    C.register(tree)
+    m = nb.DeviceMesh("m", (8,), ("x",))
+    nb.tensor(np.arange(16.0)).shard(m, ["x"]).with_sharding(m, [None])  # a plan cached before the registration
+    C.register(tree)  # the public calls only: plans made from now on see the new kind (no cache is cleared)
     reshard.register_generator(trees)
-    executor._program.cache_clear()
-    reshard._plan.cache_clear()
     try:
         yield
     finally:
         reshard.unregister_generator(trees)
-        del C.REGISTRY["tree_all_gather"]
-        executor._program.cache_clear()
-        reshard._plan.cache_clear()
+        C.unregister("tree_all_gather")
     assert "tree_all_gather" not in C.kinds()
+    with nb.comm_log() as log:  # and once it is gone, plans stop using it
+        nb.tensor(np.arange(16.0)).shard(m, ["x"]).with_sharding(m, [None])
+    assert log.counts == {"all_gather": 1}
 
 
 def test_a_toy_collective_joins_the_planner():

@@ -1,5 +1,7 @@
 """numpy semantics of the op surface on host tensors, and the errors bad calls raise."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -59,6 +61,23 @@ def test_numpy_semantics(fn, ref):
 def test_errors_name_the_problem(call, message):
     with pytest.raises(ShardingError, match=message):
         call()
+
+
+@pytest.mark.parametrize("call, shape", [
+    (lambda t: t.reshape(-2, -8), (-2, -8)),
+    (lambda t: t.reshape(-1, -1), (-1, -1)),
+    (lambda t: nb.reshape(t, (-2, 4)), (-2, 4)),
+    (lambda t: t.reshape((4, -3)), (4, -3)),
+])
+def test_reshape_refuses_negative_dims_other_than_one_minus_one(call, shape):
+    """numpy refuses two unknown dims; a lone -2 numpy 2.4 quietly takes as -1, while jax.numpy and numpy's
+    documentation allow only -1, so nabla refuses it rather than guess."""
+    x = np.arange(16.0).reshape(2, 8)
+    if shape.count(-1) + sum(s < -1 for s in shape) > 1:
+        with pytest.raises(ValueError, match="can only specify one unknown dimension"):
+            x.reshape(shape)
+    with pytest.raises(ShardingError, match=rf"reshape: .*{re.escape(str(shape))}.*\(2, 8\)"):
+        call(nb.tensor(x).shard(nb.DeviceMesh("m", (2,), ("x",)), ["x", None]))
 
 
 def test_sharding_error_is_a_value_error():

@@ -107,7 +107,7 @@ def test_chrome_trace(tmp_path):
 def test_plot(tmp_path):
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
-    mem = SimpleNamespace(peak={0: 9}, by_kind={}, live=[1, 2, 3, 4, 5, 6])
+    mem = SimpleNamespace(peak={0: 9}, by_kind={}, timeline=[1, 2, 3, 4, 5, 6])
     fig = estimate_steps(PROGRAM, CL, MESH, memory=mem).plot(str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 0 and len(fig.axes) == 2
 

@@ -89,6 +89,27 @@ def test_aggressive_prefers_the_larger_tensor_between_conflicting_factors():
     assert names(propagate(r, (a, b), M, AGGRESSIVE)) == [(), (), ("x",)]  # b is larger
 
 
+def test_aggressive_breaks_ties_by_sharding_only_in_elementwise_ops():
+    """Shardy (aggressive_factor_propagation.cc: sort by source tensor size, then, for elementwise ops only, how
+    sharded, then the source tensor's index): with tensors of one size, [-|x] + [(y,x)|-] gives "x" to the more
+    sharded factor, while [x|-] @ [-|(y,x)] gives it to the lhs's factor and the rhs's keeps "y"."""
+    add = propagate(EW, (S(None, "x"), S(("y", "x"), None)), M, AGGRESSIVE)
+    assert names(add) == [("y", "x"), ()]
+    dot = propagate(MATMUL, (S("x", None), S(None, ("y", "x"))), M, AGGRESSIVE)
+    assert names(dot) == [("x",), (), ("y",)]
+
+
+def test_aggressive_source_of_a_common_prefix_is_every_tensor_holding_it():
+    """A factor whose lists diverge ([a,b] and [a,c]) gets their common prefix [a], and the tensors that hold it
+    are its sources (Shardy): it ties with a factor wanting "a" from a third operand of the same size, and the
+    earlier source tensor wins, the first operand's factor."""
+    where = R.elementwise_rule(((8, 8), (8, 8), (8, 8)))
+    o = lambda *axes: DimSpec(list(axes), is_open=True)  # noqa: E731
+    d = propagate(where, (S(o("a", "b"), o(), mesh=M3), S(o("a", "c"), o(), mesh=M3), S(o(), o("a"), mesh=M3)),
+                  M3, AGGRESSIVE)
+    assert names(d) == [("a",), ()]
+
+
 def test_aggressive_result_factors_beat_contracting_ones():
     """FSDP's x[dp, -] @ w[dp, -]: m keeps dp and w is gathered, as jax.jit does (api.md: measured with jax
     0.10.2, one all_gather of w); the contracting k only takes axes left over."""

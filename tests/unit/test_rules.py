@@ -37,6 +37,22 @@ def test_elementwise_broadcast_dims_get_no_factor():
         R.elementwise_rule(((5, 2), (3, 2)))
 
 
+def test_elementwise_rules_are_those_of_shardys_elementwise_ops():
+    """Shardy's AGGRESSIVE strategy breaks ties by how sharded a factor is only for elementwise ops (add, where,
+    a broadcasting add as CHLO's broadcasting ops); a dot, a transpose, a concatenate, a reduction, an index
+    or a softmax's whole-axis factor is not elementwise."""
+    assert R.elementwise_rule(((4, 6), (4, 6))).elementwise
+    assert R.elementwise_rule(((5, 1), (1, 7), (7,))).elementwise
+    assert R.elementwise_rule(((3,), (3,), (3,))).elementwise
+    assert not R.matmul_rule((4, 5), (5, 6)).elementwise
+    assert not R.einsum_rule("ij,ji->ij", ((3, 3), (3, 3))).elementwise
+    assert not R.transpose_rule((2, 3), (1, 0)).elementwise
+    assert not R.concatenate_rule(((2, 3), (2, 5)), 1).elementwise
+    assert not R.reduce_rule((3, 4), (1,), False).elementwise
+    assert not R.index_rule((8, 4), (("reverse",), ("full",))).elementwise
+    assert not R.elementwise_rule(((4, 6),), replicate_dims=(1,)).elementwise
+
+
 def test_reduce_template():
     r = R.reduce_rule((3, 4, 5), (1,), False)
     assert r.result_shape == (3, 5) and r.kinds[1] == REDUCE

@@ -26,6 +26,7 @@ M = DeviceMesh("m", (2, 4), ("dp", "tp"))
 JM = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
 X = np.arange(64, dtype=np.float32).reshape(8, 8) / 7.0
 W = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+X3 = np.arange(128, dtype=np.float32).reshape(8, 4, 4) / 7.0
 
 # name -> (nabla per-device fn, jax per-device fn, in specs, out spec, inputs, expected kinds)
 PROGRAMS = {
@@ -33,19 +34,38 @@ PROGRAMS = {
              [["dp", "tp"], ["tp", None]], ["dp", None], (X, W), {"all_reduce": 1}),
     "pmax": (lambda x: nb.lax.pmax(x, ("dp", "tp")), lambda x: jax.lax.pmax(x, ("dp", "tp")),
              [["dp", "tp"]], [None, None], (X,), {"all_reduce": 1}),
-    "all_gather": (lambda x: nb.lax.all_gather(x, "tp", axis=1), lambda x: jax.lax.all_gather(x, "tp", axis=1, tiled=True),
+    "all_gather": (lambda x: nb.lax.all_gather(x, "tp", axis=1, tiled=True),
+                   lambda x: jax.lax.all_gather(x, "tp", axis=1, tiled=True),
                    [["dp", "tp"]], ["dp", None], (X,), {"all_gather": 1}),
     "all_gather_stack": (lambda x: nb.lax.all_gather(x, "dp", axis=0, tiled=False),
                          lambda x: jax.lax.all_gather(x, "dp", axis=0, tiled=False),
                          [["dp", None]], [None, None, None], (X,), {"all_gather": 1}),
-    "psum_scatter": (lambda x: nb.lax.psum_scatter(x, "tp", scatter_dimension=1),
+    "psum_scatter": (lambda x: nb.lax.psum_scatter(x, "tp", scatter_dimension=1, tiled=True),
                      lambda x: jax.lax.psum_scatter(x, "tp", scatter_dimension=1, tiled=True),
                      [["dp", None]], ["dp", "tp"], (X,), {"reduce_scatter": 1}),
-    "all_to_all": (lambda x: nb.lax.all_to_all(x, "tp", 1, 0), lambda x: jax.lax.all_to_all(x, "tp", 1, 0, tiled=True),
+    "all_to_all": (lambda x: nb.lax.all_to_all(x, "tp", 1, 0, tiled=True),
+                   lambda x: jax.lax.all_to_all(x, "tp", 1, 0, tiled=True),
                    [["tp", None]], [None, "tp"], (X,), {"all_to_all": 1}),
-    "all_to_all_2axes": (lambda x: nb.lax.all_to_all(x, ("dp", "tp"), 0, 1),
+    "all_to_all_2axes": (lambda x: nb.lax.all_to_all(x, ("dp", "tp"), 0, 1, tiled=True),
                          lambda x: jax.lax.all_to_all(x, ("dp", "tp"), 0, 1, tiled=True),
                          [[None, ("dp", "tp")]], [("dp", "tp"), None], (X,), {"all_to_all": 1}),
+    # JAX's defaults (tiled=False): all_gather stacks a new dim, psum_scatter and all_to_all take a dim of the
+    # group's size away, and all_to_all stacks what it receives as a new dim at concat_axis
+    "all_gather_default": (lambda x: nb.lax.all_gather(x, "tp", axis=1), lambda x: jax.lax.all_gather(x, "tp", axis=1),
+                           [["dp", "tp"]], ["dp", None, None], (X,), {"all_gather": 1}),
+    "psum_scatter_default": (lambda x: nb.lax.psum_scatter(x, "tp"), lambda x: jax.lax.psum_scatter(x, "tp"),
+                             [["dp", None]], [("dp", "tp")], (X,), {"reduce_scatter": 1}),
+    "all_to_all_default": (lambda x: nb.lax.all_to_all(x, "tp", 1, 2), lambda x: jax.lax.all_to_all(x, "tp", 1, 2),
+                           [["tp", None, None]], ["tp", None, None], (X3,), {"all_to_all": 1}),
+    "all_to_all_default_back": (lambda x: nb.lax.all_to_all(x, "tp", 2, 0),
+                                lambda x: jax.lax.all_to_all(x, "tp", 2, 0),
+                                [["tp", None, None]], ["tp", None, None], (X3,), {"all_to_all": 1}),
+    "all_to_all_default_same": (lambda x: nb.lax.all_to_all(x, "tp", 1, 1),
+                                lambda x: jax.lax.all_to_all(x, "tp", 1, 1),
+                                [[None, None, "tp"]], [None, None, "tp"], (X3,), {"all_to_all": 1}),
+    "all_to_all_default_2axes": (lambda x: nb.lax.all_to_all(x, ("dp", "tp"), 1, 0),
+                                 lambda x: jax.lax.all_to_all(x, ("dp", "tp"), 1, 0),
+                                 [[("dp", "tp"), None]], [None, ("dp", "tp")], (X,), {"all_to_all": 1}),
     "ppermute": (lambda x: nb.lax.ppermute(x, "tp", [(i, (i + 1) % 4) for i in range(4)]),
                  lambda x: jax.lax.ppermute(x, "tp", [(i, (i + 1) % 4) for i in range(4)]),
                  [["tp", None]], ["tp", None], (X,), {"collective_permute": 1}),
@@ -117,6 +137,12 @@ def test_errors_name_what_is_wrong():
         nb.lax.axis_index("tp")
     with pytest.raises(ShardingError, match="per-device value"):
         nb.lax.psum(nb.tensor(np.ones(2)), "tp")
+    # untiled (JAX's default), the scattered or split dim must be the group's size, as jax.lax requires
+    with pytest.raises(ShardingError, match=r"psum_scatter: dim 1 of size 8 is not the 4 devices of \('tp',\)"):
+        nb.shard_map(lambda x: nb.lax.psum_scatter(x, "tp", scatter_dimension=1), M, [["dp", None]],
+                     ["dp", "tp"])(nb.tensor(X))
+    with pytest.raises(ShardingError, match=r"all_to_all: split dim 1 of size 8 is not the 4 devices"):
+        nb.shard_map(lambda x: nb.lax.all_to_all(x, "tp", 1, 0), M, [["tp", None]], [None, "tp"])(nb.tensor(X))
     with pytest.raises(ShardingError, match="global tensor inside shard_map"):
         g = nb.tensor(np.ones((8, 2))).shard(M, ["dp", None])
         nb.shard_map(lambda x: x + g, M, [["tp", None]], ["tp", None])(nb.tensor(np.ones((8, 2))))
@@ -128,12 +154,12 @@ GRAD_EXTRA = {
     # psum of a value that does not vary along the axis multiplies it by the axis size: so does its transpose
     "psum_invariant": (lambda x: nb.lax.psum(x, "tp"), lambda x: jax.lax.psum(x, "tp"), [["dp", None]], ["dp", "tp"],
                        (X,)),
-    "psum_scatter_varying": (lambda x: nb.lax.psum_scatter(x, "tp", scatter_dimension=0),
+    "psum_scatter_varying": (lambda x: nb.lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True),
                              lambda x: jax.lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True),
                              [["dp", "tp"]], [("dp", "tp"), None], (X,)),
     # a cotangent varying along the gathered axis: the transpose is a reduce_scatter
-    "all_gather_varying": (lambda x: nb.lax.all_gather(x, "tp", axis=1) * (nb.lax.axis_index("tp").astype("float32")
-                                                                             + 1.0),
+    "all_gather_varying": (lambda x: nb.lax.all_gather(x, "tp", axis=1, tiled=True) * (
+                               nb.lax.axis_index("tp").astype("float32") + 1.0),
                            lambda x: jax.lax.all_gather(x, "tp", axis=1, tiled=True) * (
                                jax.lax.axis_index("tp").astype(np.float32) + 1.0),
                            [["dp", "tp"]], ["dp", "tp"], (X,)),
@@ -143,8 +169,32 @@ GRAD_EXTRA = {
     "replicated_in": (lambda x, w: x * w.sum(), lambda x, w: x * w.sum(), [["dp", "tp"], [None, None]], ["dp", "tp"],
                       (X, W)),
 }
+
+
+def _jax_all_to_all_untiled(x, axes, s, c):
+    """jax.lax.all_to_all's untiled form as JAX builds it (a size-1 dim for the pieces, the tiled move, the split
+    dim squeezed away): jax.grad of the untiled call itself fails when split_axis != concat_axis in this jax."""
+    if s < c:
+        c += 1
+        x = jnp.expand_dims(x, c)
+    elif s > c:
+        x = jnp.expand_dims(x, c)
+        s += 1
+    y = jax.lax.all_to_all(x, axes, s, c, tiled=True)
+    return y if s == c else jnp.squeeze(y, s)
+
+
+for _name, (_s, _c) in {"all_to_all_default": (1, 2), "all_to_all_default_back": (2, 0),
+                        "all_to_all_default_2axes": (1, 0)}.items():
+    _fn, _, _ins, _out, _args, _ = PROGRAMS[_name]
+    _axes = ("dp", "tp") if _name.endswith("2axes") else "tp"
+    GRAD_EXTRA[_name] = (_fn, lambda x, a=_axes, s=_s, c=_c: _jax_all_to_all_untiled(x, a, s, c), _ins, _out, _args)
 # the backward collectives of each: (kind, axes), the transposes of the forward ones
 GRAD_KINDS = {"psum": [("all_reduce", ("dp",))], "all_gather": [], "all_gather_stack": [], "psum_scatter": [("all_gather", ("tp",))],
+              "all_gather_default": [], "psum_scatter_default": [("all_gather", ("tp",))],
+              "all_to_all_default": [("all_to_all", ("tp",))], "all_to_all_default_back": [("all_to_all", ("tp",))],
+              "all_to_all_default_same": [("all_to_all", ("tp",))],
+              "all_to_all_default_2axes": [("all_to_all", ("dp", "tp"))],
               "all_to_all": [("all_to_all", ("tp",))], "all_to_all_2axes": [("all_to_all", ("dp", "tp"))],
               "ppermute": [("collective_permute", ("tp",))], "axis_index": [],
               # w's blocks are used by every dp row: each hop's cotangent is summed over dp first (as jax does)
@@ -222,3 +272,32 @@ def test_a_bad_spec_names_which_spec_of_shard_map():
         nb.shard_map(lambda b: b, m, in_specs=[["dp", None]], out_specs=["dp", "dp"])(x)
     with pytest.raises(ShardingError, match=r"shard_map: in_specs\[0\]"):
         nb.shard_map(lambda b: b, m, in_specs=[["dp", "dp"]], out_specs=["dp", None])(x)
+
+
+@pytest.mark.parametrize("fn, ins, outs, args, message", [
+    (lambda x: (x, 2 * x), [["tp", None]], ["tp", None], 1,
+     r"fn returned 2 outputs but out_specs holds 1 spec \(\['tp', None\]\)"),
+    (lambda x: (x, 2 * x), [["tp", None]], [["tp", None]] * 3, 1, "fn returned 2 outputs but out_specs holds 3 specs"),
+    (lambda x: x, [["tp", None]], [["tp", None]] * 2, 1, "fn returned 1 output but out_specs holds 2 specs"),
+    (lambda x, y: x, [["tp", None]] * 3, ["tp", None], 2, "fn was called with 2 arguments but in_specs holds 3 specs"),
+    (lambda x, y: x, [["tp", None]], ["tp", None], 2, "fn was called with 2 arguments but in_specs holds 1 spec"),
+])
+def test_spec_counts_that_differ_are_named(fn, ins, outs, args, message):
+    with pytest.raises(ShardingError, match=message):
+        nb.shard_map(fn, M, ins, outs)(*[nb.tensor(X)] * args)
+
+
+def test_a_list_of_out_specs_gives_each_output_its_own():
+    got = nb.shard_map(lambda x: (x, nb.lax.psum(x, "tp")), M, [["tp", None]], [["tp", None], [None, None]])(
+        nb.tensor(X))
+    np.testing.assert_allclose(got[0].numpy(), X)
+    np.testing.assert_allclose(got[1].numpy(), X.reshape(4, 2, 8).sum(0), rtol=1e-6)
+
+
+def test_one_partition_spec_serves_every_output_as_in_jax():
+    """jax.shard_map takes out_specs as a pytree prefix of the outputs: one PartitionSpec applies to each."""
+    P = pytest.importorskip("jax.sharding").PartitionSpec
+    a, b = nb.shard_map(lambda x: (x * 2, x + 1), M, P("tp", None), P("tp", None))(nb.tensor(X))
+    np.testing.assert_allclose(a.numpy(), X * 2)
+    np.testing.assert_allclose(b.numpy(), X + 1)
+    assert a.sharding == b.sharding

@@ -51,6 +51,16 @@ def test_programs_strategy_runs_on_both(prog):
     assert 1 <= len(prog.steps) <= 3
 
 
+def test_programs_docstring_example_runs():
+    """The example in ``programs``' docstring is a working property test (run as doctest runs it)."""
+    import doctest
+    from nabla import testing
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in doctest.DocTestFinder().find(testing.programs, "programs", globs={}):
+        runner.run(test)
+    assert runner.summarize(verbose=False) == doctest.TestResults(failed=0, attempted=6)
+
+
 def test_slow_properties_scale_with_the_loaded_profile():
     """A slow property keeps its short count under CI and takes a third of a long profile's (thorough: 3,333),
     where a fixed ``@settings(max_examples=n)`` would pin it under every profile."""

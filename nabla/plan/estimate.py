@@ -1,0 +1,76 @@
+"""``nb.estimate`` and ``nb.flops``: run a function as written, abstractly (no data, no kernel),
+and price its recorded steps on a described cluster (compute, communication on the cluster's links, memory per
+device). The program is the user's own: nothing is re-described in a config file."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import collectives as C
+from ..autodiff import flatten, unflatten
+from ..errors import ShardingError
+from ..tensor import Tensor
+from .cluster import Cluster
+from .memory import memory_log
+from .report import Report, estimate_steps
+from .steps import Step as PricedStep
+
+def _abstract(args: Any) -> Any:
+    """The same arguments with every tensor replaced by a data-free one of its shape, dtype and layout."""
+    leaves, tree = flatten(args)
+    return unflatten(tree, [Tensor(None, x.sharding, x.shape, x.dtype) if isinstance(x, Tensor) else x
+                            for x in leaves])
+
+
+def _priced(step: Any) -> PricedStep:
+    return PricedStep(step.name, step.user, step.phase, step.out_dtype, step.flops, step.bytes_in, step.bytes_out,
+                      step.events, getattr(step, "layer", "") or None)
+
+
+def _mesh_of(steps: list, args: Any) -> Any:
+    meshes = {getattr(s.out_spec, "mesh", None) for s in steps} | \
+        {x.sharding.mesh for x in flatten(args)[0] if isinstance(x, Tensor) and x.sharding is not None}
+    meshes.discard(None)
+    if len(meshes) != 1:
+        raise ShardingError(f"estimate: the function must run on one mesh (made with cluster.mesh(...)); it uses "
+                            f"{len(meshes)}: {sorted(map(repr, meshes))}")
+    return meshes.pop()
+
+
+def estimate(fn: Callable, cluster: Cluster, overlap: str = "grads", model_flops: float | None = None) -> Callable:
+    """``nb.estimate(fn, cluster)(*args)``: run ``fn`` on data-free twins of its tensor arguments (their shapes,
+    dtypes and shardings) and price what it recorded on ``cluster``: a ``Report`` (step time, exposed
+    communication, TFLOP/s and MFU per device, memory per device against the device's HBM, a per-layer table, a
+    Chrome trace). ``overlap``: "none", or "grads" (gradient collectives overlap the backward compute that
+    follows them, as DDP and FSDP do). ``model_flops`` (per device) is what MFU counts; by default every
+    recorded FLOP that is not recomputation."""
+    if not isinstance(cluster, Cluster):
+        raise ShardingError(f"estimate: cluster must be an nb.Cluster, got {type(cluster).__name__}")
+    if overlap not in ("none", "grads"):
+        raise ShardingError(f"estimate: overlap must be 'none' or 'grads', got {overlap!r}")
+
+    def run(*args: Any, **kwargs: Any) -> Report:
+        a, k = _abstract(args), _abstract(kwargs)
+        with C.comm_log() as log, memory_log() as mem:
+            fn(*a, **k)
+        steps = list(log.steps)
+        mesh = _mesh_of(steps, (args, kwargs))
+        model = model_flops
+        if model is None:
+            model = sum(s.flops for s in steps if s.phase != "recompute")
+        return estimate_steps([_priced(s) for s in steps], cluster, mesh, overlap, model, mem)
+
+    return run
+
+
+def flops(fn: Callable, *args: Any, **kwargs: Any) -> int:
+    """The FLOPs of ``fn(*args, **kwargs)`` summed over every device of the run (for an unsharded program, the
+    model's FLOPs: a matmul is 2mnk), counted from the recorded steps of an abstract run (no data)."""
+    with C.comm_log() as log:
+        fn(*_abstract(args), **_abstract(kwargs))
+    total = 0
+    for s in log.steps:
+        spec = s.out_spec
+        devices = len(spec.mesh.devices) if getattr(spec, "mesh", None) is not None else 1
+        total += s.flops * devices
+    return total
