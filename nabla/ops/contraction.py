@@ -4,6 +4,7 @@ free letters keep their sharding."""
 from __future__ import annotations
 
 import builtins
+from math import prod
 
 import numpy as np
 
@@ -58,8 +59,13 @@ def matmul(a: ArrayLike, b: ArrayLike) -> Tensor:
     return out
 
 
+def _matmul_flops(blocks, out, params) -> int:
+    """A multiply and an add per result element and contracted element: 2mnk (of this device's blocks)."""
+    return 2 * prod(out) * blocks[0][-1]
+
+
 _MATMUL = register(OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel, "mul", vjp=_matmul_vjp,
-                         numpy="matmul", onnx=_matmul_onnx, arity=2, public=matmul))
+                         numpy="matmul", onnx=_matmul_onnx, arity=2, public=matmul, flops=_matmul_flops))
 
 
 # ---- einsum ----------------------------------------------------------------------------------------------------
@@ -149,5 +155,18 @@ def einsum(subscripts: str, *operands: ArrayLike) -> Tensor:
     return _call(_EINSUM, operands, (subscripts,))
 
 
+def _einsum_flops(blocks, out, params) -> int:
+    """Two per point of the letters' product space (a multiply and an add) for two operands or more; one per
+    operand element for a single one (a sum)."""
+    terms, _ = _einsum_terms(params[0], blocks)
+    if len(terms) == 1:
+        return prod(blocks[0])
+    sizes: dict = {}
+    for t, b in zip(terms, blocks):
+        for c, n in zip(t, b):
+            sizes[c] = max(sizes.get(c, 1), n)
+    return 2 * (len(terms) - 1) * prod(sizes.values())
+
+
 _EINSUM = register(OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul",
-                         vjp=_einsum_vjp, numpy="einsum", onnx=_einsum_onnx, public=einsum))
+                         vjp=_einsum_vjp, numpy="einsum", onnx=_einsum_onnx, public=einsum, flops=_einsum_flops))

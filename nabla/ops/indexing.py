@@ -183,3 +183,7 @@ def getitem(x: ArrayLike, key: Any) -> Tensor:
 
 _INDEX = register(OpDef("getitem", lambda shapes, key: R.index_rule(shapes[0], key), _index_kernel, "add",
                         dtype="same", vjp=_getitem_vjp, onnx=_getitem_onnx, arity=1, public=getitem))
+
+
+for _moving in (_INDEX,):  # data moves, nothing is computed: no FLOPs
+    _moving.flops = lambda blocks, out, params: 0

@@ -59,6 +59,11 @@ def _folded(shape: tuple[int, ...], fold: tuple[int, ...], axis: tuple[int, ...]
     return perm, ((n, m) if front else (m, n)), 0 if front else 1, out
 
 
+def _per_input(blocks, out, params) -> int:
+    """One per element read (a reduction combines each into its result)."""
+    return prod(blocks[0])
+
+
 def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replicate=False) -> OpDef:
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}[name]
 
@@ -87,7 +92,7 @@ def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replic
 
     return register(OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, replicate),
                           kernel, linear, None, reduction, folds=reduction != "sum", vjp=vjp, numpy=name, onnx=export,
-                          arity=1, public=public))
+                          arity=1, public=public, flops=_per_input))
 
 
 def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
@@ -195,7 +200,7 @@ def argmax(x: ArrayLike, axis: int | None = None) -> Tensor:
 _ARGMAX = register(OpDef("argmax", lambda shapes, axis: R.reduce_rule(
     shapes[0], tuple(range(len(shapes[0]))) if axis is None else (axis,), False, True), _argmax_kernel,
     reduction="sum", dtype=np.intp, vjp=lambda g, node, out: (None,),  # an index: no gradient
-    numpy="argmax", onnx=_argmax_onnx, arity=1, public=argmax))
+    numpy="argmax", onnx=_argmax_onnx, arity=1, public=argmax, flops=_per_input))
 
 
 # ---- softmax ---------------------------------------------------------------------------------------------------
@@ -243,4 +248,5 @@ def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
 
 
 _SOFTMAX = register(OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "softmax"),
-                          _softmax_kernel, vjp=_softmax_vjp, onnx=_softmax_onnx, arity=1, public=softmax))
+                          _softmax_kernel, vjp=_softmax_vjp, onnx=_softmax_onnx, arity=1, public=softmax,
+                          flops=lambda blocks, out, params: 5 * prod(out)))  # max, subtract, exp, sum, divide

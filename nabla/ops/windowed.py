@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from math import prod
+
 import numpy as np
 
 from .. import rules as R
@@ -179,7 +181,8 @@ def conv(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, stride: Any 
 
 _CONV = register(OpDef("conv", lambda shapes, stride, padding, dilation, groups: R.conv_rule(
     shapes[0], shapes[1], stride, padding, dilation, groups), _conv_kernel, "mul",
-    dtype=lambda a, b: np.result_type(a, b), vjp=_conv_vjp, onnx=_conv_onnx, arity=2, public=conv))
+    dtype=lambda a, b: np.result_type(a, b), vjp=_conv_vjp, onnx=_conv_onnx, arity=2, public=conv,
+    flops=lambda blocks, out, params: 2 * prod(out) * prod(blocks[1][1:])))  # 2 x (C/groups x kernel) per output
 
 
 # ---- pooling ---------------------------------------------------------------------------------------------------
@@ -233,7 +236,8 @@ def max_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 
 
 _MAX_POOL = register(OpDef("max_pool", lambda shapes, kernel, stride, padding, dilation: R.pool_rule(
     shapes[0], kernel, stride, padding, dilation, -np.inf, "max_pool"), _max_pool_kernel, dtype="same",
-    vjp=_max_pool_vjp, onnx=_max_pool_onnx, arity=1, public=max_pool))
+    vjp=_max_pool_vjp, onnx=_max_pool_onnx, arity=1, public=max_pool,
+    flops=lambda blocks, out, params: prod(out) * prod(params[0])))  # a comparison per window tap
 
 
 def _avg_pool_kernel(arrays, local):
@@ -292,7 +296,8 @@ def avg_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 
 _AVG_POOL = register(OpDef("avg_pool", lambda shapes, kernel, stride, padding, dilation, include: R.pool_rule(
     shapes[0], kernel, stride, padding, dilation, 0.0, "avg_pool"), _avg_pool_kernel,
     dtype=lambda a: a if a.kind in "fc" else np.dtype(np.float64), aux=_avg_pool_aux, vjp=_avg_pool_vjp,
-    onnx=_avg_pool_onnx, arity=1, public=avg_pool))
+    onnx=_avg_pool_onnx, arity=1, public=avg_pool,
+    flops=lambda blocks, out, params: prod(out) * prod(params[0])))  # an add per window tap (and a divide)
 
 
 # ---- built from other ops ---------------------------------------------------------------------------------------

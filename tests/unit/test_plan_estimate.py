@@ -1,0 +1,97 @@
+"""nb.flops and nb.estimate on programs as users write them: FLOPs against hand counts and against the FLOP
+formula of Narayanan et al. (SC'21, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", section 5.1: 72·B·s·l·h²·(1 + s/6h) for a GPT layer's forward and backward matmuls, 96 with
+activation recomputation), and an estimate's report, trace and memory."""
+
+import json
+
+import numpy as np
+import pytest
+
+import nabla as nb
+from nabla.plan import MATMUL_OPS
+
+
+def test_flops_count_matmul_einsum_and_conv_by_hand():
+    a, b = nb.abstract((8, 16)), nb.abstract((16, 4))
+    assert nb.flops(lambda a, b: a @ b, a, b) == 2 * 8 * 16 * 4
+    assert nb.flops(lambda a, b: nb.einsum("ij,jk->ik", a, b), a, b) == 2 * 8 * 16 * 4
+    x, w = nb.abstract((2, 3, 10, 10)), nb.abstract((5, 3, 3, 3))  # 8 x 8 outputs per (n, o)
+    assert nb.flops(lambda x, w: nb.conv(x, w), x, w) == 2 * (2 * 5 * 8 * 8) * (3 * 3 * 3)
+    assert nb.flops(lambda x: x.sum(0), a) == 8 * 16  # one per element read
+    assert nb.flops(lambda x: x.T.reshape(-1), a) == 0  # moves, no arithmetic
+
+
+def test_flops_of_a_sharded_run_count_every_device_s_work():
+    m = nb.DeviceMesh("m", (2, 2), ("dp", "tp"))
+    a, b = nb.abstract((8, 16)), nb.abstract((16, 4))
+    # each device multiplies a (4 x 8) block by an (8 x 4) one: the model's FLOPs, split four ways
+    assert nb.flops(lambda a, b: a @ b, a.shard(m, ["dp", "tp"]), b.shard(m, ["tp", None])) == 2 * 8 * 16 * 4
+    # the rows split over dp only: the two tp replicas of each block compute it twice
+    assert nb.flops(lambda a, b: a @ b, a.shard(m, ["dp", None]), b.shard(m, [None, None])) == 2 * (2 * 8 * 16 * 4)
+
+
+def _gpt_layer(x, p, heads):
+    """A GPT layer's matmuls as the paper counts them: QKV, scores, attention over values, output, a 4h MLP."""
+    B, s, h = x.shape
+    qkv = x @ p["qkv"]
+    q, k, v = (qkv[..., i * h:(i + 1) * h].reshape(B, s, heads, h // heads) for i in range(3))
+    att = nb.softmax(nb.einsum("bqnd,bknd->bnqk", q, k) * (1.0 / np.sqrt(h // heads)), -1)
+    y = nb.einsum("bnqk,bknd->bqnd", att, v).reshape(B, s, h) @ p["out"]
+    return nb.relu((x + y) @ p["w1"]) @ p["w2"]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_gpt_layer_s_matmul_flops_are_megatron_s_formula(recompute):
+    B, s, h, heads = 2, 32, 64, 4
+    p = {"qkv": nb.abstract((h, 3 * h)), "out": nb.abstract((h, h)), "w1": nb.abstract((h, 4 * h)),
+         "w2": nb.abstract((4 * h, h))}
+    x = nb.abstract((B, s, h))
+    layer = nb.checkpoint(_gpt_layer) if recompute else _gpt_layer
+    step = nb.grad(lambda p, x: layer(x, p, heads).sum(), argnums=(0, 1))  # x too: a layer inside the model
+    with nb.comm_log() as log:
+        step(p, x)
+    matmul = sum(st.flops for st in log.steps if st.name in MATMUL_OPS)
+    # 24Bsh^2 (1 + s/6h) forward; the backward twice that; a recompute once more (Megatron-LM, sec. 5.1)
+    passes = 4 if recompute else 3
+    assert matmul == passes * 24 * B * s * h * h * (1 + s / (6 * h))
+    total = nb.flops(step, p, x)  # everything: softmax, relu, adds (small beside the matmuls)
+    assert matmul < total < 1.05 * matmul
+
+
+def test_estimate_prices_a_tensor_parallel_step_on_a_cluster(tmp_path):
+    hw = nb.Hardware.preset("a100-sxm-80gb")
+    cluster = nb.Cluster(hw, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    B, s, h, heads = 8, 128, 256, 8
+    p = {"qkv": nb.abstract((h, 3 * h)).shard(mesh, [None, "tp"]), "out": nb.abstract((h, h)).shard(mesh, ["tp", None]),
+         "w1": nb.abstract((h, 4 * h)).shard(mesh, [None, "tp"]), "w2": nb.abstract((4 * h, h)).shard(mesh, ["tp", None])}
+    x = nb.abstract((B, s, h)).shard(mesh, ["dp", None, None])
+
+    def step(p, x):
+        with nb.named_scope("layer0"):
+            return _gpt_layer(x, p, heads).sum()
+
+    report = nb.estimate(nb.grad(step), cluster)(p, x)
+    assert report.step_time > 0 and report.compute_time > 0 and report.comm_time > 0
+    assert report.exposed_comm <= report.comm_time + 1e-12
+    assert 0 < report.mfu < 1 and report.tflops_per_device > 0
+    assert report.memory.fits and set(report.memory.peak) == set(range(8))
+    text = str(report)
+    assert "layer0" in text and "step" in text
+    path = tmp_path / "trace.json"
+    report.to_chrome_trace(str(path))
+    events = json.load(open(path))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    pids = {e["pid"] for e in events if e.get("ph") == "X"}
+    assert len(pids) == 8  # one track per device
+    end = max(e["ts"] + e["dur"] for e in events if e.get("ph") == "X")
+    assert end == pytest.approx(report.step_time * 1e6, rel=1e-6)
+
+
+def test_estimate_refuses_what_it_cannot_price():
+    hw = nb.Hardware.preset("h100-sxm-80gb")
+    with pytest.raises(nb.ShardingError, match="overlap must be"):
+        nb.estimate(lambda x: x, nb.Cluster(hw, 1, 8), overlap="some")
+    with pytest.raises(nb.ShardingError, match="cluster must be"):
+        nb.estimate(lambda x: x, hw)
