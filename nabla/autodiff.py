@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .dtypes import is_float, is_inexact
 from . import collectives as C
 from .errors import ShardingError
 from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
@@ -79,7 +80,7 @@ def _as_tensor(x: Any, what: str) -> Tensor:
 
 def _leaf(t: Tensor, what: str) -> Tensor:
     """A traced twin of ``t``: the same blocks, recording every op that uses it."""
-    if t.dtype.kind not in "fc":
+    if not is_inexact(t.dtype):
         raise ShardingError(f"{what}: differentiating with respect to a {t.dtype} tensor of shape {t.shape}; "
                             f"gradients need float or complex inputs (cast with .astype('float32'))")
     leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
@@ -382,7 +383,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
             shape = getattr(out, "shape", None)
             raise ShardingError(f"grad: f must return a scalar (0-d) tensor, got {type(out).__name__}"
                                 + (f" of shape {shape}" if shape is not None else ""))
-        if out.dtype.kind != "f":  # jax.grad's rule, with its reasons
+        if not is_float(out.dtype):  # jax.grad's rule, with its reasons
             why = ("For holomorphic differentiation of a complex function, or a non-holomorphic one with complex "
                    "outputs, use nb.vjp directly" if out.dtype.kind == "c" else
                    "For differentiation of functions with integer outputs, use nb.vjp directly")

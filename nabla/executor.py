@@ -13,6 +13,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from .dtypes import is_inexact
 from . import backends, reshard, storage
 from . import collectives as C
 from .cost import current as current_cost_model
@@ -706,7 +707,7 @@ _NEGATED = {"subtract": (1,), "negative": (0,)}
 def _checks(op: OpDef, sigs: tuple, keep_by: list, dtype: np.dtype) -> tuple:
     """What must hold at run time for the pending sums ``keep_by`` keeps to survive ``op`` (see
     ``_breaks_linearity``), plus ``_KEEPS`` for floats (a non-finite result is redone strictly)."""
-    if dtype.kind not in "fc":
+    if not is_inexact(dtype):
         return ()  # integers wrap and bools or, as numpy's sums do: every product distributes
     checks = []
     if op.linear == "mul":
@@ -732,7 +733,7 @@ def _surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tupl
     in_dims = [[r for rs in s[3].dim_refs for r in rs] if s[0] == "s" else [] for s in sigs]
     if op.linear is None:
         refs = [[] for _ in sigs]
-    flt = dtype.kind in "fc"
+    flt = is_inexact(dtype)
     elementwise_mul = op.linear == "mul" and op.fast is not None
     for i, s in enumerate(sigs):
         if refs[i] and s[2] != dtype:

@@ -11,6 +11,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import numpy as np
 
+from .dtypes import is_inexact
 from .mesh import AxisRef
 
 
@@ -355,13 +356,13 @@ def neutral(reduction: str, dtype: np.dtype) -> Any:
     """The value that padding must hold so that a reduction ignores it."""
     if reduction == "sum":
         return dtype.type(0)
-    if dtype.kind in "fc":
+    if is_inexact(dtype):
         big = np.inf
     elif dtype.kind in "iu":
         big = np.iinfo(dtype).max
     else:
         big = True
-    lo = -np.inf if dtype.kind in "fc" else (np.iinfo(dtype).min if dtype.kind in "iu" else False)
+    lo = -np.inf if is_inexact(dtype) else (np.iinfo(dtype).min if dtype.kind in "iu" else False)
     if dtype.kind == "c":  # complex numbers order by real part, then imaginary part: -inf-infj is below all
         return dtype.type(complex(lo, lo)) if reduction == "max" else dtype.type(complex(big, big))
     return lo if reduction == "max" else big

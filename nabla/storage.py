@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import is_float, is_inexact
 from . import backends
 from .layout import chunks, grid, grid_index, merge_cuts, shard_slices, spec_cuts
 from .spec import ShardingSpec
@@ -112,7 +113,7 @@ def identity(dtype: np.dtype) -> Any:
     """The additive identity the devices that hold no summand keep: -0.0 for floats (IEEE: x + -0.0 is x for
     every x, -0.0 included; +0.0 would turn a sum of -0.0s into +0.0), -0-0j for complex, 0 otherwise."""
     dtype = np.dtype(dtype)
-    if dtype.kind == "f":
+    if is_float(dtype):
         return dtype.type(-0.0)
     if dtype.kind == "c":
         return dtype.type(complex(-0.0, -0.0))
@@ -123,11 +124,11 @@ def sum_summands(x: Any, axes: tuple[int, ...]) -> Any:
     """The sum of partial summands held along grid ``axes``, in their dtype, starting from the additive
     identity: a sum of -0.0s is -0.0 (numpy's ``sum`` starts from +0.0)."""
     if type(x) is np.ndarray:  # what np.sum calls, without its Python wrapper
-        if x.dtype.kind in "fc":
+        if is_inexact(x.dtype):
             return np.add.reduce(x, axis=axes, keepdims=True, dtype=x.dtype, initial=identity(x.dtype))
         return np.add.reduce(x, axis=axes, keepdims=True, dtype=x.dtype)
     xp = backends.xp(x)
-    if x.dtype.kind in "fc":
+    if is_inexact(x.dtype):
         return xp.sum(x, axis=axes, keepdims=True, dtype=x.dtype, initial=identity(x.dtype))
     return xp.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
 

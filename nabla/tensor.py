@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .dtypes import is_inexact
 from .errors import ShardingError
 from .executor import Value
 from .mesh import DeviceMesh
@@ -252,7 +253,7 @@ class Tensor(Value):
     def __pow__(self, o):
         # numpy's ** on a float or complex array: a Python 0.5 is sqrt, -1 reciprocal, 2 square (its
         # fast_scalar_power); np.power(-0.0, 0.5) is +0.0 in float16 where sqrt gives -0.0
-        if self._dtype.kind in "fc" and (type(o) is float and o == 0.5 or type(o) is int and o in (-1, 2)):
+        if is_inexact(self._dtype) and (type(o) is float and o == 0.5 or type(o) is int and o in (-1, 2)):
             ops = _ops()
             from .collectives import user_op
             with user_op("power"):  # the comm log names what the user wrote
@@ -393,7 +394,7 @@ def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: S
         idx = grid_index(spec, d)
         if idx in holder:
             o = holder[idx]
-            if not np.array_equal(a, arrays[o], equal_nan=a.dtype.kind in "fc"):
+            if not np.array_equal(a, arrays[o], equal_nan=is_inexact(a.dtype)):
                 raise ShardingError(f"from_local: devices {o} and {d} hold the same block of {spec!r} (replicas) but "
                                     f"their blocks differ; a replicated dim or axis needs equal blocks (make the "
                                     f"value partial over that axis if they are summands)")

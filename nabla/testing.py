@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .dtypes import is_inexact
 from .collectives import CommLog, kinds
 from .layout import chunks
 from .mesh import DeviceMesh
@@ -71,7 +72,7 @@ def assert_matches_numpy(t: Tensor, expected: Any, rtol: float = 0.0, atol: floa
 def _same_values(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, what: str,
                  signed_zeros: bool = True) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    if want.dtype.kind not in "fc":
+    if not is_inexact(want.dtype):
         np.testing.assert_array_equal(got, want, err_msg=what)
         return
     cnan = np.zeros(want.shape, bool)

@@ -11,6 +11,7 @@ from math import prod
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
+from .dtypes import is_inexact
 from numpy.lib.stride_tricks import sliding_window_view
 
 
@@ -516,7 +517,7 @@ def max_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
     if _xp(x) is not np:
         lax = __import__("jax").lax
         return _jax_windows(lambda a: lax.reduce_window(
-            a, -np.inf if a.dtype.kind in "fc" else _fill_value(-np.inf, a.dtype), lax.max, (1, 1) + kernel,
+            a, -np.inf if is_inexact(a.dtype) else _fill_value(-np.inf, a.dtype), lax.max, (1, 1) + kernel,
             (1, 1) + _tuple(stride, nd), "VALID", window_dilation=(1, 1) + _tuple(dilation, nd)), G, x)
     few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
     if few is not None:
@@ -538,17 +539,17 @@ def avg_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
     if _xp(x) is not np:
         lax = __import__("jax").lax
         jnp = __import__("jax").numpy
-        xf = x if x.dtype.kind in "fc" else x.astype(jnp.float64)
+        xf = x if is_inexact(x.dtype) else x.astype(jnp.float64)
         sums = _jax_windows(lambda a: lax.reduce_window(a, 0.0, lax.add, (1, 1) + kernel, (1, 1) + _tuple(stride, nd),
                                                         "VALID", window_dilation=(1, 1) + _tuple(dilation, nd)), G, xf)
         return sums / jnp.asarray(prod(kernel) if counts is None else counts, dtype=sums.dtype)
     few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
     if few is not None:
-        out = np.sum(few, axis=tuple(range(-nd, 0)), dtype=x.dtype if x.dtype.kind in "fc" else np.float64)
+        out = np.sum(few, axis=tuple(range(-nd, 0)), dtype=x.dtype if is_inexact(x.dtype) else np.float64)
     else:
         taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
         first = next(taps)
-        out = first.astype(first.dtype if first.dtype.kind in "fc" else np.float64)  # ints average to float64
+        out = first.astype(first.dtype if is_inexact(first.dtype) else np.float64)  # ints average to float64
         for t in taps:
             np.add(out, t, out=out)
     div = np.asarray(prod(kernel) if counts is None else counts, dtype=out.dtype)

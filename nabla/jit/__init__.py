@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..dtypes import is_inexact
 from .. import backends
 from .. import collectives as C
 from .. import trace as _trace
@@ -127,7 +128,7 @@ class _JitCall:
         fn = getattr(lowered._fn, "__self__", None)
         self.name = f"jit({getattr(getattr(fn, 'fn', None), '__name__', 'fn')})"
         self.consts = [None if isinstance(x, Tensor) else x for x in leaves]  # the trace's constants
-        self.diff = tuple(i for i in lowered._inputs if leaves[i]._node is not None and leaves[i]._node.diff and leaves[i].dtype.kind in "fc")
+        self.diff = tuple(i for i in lowered._inputs if leaves[i]._node is not None and leaves[i]._node.diff and is_inexact(leaves[i].dtype))
 
     def vjp(self, g: Tensor, node: Any, out: Tensor) -> tuple:
         k = node.params[0]

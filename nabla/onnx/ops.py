@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 
 import nabla as nb
 
+from ..dtypes import is_float, is_inexact
 from ..errors import ShardingError
 from ..tensor import Tensor
 
@@ -124,7 +125,7 @@ def _c(x: Tensor, v) -> Any:
 
 
 def _f(x: Tensor) -> bool:
-    return x.dtype.kind in "fc"
+    return is_inexact(x.dtype)
 
 
 def _cast(x: Tensor, dtype) -> Tensor:
@@ -679,11 +680,11 @@ def _reduction(kernel, empty):
 
 
 def _lowest(dt):
-    return -np.inf if dt.kind == "f" else np.iinfo(dt).min if dt.kind in "iu" else False
+    return -np.inf if is_float(dt) else np.iinfo(dt).min if dt.kind in "iu" else False
 
 
 def _highest(dt):
-    return np.inf if dt.kind == "f" else np.iinfo(dt).max if dt.kind in "iu" else True
+    return np.inf if is_float(dt) else np.iinfo(dt).max if dt.kind in "iu" else True
 
 
 def _logsumexp(x, axes, keep):

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..dtypes import is_inexact
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, Value, run
@@ -101,7 +102,7 @@ def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
 
 def _is_diff(x: Any) -> bool:
     """Whether ``x`` needs a cotangent: a float or complex value that depends on a traced one."""
-    return isinstance(x, Value) and x._node is not None and x._node.diff and x._dtype.kind in "fc"
+    return isinstance(x, Value) and x._node is not None and x._node.diff and is_inexact(x._dtype)
 
 
 def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
@@ -120,5 +121,5 @@ def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
 
 def _mask(cond: Tensor, like: Any) -> Tensor:
     """``cond`` as 0/1 in the cotangent's dtype."""
-    dt = like._dtype if isinstance(like, Value) and like._dtype.kind in "fc" else np.dtype(np.float64)
+    dt = like._dtype if isinstance(like, Value) and is_inexact(like._dtype) else np.dtype(np.float64)
     return cond.astype(dt)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import is_float
 from .. import rules as R
 from ..errors import ShardingError
 from ..executor import Value
@@ -91,7 +92,7 @@ def _relu(xp, x):
 
 def _sigmoid(xp, x):
     x = xp.asarray(x)
-    one = x.dtype.type(1) if x.dtype.kind == "f" else 1.0
+    one = x.dtype.type(1) if is_float(x.dtype) else 1.0
     return one / (one + xp.exp(-x))
 
 

@@ -10,6 +10,7 @@ from math import prod
 
 import numpy as np
 
+from ..dtypes import is_inexact
 from .. import rules as R
 from .. import windows as _windows
 from ..backends import xp as _xp
@@ -273,7 +274,7 @@ def _avg_pool_vjp(g, node, out):
     outs = g.shape[2:]
     counts = _windows.avg_divisor([n for n in _shape(x)[2:]], [0] * len(outs), outs, kernel, stride,
                                   [lo for lo, _ in pads], include, dilation)
-    share = g / tensor(counts.astype(g.dtype if g.dtype.kind in "fc" else np.float64))
+    share = g / tensor(counts.astype(g.dtype if is_inexact(g.dtype) else np.float64))
     parts = [(tap, share) for tap, _ in _taps(kernel, stride, dilation, outs)]
     gx = _scatter_taps(parts, _shape(x), pads, stride, dilation, outs)
     return (gx if gx.dtype == x._dtype else astype(gx, x._dtype),)
@@ -295,7 +296,7 @@ def avg_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 
 
 _AVG_POOL = register(OpDef("avg_pool", lambda shapes, kernel, stride, padding, dilation, include: R.pool_rule(
     shapes[0], kernel, stride, padding, dilation, 0.0, "avg_pool"), _avg_pool_kernel,
-    dtype=lambda a: a if a.kind in "fc" else np.dtype(np.float64), aux=_avg_pool_aux, vjp=_avg_pool_vjp,
+    dtype=lambda a: a if is_inexact(a) else np.dtype(np.float64), aux=_avg_pool_aux, vjp=_avg_pool_vjp,
     onnx=_avg_pool_onnx, arity=1, public=avg_pool,
     flops=lambda blocks, out, params: prod(out) * prod(params[0])))  # an add per window tap (and a divide)
 

@@ -1,0 +1,35 @@
+"""Which dtypes are which: numpy's, and the ``ml_dtypes`` ones (bfloat16, the float8 types) that numpy files
+under kind ``V`` although they are floats. Every float check in nabla goes through here."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+
+@lru_cache(maxsize=256)
+def _ml(dt: np.dtype) -> bool:
+    return getattr(dt.type, "__module__", "").startswith("ml_dtypes")
+
+
+def is_float(dt: Any) -> bool:
+    """A real floating dtype: numpy's float16/32/64, and bfloat16 and the float8 types of ``ml_dtypes``."""
+    dt = np.dtype(dt)
+    return dt.kind == "f" or (dt.kind == "V" and _ml(dt) and "float" in dt.name)
+
+
+def is_inexact(dt: Any) -> bool:
+    """A float or a complex dtype: what a gradient can have."""
+    dt = np.dtype(dt)
+    return dt.kind in "fc" or (dt.kind == "V" and _ml(dt) and "float" in dt.name)
+
+
+def finfo(dt: Any) -> Any:
+    """``np.finfo`` for every float dtype nabla holds (``ml_dtypes.finfo`` for theirs)."""
+    dt = np.dtype(dt)
+    if _ml(dt):
+        import ml_dtypes
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
