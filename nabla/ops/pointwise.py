@@ -3,12 +3,15 @@ its derivative and its ONNX export. Their rule is one factor per dim; numpy broa
 
 from __future__ import annotations
 
+import math
+from math import prod
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import is_float
 from .. import rules as R
+from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..executor import Value
 from ..opdef import OpDef
@@ -171,3 +174,117 @@ _RECIPROCAL = _reciprocal.op
 
 for _moving in (_ASTYPE,):  # data moves, nothing is computed: no FLOPs
     _moving.flops = lambda blocks, out, params: 0
+
+
+# ---- activations and float tests of language models ------------------------------------------------------------
+
+
+def _float_of(xp, x):
+    """``x`` as an array in the dtype numpy's float functions give it (integers and bools: float64)."""
+    x = xp.asarray(x)
+    return x if is_float(x.dtype) or x.dtype.kind == "c" else x.astype(np.float64)
+
+
+_ERF64 = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(xp, x):
+    """The error function: libm's ``erf`` (through float64) under numpy, ``jax.lax.erf`` under ``nb.jit``."""
+    x = _float_of(xp, x)
+    if xp is np:
+        return _ERF64(x.astype(np.float64)).astype(x.dtype) if x.size else x.copy()
+    import jax  # the kernel runs under jax only when jax is installed
+    return jax.lax.erf(x)
+
+
+def _silu(xp, x):
+    x = _float_of(xp, x)
+    return x * _sigmoid(xp, x)
+
+
+def _silu_dx(g, x, out):
+    s = sigmoid(x)
+    return g * (s * (1.0 + x * (1.0 - s)))
+
+
+@onnx_export("Sigmoid", "Mul")
+def _silu_onnx(ex):
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("Mul", [x, ex.emit("Sigmoid", [x], "sigmoid")]), [(x, 0)])
+
+
+def _float_test(op_type: str):
+    """IsNaN, or isfinite as Not(Or(IsNaN, IsInf)); integer and bool operands (never NaN) are cast to float."""
+    @onnx_export(*(("IsNaN",) if op_type == "IsNaN" else ("IsNaN", "IsInf", "Or", "Not")))
+    def export(ex):
+        a = ex.node.args[0]
+        dt = a._dtype if isinstance(a, Value) else np.result_type(a)
+        x = ex.operand(0, None if is_float(dt) else np.dtype(np.float32))
+        if op_type == "IsNaN":
+            return ex.finish(ex.out("IsNaN", [x]), [(x, 0)])
+        bad = ex.emit("Or", [ex.emit("IsNaN", [x], "nan"), ex.emit("IsInf", [x], "inf")], "bad")
+        return ex.finish(ex.out("Not", [bad]), [(x, 0)])
+    return export
+
+
+erf = elementwise("erf", _erf, onnx="Erf", public=False, vjp=lambda g, x, o: g * (exp(-(x * x)) * _TWO_OVER_SQRT_PI),
+                  doc="The error function (internal: ``gelu(x, approximate=False)`` is written with it).")
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+silu = elementwise("silu", _silu, onnx=_silu_onnx, vjp=_silu_dx, reference=lambda x: _silu(np, x),
+                   doc="``x * sigmoid(x)`` (``jax.nn.silu``, also called swish); elementwise, so every sharding "
+                       "is kept and nothing moves. ONNX export: ``Mul(x, Sigmoid(x))``.")
+isnan = elementwise("isnan", numpy="isnan", onnx=_float_test("IsNaN"), vjp=(None,),
+                    doc="Where ``x`` is NaN (numpy's ``isnan``): a bool tensor with ``x``'s sharding, no gradient.")
+isfinite = elementwise("isfinite", numpy="isfinite", onnx=_float_test("IsFinite"), vjp=(None,),
+                       doc="Where ``x`` is neither NaN nor infinite (numpy's ``isfinite``): a bool tensor with ``x``'s "
+                           "sharding, no gradient.")
+
+# gelu: one op with a parameter (the tanh form or the exact one), as jax.nn.gelu
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_kernel_of(xp, x, approximate: bool):
+    """jax.nn.gelu's formulas, in x's dtype (constants typed: numpy promotes bfloat16 with a Python float)."""
+    x = _float_of(xp, x)
+    half, one = np.asarray(0.5, x.dtype), np.asarray(1.0, x.dtype)
+    if approximate:
+        u = np.asarray(_SQRT_2_OVER_PI, x.dtype) * (x + np.asarray(0.044715, x.dtype) * (x * x * x))
+        return x * (half * (one + xp.tanh(u)))
+    return x * (_erf(xp, x * np.asarray(1 / math.sqrt(2.0), x.dtype)) + one) * half
+
+
+def _gelu_kernel(arrays, local):
+    x = arrays[0]
+    return _gelu_kernel_of(_xp(x), x, local.params[0])
+
+
+def _gelu_vjp(g, node, out):
+    x, = node.args
+    if not _is_diff(x):
+        return (None,)
+    if node.params[0]:  # d/dx x/2 (1 + tanh u), u = c (x + a x^3)
+        t = tanh((x + 0.044715 * (x * x * x)) * _SQRT_2_OVER_PI)
+        d = 0.5 * (1.0 + t) + (0.5 * x) * ((1.0 - t * t) * (_SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * (x * x))))
+    else:  # Phi(x) + x phi(x)
+        d = 0.5 * (1.0 + erf(x * (1 / math.sqrt(2.0)))) + x * (exp(-0.5 * (x * x)) * (1 / math.sqrt(2 * math.pi)))
+    return (g * d,)
+
+
+@onnx_export("Gelu")
+def _gelu_onnx(ex):
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("Gelu", [x], approximate="tanh" if ex.params[0] else "none"), [(x, 0)])
+
+
+def gelu(x: ArrayLike, approximate: bool = True) -> Tensor:
+    """The GELU activation, as ``jax.nn.gelu``: by default its tanh approximation
+    ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``; ``approximate=False`` gives the exact ``x Phi(x)``
+    (with the error function). Computed in ``x``'s dtype; elementwise, so every sharding is kept and nothing
+    moves. ONNX export: ``Gelu`` (opset 20) with ``approximate="tanh"`` or ``"none"``."""
+    return _call(_GELU, (x,), (bool(approximate),))
+
+
+_GELU = register(OpDef("gelu", lambda shapes, approximate: R.elementwise_rule(tuple(shapes), op="gelu"), _gelu_kernel,
+                       vjp=_gelu_vjp, onnx=_gelu_onnx, reference=lambda x: _gelu_kernel_of(np, x, True), arity=1,
+                       public=gelu, flops=lambda blocks, out, params: 8 * prod(out)))
+_UNARY.update({f.__name__: f.op for f in (silu, isnan, isfinite)})
