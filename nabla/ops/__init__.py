@@ -18,6 +18,7 @@ from .indexing import _INDEX, _KEYS, _normalize_key, getitem
 from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, argmax, max, mean,
                         min, softmax, sum)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
+from .masks import dropout, tril, triu
 from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
                    global_avg_pool, layer_norm, max_pool)
 
