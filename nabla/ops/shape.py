@@ -12,8 +12,9 @@ from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..layout import global_rows
 from ..opdef import OpDef
+from ..executor import Value
 from .core import ArrayLike, Tensor, _align, _axes, _call, _is_diff, _ndim, _shape, _unbroadcast
-from .creation import zeros
+from .creation import tensor, zeros
 from .registry import onnx_export, register
 
 
@@ -238,6 +239,223 @@ _CONCAT = register(OpDef("concatenate", lambda shapes, axis: R.concatenate_rule(
                          public=concatenate))
 
 
+# ---- flip, roll, pad, split, stack -------------------------------------------------------------------------
+
+_INT64_MIN = -(2 ** 63)
+
+
+def _flip_kernel(arrays, local):
+    x = arrays[0]
+    axes = tuple(local.G + a for a in local.params[0])
+    return _xp(x).flip(x, axis=axes) if axes else x
+
+
+@onnx_export("Slice")
+def _flip_onnx(ex):
+    axes = ex.params[0]
+    x = ex.operand(0)
+    n = len(axes)
+    return ex.finish(ex.out("Slice", [x, ex.ints([-1] * n, "starts"), ex.ints([_INT64_MIN] * n, "ends"),
+                                      ex.ints(axes, "axes"), ex.ints([-1] * n, "steps")]), [(x, 0)])
+
+
+def flip(x: ArrayLike, axis: int | Sequence[int] | None = None) -> Tensor:
+    """Reverse the order of elements along ``axis`` (all dims when None), as numpy's ``flip``. A sharded dim
+    keeps its sharding: block ``p`` of the result is block ``k-1-p`` of ``x`` reversed, so each device sends its
+    block to its mirror (one collective_permute; an uneven dim is first laid out evenly)."""
+    axes = _axes(axis, _ndim(x), "flip")
+    return _call(_FLIP, (x,), (axes,)) if axes else _as_tensor(x)
+
+
+def _flip_rule(shape, axes):
+    return R.index_rule(shape, tuple(("reverse",) if d in axes else ("full",) for d in range(len(shape))))
+
+
+_FLIP = register(OpDef("flip", lambda shapes, axes: _flip_rule(shapes[0], axes), _flip_kernel, "add", dtype="same",
+                       vjp=lambda g, node, out: (flip(g, node.params[0]),) if _is_diff(node.args[0]) else (None,),
+                       numpy="flip", onnx=_flip_onnx, arity=1, public=flip))
+
+
+def _roll_kernel(arrays, local):
+    axis, shift = local.params
+    if not local.windowed:  # the whole dim (a host value)
+        return _xp(arrays[0]).roll(arrays[0], shift, axis)
+    rows = local.aux[0]  # each operand's block is its window: rows from the first operand at and past `shift`
+    return _xp(*arrays).where(rows >= shift, arrays[0], arrays[1])
+
+
+def _roll_aux(spec, cuts, shapes, params):
+    axis = params[0]
+    return (global_rows(spec, cuts, shapes[0][axis], axis, len(shapes[0])),)
+
+
+def _roll_vjp(g, node, out):
+    axis, shift = node.params
+    return (roll(g, -shift, axis) if _is_diff(node.args[0]) else None, None)
+
+
+@onnx_export("Slice", "Concat")
+def _roll_onnx(ex):
+    axis, shift = ex.params
+    x = ex.operand(0)
+    n = ex.node.args[0]._shape[axis]
+    tail = ex.emit("Slice", [x, ex.ints([n - shift], "starts"), ex.ints([n], "ends"), ex.ints([axis], "axes")], "tail")
+    head = ex.emit("Slice", [x, ex.ints([0], "starts"), ex.ints([n - shift], "ends"), ex.ints([axis], "axes")], "head")
+    return ex.finish(ex.out("Concat", [tail, head], axis=int(axis)), [(x, 0)])
+
+
+def roll(x: ArrayLike, shift: int | Sequence[int], axis: int | Sequence[int] | None = None) -> Tensor:
+    """Shift elements along ``axis`` cyclically, as numpy's ``roll`` (``axis`` None: over the flattened tensor,
+    then reshaped back; a tuple of shifts and axes rolls each in turn). A sharded dim keeps its sharding: each
+    device receives only the rows of its result block that another device holds, one collective_permute per
+    round of senders (a shift of a whole number of blocks moves each block to the device ``shift / block`` to
+    its right); nothing is gathered."""
+    if axis is None:
+        shape = _shape(x)
+        return reshape(roll(reshape(x, (-1,)), shift, 0), shape)
+    shifts = (shift,) if isinstance(shift, (int, np.integer)) else tuple(shift)
+    axes_in = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if len(shifts) == 1 and len(axes_in) > 1:
+        shifts = shifts * len(axes_in)
+    if len(axes_in) == 1 and len(shifts) > 1:
+        axes_in = axes_in * len(shifts)
+    if len(shifts) != len(axes_in):
+        raise ShardingError(f"roll: shift {shift!r} and axis {axis!r} must have the same length")
+    out = x
+    for s, a in zip(shifts, axes_in):
+        if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)):
+            raise ShardingError(f"roll: shift must be an int or a tuple of ints, got {shift!r}")
+        ax = _axes(a, _ndim(x), "roll")[0]
+        n = _shape(x)[ax]
+        if n and int(s) % n:
+            out = _call(_ROLL, (out, out), (ax, int(s) % n))
+    return _as_tensor(out)
+
+
+_ROLL = register(OpDef("roll", lambda shapes, axis, shift: R.roll_rule(shapes[0], axis, shift), _roll_kernel, "add",
+                       dtype="same", aux=_roll_aux, vjp=_roll_vjp, numpy="roll", onnx=_roll_onnx, public=roll))
+
+
+def _pad_kernel(arrays, local):
+    if local.windowed:  # every padded dim's block is already its window, padding filled
+        return arrays[0]
+    widths, fill = local.params
+    return _xp(arrays[0]).pad(arrays[0], widths, constant_values=np.asarray(fill).astype(arrays[0].dtype))
+
+
+def _pad_vjp(g, node, out):
+    x = node.args[0]
+    if not _is_diff(x):
+        return (None,)
+    widths = node.params[0]
+    return (g[tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, x._shape))],)
+
+
+@onnx_export("Pad")
+def _pad_onnx(ex):
+    widths, fill = ex.params
+    x = ex.operand(0)
+    pads = [lo for lo, _ in widths] + [hi for _, hi in widths]
+    value = ex.b.constant(np.asarray(fill).astype(ex.dtype), base="fill")
+    return ex.finish(ex.out("Pad", [x, ex.ints(pads, "pads"), value], mode="constant"), [(x, 0)])
+
+
+def _widths(pad_width, n: int, what: str) -> tuple[tuple, ...]:
+    """numpy's ways of giving a pair per dim: ``k``, ``(k,)``, ``(lo, hi)``, ``((lo, hi),)`` or one pair per dim."""
+    a = np.asarray(pad_width, dtype=object)
+    try:
+        pairs = np.broadcast_to(a, (n, 2)) if a.ndim <= 2 else None
+    except ValueError:
+        pairs = None
+    if pairs is None:
+        raise ShardingError(f"pad: {what} {pad_width!r} cannot be read as one (before, after) pair per dim of "
+                            f"{n} dims")
+    return tuple((pairs[d, 0], pairs[d, 1]) for d in range(n))
+
+
+def pad(x: ArrayLike, pad_width, mode: str = "constant", constant_values=0) -> Tensor:
+    """Pad with a constant, as numpy's ``pad`` in ``"constant"`` mode (the only mode). A padded sharded dim stays
+    sharded: the result's rows are split over the same devices, and each device receives only the rows of its
+    result block that another device holds (none when the padding is at the end and fills the last blocks).
+    Padding with 0 is linear (a pending sum stays pending); another constant sums it first."""
+    if mode != "constant":
+        raise ShardingError(f"pad: mode {mode!r} is not supported; only mode='constant'")
+    shape = _shape(x)
+    n = len(shape)
+    widths = _widths(pad_width, n, "pad_width")
+    for d, (lo, hi) in enumerate(widths):
+        for w in (lo, hi):
+            if not isinstance(w, (int, np.integer)) or isinstance(w, (bool, np.bool_)):
+                raise ShardingError(f"pad: pad_width must hold ints, got {w!r} for dim {d}")
+            if w < 0:
+                raise ShardingError(f"pad: dim {d}: pad widths must be >= 0, got ({lo}, {hi})")
+    values = _widths(constant_values, n, "constant_values")
+    widths = tuple((int(lo), int(hi)) for lo, hi in widths)
+    sides = {values[d][j] for d in range(n) for j in range(2) if widths[d][j]}
+    if len(sides) > 1:  # different constants: pad one dim and side at a time
+        out = x
+        for d in range(n):
+            for j in range(2):
+                if widths[d][j]:
+                    w = [(0, 0)] * n
+                    w[d] = (0, widths[d][j]) if j else (widths[d][j], 0)
+                    out = pad(out, w, constant_values=values[d][j])
+        return out
+    if not sides:
+        return _as_tensor(x)
+    fill = sides.pop()
+    fill = fill.item() if isinstance(fill, np.generic) else fill
+    spec = x._spec if isinstance(x, Value) else None
+    if fill != 0 and spec is not None and spec.partial_axes:  # padding is not linear in x: sum first
+        x = x.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
+    return _call(_PAD, (x,), (widths, fill))
+
+
+_PAD = register(OpDef("pad", lambda shapes, widths, fill: R.pad_rule(shapes[0], widths, float(np.real(fill))),
+                      _pad_kernel, "add", dtype="same", vjp=_pad_vjp, numpy="pad", onnx=_pad_onnx, arity=1,
+                      public=pad))
+
+
+def split(x: ArrayLike, indices_or_sections, axis: int = 0) -> list[Tensor]:
+    """numpy's ``split``: ``N`` equal pieces (an error when the dim does not divide), or the pieces between the
+    given indices. Each piece is a forward slice: a sharded dim stays sharded and each device receives only
+    the rows of its piece's block that another device holds."""
+    shape = _shape(x)
+    ax = _axes(axis, len(shape), "split")[0]
+    n = shape[ax]
+    if isinstance(indices_or_sections, (int, np.integer)) and not isinstance(indices_or_sections, (bool, np.bool_)):
+        k = int(indices_or_sections)
+        if k <= 0:
+            raise ShardingError(f"split: number sections must be larger than 0, got {k}")
+        if n % k:
+            raise ShardingError(f"split: array split does not result in an equal division: dim {ax} of size {n} "
+                                f"into {k} sections")
+        cuts = [n // k * i for i in range(1, k)]
+    else:
+        cuts = [int(i) for i in indices_or_sections]
+    bounds = [0] + cuts + [n]
+    pre = (slice(None),) * ax
+    x = _as_tensor(x)
+    return [x[pre + (slice(a, b),)] for a, b in zip(bounds, bounds[1:])]
+
+
+def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> Tensor:
+    """numpy's ``stack``: a new dim at ``axis``, one entry per tensor (each given the new dim, then joined: a
+    sharded dim of the operands stays sharded)."""
+    arrays = list(arrays)
+    if not arrays:
+        raise ShardingError("stack: needs at least one array")
+    shapes = {tuple(_shape(a)) for a in arrays}
+    if len(shapes) > 1:
+        raise ShardingError(f"stack: all input arrays must have the same shape, got {sorted(shapes)}")
+    ax = _axes(axis, _ndim(arrays[0]) + 1, "stack")[0]
+    return concatenate([expand_dims(a, ax) for a in arrays], ax)
+
+
+def _as_tensor(x: ArrayLike) -> Tensor:
+    return x if isinstance(x, Tensor) else tensor(x)
+
+
 # ---- transposes of slicing (the VJPs of getitem and the windowed ops use them) -------------------------------------
 
 
@@ -275,5 +493,5 @@ def _scatter_slice(g: Tensor, axis: int, n: int, start: int, step: int) -> Tenso
     return _pad_dim(g, axis, start, n - start - span)
 
 
-for _moving in (_TRANSPOSE, _RESHAPE, _BROADCAST, _EXPAND, _SQUEEZE, _CONCAT,):  # data moves, nothing is computed: no FLOPs
+for _moving in (_TRANSPOSE, _RESHAPE, _BROADCAST, _EXPAND, _SQUEEZE, _CONCAT, _FLIP, _ROLL, _PAD):  # data moves, nothing is computed: no FLOPs
     _moving.flops = lambda blocks, out, params: 0

@@ -197,3 +197,38 @@ def expand_dims_rule(shape: tuple[int, ...], axes: tuple[int, ...]) -> Rule:
     it = iter(operand)
     result = [() if d in axes else next(it) for d in range(len(shape) + len(axes))]
     return build([operand], result, shape, [PASS] * len(shape))
+
+
+@lru_cache(maxsize=4096)
+def pad_rule(shape: tuple[int, ...], widths: tuple[tuple[int, int], ...], fill: float) -> Rule:
+    """``pad``: a padded dim is a window factor (result row ``r`` reads operand row ``r - before``; rows outside
+    the operand are ``fill``), so it keeps its sharding and each device receives only the rows its result block
+    lacks; other dims pass through."""
+    sizes, kinds, dims, wins, outs = [], [], [], [], []
+    for d, (n, (lo, hi)) in enumerate(zip(shape, widths)):
+        if lo < 0 or hi < 0:
+            raise ShardingError(f"pad: dim {d}: pad widths must be >= 0, got ({lo}, {hi})")
+        if not lo and not hi:
+            sizes.append(n)
+            kinds.append(PASS)
+            dims.append((d,) if n != 1 else ())
+            continue
+        win = WindowSpec(n, pad_lo=lo)
+        kinds.append(Window(n + lo + hi, (win,), fill, (tuple(wins),)))
+        wins.append((d, n + lo + hi, win))
+        sizes.append(n + lo + hi)
+        dims.append((d,))
+    return build([dims], dims, sizes, kinds)
+
+
+@lru_cache(maxsize=4096)
+def roll_rule(shape: tuple[int, ...], axis: int, shift: int) -> Rule:
+    """``roll`` by ``shift`` (0 < shift < n) along ``axis``, with the operand given twice: result row ``r`` reads
+    row ``r - shift`` of the first (rows ``r >= shift``) and row ``r - shift + n`` of the second (rows below), two
+    windows of one factor, so the dim keeps its sharding and each device receives only the rows that change
+    owner (a collective_permute of them)."""
+    n = shape[axis]
+    kinds = [PASS] * len(shape)
+    kinds[axis] = Window(n, (WindowSpec(n, pad_lo=shift), WindowSpec(n, pad_lo=shift - n)))
+    dims = [(d,) if m != 1 or d == axis else () for d, m in enumerate(shape)]
+    return build([dims, dims], dims, shape, kinds)
