@@ -13,8 +13,8 @@ from .errors import ShardingError
 from .jit import jit  # (jax is imported when a function is first traced, not here)
 from .mesh import DeviceMesh
 from .ops import (abstract, arange, ones, tensor, zeros,  # making tensors
-                  batch_norm, global_avg_pool, layer_norm, mean, split, stack,
-                  swapaxes)  # functions built from registered ops
+                  batch_norm, global_avg_pool, layer_norm, mean, split, stack, std, swapaxes,
+                  var)  # functions built from registered ops
 from .ops import registry as _registry
 from .propagation import strategy
 from .spec import DimSpec, ShardingSpec
@@ -59,6 +59,6 @@ __all__ = [
     "AxisCost", "comm_log", "cost_model", "strategy", "backend", "random", "optim", "visualize_sharding",
     "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
     "vjp", "jit", "distributed", "from_process_local", "shard_map", "lax",
-    "tensor", "ones", "zeros", "arange", "abstract", "mean", "split", "stack", "swapaxes", "global_avg_pool", "batch_norm", "layer_norm",
+    "tensor", "ones", "zeros", "arange", "abstract", "mean", "split", "stack", "std", "swapaxes", "var", "global_avg_pool", "batch_norm", "layer_norm",
     "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
 ] + [n for n in _registry.names() if not hasattr(_builtins, n)]

@@ -102,14 +102,38 @@ def _chooser(name: str):
     return f
 
 
-def _np_argmax(a, axis=None, out=None, *, keepdims=False):
-    _reject("argmax", out=out)
-    with C.user_op("argmax"):
-        r = ops.argmax(a, axis)
-        if _np_default(keepdims, False):
-            nd = ops._ndim(a)
-            r = ops.reshape(r, (1,) * nd) if axis is None else ops.expand_dims(r, int(axis) % nd)
-    return r
+def _np_arg(name: str):
+    def f(a, axis=None, out=None, *, keepdims=False):
+        _reject(name, out=out)
+        with C.user_op(name):
+            r = getattr(ops, name)(a, axis)
+            if _np_default(keepdims, False):
+                nd = ops._ndim(a)
+                r = ops.reshape(r, (1,) * nd) if axis is None else ops.expand_dims(r, int(axis) % nd)
+        return r
+    return f
+
+
+def _np_prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=np._NoValue, where=np._NoValue):
+    _reject("prod", out=out, where=where)
+    r = ops.prod(a, axis, dtype, bool(_np_default(keepdims, False)))
+    return r if initial is np._NoValue else ops.multiply(r, initial)
+
+
+def _np_truth(name: str):
+    def f(a, axis=None, out=None, keepdims=False, *, where=np._NoValue):
+        _reject(name, out=out, where=where)
+        return getattr(ops, name)(a, axis, bool(_np_default(keepdims, False)))
+    return f
+
+
+def _np_moments(name: str):
+    def f(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=np._NoValue, mean=np._NoValue,
+          correction=np._NoValue):
+        _reject(name, out=out, where=where, mean=mean)
+        ddof = ddof if correction is np._NoValue else correction
+        return getattr(ops, name)(a, axis, dtype, ddof, bool(_np_default(keepdims, False)))
+    return f
 
 
 def _np_reshape(a, /, shape=None, order="C", *, newshape=None, copy=None):
@@ -215,7 +239,9 @@ def _np_result_type(*arrays_and_dtypes):
 
 #: how numpy's signature of a function that a registered op answers to maps onto the op's (by numpy name)
 _ADAPTERS = {
-    "sum": _np_sum, "max": _chooser("max"), "min": _chooser("min"), "argmax": _np_argmax,
+    "sum": _np_sum, "max": _chooser("max"), "min": _chooser("min"), "argmax": _np_arg("argmax"),
+    "argmin": _np_arg("argmin"), "prod": _np_prod, "any": _np_truth("any"), "all": _np_truth("all"),
+    "cumsum": lambda a, axis=None, dtype=None, out=None: _reject("cumsum", out=out) or ops.cumsum(a, axis, dtype),
     "transpose": lambda a, axes=None: ops.transpose(a, axes), "reshape": _np_reshape,
     "concatenate": _np_concatenate, "where": _np_where, "einsum": _np_einsum,
     "squeeze": lambda a, axis=None: ops.squeeze(a, axis), "expand_dims": lambda a, axis: ops.expand_dims(a, axis),
@@ -227,7 +253,8 @@ _ADAPTERS = {
 def _composed() -> dict:
     """The numpy functions nabla answers by composing ops (no op answers to them by name)."""
     return {
-        np.mean: _np_mean, np.amax: _chooser("max"), np.amin: _chooser("min"),
+        np.mean: _np_mean, np.amax: _chooser("max"), np.amin: _chooser("min"), np.var: _np_moments("var"),
+        np.std: _np_moments("std"),
         np.ravel: lambda a, order="C": _np_reshape(a, (-1,), order), np.stack: _np_stack, np.split: ops.split,
         np.swapaxes: lambda a, axis1, axis2: ops.swapaxes(a, axis1, axis2), np.moveaxis: _np_moveaxis,
         np.dot: _np_dot, np.clip: _np_clip,

@@ -290,6 +290,16 @@ class Tensor(Value):
     def argmax(self, axis: int | None = None) -> Tensor:
         with C.user_op("argmax"):
             return _ops().argmax(self, axis)
+    def argmin(self, axis: int | None = None) -> Tensor: return _ops().argmin(self, axis)
+    def var(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> Tensor:
+        return _ops().var(self, axis, dtype, ddof, keepdims)
+    def std(self, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> Tensor:
+        return _ops().std(self, axis, dtype, ddof, keepdims)
+    def prod(self, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops().prod(self, axis, dtype, keepdims)
+    def any(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().any(self, axis, keepdims)
+    def all(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().all(self, axis, keepdims)
+    def cumsum(self, axis: int | None = None, dtype: Any = None) -> Tensor: return _ops().cumsum(self, axis, dtype)
 
     def reshape(self, *shape: Any) -> Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):

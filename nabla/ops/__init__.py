@@ -16,8 +16,8 @@ from .shape import (_BROADCAST, _CONCAT, _EXPAND, _RESHAPE, _SQUEEZE, _TRANSPOSE
                     broadcast_to, concatenate, expand_dims, flip, pad, reshape, roll, split, squeeze, stack, swapaxes,
                     transpose)
 from .indexing import _INDEX, _KEYS, _normalize_key, getitem
-from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, argmax, max, mean,
-                        min, softmax, sum)
+from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, all, any, argmax,
+                        argmin, cumsum, max, mean, min, prod, softmax, std, sum, var)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
 from .masks import dropout, tril, triu
 from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,

@@ -4,9 +4,10 @@ dim reduce across devices instead of gathering it."""
 
 from __future__ import annotations
 
+import builtins
 import functools
-from math import prod
-from typing import Sequence
+from math import prod as _product  # (``prod`` is the op)
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -16,9 +17,11 @@ from ..collectives import user_op as _user_op
 from ..executor import Value
 from ..opdef import OpDef
 from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _mask, _named, _ndim, _shape
-from .pointwise import astype, divide, equal, exp, where
+from ..errors import ShardingError
+from ..layout import chunk
+from .pointwise import abs, astype, divide, equal, exp, sqrt, where
 from .registry import onnx_export, register
-from .shape import broadcast_to, expand_dims, reshape
+from .shape import broadcast_to, expand_dims, flip, pad, reshape
 
 
 
@@ -36,12 +39,12 @@ def _reduce_leading(ufunc, x: np.ndarray, axis: int, keepdims: bool, most_inner:
 
 @functools.lru_cache(maxsize=1024)
 def _leading(shape: tuple[int, ...], axis: int, keepdims: bool, most_inner: int) -> tuple | None:
-    n, inner = shape[axis], prod(shape[axis + 1:])
+    n, inner = shape[axis], _product(shape[axis + 1:])
     if n < 16 or inner > most_inner or inner == 1:
         return None
     perm = (axis,) + tuple(range(axis)) + tuple(range(axis + 1, len(shape)))
     out = shape[:axis] + (1,) * keepdims + shape[axis + 1:]
-    return perm, (n, prod(shape) // n), out
+    return perm, (n, _product(shape) // n), out
 
 
 @functools.lru_cache(maxsize=1024)
@@ -50,8 +53,8 @@ def _folded(shape: tuple[int, ...], fold: tuple[int, ...], axis: tuple[int, ...]
     are made two contiguous runs (one copy), the fewer of them outermost."""
     gone = fold + axis
     rest = tuple(a for a in range(len(shape)) if a not in gone)
-    n = prod(shape[a] for a in gone)
-    m = prod(shape) // n if n else prod(shape[a] for a in rest)
+    n = _product(shape[a] for a in gone)
+    m = _product(shape) // n if n else _product(shape[a] for a in rest)
     front = n <= m
     perm = gone + rest if front else rest + gone
     out = tuple(1 if a in fold or a in axis and keepdims else shape[a] for a in range(len(shape))
@@ -61,7 +64,7 @@ def _folded(shape: tuple[int, ...], fold: tuple[int, ...], axis: tuple[int, ...]
 
 def _per_input(blocks, out, params) -> int:
     """One per element read (a reduction combines each into its result)."""
-    return prod(blocks[0])
+    return _product(blocks[0])
 
 
 def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replicate=False) -> OpDef:
@@ -150,57 +153,63 @@ def mean(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool =
     return out if dt.kind in "iub" or out.dtype == dt else astype(out, dt)
 
 
-# ---- argmax ----------------------------------------------------------------------------------------------------
+# ---- argmax, argmin ----------------------------------------------------------------------------------------------
 
 
-def _argmax_kernel(arrays, local):
-    axis, = local.params
-    x = arrays[0]
-    if axis is None:
-        G = local.G
-        flat = x.reshape(x.shape[:G] + (-1,))
-        return _xp(x).argmax(flat, axis=G)
-    return _xp(x).argmax(x, axis=local.G + axis)
+def _search_op(name: str, chooser) -> OpDef:
+    """argmax or argmin: the op (on a dim held whole, or every element with axis None) and its public function."""
+    onnx_type = "ArgMax" if name == "argmax" else "ArgMin"
+
+    def kernel(arrays, local):
+        axis, = local.params
+        x = arrays[0]
+        if axis is None:
+            return getattr(_xp(x), name)(x.reshape(x.shape[:local.G] + (-1,)), axis=local.G)
+        return getattr(_xp(x), name)(x, axis=local.G + axis)
+
+    @onnx_export(onnx_type, "Reshape")
+    def export(ex):
+        axis, = ex.params
+        x0 = ex.operand(0)
+        x = x0 if axis is not None else ex.emit("Reshape", [x0, ex.ints([-1])], "flat")
+        axis = 0 if axis is None else axis
+        if ex.dtype == np.int64:
+            return ex.finish(ex.out(onnx_type, [x], axis=int(axis), keepdims=0), [(x0, 0)])
+        i64 = ex.emit(onnx_type, [x], "i64", axis=int(axis), keepdims=0)
+        return ex.finish(ex.out("Cast", [i64], to=ex.onnx_type(ex.dtype, f"{name}'s result")), [(x0, 0)])
+
+    def search(x: ArrayLike, axis: int | None = None) -> Tensor:
+        if axis is None:
+            if isinstance(x, Tensor) and x.sharding is not None and x.ndim > 1:
+                return search(reshape(x, (-1,)), 0)
+            return _call(op, (x,), (None,))
+        if not _axes(axis, _ndim(x), name):  # 0-d, axis 0 or -1 (numpy: 0)
+            return search(x)
+        ax = _axes(axis, _ndim(x), name)[0]
+        spec = x.sharding if isinstance(x, Tensor) else None
+        if spec is not None and spec.dim_specs[ax].axes and x.shape[ax]:
+            n = x.shape[ax]
+            iota = np.arange(n, dtype=np.intp).reshape((n,) + (1,) * (x.ndim - 1 - ax))
+            hits = where(x != x, iota, where(x == chooser(x, ax, keepdims=True), iota, n))
+            return min(hits, ax)
+        return _call(op, (x,), (ax,))
+
+    search.__name__ = search.__qualname__ = name
+    search.__module__ = "nabla"
+    which = "maximum" if name == "argmax" else "minimum"
+    search.__doc__ = (f"Global indices of the first {which} (numpy's ``{name}``: a NaN counts as the {which}). When "
+                      f"the searched dim is sharded it is not gathered: the {which[:3]} is reduced across devices (an "
+                      f"all_reduce of one value per remaining element), then the smallest index holding it (another).")
+    op = register(OpDef(name, lambda shapes, axis: R.reduce_rule(
+        shapes[0], tuple(range(len(shapes[0]))) if axis is None else (axis,), False, True), kernel,
+        reduction="sum", dtype=np.intp, vjp=lambda g, node, out: (None,),  # an index: no gradient
+        numpy=name, onnx=export, arity=1, public=_named(search), flops=_per_input))
+    return op
 
 
-@onnx_export("ArgMax", "Reshape")
-def _argmax_onnx(ex):
-    axis, = ex.params
-    x = ex.operand(0)
-    if axis is None:
-        x = ex.emit("Reshape", [x, ex.ints([-1])], "flat")
-        axis = 0
-    x0 = ex.operand(0)
-    if ex.dtype == np.int64:
-        return ex.finish(ex.out("ArgMax", [x], axis=int(axis), keepdims=0), [(x0, 0)])
-    i64 = ex.emit("ArgMax", [x], "i64", axis=int(axis), keepdims=0)
-    return ex.finish(ex.out("Cast", [i64], to=ex.onnx_type(ex.dtype, "argmax's result")), [(x0, 0)])
-
-
-@_named
-def argmax(x: ArrayLike, axis: int | None = None) -> Tensor:
-    """Global indices of the first maximum. When the searched dim is sharded it is not gathered: the max
-    is reduced across devices, then the smallest index holding it (NaN counts as the max, as in numpy)."""
-    if axis is None:
-        if isinstance(x, Tensor) and x.sharding is not None and x.ndim > 1:
-            return argmax(reshape(x, (-1,)), 0)
-        return _call(_ARGMAX, (x,), (None,))
-    if not _axes(axis, _ndim(x), "argmax"):  # 0-d, axis 0 or -1 (numpy: 0)
-        return argmax(x)
-    ax = _axes(axis, _ndim(x), "argmax")[0]
-    spec = x.sharding if isinstance(x, Tensor) else None
-    if spec is not None and spec.dim_specs[ax].axes and x.shape[ax]:
-        n = x.shape[ax]
-        iota = np.arange(n, dtype=np.intp).reshape((n,) + (1,) * (x.ndim - 1 - ax))
-        hits = where(x != x, iota, where(x == max(x, ax, keepdims=True), iota, n))
-        return min(hits, ax)
-    return _call(_ARGMAX, (x,), (ax,))
-
-
-_ARGMAX = register(OpDef("argmax", lambda shapes, axis: R.reduce_rule(
-    shapes[0], tuple(range(len(shapes[0]))) if axis is None else (axis,), False, True), _argmax_kernel,
-    reduction="sum", dtype=np.intp, vjp=lambda g, node, out: (None,),  # an index: no gradient
-    numpy="argmax", onnx=_argmax_onnx, arity=1, public=argmax, flops=_per_input))
+_ARGMAX = _search_op("argmax", max)
+_ARGMIN = _search_op("argmin", min)
+argmax, argmin = _ARGMAX.public, _ARGMIN.public
 
 
 # ---- softmax ---------------------------------------------------------------------------------------------------
@@ -249,4 +258,215 @@ def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
 
 _SOFTMAX = register(OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "softmax"),
                           _softmax_kernel, vjp=_softmax_vjp, onnx=_softmax_onnx, arity=1, public=softmax,
-                          flops=lambda blocks, out, params: 5 * prod(out)))  # max, subtract, exp, sum, divide
+                          flops=lambda blocks, out, params: 5 * _product(out)))  # max, subtract, exp, sum, divide
+
+
+# ---- var, std ------------------------------------------------------------------------------------------------
+
+
+@_named
+def var(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, ddof: int = 0,
+        keepdims: bool = False) -> Tensor:
+    """numpy's ``var``: the mean of squared deviations from the mean, divided by ``n - ddof``; integers and bools
+    in float64, complex values give their (real) magnitude's variance, ``dtype`` computes in that dtype. Over a
+    sharded dim nothing is gathered: the sum for the mean and the sum of squares are each reduced across
+    devices (one value per remaining element)."""
+    axes = _axes(axis, _ndim(x), "var")
+    dt = np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
+    if dtype is not None:
+        x = astype(x, dtype)
+    elif dt.kind in "iub":
+        x = astype(x, np.float64)
+    n = _product(_shape(x)[a] for a in axes)
+    mu = divide(sum(x, axes, keepdims=True), n)
+    d = x - mu
+    sq = abs(d) * abs(d) if isinstance(d, Value) and d._dtype.kind == "c" else d * d
+    return divide(sum(sq, axes, keepdims), builtins.max(n - ddof, 0))
+
+
+@_named
+def std(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, ddof: int = 0,
+        keepdims: bool = False) -> Tensor:
+    """numpy's ``std``: the square root of ``var`` (same dtypes, ``ddof`` and sharding: no gather)."""
+    return sqrt(var(x, axis, dtype, ddof, keepdims))
+
+
+# ---- a sharded dim reduced or scanned per block, then across blocks ----------------------------------------------
+
+
+def _by_blocks(x: Tensor, ax: int, fill) -> Tensor:
+    """``x`` with dim ``ax`` (sharded ``k`` ways, blocks of ``c``) padded with ``fill`` to ``k*c`` and split into
+    dims ``(k, c)``, ``k`` keeping the sharding: each device holds one block whole, and nothing moves."""
+    spec, shape = x._spec, x._shape
+    k = spec.num_shards(ax)
+    c = chunk(shape[ax], k)
+    if k * c != shape[ax]:
+        widths = [(0, 0)] * len(shape)
+        widths[ax] = (0, k * c - shape[ax])
+        x = pad(x, widths, constant_values=fill)
+    return reshape(x, shape[:ax] + (k, c) + shape[ax + 1:])
+
+
+def _sharded(x: Any, axes: Sequence[int]) -> list[int]:
+    """The dims among ``axes`` that ``x`` holds sharded (and not empty)."""
+    spec = x._spec if isinstance(x, Value) else None
+    return [a for a in axes if spec is not None and spec.num_shards(a) > 1 and x._shape[a]]
+
+
+# ---- prod, any, all ------------------------------------------------------------------------------------------
+
+
+def _prod_kernel(arrays, local):
+    axes, keepdims = local.params
+    x = arrays[0]
+    axis = tuple(local.G + a for a in axes)
+    if type(x) is np.ndarray:
+        return np.multiply.reduce(x, axis=axis, keepdims=keepdims)
+    return _xp(x).prod(x, axis=axis, keepdims=keepdims)
+
+
+@onnx_export("ReduceProd")
+def _prod_onnx(ex):
+    axes, keepdims = ex.params
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("ReduceProd", [x, ex.ints(axes, "axes")], keepdims=int(keepdims),
+                            noop_with_empty_axes=int(not axes)), [(x, 0)])
+
+
+def _prod_vjp(g, node, out):
+    """d prod / dx_i = prod of the others: out / x_i where x_i != 0; where x_i is the only zero, the product of
+    the rest (computed with the zero replaced by 1); elsewhere 0 (as jax)."""
+    x, = node.args
+    if not _is_diff(x):
+        return (None,)
+    axes, keepdims = node.params
+    zero = equal(x, 0)
+    rest = prod(where(zero, 1, x), axes, keepdims=True)  # the product without the zeros
+    zeros = sum(astype(zero, np.int64), axes, keepdims=True)
+    others = where(zero, where(equal(zeros, 1), rest, 0), _keep(out, axes, keepdims) / where(zero, 1, x))
+    return (_keep(g, axes, keepdims) * others,)
+
+
+@_named
+def prod(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, keepdims: bool = False) -> Tensor:
+    """numpy's ``prod`` (small integers and bools multiply in int64, as numpy's). A sharded reduced dim is not
+    gathered: each device multiplies its block (padded with ones to the block size), then the ``k`` block
+    products are gathered (one all_gather of ``k`` values per remaining element) and multiplied."""
+    axes = _axes(axis, _ndim(x), "prod")
+    if dtype is not None:
+        x = astype(x, dtype)
+    sharded = _sharded(x, axes)
+    for a in sorted(sharded, reverse=True):  # each sharded dim becomes its k block products
+        x = _call(_PROD, (_by_blocks(x, a, 1),), ((a + 1,), False))
+    return _call(_PROD, (x,), (axes, bool(keepdims)))
+
+
+_PROD = register(OpDef("prod", lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, True),
+                       _prod_kernel, vjp=_prod_vjp, numpy="prod", onnx=_prod_onnx, arity=1, public=prod,
+                       flops=_per_input))
+
+
+def _truth(name: str, reduction: str):
+    def kernel(arrays, local):
+        axes, keepdims = local.params
+        x = arrays[0]
+        return getattr(_xp(x), name)(x, axis=tuple(local.G + a for a in axes), keepdims=keepdims)
+
+    @onnx_export("Cast", "ReduceMax" if name == "any" else "ReduceMin")
+    def export(ex):
+        axes, keepdims = ex.params
+        x = ex.operand(0, np.dtype(np.uint8))
+        red = ex.emit("ReduceMax" if name == "any" else "ReduceMin", [x, ex.ints(axes, "axes")], "u8",
+                      keepdims=int(keepdims), noop_with_empty_axes=int(not axes))
+        return ex.finish(ex.out("Cast", [red], to=ex.onnx_type(np.dtype(np.bool_), name)), [(x, 0)])
+
+    return OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims), kernel,
+                 reduction=reduction, dtype=np.bool_, vjp=lambda g, node, out: (None,), numpy=name, onnx=export,
+                 arity=1, flops=_per_input)
+
+
+@_named
+def any(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """numpy's ``any`` (a NaN is true). Over a sharded dim: each device's block, then an all_reduce (max) of one
+    bool per remaining element; nothing is gathered."""
+    axes = _axes(axis, _ndim(x), "any")
+    return _call(_ANY, (astype(x, np.bool_),), (axes, bool(keepdims)))
+
+
+@_named
+def all(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """numpy's ``all``. Over a sharded dim: each device's block, then an all_reduce (min) of one bool per
+    remaining element; nothing is gathered."""
+    axes = _axes(axis, _ndim(x), "all")
+    return _call(_ALL, (astype(x, np.bool_),), (axes, bool(keepdims)))
+
+
+_ANY = register(_truth("any", "max"))
+_ALL = register(_truth("all", "min"))
+_ANY.public, _ALL.public = any, all
+
+
+# ---- cumsum --------------------------------------------------------------------------------------------------
+
+
+def _cumsum_kernel(arrays, local):
+    axis, exclusive = local.params
+    x = arrays[0]
+    xp = _xp(x)
+    a = local.G + axis
+    out = xp.cumsum(x, axis=a)
+    if exclusive and x.shape[a]:  # the sum of the elements before each one: 0, then all but the last sum
+        lead = (slice(None),) * a
+        out = xp.concatenate([xp.zeros_like(out[lead + (slice(0, 1),)]), out[lead + (slice(0, -1),)]], axis=a)
+    return out
+
+
+def _cumsum_vjp(g, node, out):
+    """The cotangent summed from the end: a cumsum of the reversed cotangent, reversed."""
+    x, = node.args
+    if not _is_diff(x):
+        return (None,)
+    axis, exclusive = node.params
+    rev = flip(g, axis)
+    back = _call(_CUMSUM, (rev,), (axis, True)) if exclusive else cumsum(rev, axis)
+    return (astype(flip(back, axis), x._dtype),)
+
+
+@onnx_export("CumSum")
+def _cumsum_onnx(ex):
+    axis, exclusive = ex.params
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("CumSum", [x, ex.b.constant(np.array(axis, dtype=np.int64), base="axis")],
+                            exclusive=int(exclusive)), [(x, 0)])
+
+
+@_named
+def cumsum(x: ArrayLike, axis: int | None = None, dtype=None) -> Tensor:
+    """numpy's ``cumsum`` (``axis`` None: over the flattened tensor; small integers and bools sum in int64).
+
+    A sharded scanned dim is not gathered: each device scans its block, and adds the sum of the blocks before
+    it, an exclusive scan over the devices of that dim. What moves is one all_gather of the block totals: one
+    value per remaining element from each device (``k`` of them arrive), whatever the dim's length."""
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    ax = _axes(axis, _ndim(x), "cumsum")
+    if not ax:
+        raise ShardingError(f"cumsum: axis {axis} is out of range for a tensor of rank 0")
+    ax = ax[0]
+    if dtype is not None:
+        x = astype(x, dtype)
+    if not _sharded(x, (ax,)):
+        return _call(_CUMSUM, (x,), (ax, False))
+    n = x._shape[ax]
+    blocks = _by_blocks(x, ax, 0)
+    before = _call(_CUMSUM, (sum(blocks, ax + 1, keepdims=True),), (ax, True))  # the totals of earlier blocks
+    out = _call(_CUMSUM, (blocks,), (ax + 1, False)) + before
+    shape = list(x._shape)
+    shape[ax] = blocks.shape[ax] * blocks.shape[ax + 1]
+    out = reshape(out, tuple(shape))
+    return out if shape[ax] == n else out[(slice(None),) * ax + (slice(0, n),)]
+
+
+_CUMSUM = register(OpDef("cumsum", lambda shapes, axis, exclusive: R.elementwise_rule((shapes[0],), (axis,), "cumsum"),
+                         _cumsum_kernel, "add", vjp=_cumsum_vjp, numpy="cumsum", onnx=_cumsum_onnx, arity=1,
+                         public=cumsum))
