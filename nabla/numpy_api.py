@@ -127,6 +127,13 @@ def _np_truth(name: str):
     return f
 
 
+def _np_sort(name: str):
+    def f(a, axis=-1, kind=None, order=None, *, stable=None):
+        _reject(name, order=order)  # (any kind: nabla's sort is stable, which every kind allows)
+        return getattr(ops, name)(a, axis)
+    return f
+
+
 def _np_moments(name: str):
     def f(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=np._NoValue, mean=np._NoValue,
           correction=np._NoValue):
@@ -242,6 +249,7 @@ _ADAPTERS = {
     "sum": _np_sum, "max": _chooser("max"), "min": _chooser("min"), "argmax": _np_arg("argmax"),
     "argmin": _np_arg("argmin"), "prod": _np_prod, "any": _np_truth("any"), "all": _np_truth("all"),
     "cumsum": lambda a, axis=None, dtype=None, out=None: _reject("cumsum", out=out) or ops.cumsum(a, axis, dtype),
+    "sort": _np_sort("sort"), "argsort": _np_sort("argsort"),
     "transpose": lambda a, axes=None: ops.transpose(a, axes), "reshape": _np_reshape,
     "concatenate": _np_concatenate, "where": _np_where, "einsum": _np_einsum,
     "squeeze": lambda a, axis=None: ops.squeeze(a, axis), "expand_dims": lambda a, axis: ops.expand_dims(a, axis),

@@ -300,6 +300,8 @@ class Tensor(Value):
     def any(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().any(self, axis, keepdims)
     def all(self, axis: Any = None, keepdims: bool = False) -> Tensor: return _ops().all(self, axis, keepdims)
     def cumsum(self, axis: int | None = None, dtype: Any = None) -> Tensor: return _ops().cumsum(self, axis, dtype)
+    def sort(self, axis: int | None = -1) -> Tensor: return _ops().sort(self, axis)
+    def argsort(self, axis: int | None = -1) -> Tensor: return _ops().argsort(self, axis)
 
     def reshape(self, *shape: Any) -> Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):

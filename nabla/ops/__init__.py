@@ -20,6 +20,7 @@ from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, 
                         argmin, cumsum, max, mean, min, prod, softmax, std, sum, var)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
 from .masks import dropout, tril, triu
+from .sorting import argsort, sort, top_k
 from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
                    global_avg_pool, layer_norm, max_pool)
 
