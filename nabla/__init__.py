@@ -6,6 +6,7 @@ from . import distributed, lax, optim, random
 from .shard_map import shard_map
 from .distributed import from_process_local
 from .autodiff import checkpoint, grad, value_and_grad, vjp
+from .batching import vmap
 from .backends import backend
 from .collectives import CommEvent, CommLog, comm_log
 from .cost import AxisCost, CostModel, cost_model
@@ -58,7 +59,7 @@ __all__ = [
     "DeviceMesh", "DimSpec", "ShardingSpec", "Tensor", "ShardingError", "CommEvent", "CommLog", "CostModel",
     "AxisCost", "comm_log", "cost_model", "strategy", "backend", "random", "optim", "visualize_sharding",
     "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
-    "vjp", "jit", "distributed", "from_process_local", "shard_map", "lax",
+    "vjp", "vmap", "jit", "distributed", "from_process_local", "shard_map", "lax",
     "tensor", "ones", "zeros", "arange", "abstract", "mean", "split", "stack", "std", "swapaxes", "var", "global_avg_pool", "batch_norm", "layer_norm",
     "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
 ] + [n for n in _registry.names() if not hasattr(_builtins, n)]

@@ -233,9 +233,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
 def _to_host(g: Tensor) -> Tensor:
     """A sharded gradient as a host tensor (a host read), still differentiable when it is being recorded."""
     from .ops import tensor
-    if g.is_abstract:
-        return Tensor(None, None, g.shape, g.dtype)
-    out = tensor(g.numpy())
+    out = Tensor(None, None, g.shape, g.dtype) if g.is_abstract else tensor(g.numpy())
     if g._node is not None and recording() and not tracing_whole():
         out._node = Node(_TO_HOST, (), (g,))
     return out
