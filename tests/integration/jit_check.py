@@ -63,3 +63,26 @@ def assert_hlo_is_the_log(lowered):
         else:
             raise AssertionError(f"no collective of the HLO matches {e!r} over {e.axes} (groups "
                                  f"{sorted(map(sorted, groups))}); unmatched: {left}")
+
+
+def assert_jit_matches_eager(fn, *args, rtol=1e-5, atol=1e-6):
+    """``nb.jit(fn)`` gives eager nabla's values on every device, its lowered comm log is eager's, and the
+    compiled HLO moves exactly what that log says; returns the lowered program."""
+    import numpy as np
+
+    import nabla as nb
+    with nb.comm_log() as eager:
+        want = fn(*args)
+    jitted = nb.jit(fn)
+    lowered = jitted.lower(*args)
+    got = jitted(*args)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got, want)
+    np.testing.assert_allclose(got.numpy().astype(np.float64), want.numpy().astype(np.float64), rtol=rtol, atol=atol)
+    if want.sharding is not None and not want.sharding.partial_axes:
+        for d in want.sharding.mesh.devices:
+            np.testing.assert_allclose(np.asarray(got.shards[d]).astype(np.float64),
+                                       np.asarray(want.shards[d]).astype(np.float64), rtol=rtol, atol=atol)
+    assert sorted((e.kind, e.axes, e.bytes) for e in lowered.comm_log.events) == \
+        sorted((e.kind, e.axes, e.bytes) for e in eager.events)
+    assert_hlo_is_the_log(lowered)
+    return lowered
