@@ -21,7 +21,7 @@ from ..errors import ShardingError
 from ..layout import chunk
 from .pointwise import abs, astype, divide, equal, exp, sqrt, where
 from .registry import onnx_export, register
-from .shape import broadcast_to, expand_dims, flip, pad, reshape
+from .shape import broadcast_to, expand_dims, pad, reshape
 
 
 
@@ -406,38 +406,53 @@ _ALL = register(_truth("all", "min"))
 _ANY.public, _ALL.public = any, all
 
 
-# ---- cumsum --------------------------------------------------------------------------------------------------
+# ---- cumsum ----------------------------------------------------------------------------------------------------
 
 
 def _cumsum_kernel(arrays, local):
-    axis, exclusive = local.params
+    axis, exclusive, reverse = local.params
     x = arrays[0]
     xp = _xp(x)
     a = local.G + axis
+    if reverse:
+        x = xp.flip(x, a)
     out = xp.cumsum(x, axis=a)
     if exclusive and x.shape[a]:  # the sum of the elements before each one: 0, then all but the last sum
         lead = (slice(None),) * a
         out = xp.concatenate([xp.zeros_like(out[lead + (slice(0, 1),)]), out[lead + (slice(0, -1),)]], axis=a)
-    return out
+    return xp.flip(out, a) if reverse else out
 
 
 def _cumsum_vjp(g, node, out):
-    """The cotangent summed from the end: a cumsum of the reversed cotangent, reversed."""
+    """The cotangent summed from the other end: the same scan, reversed."""
     x, = node.args
     if not _is_diff(x):
         return (None,)
-    axis, exclusive = node.params
-    rev = flip(g, axis)
-    back = _call(_CUMSUM, (rev,), (axis, True)) if exclusive else cumsum(rev, axis)
-    return (astype(flip(back, axis), x._dtype),)
+    axis, exclusive, reverse = node.params
+    return (astype(_scan(g, axis, exclusive, not reverse), x._dtype),)
 
 
 @onnx_export("CumSum")
 def _cumsum_onnx(ex):
-    axis, exclusive = ex.params
+    axis, exclusive, reverse = ex.params
     x = ex.operand(0, ex.dtype)
     return ex.finish(ex.out("CumSum", [x, ex.b.constant(np.array(axis, dtype=np.int64), base="axis")],
-                            exclusive=int(exclusive)), [(x, 0)])
+                            exclusive=int(exclusive), reverse=int(reverse)), [(x, 0)])
+
+
+def _scan(x: Any, ax: int, exclusive: bool, reverse: bool) -> Tensor:
+    """The running sum along ``ax`` (from the end with ``reverse``; of the elements strictly before with
+    ``exclusive``). A sharded dim: each device scans its block and adds the exclusive scan of the block totals."""
+    if not _sharded(x, (ax,)):
+        return _call(_CUMSUM, (x,), (ax, exclusive, reverse))
+    n = x._shape[ax]
+    blocks = _by_blocks(x, ax, 0)
+    others = _call(_CUMSUM, (sum(blocks, ax + 1, keepdims=True),), (ax, True, reverse))  # the other blocks' totals
+    out = _call(_CUMSUM, (blocks,), (ax + 1, exclusive, reverse)) + others
+    shape = list(x._shape)
+    shape[ax] = blocks.shape[ax] * blocks.shape[ax + 1]
+    out = reshape(out, tuple(shape))
+    return out if shape[ax] == n else out[(slice(None),) * ax + (slice(0, n),)]
 
 
 @_named
@@ -446,27 +461,18 @@ def cumsum(x: ArrayLike, axis: int | None = None, dtype=None) -> Tensor:
 
     A sharded scanned dim is not gathered: each device scans its block, and adds the sum of the blocks before
     it, an exclusive scan over the devices of that dim. What moves is one all_gather of the block totals: one
-    value per remaining element from each device (``k`` of them arrive), whatever the dim's length."""
+    value per remaining element from each device (``k`` of them arrive), whatever the dim's length. The gradient
+    is the same scan run from the end (no reversal of the data)."""
     if axis is None:
         x, axis = reshape(x, (-1,)), 0
     ax = _axes(axis, _ndim(x), "cumsum")
     if not ax:
         raise ShardingError(f"cumsum: axis {axis} is out of range for a tensor of rank 0")
-    ax = ax[0]
     if dtype is not None:
         x = astype(x, dtype)
-    if not _sharded(x, (ax,)):
-        return _call(_CUMSUM, (x,), (ax, False))
-    n = x._shape[ax]
-    blocks = _by_blocks(x, ax, 0)
-    before = _call(_CUMSUM, (sum(blocks, ax + 1, keepdims=True),), (ax, True))  # the totals of earlier blocks
-    out = _call(_CUMSUM, (blocks,), (ax + 1, False)) + before
-    shape = list(x._shape)
-    shape[ax] = blocks.shape[ax] * blocks.shape[ax + 1]
-    out = reshape(out, tuple(shape))
-    return out if shape[ax] == n else out[(slice(None),) * ax + (slice(0, n),)]
+    return _scan(x, ax[0], False, False)
 
 
-_CUMSUM = register(OpDef("cumsum", lambda shapes, axis, exclusive: R.elementwise_rule((shapes[0],), (axis,), "cumsum"),
-                         _cumsum_kernel, "add", vjp=_cumsum_vjp, numpy="cumsum", onnx=_cumsum_onnx, arity=1,
-                         public=cumsum))
+_CUMSUM = register(OpDef("cumsum", lambda shapes, axis, exclusive, reverse: R.elementwise_rule(
+    (shapes[0],), (axis,), "cumsum"), _cumsum_kernel, "add", vjp=_cumsum_vjp, numpy="cumsum", onnx=_cumsum_onnx,
+    arity=1, public=cumsum))

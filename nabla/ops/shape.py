@@ -460,17 +460,13 @@ def _as_tensor(x: ArrayLike) -> Tensor:
 
 
 def _pad_dim(g: Tensor, axis: int, before: int, after: int) -> Tensor:
-    """Zeros around ``g`` along ``axis`` (a concatenate: a sharded dim stays sharded)."""
-    parts = []
-    shape = list(g.shape)
-    if before:
-        shape[axis] = before
-        parts.append(zeros(tuple(shape), g.dtype))
-    parts.append(g)
-    if after:
-        shape[axis] = after
-        parts.append(zeros(tuple(shape), g.dtype))
-    return g if len(parts) == 1 else concatenate(parts, axis)
+    """Zeros around ``g`` along ``axis`` (a ``pad``: a sharded dim stays sharded, and the zeros are made where
+    they belong, not sent)."""
+    if not before and not after:
+        return g
+    widths = [(0, 0)] * g.ndim
+    widths[axis] = (before, after)
+    return pad(g, widths)
 
 
 def _scatter_slice(g: Tensor, axis: int, n: int, start: int, step: int) -> Tensor:
