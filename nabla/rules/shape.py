@@ -147,6 +147,7 @@ def index_rule(shape: tuple[int, ...], key: tuple[tuple, ...]) -> Rule:
     kinds: list = []
     operand: list[tuple[int, ...]] = []
     result: list[tuple[int, ...]] = []
+    windows: list[tuple] = []
     d = 0
     for entry in key:
         if entry[0] == "new":
@@ -170,7 +171,10 @@ def index_rule(shape: tuple[int, ...], key: tuple[tuple, ...]) -> Rule:
             start, stop, step = entry[1:]
             m = len(range(start, stop, step))
             sizes.append(m)
-            kinds.append(Window(m, (WindowSpec(n, 1, step, 1, -start),)))
+            win = WindowSpec(n, 1, step, 1, -start)
+            # (the halo of a later sliced dim is sized on this one's window, as the executor cuts it first)
+            kinds.append(Window(m, (win,), 0.0, (tuple(windows),)))
+            windows.append((d - 1, m, win))
             operand.append((len(sizes) - 1,))
             result.append((len(sizes) - 1,))
             continue
