@@ -1,19 +1,23 @@
 """Checks and hypothesis strategies for sharded programs, for nabla's tests and for users' own:
 ``assert_sharded_allclose`` (global value and every block), ``assert_comm`` (exact collective counts),
-and the strategies ``meshes``, ``specs``, ``shapes``, ``sharded_arrays``, ``programs`` (need hypothesis)."""
+``assert_gradient_matches`` (a gradient on many layouts), and the strategies ``meshes``, ``specs``, ``shapes``,
+``sharded_arrays``, ``programs`` (need hypothesis)."""
 
 from __future__ import annotations
 
+from itertools import permutations, product
 from math import prod
 from typing import Any, Sequence
 
 import numpy as np
 
+from .autodiff import grad
 from .dtypes import is_inexact
 from .collectives import CommLog, kinds
 from .layout import chunks
 from .mesh import DeviceMesh
 from .spec import DimSpec, ShardingSpec
+from .ops import tensor
 from .tensor import Tensor
 
 
@@ -106,6 +110,44 @@ def assert_comm(log: CommLog, **counts: int) -> None:
     want = {k: v for k, v in counts.items() if v}
     got = log.counts
     assert got == want, f"collectives {got} != expected {want}\n{log.summary()}"
+
+
+def placements(mesh: DeviceMesh, rank: int, max_per_dim: int = 2) -> list[tuple[list, tuple[str, ...]]]:
+    """Every assignment of ``mesh``'s axes to ``rank`` dims (each axis at most once, up to ``max_per_dim`` per
+    dim, in every order), and each again held as partial sums over each axis it leaves free and over all of
+    them: ``[(dim specs, partial axes), ...]``."""
+    axes = list(mesh.axis_names)
+    per_dim = [None] + [p if len(p) > 1 else p[0] for n in range(1, max_per_dim + 1) for p in permutations(axes, n)]
+    out = []
+    for combo in product(per_dim, repeat=rank):
+        used = [a for c in combo if c for a in ((c,) if isinstance(c, str) else c)]
+        if len(used) != len(set(used)):
+            continue
+        free = tuple(a for a in axes if a not in used)
+        out.append((list(combo), ()))
+        out += [(list(combo), (a,)) for a in free]
+        if len(free) > 1:
+            out.append((list(combo), free))
+    return out
+
+
+def assert_gradient_matches(fn: Any, x: np.ndarray, weights: Any, want: Any, mesh: DeviceMesh,
+                            cases: Sequence | None = None, rtol: float = 1e-12, atol: float = 1e-12) -> None:
+    """``nb.grad`` of ``sum(fn(t) * weights)`` is ``want``, with ``t`` the value ``x`` placed as each of ``cases``
+    (``(dim specs, partial axes)`` pairs; default: every one of ``placements(mesh, x.ndim)``), and is laid out as
+    its primal (the same dim specs, nothing pending). ``weights``, shaped like ``fn``'s output, give every output
+    element its own cotangent."""
+    for dims, partial in placements(mesh, x.ndim) if cases is None else cases:
+        t = tensor(x).shard(mesh, dims, partial_axes=partial)
+        g = grad(lambda a: (fn(a) * weights).sum())(t)
+        what = f"gradient on {dims} partial over {partial}"
+        assert g.sharding.partial_axes == (), f"{what} left pending: {g.sharding}"
+        assert [d.axes for d in g.sharding.dim_specs] == [d.axes for d in t.sharding.dim_specs], \
+            f"{what} laid out {g.sharding}"
+        try:
+            assert_sharded_allclose(g, want, rtol=rtol, atol=atol)
+        except AssertionError as e:
+            raise AssertionError(f"{what}: {e}") from None
 
 
 # ---- hypothesis strategies ---------------------------------------------------------------------------
