@@ -199,9 +199,9 @@ def _lowest(dt: np.dtype) -> Any:
 
 
 def top_k(x: ArrayLike, k: int) -> tuple[Tensor, Tensor]:
-    """``jax.lax.top_k``: the ``k`` largest values along the last dim, largest first, and their indices; equal
-    values in order of index; a NaN ranks above every number (of either sign: ``lax.top_k`` ranks a NaN with its
-    sign bit set below ``-inf``).
+    """``jax.lax.top_k``: the ``k`` largest values along the last dim, largest first, and their indices (numpy's
+    index dtype, ``intp``, as ``argsort``'s; ``lax.top_k`` gives int32); equal values in order of index; a NaN ranks
+    above every number (of either sign: ``lax.top_k`` ranks a NaN with its sign bit set below ``-inf``).
 
     When the last dim is sharded ``k_s`` ways (blocks of ``c``), it is not gathered: each device takes the top
     ``min(k, c)`` of its block (with their global indices), then those candidates are gathered, ``k_s * min(k, c)``
