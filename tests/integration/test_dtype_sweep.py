@@ -97,6 +97,11 @@ def _relu(x):
     return np.maximum(x, x.dtype.type(0))
 
 
+def _float(x):
+    """numpy's float functions compute integers and bools in float64."""
+    return x if x.dtype.kind in "fc" else x.astype(np.float64)
+
+
 def _sigmoid(x):
     one = x.dtype.type(1) if x.dtype.kind == "f" else 1.0
     return one / (one + np.exp(-x))
@@ -105,7 +110,9 @@ def _sigmoid(x):
 UNARY = {"negative": (nb.negative, np.negative), "neg_op": (operator.neg, operator.neg), "abs": (nb.abs, np.abs),
          "exp": (nb.exp, np.exp), "log": (nb.log, np.log), "sqrt": (nb.sqrt, np.sqrt), "tanh": (nb.tanh, np.tanh),
          "sin": (nb.sin, np.sin), "cos": (nb.cos, np.cos), "relu": (nb.relu, _relu),
-         "sigmoid": (nb.sigmoid, _sigmoid)}
+         "sigmoid": (nb.sigmoid, _sigmoid), "gelu": (nb.gelu, nb.ops.lookup("gelu").reference),
+         "silu": (nb.silu, lambda x: _float(x) * _sigmoid(_float(x))), "isnan": (nb.isnan, np.isnan),
+         "isfinite": (nb.isfinite, np.isfinite)}
 BINARY = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "divide": operator.truediv,
           "power": operator.pow, "maximum": (nb.maximum, np.maximum), "minimum": (nb.minimum, np.minimum),
           "less": operator.lt, "less_equal": operator.le, "greater": operator.gt, "greater_equal": operator.ge,
@@ -171,14 +178,25 @@ def test_reductions_equal_numpy(data):
     mesh = draw(meshes(max_devices=8))
     dtype = draw(st.sampled_from(DTYPES))
     shape = draw(shapes(max_rank=3, max_dim=5))
-    op = draw(st.sampled_from(["sum", "mean", "max", "min", "argmax", "softmax"]))
-    x, v = draw(operands(mesh, dtype, shape, extreme=op in ("max", "min", "argmax")))
+    op = draw(st.sampled_from(["sum", "mean", "max", "min", "argmax", "softmax", "var", "std", "prod", "any", "all",
+                               "argmin", "cumsum"]))
+    x, v = draw(operands(mesh, dtype, shape, extreme=op in ("max", "min", "argmax", "argmin", "any", "all")))
     r = len(shape)
     axis = draw(st.sampled_from([None] + list(range(-r, r)) + ([tuple(range(r))[::2]] if r > 1 else [])))
     keep = draw(st.booleans())
-    if op == "argmax":
+    if op in ("argmax", "argmin", "cumsum"):
         axis = axis if not isinstance(axis, tuple) else None
-        check(lambda: nb.argmax(x, axis) if draw(st.booleans()) else x.argmax(axis), lambda: np.argmax(v, axis))
+        check(lambda: getattr(nb, op)(x, axis) if draw(st.booleans()) else getattr(x, op)(axis),
+              lambda: getattr(np, op)(v, axis), rtol_of=4)
+    elif op in ("var", "std"):
+        check(lambda: getattr(nb, op)(x, axis, keepdims=keep), lambda: getattr(np, op)(v, axis, keepdims=keep),
+              rtol_of=8, signed_zeros=False)
+    elif op in ("prod", "any", "all"):
+        if op == "prod" and not isinstance(axis, int) and np.dtype(dtype).kind in "fc":
+            axis = -1 if r else None  # (a float product of many values overflows, and then its order decides
+            # whether a zero meets an infinity: one axis of at most 5 values stays finite)
+        check(lambda: getattr(nb, op)(x, axis, keepdims=keep), lambda: getattr(np, op)(v, axis, keepdims=keep),
+              rtol_of=8, signed_zeros=False)
     elif op == "softmax":
         ax = -1 if axis is None or isinstance(axis, tuple) else axis
         check(lambda: nb.softmax(x, ax), lambda: _softmax(v, ax), rtol_of=4)
@@ -264,7 +282,8 @@ def test_shape_ops_and_placement_equal_numpy(data):
     x, v = draw(operands(mesh, dtype, shape))
     r = len(shape)
     op = draw(st.sampled_from(["reshape", "transpose", "T", "swapaxes", "expand_dims", "squeeze", "broadcast_to",
-                               "getitem", "concatenate", "with_sharding", "astype"]))
+                               "getitem", "concatenate", "with_sharding", "astype", "flip", "roll", "pad", "split",
+                               "stack", "tril", "sort", "argsort"]))
     if op == "reshape":
         size = int(np.prod(shape))
         target = draw(st.sampled_from([(size,), (-1,), (1, size), (size, 1)] + ([()] if size == 1 else []) +
@@ -305,3 +324,23 @@ def test_shape_ops_and_placement_equal_numpy(data):
     elif op == "astype":
         to = draw(st.sampled_from(DTYPES))
         check(lambda: x.astype(to), lambda: v.astype(to))
+    elif op in ("flip", "sort", "argsort") and r:
+        a = draw(st.integers(-r, r - 1))
+        kw = {"kind": "stable"} if op != "flip" else {}
+        check(lambda: getattr(nb, op)(x, a), lambda: getattr(np, op)(v, a, **kw))
+    elif op == "roll" and r:
+        shift, a = draw(st.integers(-7, 7)), draw(st.sampled_from([None] + list(range(r))))
+        check(lambda: nb.roll(x, shift, a), lambda: np.roll(v, shift, a))
+    elif op == "pad":
+        widths = [(draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in range(r)]
+        check(lambda: nb.pad(x, widths), lambda: np.pad(v, widths))
+    elif op == "split" and r:
+        a = draw(st.integers(-r, r - 1))
+        cuts = sorted(draw(st.lists(st.integers(0, 6), max_size=3)))
+        check(lambda: nb.stack(nb.split(x, cuts, a)[-1:]), lambda: np.stack(np.split(v, cuts, a)[-1:]))
+    elif op == "stack":
+        a = draw(st.integers(-r - 1, r))
+        check(lambda: nb.stack([x, x], a), lambda: np.stack([v, v], a))
+    elif op == "tril" and r >= 2:
+        k = draw(st.integers(-3, 3))
+        check(lambda: nb.tril(x, k), lambda: np.tril(v, k))

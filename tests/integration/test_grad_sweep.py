@@ -122,6 +122,21 @@ UNARY = {
                         X),
     "einsum_ellipsis_mid": (lambda t: nb.einsum("i...,i->...", t * Z3[:, 0, :], Y[:, 0]),
                             lambda v: jnp.einsum("i...,i->...", v * Z3[:, 0, :], Y[:, 0]), X),
+    # the ops of language models
+    "gelu": (nb.gelu, jax.nn.gelu, X), "gelu_exact": (lambda t: nb.gelu(t, False), lambda v: jax.nn.gelu(v, False), X),
+    "silu": (nb.silu, jax.nn.silu, X), "tril": (lambda t: nb.tril(t, 1), lambda v: jnp.tril(v, 1), X),
+    "triu": (lambda t: nb.triu(t), jnp.triu, X), "var0": (lambda t: nb.var(t, 0), lambda v: jnp.var(v, 0), X),
+    "std1": (lambda t: nb.std(t, 1, ddof=1), lambda v: jnp.std(v, 1, ddof=1), X),
+    "prod1": (lambda t: nb.prod(t, 1), lambda v: jnp.prod(v, 1), X),
+    "cumsum0": (lambda t: nb.cumsum(t, 0), lambda v: jnp.cumsum(v, 0), X),
+    "cumsum1": (lambda t: nb.cumsum(t, 1), lambda v: jnp.cumsum(v, 1), X),
+    "sort0": (lambda t: nb.sort(t, 0), lambda v: jnp.sort(v, 0), X),
+    "top_k": (lambda t: nb.top_k(t, 2)[0], lambda v: jax.lax.top_k(v, 2)[0], X),
+    "flip": (lambda t: nb.flip(t, 0), lambda v: jnp.flip(v, 0), X),
+    "roll": (lambda t: nb.roll(t, (2, -1), (0, 1)), lambda v: jnp.roll(v, (2, -1), (0, 1)), X),
+    "pad": (lambda t: nb.pad(t, ((1, 2), (0, 3))), lambda v: jnp.pad(v, ((1, 2), (0, 3))), X),
+    "split_stack": (lambda t: nb.stack(nb.split(t, [1, 3], 0)[1:], 2), lambda v: jnp.stack(jnp.split(v, [1, 3], 0)[1:], 2),
+                    X),
 }
 
 

@@ -75,6 +75,26 @@ UNARY = {
     "int_add": (lambda t: t + 3, lambda v: v + 3, I), "int_mul": (lambda t: t * t, lambda v: v * v, I),
     "int_sum": (lambda t: t.sum(0), lambda v: v.sum(0), I), "int_max": (lambda t: t.max(1), lambda v: v.max(1), I),
     "int_div": (lambda t: t / 2, lambda v: v / 2, I),
+    # the ops of language models
+    "gelu": (nb.gelu, lambda v: v * (0.5 * (1 + np.tanh(np.float32(np.sqrt(2 / np.pi)) * (v + np.float32(0.044715) *
+                                                                                         v ** 3)))), X),
+    "silu": (nb.silu, lambda v: v / (1 + np.exp(-v)), X), "isnan": (nb.isnan, np.isnan, X),
+    "isfinite": (nb.isfinite, np.isfinite, X), "tril": (lambda t: nb.tril(t, 1), lambda v: np.tril(v, 1), X),
+    "triu": (lambda t: nb.triu(t, -1), lambda v: np.triu(v, -1), X),
+    "var0": (lambda t: nb.var(t, 0), lambda v: v.var(0), X), "std1": (lambda t: t.std(1, ddof=1), lambda v: v.std(1, ddof=1), X),
+    "argmin0": (lambda t: nb.argmin(t, 0), lambda v: v.argmin(0), X), "argmin": (lambda t: t.argmin(), np.argmin, X),
+    "prod1": (lambda t: nb.prod(t, 1), lambda v: v.prod(1), X), "prod0": (lambda t: t.prod(0), lambda v: v.prod(0), X),
+    "any0": (lambda t: nb.any(t > 1, 0), lambda v: (v > 1).any(0), X), "all1": (lambda t: nb.all(t > -1, 1), lambda v: (v > -1).all(1), X),
+    "cumsum0": (lambda t: nb.cumsum(t, 0), lambda v: v.cumsum(0), X), "cumsum1": (lambda t: t.cumsum(1), lambda v: v.cumsum(1), X),
+    "cumsum_int": (lambda t: nb.cumsum(t, 0), lambda v: v.cumsum(0), I),
+    "sort0": (lambda t: nb.sort(t, 0), lambda v: np.sort(v, 0), X), "argsort1": (nb.argsort, np.argsort, X),
+    "top_k": (lambda t: nb.top_k(t, 2)[1], lambda v: np.argsort(-v, 1, kind="stable")[:, :2], X),
+    "top_k_T": (lambda t: nb.top_k(t.T, 3)[0], lambda v: -np.sort(-v.T, 1)[:, :3], X),
+    "flip": (lambda t: nb.flip(t, 0), lambda v: np.flip(v, 0), X), "roll": (lambda t: nb.roll(t, (2, -1), (0, 1)),
+                                                                      lambda v: np.roll(v, (2, -1), (0, 1)), X),
+    "pad": (lambda t: nb.pad(t, ((1, 2), (0, 3))), lambda v: np.pad(v, ((1, 2), (0, 3))), X),
+    "split_stack": (lambda t: nb.stack(nb.split(t, [1, 3], 0)[1:], 2), lambda v: np.stack(np.split(v, [1, 3], 0)[1:], 2), X),
+    "dropout": (lambda t: nb.dropout(t, 0.5, 3), lambda v: nb.dropout(nb.tensor(v), 0.5, 3).numpy(), X),
 }
 BINARY = {
     "add": (nb.add, np.add), "subtract": (nb.subtract, np.subtract), "multiply": (nb.multiply, np.multiply),
@@ -127,7 +147,8 @@ def test_partial_inputs_through_every_linear_and_nonlinear_op(mesh):
         if any(axis in ((s,) if isinstance(s, str) else (s or ())) for s in spec):
             continue
         p = nb.tensor(X).shard(mesh, spec, partial_axes=[axis])
-        for name in ("exp", "sum0", "T", "reshape15", "matmul", "max1", "getitem", "concatenate1", "neg_op"):
+        for name in ("exp", "sum0", "T", "reshape15", "matmul", "max1", "getitem", "concatenate1", "neg_op", "tril",
+                     "cumsum1", "roll", "pad", "flip", "dropout"):
             fn, ref, _ = UNARY[name]
             check(fn(p), ref(X), f"{name} of partial[{axis}] sharded {spec} over {mesh!r}")
         check(p + Y, X + Y, f"partial + host over {mesh!r} {spec}")
