@@ -389,9 +389,13 @@ def pad(x: ArrayLike, pad_width, mode: str = "constant", constant_values=0) -> T
                 raise ShardingError(f"pad: pad_width must hold ints, got {w!r} for dim {d}")
             if w < 0:
                 raise ShardingError(f"pad: dim {d}: pad widths must be >= 0, got ({lo}, {hi})")
-    values = _widths(constant_values, n, "constant_values")
     widths = tuple((int(lo), int(hi)) for lo, hi in widths)
-    sides = {values[d][j] for d in range(n) for j in range(2) if widths[d][j]}
+    # each side's constant as numpy writes it into the padding (cast, or refused, as numpy's pad does it): read
+    # back from a tiny array numpy pads
+    dt = x._dtype if isinstance(x, Value) else np.asarray(x).dtype
+    tiny = np.pad(np.zeros((1,) * n, dt), [(1, 1)] * n, constant_values=constant_values)
+    values = [[tiny[(1,) * d + (2 * j,) + (1,) * (n - d - 1)] for j in range(2)] for d in range(n)]
+    sides = {values[d][j].item() for d in range(n) for j in range(2) if widths[d][j]}
     if len(sides) > 1:  # different constants: pad one dim and side at a time
         out = x
         for d in range(n):
@@ -404,14 +408,13 @@ def pad(x: ArrayLike, pad_width, mode: str = "constant", constant_values=0) -> T
     if not sides:
         return _as_tensor(x)
     fill = sides.pop()
-    fill = fill.item() if isinstance(fill, np.generic) else fill
     spec = x._spec if isinstance(x, Value) else None
     if fill != 0 and spec is not None and spec.partial_axes:  # padding is not linear in x: sum first
         x = x.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
     return _call(_PAD, (x,), (widths, fill))
 
 
-_PAD = register(OpDef("pad", lambda shapes, widths, fill: R.pad_rule(shapes[0], widths, float(np.real(fill))),
+_PAD = register(OpDef("pad", lambda shapes, widths, fill: R.pad_rule(shapes[0], widths, fill),
                       _pad_kernel, "add", dtype="same", vjp=_pad_vjp, numpy="pad", onnx=_pad_onnx, arity=1,
                       public=pad))
 

@@ -4,6 +4,7 @@ gathers only ``k`` candidates per device."""
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,17 @@ def _descending(xp: Any, x: Any, axis: int) -> Any:
     (equal values keep their reversed order, so the lower index ends up first)."""
     n = x.shape[axis]
     return xp.flip(n - 1 - _argsort(xp, xp.flip(x, axis), axis), axis)
+
+
+def _comparisons(axis_of: Any):
+    """FLOPs of a sort: ``n ceil(log2 n)`` comparisons per sorted row of ``n`` (the operand's block)."""
+    def flops(blocks, out, params):
+        shape = blocks[0]
+        if not shape:
+            return 0
+        n = shape[axis_of(params, len(shape))]
+        return prod(shape) * max(1, (n - 1).bit_length()) if n > 1 else prod(shape)
+    return flops
 
 
 def _along(xp: Any, x: Any, idx: Any, axis: int) -> Any:
@@ -145,10 +157,12 @@ def _sort_vjp(g, node, out):
 
 
 _SORT = register(OpDef("sort", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "sort"), _sort_kernel,
-                       dtype="same", vjp=_sort_vjp, numpy="sort", onnx=_sort_onnx(0), arity=1, public=sort))
+                       dtype="same", vjp=_sort_vjp, numpy="sort", onnx=_sort_onnx(0), arity=1, public=sort,
+                       flops=_comparisons(lambda params, r: params[0])))
 _ARGSORT = register(OpDef("argsort", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "argsort"),
                           _argsort_kernel, dtype=np.intp, vjp=lambda g, node, out: (None,), numpy="argsort",
-                          onnx=_sort_onnx(1), arity=1, public=argsort))
+                          onnx=_sort_onnx(1), arity=1, public=argsort,
+                          flops=_comparisons(lambda params, r: params[0])))
 
 
 # ---- top_k ---------------------------------------------------------------------------------------------------
@@ -239,4 +253,4 @@ def _top_k_onnx(ex):
 
 
 _TOP_K = register(OpDef("top_k", _top_k_rule, _top_k_kernel, vjp=_top_k_vjp, onnx=_top_k_onnx, public=top_k,
-                        flops=lambda blocks, out, params: 0))
+                        flops=_comparisons(lambda params, r: r - 1)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 from math import gcd, prod
 
 from ..errors import ShardingError
@@ -204,7 +205,7 @@ def expand_dims_rule(shape: tuple[int, ...], axes: tuple[int, ...]) -> Rule:
 
 
 @lru_cache(maxsize=4096)
-def pad_rule(shape: tuple[int, ...], widths: tuple[tuple[int, int], ...], fill: float) -> Rule:
+def pad_rule(shape: tuple[int, ...], widths: tuple[tuple[int, int], ...], fill: Any) -> Rule:
     """``pad``: a padded dim is a window factor (result row ``r`` reads operand row ``r - before``; rows outside
     the operand are ``fill``), so it keeps its sharding and each device receives only the rows its result block
     lacks; other dims pass through."""
