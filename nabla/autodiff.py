@@ -229,11 +229,33 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                 if node.op.vjp is None:
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
                 with C.user_op(node.name), C.in_scope(node.scope):
+                    g = _summed_before_fan_out(g, node, needed)
                     parts = node.op.vjp(g, node, v)
             for arg, c in zip(node.args, parts):
                 if c is not None and id(arg) in needed:
                     accumulate(arg, c)
     return leaves
+
+
+#: ops whose VJP hands every operand the cotangent itself (or its negation): the operands' cotangents are the
+#: same pending sum, made once when summed (``Value._moved``), so it may stay pending
+_PASS_THROUGH = frozenset({"add", "subtract", "concatenate", "where"})
+
+
+def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
+    """A cotangent still a pending sum, entering a VJP that makes it into the cotangents of two operands or more,
+    is summed first, once: each derived cotangent would otherwise carry the sum pending and need its own (the
+    backward of a norm's scale, as Megatron's plan has it: the activation gradient summed over tp once, the
+    scale's gradient summed over dp only). The backward's own `_sum_repeated`."""
+    spec = g.sharding
+    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes or \
+            getattr(node.op, "name", "") in _PASS_THROUGH:
+        return g
+    takers = sum(1 for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff
+                 and id(a) in needed)
+    if takers < 2:
+        return g
+    return g.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
 
 
 def _to_host(g: Tensor) -> Tensor:

@@ -574,3 +574,33 @@ def test_gradients_summed_into_another_layout_are_reduce_scattered():
     for k in want:
         assert got[k].sharding.dim_specs[0].axes == ("dp",)
         np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_pending_cotangent_feeding_two_operands_is_summed_once_first():
+    """The backward of a norm's scale inside a tensor-parallel block, as Megatron plans it: the activation
+    gradient arrives as a sum pending over tp (from the column-parallel matmul's backward); the scale multiply
+    hands it to two operands (the normalised input and the scale), so it is summed over tp once, and the
+    scale's gradient is then summed over dp only (not a reduce_scatter + all_reduce + all_gather of its own)."""
+    mesh = nb.DeviceMesh("mega", (2, 4), ("dp", "tp"))
+    r = np.random.default_rng(7)
+    B, D, F = 4, 16, 32
+    x = nb.tensor(r.standard_normal((B, D)).astype(np.float32)).shard(mesh, ["dp", None])
+    g = nb.tensor(r.standard_normal((D,)).astype(np.float32)).shard(mesh, [None])
+    w1 = nb.tensor(r.standard_normal((D, F)).astype(np.float32)).shard(mesh, [None, "tp"])
+    w2 = nb.tensor(r.standard_normal((F, D)).astype(np.float32)).shard(mesh, ["tp", None])
+
+    def block(x, g, w1, w2, np_=nb):
+        h = x / np_.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
+        return (np_.tanh(h @ w1) @ w2).sum()
+
+    with nb.comm_log() as log:
+        grads = nb.grad(block, argnums=(0, 1, 2, 3))(x, g, w1, w2)
+    back = [(e.kind, e.axes) for e in log.events if e.phase == "backward"]
+    assert ("reduce_scatter", ("tp",)) not in back and ("all_gather", ("tp",)) not in back, back
+    assert back.count(("all_reduce", ("tp",))) == 1  # the (B/dp, D) activation gradient, once
+    assert [e.op for e in log.events if e.axes == ("dp",)] == ["grad of g", "grad of w1", "grad of w2"]
+    jax = pytest.importorskip("jax")
+    ref = jax.grad(lambda *a: block(*a, np_=jax.numpy), argnums=(0, 1, 2, 3))(
+        x.numpy(), g.numpy(), w1.numpy(), w2.numpy())
+    for got, want in zip(grads, ref):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
