@@ -15,62 +15,16 @@ import numpy as np
 from .dtypes import is_float, is_inexact
 from . import collectives as C
 from .errors import ShardingError
-from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
+from .lax import as_manual, in_vjp, manual_constant, out_vjp, settle
+from .shard_map import SM_IN, SM_OUT, ManualSpec
 from .executor import relayout_bucket
+from .pytree import flatten, unflatten
+from .sharding import specs_like
 from .layout import chunks
 from .step import serial
 from .tensor import Tensor
 from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, differentiating, outer_live, paused, recorded,
                     recording, remat, topological, tracing_whole)
-
-# ---- pytrees: nested dict, list and tuple of tensors --------------------------------------------------------
-
-
-def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list, Any]:
-    """Leaves (depth first, dicts in insertion order) and the structure to rebuild them with; ``is_leaf`` marks
-    values taken whole (as jax.tree_util's)."""
-    if is_leaf is not None and is_leaf(tree):
-        return [tree], "leaf"
-    if isinstance(tree, dict):
-        leaves, defs = [], []
-        for k, v in tree.items():
-            lv, d = flatten(v, is_leaf)
-            leaves += lv
-            defs.append((k, d, len(lv)))
-        return leaves, ("dict", tuple(defs))
-    if isinstance(tree, (list, tuple)):
-        leaves, defs = [], []
-        for v in tree:
-            lv, d = flatten(v, is_leaf)
-            leaves += lv
-            defs.append((d, len(lv)))
-        return leaves, (type(tree), tuple(defs))
-    if tree is None:
-        return [], None
-    return [tree], "leaf"
-
-
-def unflatten(treedef: Any, leaves: Sequence) -> Any:
-    leaves = list(leaves)
-    if treedef == "leaf":
-        return leaves[0]
-    if treedef is None:
-        return None
-    kind, defs = treedef
-    if kind == "dict":
-        out, i = {}, 0
-        for k, d, n in defs:
-            out[k] = unflatten(d, leaves[i:i + n])
-            i += n
-        return out
-    items, i = [], 0
-    for d, n in defs:
-        items.append(unflatten(d, leaves[i:i + n]))
-        i += n
-    if kind is tuple:
-        return tuple(items)
-    return kind(*items) if hasattr(kind, "_fields") else kind(items)  # a NamedTuple takes its fields
-
 
 # ---- the engine ----------------------------------------------------------------------------------------
 
@@ -439,8 +393,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
 def _grad_specs(primal: Any, given: Any) -> list:
     """Per leaf of the argument ``primal``, the layout its gradient is summed into (``given``: a pytree like it, of
     ShardingSpecs or dim-spec lists; None leaves keep the primal's)."""
-    from .optim import _state_specs
-    return _state_specs(primal, given, "grad")
+    return specs_like(primal, given, "grad")
 
 
 def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,

@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import collectives as C
-from .autodiff import flatten, unflatten
+from .pytree import _outline, flatten, unflatten
+from .sharding import specs_like
 from .tensor import Tensor
 from .errors import ShardingError
 
@@ -35,37 +36,6 @@ def _zeros_like(p, spec: Any = "same", dtype: Any = None):
     return Tensor(data, spec, p.shape, dtype)
 
 
-def _state_specs(params: Any, specs: Any, what: str) -> list:
-    """Per parameter leaf, the layout its optimizer state takes: its own (``specs`` None) or the spec given."""
-    leaves, tree = flatten(params)
-    if specs is None:
-        return [p.sharding for p in leaves]
-    given, stree = flatten(specs, is_leaf=_is_spec_leaf)
-    if stree != tree:
-        raise ShardingError(f"{what}: specs must be a pytree like params ({_outline(params)[:200]}); got "
-                            f"{_outline(specs)[:200]}")
-    from .sharding import to_spec
-    out = []
-    for p, s in zip(leaves, given):
-        if s is None:
-            out.append(p.sharding)
-            continue
-        if p.sharding is None:
-            raise ShardingError(f"{what}: a state spec {s!r} for a parameter of shape {p.shape} on no mesh; shard "
-                                f"the parameters first")
-        out.append(to_spec(p.sharding.mesh, s, p.ndim, op=f"{what} specs"))
-    return out
-
-
-def _is_spec_leaf(x: Any) -> bool:
-    """A leaf of a ``specs`` pytree: a ShardingSpec, a PartitionSpec, or a list of dim entries (not a subtree)."""
-    from .sharding import _is_pspec
-    from .spec import ShardingSpec
-    if isinstance(x, ShardingSpec) or _is_pspec(x) or x is None:
-        return True
-    return isinstance(x, list) and all(e is None or isinstance(e, (str, tuple)) or hasattr(e, "axes") for e in x)
-
-
 def _to(x: Tensor, spec: Any, dtype: Any) -> Tensor:
     """``x`` in ``dtype`` laid out as ``spec`` (a pending sum is made into it: a reduce_scatter where it shards)."""
     if x.dtype != dtype:
@@ -82,16 +52,6 @@ def _like(x, p):
         x = x.astype(p.dtype)
     return x if p.sharding is None or x.sharding == p.sharding else x.with_sharding(
         p.mesh, p.sharding.dim_specs, p.sharding.replicated_axes)
-
-
-def _outline(tree: Any) -> str:
-    """A pytree's structure in a line: dict keys, list and tuple lengths, leaves as their shapes."""
-    if isinstance(tree, dict):
-        return "{" + ", ".join(f"{k!r}: {_outline(v)}" for k, v in tree.items()) + "}"
-    if isinstance(tree, (list, tuple)):
-        inner = ", ".join(_outline(v) for v in tree)
-        return f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
-    return "None" if tree is None else f"<{'x'.join(map(str, getattr(tree, 'shape', ()))) or 'scalar'}>"
 
 
 def _check(grads, params, what, state=None, kind=None):
@@ -124,7 +84,7 @@ class SGD:
         if not self.momentum:
             return SGDState(None)
         leaves, tree = flatten(params)
-        layouts = _state_specs(params, specs, "SGD.init")
+        layouts = specs_like(params, specs, "SGD.init")
         return _state(SGDState(unflatten(tree, [_zeros_like(p, s) for p, s in zip(leaves, layouts)])))
 
     def update(self, grads: Any, state: SGDState, params: Any) -> tuple[Any, SGDState]:
@@ -166,7 +126,7 @@ class Adam:
 
     def init(self, params: Any, specs: Any = None) -> AdamState:
         leaves, tree = flatten(params)
-        layouts = _state_specs(params, specs, "Adam.init")
+        layouts = specs_like(params, specs, "Adam.init")
         dt = [self.master_dtype or p.dtype for p in leaves]
         mu = [_zeros_like(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
         nu = [_zeros_like(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
