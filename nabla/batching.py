@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import collectives as C
-from .autodiff import flatten, unflatten
+from .pytree import flatten, unflatten
 from .errors import ShardingError
 from .executor import Value
 from .factors import Window
