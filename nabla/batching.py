@@ -4,14 +4,15 @@ its kernel treats as one more grid axis (kernels run over grid axes in front alr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from math import prod
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from . import collectives as C
+from .backends import xp as _xp
 from .pytree import flatten, unflatten
 from .errors import ShardingError
 from .executor import Value
@@ -80,8 +81,7 @@ def batched(op: OpDef) -> OpDef:
                 return op.kernel(arrays, Local(1, local.out_chunk[1:], local.params))
             outs = [op.kernel([a[i if a.shape[0] > 1 else 0] if _is_block(a) else a for a in arrays],
                               Local(0, local.out_chunk[1:], local.params)) for i in range(B)]
-            return np.stack([np.asarray(o) for o in outs]) if all(type(o) is np.ndarray or np.isscalar(o)
-                                                                  for o in outs) else _stack(outs)
+            return _xp(*outs).stack(outs)
         return op.kernel(arrays, local._replace(G=local.G + 1, out_chunk=local.out_chunk[1:],
                                                 aux=_with_batch_axis(local.aux, local.G)))
 
@@ -103,11 +103,6 @@ def batched(op: OpDef) -> OpDef:
 
 def _is_block(a: Any) -> bool:
     return hasattr(a, "shape") and hasattr(a, "ndim") and a.ndim >= 1 and not isinstance(a, np.generic)
-
-
-def _stack(outs: list) -> Any:
-    from .backends import xp
-    return xp(*outs).stack(outs)
 
 
 def _batched_vjp(op: OpDef) -> Callable:
@@ -141,21 +136,15 @@ def _batched_vjp(op: OpDef) -> Callable:
 # ---- tracing and replaying -----------------------------------------------------------------------------------
 
 
-class _tracing:
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
     """Record ops on stand-ins (backward passes inside too), publishing nothing to open comm logs."""
-
-    def __enter__(self):
-        self._diff, self._rec = differentiating(), recorded()
-        self._diff.__enter__()
-        self._rec.__enter__()
-        self._logs = C._logs.set(())
-        return self
-
-    def __exit__(self, *exc):
-        C._logs.reset(self._logs)
-        self._rec.__exit__(*exc)
-        self._diff.__exit__(*exc)
-        return False
+    token = C._logs.set(())
+    try:
+        with differentiating(), recorded():
+            yield
+    finally:
+        C._logs.reset(token)
 
 
 _STAND_IN = Node(LEAF, ("vmap",), diff=False)
