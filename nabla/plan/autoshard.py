@@ -1,0 +1,763 @@
+"""``nb.autoshard``: the shardings of a function's arguments that give the least estimated step time within a
+memory limit. The program is recorded once, cut into layers (repeated layers are one class, solved once), each
+class's candidate layouts priced by replaying its recorded steps, the choice made by a mixed-integer program
+(milp.py) and checked with ``nb.estimate`` against the standard layouts (DP, FSDP, Megatron TP, SP)."""
+
+from __future__ import annotations
+
+import time as _time
+from functools import lru_cache
+from itertools import combinations, product
+from math import prod
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from .. import collectives as C
+from .. import reshard
+from ..autodiff import _arg_name, _paths, flatten, unflatten
+from ..errors import ShardingError
+from ..mesh import DeviceMesh
+from ..spec import DimSpec, ShardingSpec
+from ..tensor import Tensor
+from . import layers as L
+from . import milp
+from .cluster import Cluster
+from .comm import event_time
+from .estimate import _priced, estimate
+from .report import Report, estimate_steps
+
+#: a class whose arguments have at most this many layouts together is searched over all of them
+EXHAUSTIVE = 256
+
+
+class Option(NamedTuple):
+    """What one mesh axis does in a layer: the dim classes it shards (each value on its first dim of one of
+    them) and ``fsdp``: parameters it shards no dim of are cut on their largest dim over it (ZeRO-3)."""
+
+    classes: frozenset
+    fsdp: bool = False
+
+
+class Candidate(NamedTuple):
+    layouts: tuple  # per class input, its ShardingSpec (None: a host value)
+    options: tuple | None  # per mesh axis, an Option (None: an exhaustive candidate)
+
+
+class Priced(NamedTuple):
+    time: float  # seconds of one instance
+    held: float  # bytes per device held all step: parameters, gradients, optimizer state, inputs, saved values
+    transient: float  # bytes per device alive only while an instance runs
+    inputs: tuple  # the layouts the instance was priced with (a steady state: what the previous one gives)
+    outputs: tuple  # the layouts of its outputs
+
+
+class ShardingPlan:
+    """What ``nb.autoshard`` chose: ``specs`` (a pytree of ``ShardingSpec`` shaped like the arguments), ``report``
+    (``nb.estimate``'s report of the chosen layout, with ``.baselines``: name -> report of each standard layout),
+    ``memory`` (bytes per device the choice needs, optimizer state included), ``apply(*args)``;
+    ``print(plan)`` says what it chose per layer, in words, against each baseline."""
+
+    def __init__(self, specs, tree, paths, report, baselines, memory, memory_limit, source, words, seconds,
+                 assumed_optimizer, mesh):
+        self.specs = specs
+        self._tree, self.paths = tree, paths
+        self.report = report
+        self.baselines = baselines
+        self.memory = memory
+        self.memory_limit = memory_limit
+        self.source = source  # "search" or the name of the baseline that was kept
+        self._words = words
+        self.seconds = seconds
+        self.assumed_optimizer = assumed_optimizer
+        self.mesh = mesh
+
+    @property
+    def step_time(self) -> float:
+        return self.report.step_time
+
+    def apply(self, *args: Any) -> Any:
+        """``args`` laid out as chosen (a placed tensor moves with ``with_sharding``, an unplaced one is placed);
+        one argument gives one result, several a tuple."""
+        leaves, tree = flatten(args)
+        specs, _ = flatten(self.specs)
+        if len(leaves) != len(specs):
+            raise ShardingError(f"autoshard: apply got {len(leaves)} argument leaves, the plan has {len(specs)} "
+                                f"({', '.join(self.paths)})")
+        out = []
+        for x, s in zip(leaves, specs):
+            if isinstance(x, Tensor) and s is not None:
+                x = x.with_sharding(s) if x.sharding is not None else x.shard(s)
+            out.append(x)
+        res = unflatten(tree, out)
+        return res[0] if len(args) == 1 else res
+
+    def __str__(self) -> str:
+        gib = 2 ** 30
+        how = "searched" if self.source == "search" else f"the {self.source} baseline (the search found nothing faster)"
+        lines = [f"autoshard on {self.mesh!r}: {how}, in {self.seconds:.2f} s"]
+        lines += [f"  {w}" for w in self._words]
+        extra = f" (incl. {self.assumed_optimizer / gib:.2f} GiB of Adam state the program does not hold)" \
+            if self.assumed_optimizer else ""
+        lines.append(f"chosen: step {self.report.step_time * 1e3:.3f} ms, memory {self.memory / gib:.2f} GiB per "
+                     f"device of {self.memory_limit / gib:.2f}{extra}")
+        for name, (rep, mem) in self.baselines.items():
+            fits = "" if mem <= self.memory_limit else "  (over the limit)"
+            lines.append(f"  vs {name:<16} step {rep.step_time * 1e3:>10.3f} ms ({rep.step_time / self.report.step_time:.2f}x), "
+                         f"memory {mem / gib:.2f} GiB{fits}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"ShardingPlan(step_time={self.step_time:.6g}, memory={self.memory}, source={self.source!r})"
+
+
+# ---- arguments ---------------------------------------------------------------------------------------------
+
+
+class Leaf(NamedTuple):
+    path: str
+    shape: tuple
+    dtype: Any
+    base: tuple  # per dim, the axes it keeps
+    free: tuple  # per dim, whether more axes may be put there
+    used: frozenset  # axes the leaf's spec uses already (closed dims, replicated axes)
+    fixed: ShardingSpec | None
+
+
+def _names(fn: Callable, n: int) -> list[str]:
+    f = fn
+    names = [_arg_name(f, i) for i in range(n)]
+    if any(nm.startswith("args[") for nm in names):  # nb.grad / nb.value_and_grad: the function they wrap
+        inner = next((c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
+                      if callable(c.cell_contents) and not isinstance(c.cell_contents, type)), None)
+        if inner is not None:
+            names = [_arg_name(inner, i) for i in range(n)]
+    return names
+
+
+def _mesh_of(leaves: Sequence, cluster: Cluster) -> DeviceMesh:
+    meshes = {x.sharding.mesh for x in leaves if isinstance(x, Tensor) and x.sharding is not None}
+    if not meshes:
+        raise ShardingError("autoshard: no argument is on a mesh; place them on one made by cluster.mesh(...) "
+                            "(open dims, nb.DimSpec([], is_open=True), are the ones autoshard chooses)")
+    if len(meshes) > 1:
+        raise ShardingError(f"autoshard: the arguments are on {len(meshes)} meshes ({sorted(map(repr, meshes))}); "
+                            f"they must share one made by cluster.mesh(...)")
+    mesh = meshes.pop()
+    if sorted(mesh.devices) != list(range(cluster.size)):
+        raise ShardingError(f"autoshard: mesh {mesh!r} has devices {_short(mesh.devices)} but the cluster has "
+                            f"devices 0..{cluster.size - 1} ({cluster.nodes} nodes x {cluster.devices_per_node}); "
+                            f"make the mesh with cluster.mesh(...)")
+    return mesh
+
+
+def _short(devs: Sequence[int]) -> str:
+    devs = list(devs)
+    return str(devs) if len(devs) <= 8 else f"[{', '.join(map(str, devs[:4]))}, ..., {devs[-1]}] ({len(devs)})"
+
+
+def _as_spec(mesh: DeviceMesh, spec: Any, rank: int, path: str) -> ShardingSpec:
+    if isinstance(spec, ShardingSpec):
+        if spec.mesh != mesh:
+            raise ShardingError(f"autoshard: fixed spec for {path} is on {spec.mesh!r}, the arguments on {mesh!r}")
+        s = spec
+    else:
+        s = ShardingSpec(mesh, spec)
+    s.check_rank((0,) * rank, "autoshard", path)
+    return s
+
+
+def _leaves(args: tuple, fn: Callable, mesh: DeviceMesh, fixed: dict | None) -> tuple[list, list[Leaf], Any]:
+    leaves, tree = flatten(args)
+    names = _names(fn, len(args))
+    paths = [p for a, nm in zip(args, names) for p in _paths(a, nm)]
+    fixed = dict(fixed or {})
+    unknown = [k for k in fixed if k not in paths]
+    if unknown:
+        raise ShardingError(f"autoshard: fixed names {unknown}, which are not argument paths; the paths are "
+                            f"{paths}")
+    out = []
+    for x, p in zip(leaves, paths):
+        if not isinstance(x, Tensor):
+            out.append(Leaf(p, (), None, (), (), frozenset(), None))
+            continue
+        fx = _as_spec(mesh, fixed[p], x.ndim, p) if p in fixed else None
+        spec = fx or x.sharding
+        if spec is None:
+            base, free, used = ((),) * x.ndim, (True,) * x.ndim, frozenset()
+        else:
+            base = tuple(tuple(d.axes) for d in spec.dim_specs)
+            free = tuple(d.is_open and fx is None for d in spec.dim_specs)
+            used = frozenset(a for d in spec.dim_specs for a in d.axes) | frozenset(spec.replicated_axes) | \
+                frozenset(spec.partial_axes)
+        out.append(Leaf(p, tuple(x.shape), x.dtype, base, free, used, fx))
+    return leaves, out, tree
+
+
+def _closed(mesh: DeviceMesh, leaf: Leaf, dims: Sequence[Sequence[str]]) -> ShardingSpec:
+    return ShardingSpec(mesh, [DimSpec(tuple(d)) for d in dims])
+
+
+def _given(mesh: DeviceMesh, leaf: Leaf) -> ShardingSpec:
+    """A leaf's layout when nothing is chosen for it: its fixed spec, or its kept axes (open dims replicated)."""
+    return leaf.fixed if leaf.fixed is not None else _closed(mesh, leaf, leaf.base)
+
+
+# ---- layouts of a class ------------------------------------------------------------------------------------
+
+
+class Slot(NamedTuple):
+    """One input of a layer class, as the search sees it."""
+
+    shape: tuple
+    dtype: Any
+    classes: tuple  # dim class per dim
+    base: tuple
+    free: tuple
+    used: frozenset
+    param: bool  # a parameter (cut further by fsdp)
+    data: bool  # carries the batch (an activation, or an argument that is not a parameter)
+    given: Any  # the layout it keeps when it is not free at all (None: a host value)
+
+
+def _layout(mesh: DeviceMesh, slot: Slot, options: Sequence[Option]) -> Any:
+    if slot.given is None and slot.dtype is None:
+        return None
+    if not any(slot.free):
+        return slot.given
+    dims = [list(b) for b in slot.base]
+    taken = set(slot.used)
+    for axis, opt in zip(mesh.axis_names, options):
+        if opt is None or axis in taken or mesh.axis_size(axis) == 1:
+            continue
+        k = mesh.axis_size(axis)
+        placed = False
+        for d, c in enumerate(slot.classes):
+            if slot.free[d] and c in opt.classes and slot.shape[d] % (_ways(mesh, dims[d]) * k) == 0:
+                dims[d].append(axis)
+                placed = True
+                break
+        if not placed and opt.fsdp and slot.param:
+            best = max((d for d in range(len(slot.shape)) if slot.free[d]
+                        and slot.shape[d] % (_ways(mesh, dims[d]) * k) == 0),
+                       key=lambda d: slot.shape[d] // _ways(mesh, dims[d]), default=None)
+            if best is not None:
+                dims[best].append(axis)
+                placed = True
+        if placed:
+            taken.add(axis)
+    return ShardingSpec(mesh, [DimSpec(tuple(d)) for d in dims])
+
+
+def _ways(mesh: DeviceMesh, axes: Sequence[str]) -> int:
+    return prod(mesh.axis_size(a) for a in axes)
+
+
+def _all_layouts(mesh: DeviceMesh, slot: Slot) -> list:
+    """Every layout of one slot: each free axis on one free dim (mesh order within a dim) or on none."""
+    if slot.given is None and slot.dtype is None:
+        return [None]
+    if not any(slot.free):
+        return [slot.given]
+    axes = [a for a in mesh.axis_names if a not in slot.used and mesh.axis_size(a) > 1]
+    dims_free = [d for d in range(len(slot.shape)) if slot.free[d]]
+    out = []
+    for where in product([None] + dims_free, repeat=len(axes)):
+        dims = [list(b) for b in slot.base]
+        ok = True
+        for a, d in zip(axes, where):
+            if d is not None:
+                dims[d].append(a)
+        for d in dims_free:
+            if slot.shape[d] % _ways(mesh, dims[d]):
+                ok = False
+        if ok:
+            out.append(ShardingSpec(mesh, [DimSpec(tuple(d)) for d in dims]))
+    return list(dict.fromkeys(out))
+
+
+def _options(cls: L.LayerClass, slots: Sequence[Slot]) -> list:
+    """Per-axis options: nothing; one dim class; a largest set of classes no value has two of, among those that
+    carry no batch (Megatron's column- then row-parallel cut); each with fsdp where the axis cuts the batch."""
+    relevant = sorted({c for s in slots for c, f in zip(s.classes, s.free) if f and (s.param or s.data)})
+    data = {c for s in slots if s.data for c in s.classes}
+    inner = [c for c in relevant if c not in data]
+    opts = [None] + [Option(frozenset([c])) for c in relevant]
+    opts += [Option(s) for s in _cliques(inner, cls.compatible) if len(s) > 1]
+    opts += [Option(o.classes, True) for o in opts if o is not None and o.classes & data]
+    if any(s.param for s in slots):
+        opts.append(Option(frozenset(), True))
+    return opts
+
+
+def _cliques(classes: Sequence[int], compatible: frozenset) -> list[frozenset]:
+    """The largest sets of classes that no value has two of (all of them, for up to 12 classes)."""
+    classes = list(classes)[:12]
+    ok = [s for r in range(len(classes), 0, -1) for s in combinations(classes, r)
+          if all(frozenset(p) in compatible for p in combinations(s, 2))]
+    out: list[frozenset] = []
+    for s in ok:
+        fs = frozenset(s)
+        if not any(fs < o for o in out):
+            out.append(fs)
+    return out
+
+
+def _megatron(cls: L.LayerClass, slots: Sequence[Slot]) -> frozenset:
+    """The set of batch-free classes that cuts the most parameter bytes (column- then row-parallel)."""
+    data = {c for s in slots if s.data for c in s.classes}
+    inner = sorted({c for s in slots if s.param for c, f in zip(s.classes, s.free) if f} - data)
+    best, score = frozenset(), 0
+    for cl in _cliques(inner, cls.compatible):
+        sc = sum(prod(s.shape) * s.dtype.itemsize for s in slots if s.param and set(s.classes) & cl)
+        if sc > score:
+            best, score = cl, sc
+    return best
+
+
+def _batch(slots: Sequence[Slot]) -> tuple[frozenset, frozenset]:
+    """(the class of the batch dim, of the sequence dim) of the first input that carries the batch."""
+    for s in slots:
+        if s.data and s.shape and s.dtype is not None and np.dtype(s.dtype).kind in "fcV" or (s.data and s.shape):
+            return frozenset(s.classes[:1]), frozenset(s.classes[1:2]) if len(s.shape) >= 3 else frozenset()
+    return frozenset(), frozenset()
+
+
+def baseline_options(mesh: DeviceMesh, cls: L.LayerClass, slots: Sequence[Slot]) -> dict[str, tuple]:
+    """The standard layouts as per-axis options: DP (the batch over every axis), FSDP (and the parameters cut
+    over them), Megatron TP over the last axis with DP or FSDP over the others, and the same with the sequence
+    of the batch-carrying inputs cut over the tp axis too (sequence parallelism)."""
+    axes = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
+    b, s = _batch(slots)
+    tp = _megatron(cls, slots)
+    out = {"DP": tuple(Option(b) if a in axes else None for a in mesh.axis_names),
+           "FSDP": tuple(Option(b, True) if a in axes else None for a in mesh.axis_names)}
+    if len(axes) >= 2 and tp or (len(axes) == 1 and tp and False):
+        last = axes[-1]
+        for name, fsdp in (("TP x DP", False), ("TP x FSDP", True)):
+            out[name] = tuple(None if a not in axes else Option(tp) if a == last else Option(b, fsdp)
+                              for a in mesh.axis_names)
+            if s:
+                out[name + " + SP"] = tuple(None if a not in axes else Option(tp | s) if a == last else
+                                            Option(b, fsdp) for a in mesh.axis_names)
+    return out
+
+
+# ---- pricing ----------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=65536)
+def _reshard_time(shape: tuple, itemsize: int, src: ShardingSpec, dst: ShardingSpec, cluster: Cluster) -> float:
+    if src == dst:
+        return 0.0
+    try:
+        p = reshard.plan(shape, itemsize, src, dst)
+    except ShardingError:
+        return 0.0
+    return sum(event_time(e, cluster, src.mesh) for e in p.events)
+
+
+def _strip(spec: Any) -> Any:
+    if spec is None or not spec.partial_axes:
+        return spec
+    return ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
+
+
+class _Search:
+    """Everything one autoshard call learns about the program."""
+
+    def __init__(self, fn, cluster, args, memory_limit, fixed, overlap):
+        self.fn, self.cluster, self.overlap = fn, cluster, overlap
+        self.t0 = _time.perf_counter()
+        leaves, _ = flatten(args)
+        self.mesh = _mesh_of(leaves, cluster)
+        self.leaves, self.info, self.tree = _leaves(args, fn, self.mesh, fixed)
+        self.limit = float(cluster.hardware.hbm_bytes if memory_limit is None else memory_limit)
+        self.record()
+
+    # -- the program --
+    def abstract(self, specs: Sequence[Any]) -> tuple:
+        out = [Tensor(None, s, x.shape, x.dtype) if isinstance(x, Tensor) else x for x, s in zip(self.leaves, specs)]
+        return unflatten(self.tree, out)
+
+    def record(self) -> None:
+        mesh = self.mesh
+        specs = []
+        for x, lf in zip(self.leaves, self.info):
+            if not isinstance(x, Tensor):
+                specs.append(None)
+            elif lf.fixed is not None:
+                specs.append(lf.fixed)
+            else:
+                specs.append(ShardingSpec(mesh, [DimSpec(b, is_open=f) for b, f in zip(lf.base, lf.free)]))
+        rec = L.Recorder()
+        args = self.abstract(specs)
+        self.serials = {}
+        for i, x in enumerate(flatten(args)[0]):
+            if isinstance(x, Tensor):
+                self.serials[L.serial(x)] = i
+        with C.recording(rec):
+            self.fn(*args)
+        self.tags = rec.tags
+        fwd, self.train = L.forward_program(rec.steps, frozenset(self.serials))
+        if not fwd:
+            raise ShardingError("autoshard: the function ran no op; there is nothing to shard")
+        self.segs = L.segments(fwd)
+        self.classes = L.classes(self.segs, self.serials)
+        self.params = {i for s, i in self.serials.items() if self.tags.get(s) == "params"}
+        opt = [(s, k) for s, k in rec.tags.items() if k == "optimizer"]
+        self.opt_ratio = self._optimizer_ratio(rec.steps, opt)
+        self.first_reader = {}
+        for s in fwd:
+            for u in s.uses:
+                if u.value in self.serials:
+                    self.first_reader.setdefault(self.serials[u.value], s)
+
+    def _optimizer_ratio(self, steps, opt) -> tuple[float, bool]:
+        """Bytes of optimizer state per byte of parameter: as recorded, else mixed-precision Adam's (fp32 master
+        copy and two moments: 12 bytes per 16-bit parameter, or two moments, 8 bytes, per 32-bit one)."""
+        if not self.train:
+            return 0.0, False
+        if opt:
+            sizes = {}
+            for s in steps:
+                sizes.setdefault(s.out, prod(s.out_shape) * s.out_dtype.itemsize)
+                for u in s.uses:
+                    if u.value:
+                        sizes.setdefault(u.value, prod(u.shape) * u.dtype.itemsize)
+            pbytes = sum(prod(self.info[i].shape) * np.dtype(self.info[i].dtype).itemsize for i in self.params)
+            return sum(sizes.get(s, 0) for s, _ in opt) / max(1, pbytes), False
+        items = [np.dtype(self.info[i].dtype).itemsize for i in self.params]
+        item = max(items, default=4)
+        return (12.0 / item if item <= 2 else 8.0 / item), True
+
+    # -- slots and candidates --
+    def slots(self, cls: L.LayerClass) -> list[Slot]:
+        rep = cls.rep
+        info = {}
+        for s in rep.steps:
+            for u in s.uses:
+                if u.value:
+                    info.setdefault(u.value, u)
+        out = []
+        for e, v in enumerate(rep.inputs):
+            u = info[v]
+            leaf = self.serials.get(v)
+            lf = self.info[leaf] if leaf is not None else None
+            param = cls.params[e] and leaf in self.params if self.train else cls.params[e]
+            if lf is not None:
+                base, free, used = lf.base, lf.free, lf.used
+                given = _given(self.mesh, lf)
+            elif u.src is None:
+                base, free, used, given = ((),) * len(u.shape), (False,) * len(u.shape), frozenset(), None
+            else:
+                base, free, used = ((),) * len(u.shape), (True,) * len(u.shape), frozenset()
+                given = _strip(u.src)
+            data = not param and (u.src is not None or lf is not None) and bool(u.shape) and \
+                np.dtype(u.dtype).kind in "fcV"
+            if not self.train and lf is not None and cls.params[e]:
+                data = self.first_reader.get(leaf) is rep.steps[0] and len(u.shape) >= 2
+            out.append(Slot(tuple(u.shape), np.dtype(u.dtype) if (u.src is not None or lf is not None) else None,
+                            cls.dims[e], base, free, used, param, data, given))
+        return out
+
+    def candidates(self, cls: L.LayerClass, slots: list[Slot]) -> tuple[list[Candidate], dict[str, int]]:
+        mesh = self.mesh
+        cands: dict[tuple, Candidate] = {}
+        base = baseline_options(mesh, cls, slots)
+        named = {}
+        for name, opts in base.items():
+            lay = tuple(_layout(mesh, s, opts) for s in slots)
+            cands.setdefault(lay, Candidate(lay, opts))
+            named[name] = list(cands).index(lay)
+        each = [_all_layouts(mesh, s) for s in slots]
+        if len(cls.instances) == 1 and prod(len(e) for e in each) <= EXHAUSTIVE:
+            for lay in product(*each):
+                cands.setdefault(tuple(lay), Candidate(tuple(lay), None))
+        else:
+            opts = _options(cls, slots)
+            live = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
+            for choice in product(opts, repeat=len(live)):
+                if any(o is not None and o.classes and p is not None and o.classes & p.classes
+                       for (o, p) in combinations(choice, 2)) and len(set(choice)) != len(choice):
+                    continue
+                full = iter(choice)
+                per_axis = tuple(next(full) if a in live else None for a in mesh.axis_names)
+                lay = tuple(_layout(mesh, s, per_axis) for s in slots)
+                cands.setdefault(lay, Candidate(lay, per_axis))
+        return list(cands.values()), named
+
+    # -- pricing one class --
+    def feeds(self, cls: L.LayerClass) -> dict[int, int]:
+        """Inputs of ``cls`` that the previous instance's output ``j`` gives (the class repeats: a steady state)."""
+        if len(cls.instances) < 2:
+            return {}
+        a, b = cls.instances[0], cls.instances[1]
+        outs = {a.steps[k].out: j for j, k in enumerate(a.outputs)}
+        return {e: outs[v] for e, v in enumerate(b.inputs) if v in outs}
+
+    def price(self, cls: L.LayerClass, slots: list[Slot], cand: Candidate) -> Priced:
+        shapes = [s.shape for s in slots]
+        dtypes = [s.dtype if s.dtype is not None else np.float32 for s in slots]
+        diff = [s.param or (cls.rep.inputs[e] not in self.serials and s.given is not None) for e, s in enumerate(slots)]
+        layouts = list(cand.layouts)
+        r = L.replay(cls, layouts, shapes, dtypes, diff, self.train)
+        feeds = self.feeds(cls)
+        if feeds and any(r.outputs[j] != layouts[e] for e, j in feeds.items()):
+            for e, j in feeds.items():
+                layouts[e] = r.outputs[j]
+            r = L.replay(cls, layouts, shapes, dtypes, diff, self.train)
+        rep = estimate_steps([_priced(s) for s in r.steps], self.cluster, self.mesh, self.overlap, memory=r.memory)
+        mult = 1.0 + (1.0 if self.train else 0.0) + self.opt_ratio[0]
+        held = 0.0
+        for s, lay in zip(slots, cand.layouts):
+            if s.dtype is None:
+                continue
+            b = L.block_bytes(lay, s.shape, s.dtype.itemsize)
+            held += b * mult if s.param else b if not s.data or s.given is not None and s.param else 0.0
+        by = r.memory.by_kind
+        saved = max(by.get("activations", {}).values(), default=0)
+        peak = max(r.memory.peak.values(), default=0)
+        base = sum(max(by.get(k, {}).values(), default=0) for k in ("params", "grads", "activations"))
+        return Priced(rep.step_time, held + saved, max(0.0, peak - base), tuple(layouts), r.outputs)
+
+    # -- the program as a MILP --
+    def solve(self):
+        mesh = self.mesh
+        self.slot_of, self.cands, self.named, self.prices = [], [], [], []
+        for cls in self.classes:
+            slots = self.slots(cls)
+            cands, named = self.candidates(cls, slots)
+            self.slot_of.append(slots)
+            self.cands.append(cands)
+            self.named.append(named)
+            self.prices.append([self.price(cls, slots, c) for c in cands])
+        groups = []
+        for cls, prices in zip(self.classes, self.prices):
+            n = len(cls.instances)
+            groups.append(milp.Group([p.time * n for p in prices], [p.held * n for p in prices],
+                                     [p.transient for p in prices]))
+        self.groups, self.edges = groups, self._edges()
+        self.priced_seconds = _time.perf_counter() - self.t0
+
+    def _edges(self) -> list[milp.Edge]:
+        where = {}  # serial -> (class index, output index) of the segment that makes it
+        seg_class = {}
+        for ci, cls in enumerate(self.classes):
+            for inst in cls.instances:
+                seg_class[id(inst)] = ci
+                for j, k in enumerate(inst.outputs):
+                    where[inst.steps[k].out] = (ci, j, inst.steps[k])
+        costs: dict[tuple, np.ndarray] = {}
+        for ci, cls in enumerate(self.classes):
+            for inst in cls.instances:
+                for e, v in enumerate(inst.inputs):
+                    if v not in where or where[v][0] == ci:
+                        continue
+                    pa, j, st = where[v]
+                    shape, item = st.out_shape, st.out_dtype.itemsize
+                    src = [p.outputs[j] for p in self.prices[pa]]
+                    dst = [p.inputs[e] for p in self.prices[ci]]
+                    m = np.zeros((len(src), len(dst)))
+                    for a, s in enumerate(src):
+                        for b, d in enumerate(dst):
+                            if s is None or d is None:
+                                continue
+                            t = _reshard_time(shape, item, s, _strip(d), self.cluster)
+                            if self.train:
+                                t += _reshard_time(shape, item, _strip(d), _strip(s), self.cluster)
+                            m[a, b] = t
+                    key = (pa, ci)
+                    costs[key] = costs.get(key, 0) + m
+        return [milp.Edge(a, b, m) for (a, b), m in costs.items() if np.any(m)]
+
+    def realize(self, choice: Sequence[int]) -> list:
+        """Per leaf, its spec under ``choice`` (a candidate per class; the first class that reads a leaf sets it)."""
+        specs: list = [None] * len(self.leaves)
+        for ci, cls in enumerate(self.classes):
+            cand = self.cands[ci][choice[ci]]
+            for inst in cls.instances:
+                for e, v in enumerate(inst.inputs):
+                    i = self.serials.get(v)
+                    if i is not None and specs[i] is None and cand.layouts[e] is not None:
+                        specs[i] = _strip(cand.layouts[e])
+        for i, (x, lf) in enumerate(zip(self.leaves, self.info)):
+            if isinstance(x, Tensor) and specs[i] is None:
+                specs[i] = _given(self.mesh, lf)
+            if lf.fixed is not None:
+                specs[i] = lf.fixed
+        return specs
+
+    def measure(self, specs: Sequence[Any]) -> tuple[Report, float, float]:
+        """The real estimate of ``specs``; memory per device including optimizer state the program lacks."""
+        rep = estimate(self.fn, self.cluster, self.overlap)(*self.abstract(specs))
+        peak = max(rep.memory.peak.values(), default=0)
+        extra = 0.0
+        ratio, assumed = self.opt_ratio
+        if assumed:
+            extra = sum(L.block_bytes(specs[i], self.info[i].shape, np.dtype(self.info[i].dtype).itemsize)
+                        for i in self.params) * ratio
+        return rep, peak + extra, extra
+
+
+def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | None = None,
+              fixed: dict | None = None, overlap: str = "grads") -> ShardingPlan:
+    """The shardings of ``args`` for which ``nb.estimate(fn, cluster, overlap)`` gives the least step time within
+    ``memory_limit`` bytes per device (default: the device's HBM), ties toward less memory.
+
+    ``args`` are tensors (or ``nb.abstract`` ones) on a mesh made by ``cluster.mesh(...)``: closed dims are kept,
+    open dims (``nb.DimSpec([], is_open=True)``) and unplaced tensors are chosen. ``fixed`` maps argument paths
+    (``"x"``, ``"p['w1']"``) to specs to keep. Memory counts what the program holds plus, for a training step
+    without an optimizer, mixed-precision Adam's state (16 bytes per parameter with its bf16 copy and gradient).
+    Never slower than the standard layouts (DP, FSDP, Megatron TP x DP or x FSDP, with sequence parallelism):
+    each is priced, and kept when the search does not beat it. An infeasible limit raises ``ShardingError``
+    naming the least memory any layout reaches and what dominates it."""
+    if not isinstance(cluster, Cluster):
+        raise ShardingError(f"autoshard: cluster must be an nb.Cluster, got {type(cluster).__name__}")
+    if overlap not in ("none", "grads"):
+        raise ShardingError(f"autoshard: overlap must be 'none' or 'grads', got {overlap!r}")
+    if memory_limit is not None and (not isinstance(memory_limit, (int, float)) or memory_limit <= 0):
+        raise ShardingError(f"autoshard: memory_limit must be a number of bytes > 0, got {memory_limit!r}")
+    s = _Search(fn, cluster, args, memory_limit, fixed, overlap)
+    s.solve()
+    tried: list[tuple[str, list, Report, float, float]] = []
+    seen: dict[tuple, int] = {}
+
+    def measure(name: str, specs: list) -> tuple:
+        key = tuple(specs)
+        if key in seen:
+            t = tried[seen[key]]
+            return t
+        rep, mem, extra = s.measure(specs)
+        seen[key] = len(tried)
+        tried.append((name, specs, rep, mem, extra))
+        return tried[-1]
+
+    limit = s.limit
+    excluded: list = []
+    chosen = None
+    for _ in range(3):  # the model's memory is checked by the real estimate; tighten it where it was short
+        sol = milp.solve(s.groups, s.edges, limit, excluded)
+        if sol is None:
+            break
+        t = measure("search", s.realize(sol.choice))
+        if t[3] <= s.limit:
+            chosen = t
+            break
+        excluded.append(sol.choice)
+        limit = limit * s.limit / t[3]
+    baselines = {}
+    names = list(s.named[0]) if s.named else []
+    for name in names:
+        choice = [nm.get(name, 0) for nm in s.named]
+        t = measure(name, s.realize(choice))
+        baselines[name] = t
+    fits = [t for t in ([chosen] if chosen else []) + list(baselines.values()) if t[3] <= s.limit]
+    if not fits:
+        least = milp.least_memory(s.groups, s.edges)
+        lt = measure("least memory", s.realize(least.choice))
+        everything = tried
+        best = min(everything, key=lambda t: t[3])
+        raise ShardingError(_infeasible(s, best))
+    best = min(fits, key=lambda t: (t[2].step_time, t[3]))
+    if chosen is not None and best is not chosen and best[2].step_time >= chosen[2].step_time * (1 - 1e-9):
+        best = chosen
+    name, specs, rep, mem, extra = best
+    source = "search" if best is chosen else next(n for n, t in baselines.items() if t is best)
+    report = _with_baselines(rep, {n: t[2] for n, t in baselines.items()})
+    words = _words(s, specs, rep)
+    out_specs = unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, specs)])
+    return ShardingPlan(out_specs, s.tree, [lf.path for lf in s.info], report,
+                        {n: (t[2], t[3]) for n, t in baselines.items()}, mem, s.limit, source, words,
+                        _time.perf_counter() - s.t0, extra, s.mesh)
+
+
+def _with_baselines(rep: Report, baselines: dict) -> Report:
+    object.__setattr__(rep, "baselines", baselines)
+    return rep
+
+
+def _infeasible(s: _Search, best: tuple) -> str:
+    name, specs, rep, mem, extra = best
+    gib = 2 ** 30
+    by = {k: max(v.values(), default=0) for k, v in rep.memory.by_kind.items()}
+    if extra:
+        by["optimizer (Adam, assumed)"] = extra
+    kinds = sorted(by.items(), key=lambda kv: -kv[1])[:3]
+    big = sorted(((L.block_bytes(sp, s.info[i].shape, np.dtype(s.info[i].dtype).itemsize), s.info[i].path)
+                  for i, sp in enumerate(specs) if sp is not None), reverse=True)[:3]
+    return (f"autoshard: no layout fits in {s.limit / gib:.2f} GiB per device; the least memory any layout reaches "
+            f"is {mem / gib:.2f} GiB per device ({name}), dominated by "
+            + ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in kinds)
+            + "; largest arguments per device: " + ", ".join(f"{p} {b / gib:.3f} GiB" for b, p in big))
+
+
+# ---- in words ---------------------------------------------------------------------------------------------
+
+
+def _describe(spec: ShardingSpec, shape: tuple, batch_axes: set) -> str:
+    if spec is None:
+        return "on the host"
+    cut = [(d, ax) for d, ds in enumerate(spec.dim_specs) for ax in ds.axes]
+    if not cut:
+        return "replicated"
+    parts = []
+    for d, ax in cut:
+        if ax in batch_axes:
+            parts.append(f"sharded over {ax} (FSDP: gathered for use)")
+        elif len(shape) == 2:
+            parts.append(f"{'column' if d == 1 else 'row'}-parallel over {ax}")
+        else:
+            parts.append(f"dim {d} over {ax}")
+    return ", ".join(parts)
+
+
+def _words(s: _Search, specs: Sequence[Any], rep: Report) -> list[str]:
+    lines = []
+    for ci, cls in enumerate(s.classes):
+        inst = cls.instances
+        slots = s.slot_of[ci]
+        labels = [i.label or "-" for i in inst]
+        who = labels[0] if len(labels) == 1 else f"{labels[0]} .. {labels[-1]} ({len(labels)} alike)"
+        batch_axes: set = set()
+        acts = []
+        for e, sl in enumerate(slots):
+            if sl.data:
+                v = inst[0].inputs[e]
+                i = s.serials.get(v)
+                lay = specs[i] if i is not None else s.prices[ci][0].inputs[e]
+                lay = _strip(lay)
+                if lay is not None:
+                    for d, ds in enumerate(lay.dim_specs):
+                        for ax in ds.axes:
+                            (batch_axes.add(ax) if d == 0 else None)
+                            acts.append(f"{'batch' if d == 0 else 'sequence' if d == 1 else f'dim {d}'}-sharded over {ax}")
+        ws = []
+        for e, sl in enumerate(slots):
+            if not sl.param:
+                continue
+            i = s.serials.get(inst[0].inputs[e])
+            if i is None:
+                continue
+            name = s.info[i].path.rsplit("[", 1)[-1].strip("]'\"") if "[" in s.info[i].path else s.info[i].path
+            ws.append(f"{name} {_describe(specs[i], sl.shape, batch_axes)}")
+        text = f"{who}: " + ("; ".join(ws) if ws else "no parameters")
+        text += "; activations " + (", ".join(dict.fromkeys(acts)) if acts else "replicated")
+        kinds = _grad_moves(rep, {i.label for i in inst})
+        if kinds:
+            over = f" over {', '.join(sorted(batch_axes))}" if batch_axes else ""
+            text += f"; gradients {' and '.join(kinds)}{over}"
+        lines.append(text)
+    return lines
+
+
+_VERB = {"all_reduce": "summed (all_reduce)", "reduce_scatter": "reduce-scattered", "all_gather": "gathered",
+         "all_to_all": "exchanged (all_to_all)", "collective_permute": "permuted"}
+
+
+def _grad_moves(rep: Report, labels: set) -> list[str]:
+    """How a layer's gradients reach their parameters: the collectives of its gradient reductions as the chosen
+    layout's estimate scheduled them."""
+    kinds = {iv.name for iv in rep.timeline.intervals
+             if iv.stream == "comm" and str(iv.user).startswith("grad of") and (iv.layer or "") in labels}
+    return [_VERB.get(k, k) for k in sorted(kinds)]
