@@ -29,6 +29,9 @@ from .report import Report, estimate_steps
 
 #: a class whose arguments have at most this many layouts together is searched over all of them
 EXHAUSTIVE = 256
+#: more combinations of per-axis options than this: each axis's options are screened alone first, and the
+#: KEEP_FAST fastest and KEEP_SMALL smallest (with the standard layouts') are combined
+SCREEN, KEEP_FAST, KEEP_SMALL = 48, 3, 2
 
 
 class Option(NamedTuple):
@@ -45,6 +48,7 @@ class Candidate(NamedTuple):
 
 
 class Priced(NamedTuple):
+    steps: tuple  # the replay's steps (forward, backward, gradient reductions), as the estimator reads them
     time: float  # seconds of one instance
     held: float  # bytes per device held all step: parameters, gradients, optimizer state, inputs, saved values
     transient: float  # bytes per device alive only while an instance runs
@@ -59,7 +63,7 @@ class ShardingPlan:
     ``print(plan)`` says what it chose per layer, in words, against each baseline."""
 
     def __init__(self, specs, tree, paths, report, baselines, memory, memory_limit, source, words, seconds,
-                 assumed_optimizer, mesh):
+                 assumed_optimizer, mesh, exact, same=(), compared=None):
         self.specs = specs
         self._tree, self.paths = tree, paths
         self.report = report
@@ -71,6 +75,9 @@ class ShardingPlan:
         self.seconds = seconds
         self.assumed_optimizer = assumed_optimizer
         self.mesh = mesh
+        self.exact = exact  # every compared layout ran in full (else: the baselines are stitched from layers)
+        self.same = tuple(same)  # the baselines whose layout is the one chosen
+        self.compared = compared or report  # the chosen layout priced as the baselines were (stitched or in full)
 
     @property
     def step_time(self) -> float:
@@ -94,16 +101,21 @@ class ShardingPlan:
 
     def __str__(self) -> str:
         gib = 2 ** 30
-        how = "searched" if self.source == "search" else f"the {self.source} baseline (the search found nothing faster)"
+        how = ("searched" + (f" (the {' and '.join(self.same)} layout)" if self.same else "")
+               if self.source == "search" else f"the {self.source} baseline (the search found nothing faster)")
         lines = [f"autoshard on {self.mesh!r}: {how}, in {self.seconds:.2f} s"]
         lines += [f"  {w}" for w in self._words]
         extra = f" (incl. {self.assumed_optimizer / gib:.2f} GiB of Adam state the program does not hold)" \
             if self.assumed_optimizer else ""
         lines.append(f"chosen: step {self.report.step_time * 1e3:.3f} ms, memory {self.memory / gib:.2f} GiB per "
                      f"device of {self.memory_limit / gib:.2f}{extra}")
+        ref = self.compared.step_time
+        how = "ran in full" if self.exact else (f"stitched from replayed layers, as is the choice: "
+                                                f"{ref * 1e3:.3f} ms")
+        lines.append(f"baselines ({how}):")
         for name, (rep, mem) in self.baselines.items():
             fits = "" if mem <= self.memory_limit else "  (over the limit)"
-            lines.append(f"  vs {name:<16} step {rep.step_time * 1e3:>10.3f} ms ({rep.step_time / self.report.step_time:.2f}x), "
+            lines.append(f"  vs {name:<16} step {rep.step_time * 1e3:>10.3f} ms ({rep.step_time / ref:.2f}x), "
                          f"memory {mem / gib:.2f} GiB{fits}")
         return "\n".join(lines)
 
@@ -332,9 +344,9 @@ def baseline_options(mesh: DeviceMesh, cls: L.LayerClass, slots: Sequence[Slot])
     tp = _megatron(cls, slots)
     out = {"DP": tuple(Option(b) if a in axes else None for a in mesh.axis_names),
            "FSDP": tuple(Option(b, True) if a in axes else None for a in mesh.axis_names)}
-    if len(axes) >= 2 and tp or (len(axes) == 1 and tp and False):
+    if axes and tp:
         last = axes[-1]
-        for name, fsdp in (("TP x DP", False), ("TP x FSDP", True)):
+        for name, fsdp in ((("TP x DP", False), ("TP x FSDP", True)) if len(axes) > 1 else (("TP", False),)):
             out[name] = tuple(None if a not in axes else Option(tp) if a == last else Option(b, fsdp)
                               for a in mesh.axis_names)
             if s:
@@ -348,13 +360,27 @@ def baseline_options(mesh: DeviceMesh, cls: L.LayerClass, slots: Sequence[Slot])
 
 @lru_cache(maxsize=65536)
 def _reshard_time(shape: tuple, itemsize: int, src: ShardingSpec, dst: ShardingSpec, cluster: Cluster) -> float:
-    if src == dst:
+    """A lower bound on the time to bring a value from ``src`` to ``dst``: the bytes no plan can beat
+    (``reshard.lower_bound``) over the bandwidth of the slowest link the axes that change use."""
+    if _key(src) == _key(dst):
         return 0.0
     try:
-        p = reshard.plan(shape, itemsize, src, dst)
+        nbytes = reshard.lower_bound(shape, itemsize, src, dst)
     except ShardingError:
         return 0.0
-    return sum(event_time(e, cluster, src.mesh) for e in p.events)
+    a, b = _key(src), _key(dst)
+    moved = {x for d in a[0] + b[0] for x in d} | set(a[1]) | set(b[1])
+    moved -= {x for da, db in zip(a[0], b[0]) if da == db for x in da}
+    tier = cluster.tier(src.mesh, sorted(moved)).kind if moved else "nvlink"
+    latency, bandwidth = cluster.hardware.link("nvlink" if tier == "nvlink" else "network")
+    return latency + nbytes / bandwidth
+
+
+def _key(spec: Any) -> Any:
+    """A layout as the blocks see it: axes per dim and partial axes (open or closed alike)."""
+    if spec is None:
+        return None
+    return tuple(d.axes for d in spec.dim_specs), tuple(spec.partial_axes)
 
 
 def _strip(spec: Any) -> Any:
@@ -373,6 +399,7 @@ class _Search:
         self.mesh = _mesh_of(leaves, cluster)
         self.leaves, self.info, self.tree = _leaves(args, fn, self.mesh, fixed)
         self.limit = float(cluster.hardware.hbm_bytes if memory_limit is None else memory_limit)
+        self._prices: dict = {}
         self.record()
 
     # -- the program --
@@ -390,14 +417,17 @@ class _Search:
                 specs.append(lf.fixed)
             else:
                 specs.append(ShardingSpec(mesh, [DimSpec(b, is_open=f) for b, f in zip(lf.base, lf.free)]))
-        rec = L.Recorder()
+        rec = L.Recorder(stop_at_backward=True)
         args = self.abstract(specs)
         self.serials = {}
         for i, x in enumerate(flatten(args)[0]):
             if isinstance(x, Tensor):
                 self.serials[L.serial(x)] = i
-        with C.recording(rec):
-            self.fn(*args)
+        try:
+            with C.recording(rec):
+                self.fn(*args)
+        except L.Stop:  # the forward program is all the search reads: the backward pass is replayed per layer
+            pass
         self.tags = rec.tags
         fwd, self.train = L.forward_program(rec.steps, frozenset(self.serials))
         if not fwd:
@@ -477,15 +507,30 @@ class _Search:
         else:
             opts = _options(cls, slots)
             live = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
-            for choice in product(opts, repeat=len(live)):
-                if any(o is not None and o.classes and p is not None and o.classes & p.classes
-                       for (o, p) in combinations(choice, 2)) and len(set(choice)) != len(choice):
-                    continue
+            keep = {a: opts for a in live}
+            if len(live) > 1 and len(opts) ** len(live) > SCREEN:
+                keep = {a: self._screen(cls, slots, opts, a, [o[mesh.axis_names.index(a)] for o in base.values()])
+                        for a in live}
+            for choice in product(*(keep[a] for a in live)):
                 full = iter(choice)
                 per_axis = tuple(next(full) if a in live else None for a in mesh.axis_names)
                 lay = tuple(_layout(mesh, s, per_axis) for s in slots)
                 cands.setdefault(lay, Candidate(lay, per_axis))
         return list(cands.values()), named
+
+    def _screen(self, cls: L.LayerClass, slots: list[Slot], opts: list, axis: str, given: list) -> list:
+        """The options worth combining on ``axis``: each priced alone (the other axes doing nothing), the
+        fastest few and the most frugal few kept, with those the standard layouts use."""
+        mesh = self.mesh
+        scored = []
+        for o in opts:
+            per_axis = tuple(o if a == axis else None for a in mesh.axis_names)
+            lay = tuple(_layout(mesh, s, per_axis) for s in slots)
+            p = self.price(cls, slots, Candidate(lay, per_axis))
+            scored.append((p.time, p.held + p.transient, opts.index(o), o))
+        fast = [o for *_, o in sorted(scored, key=lambda t: (t[0], t[1], t[2]))[:KEEP_FAST]]
+        small = [o for *_, o in sorted(scored, key=lambda t: (t[1], t[0], t[2]))[:KEEP_SMALL]]
+        return list(dict.fromkeys(fast + small + given))
 
     # -- pricing one class --
     def feeds(self, cls: L.LayerClass) -> dict[int, int]:
@@ -497,17 +542,31 @@ class _Search:
         return {e: outs[v] for e, v in enumerate(b.inputs) if v in outs}
 
     def price(self, cls: L.LayerClass, slots: list[Slot], cand: Candidate) -> Priced:
+        key = (id(cls), cand.layouts)
+        if key not in self._prices:
+            self._prices[key] = self._price(cls, slots, cand)
+        return self._prices[key]
+
+    def _price(self, cls: L.LayerClass, slots: list[Slot], cand: Candidate) -> Priced:
         shapes = [s.shape for s in slots]
         dtypes = [s.dtype if s.dtype is not None else np.float32 for s in slots]
         diff = [s.param or (cls.rep.inputs[e] not in self.serials and s.given is not None) for e, s in enumerate(slots)]
         layouts = list(cand.layouts)
-        r = L.replay(cls, layouts, shapes, dtypes, diff, self.train)
+        params = [sl.param for sl in slots]
+        r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, None, params)
         feeds = self.feeds(cls)
-        if feeds and any(r.outputs[j] != layouts[e] for e, j in feeds.items()):
+        if feeds:  # a repeated layer's steady state: its input as the one before gives it, its output's
+            # cotangent as the gradient of the next one's input comes (one more replay settles it)
+            cts = [None] * len(r.outputs)
             for e, j in feeds.items():
-                layouts[e] = r.outputs[j]
-            r = L.replay(cls, layouts, shapes, dtypes, diff, self.train)
-        rep = estimate_steps([_priced(s) for s in r.steps], self.cluster, self.mesh, self.overlap, memory=r.memory)
+                cts[j] = r.gradients[e]
+            if any(_key(r.outputs[j]) != _key(layouts[e]) or
+                   (cts[j] is not None and _key(cts[j]) != _key(_strip(r.outputs[j]))) for e, j in feeds.items()):
+                for e, j in feeds.items():
+                    layouts[e] = r.outputs[j]
+                r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
+        steps = tuple(_priced(s) for s in r.steps)
+        rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=r.memory)
         mult = 1.0 + (1.0 if self.train else 0.0) + self.opt_ratio[0]
         held = 0.0
         for s, lay in zip(slots, cand.layouts):
@@ -519,7 +578,7 @@ class _Search:
         saved = max(by.get("activations", {}).values(), default=0)
         peak = max(r.memory.peak.values(), default=0)
         base = sum(max(by.get(k, {}).values(), default=0) for k in ("params", "grads", "activations"))
-        return Priced(rep.step_time, held + saved, max(0.0, peak - base), tuple(layouts), r.outputs)
+        return Priced(steps, rep.step_time, held + saved, max(0.0, peak - base), tuple(layouts), r.outputs)
 
     # -- the program as a MILP --
     def solve(self):
@@ -592,12 +651,60 @@ class _Search:
         """The real estimate of ``specs``; memory per device including optimizer state the program lacks."""
         rep = estimate(self.fn, self.cluster, self.overlap)(*self.abstract(specs))
         peak = max(rep.memory.peak.values(), default=0)
-        extra = 0.0
-        ratio, assumed = self.opt_ratio
-        if assumed:
-            extra = sum(L.block_bytes(specs[i], self.info[i].shape, np.dtype(self.info[i].dtype).itemsize)
-                        for i in self.params) * ratio
+        extra = self.assumed(specs)
         return rep, peak + extra, extra
+
+    def assumed(self, specs: Sequence[Any]) -> float:
+        """Bytes per device of the optimizer state the program does not hold (mixed-precision Adam's)."""
+        ratio, assumed = self.opt_ratio
+        if not assumed:
+            return 0.0
+        return sum(L.block_bytes(specs[i], self.info[i].shape, np.dtype(self.info[i].dtype).itemsize)
+                   for i in self.params) * ratio
+
+    def stitched(self, choice: Sequence[int]) -> tuple[Report, float, float]:
+        """The estimate of ``choice`` from the replayed layers laid end to end as the program runs them: every
+        segment's forward steps, then their backward steps in reverse, then the gradient reductions; memory as
+        the model counts it (held values of every segment, plus the largest transient)."""
+        order = [(ci, inst) for inst in self.segs for ci, cls in enumerate(self.classes) if inst in cls.instances]
+        parts = {ci: self.prices[ci][choice[ci]] for ci in range(len(self.classes))}
+        fwd, bwd, fin = [], [], []
+        for ci, _ in order:
+            st = parts[ci].steps
+            fwd.append([x for x in st if x.phase != "backward"])
+            bwd.append([x for x in st if x.phase == "backward" and not str(x.user).startswith("grad of")])
+            fin.append([x for x in st if x.phase == "backward" and str(x.user).startswith("grad of")])
+        steps = [x for f in fwd for x in f] + [x for b in reversed(bwd) for x in b] + [x for f in fin for x in f]
+        t, mem = milp.evaluate(self.groups, self.edges, choice)
+        extra = self.assumed(self.realize(choice))
+        held = sum(parts[ci].held * len(self.classes[ci].instances) for ci in parts)
+        top = max((p.transient for p in parts.values()), default=0.0)
+        record = _Modelled({d: int(mem) for d in self.mesh.devices},
+                           {"held (parameters, gradients, optimizer, saved values)": {d: int(held) for d in self.mesh.devices},
+                            "temporaries": {d: int(top) for d in self.mesh.devices}})
+        rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=record)
+        return rep, mem, extra
+
+
+class _Modelled(NamedTuple):
+    """A memory record the model made (not ``nb.memory_log``'s): what a stitched estimate reports."""
+
+    peak: dict
+    by_kind: dict
+
+
+#: a forward program of at most this many steps is priced by running it (every layout compared runs the real
+#: estimator); a larger one by its replayed layers laid end to end, and only the choice runs in full
+EXACT_STEPS = 600
+
+
+class _Tried(NamedTuple):
+    name: str
+    choice: tuple
+    specs: list
+    report: Report
+    memory: float  # bytes per device (optimizer state the program lacks included)
+    extra: float
 
 
 def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | None = None,
@@ -620,56 +727,56 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
         raise ShardingError(f"autoshard: memory_limit must be a number of bytes > 0, got {memory_limit!r}")
     s = _Search(fn, cluster, args, memory_limit, fixed, overlap)
     s.solve()
-    tried: list[tuple[str, list, Report, float, float]] = []
-    seen: dict[tuple, int] = {}
+    exact = sum(len(seg.steps) for seg in s.segs) <= EXACT_STEPS
+    tried: dict[tuple, _Tried] = {}
 
-    def measure(name: str, specs: list) -> tuple:
+    def price(name: str, choice: Sequence[int]) -> _Tried:
+        specs = s.realize(choice)
         key = tuple(specs)
-        if key in seen:
-            t = tried[seen[key]]
-            return t
-        rep, mem, extra = s.measure(specs)
-        seen[key] = len(tried)
-        tried.append((name, specs, rep, mem, extra))
-        return tried[-1]
+        if key not in tried:
+            rep, mem, extra = s.measure(specs) if exact else s.stitched(choice)
+            tried[key] = _Tried(name, tuple(choice), specs, rep, mem, extra)
+        return tried[key]
 
-    limit = s.limit
-    excluded: list = []
-    chosen = None
-    for _ in range(3):  # the model's memory is checked by the real estimate; tighten it where it was short
+    baselines = {}
+    for name in s.named[0]:
+        if all(name in nm for nm in s.named):
+            baselines[name] = price(name, [nm[name] for nm in s.named])
+    found, limit, excluded = [], s.limit, []
+    for _ in range(3):  # the model's memory is checked by the estimate; tighten the limit where it was short
         sol = milp.solve(s.groups, s.edges, limit, excluded)
         if sol is None:
             break
-        t = measure("search", s.realize(sol.choice))
-        if t[3] <= s.limit:
-            chosen = t
+        t = price("search", sol.choice)
+        found.append(t)
+        if t.memory <= s.limit:
             break
         excluded.append(sol.choice)
-        limit = limit * s.limit / t[3]
-    baselines = {}
-    names = list(s.named[0]) if s.named else []
-    for name in names:
-        choice = [nm.get(name, 0) for nm in s.named]
-        t = measure(name, s.realize(choice))
-        baselines[name] = t
-    fits = [t for t in ([chosen] if chosen else []) + list(baselines.values()) if t[3] <= s.limit]
+        limit = limit * s.limit / t.memory
+    fits = sorted((t for t in found + list(baselines.values()) if t.memory <= s.limit),
+                  key=lambda t: (t.report.step_time, t.memory, t.name != "search"))
     if not fits:
         least = milp.least_memory(s.groups, s.edges)
-        lt = measure("least memory", s.realize(least.choice))
-        everything = tried
-        best = min(everything, key=lambda t: t[3])
-        raise ShardingError(_infeasible(s, best))
-    best = min(fits, key=lambda t: (t[2].step_time, t[3]))
-    if chosen is not None and best is not chosen and best[2].step_time >= chosen[2].step_time * (1 - 1e-9):
-        best = chosen
-    name, specs, rep, mem, extra = best
-    source = "search" if best is chosen else next(n for n, t in baselines.items() if t is best)
-    report = _with_baselines(rep, {n: t[2] for n, t in baselines.items()})
-    words = _words(s, specs, rep)
-    out_specs = unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, specs)])
+        least_t = price("the least-memory layout", least.choice)
+        raise ShardingError(_infeasible(s, min([least_t] + found + list(baselines.values()), key=lambda t: t.memory)))
+    chosen, ran = None, []
+    for t in fits[:3]:  # run the winner in full (a stitched estimate is checked), the next if it does not fit
+        rep, mem, extra = (t.report, t.memory, t.extra) if exact else s.measure(t.specs)
+        ran.append(t._replace(report=rep, memory=mem, extra=extra, choice=()))
+        if mem <= s.limit:
+            chosen = ran[-1]
+            break
+    if chosen is None:
+        raise ShardingError(_infeasible(s, min(ran, key=lambda t: t.memory)))
+    source = "search" if any(f.specs == chosen.specs for f in found) else chosen.name
+    same = [n for n, t in baselines.items() if t.specs == chosen.specs]
+    compared = next(t for t in fits if t.specs == chosen.specs).report  # as the baselines were priced
+    report = _with_baselines(chosen.report, {n: t.report for n, t in baselines.items()})
+    words = _words(s, chosen.specs, chosen.report)
+    out_specs = unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, chosen.specs)])
     return ShardingPlan(out_specs, s.tree, [lf.path for lf in s.info], report,
-                        {n: (t[2], t[3]) for n, t in baselines.items()}, mem, s.limit, source, words,
-                        _time.perf_counter() - s.t0, extra, s.mesh)
+                        {n: (t.report, t.memory) for n, t in baselines.items()}, chosen.memory, s.limit, source,
+                        words, _time.perf_counter() - s.t0, chosen.extra, s.mesh, exact, same, compared)
 
 
 def _with_baselines(rep: Report, baselines: dict) -> Report:
@@ -677,19 +784,32 @@ def _with_baselines(rep: Report, baselines: dict) -> Report:
     return rep
 
 
-def _infeasible(s: _Search, best: tuple) -> str:
-    name, specs, rep, mem, extra = best
+def _infeasible(s: _Search, best: _Tried) -> str:
+    """What the least memory is, where it goes (by kind, per layer class) and the largest argument blocks."""
     gib = 2 ** 30
-    by = {k: max(v.values(), default=0) for k, v in rep.memory.by_kind.items()}
-    if extra:
-        by["optimizer (Adam, assumed)"] = extra
+    by = {k: max(v.values(), default=0) for k, v in best.report.memory.by_kind.items()}
+    if best.extra:
+        by["optimizer state (Adam, assumed)"] = best.extra
+    if best.choice:
+        mult = 1.0 + (1.0 if s.train else 0.0) + s.opt_ratio[0]
+        per = []
+        for ci, cls in enumerate(s.classes):
+            p, n = s.prices[ci][best.choice[ci]], len(cls.instances)
+            lay = s.cands[ci][best.choice[ci]].layouts
+            w = sum(L.block_bytes(l, sl.shape, sl.dtype.itemsize) * mult
+                    for sl, l in zip(s.slot_of[ci], lay) if sl.param and sl.dtype is not None)
+            per.append((n * (p.held - w), f"values saved for the backward pass in {cls.label or '-'}"
+                                          f"{f' (x{n})' if n > 1 else ''}"))
+            per.append((n * w, f"parameters, gradients and optimizer state of {cls.label or '-'}"
+                               f"{f' (x{n})' if n > 1 else ''}"))
+        by = {k: v for v, k in per}
     kinds = sorted(by.items(), key=lambda kv: -kv[1])[:3]
     big = sorted(((L.block_bytes(sp, s.info[i].shape, np.dtype(s.info[i].dtype).itemsize), s.info[i].path)
-                  for i, sp in enumerate(specs) if sp is not None), reverse=True)[:3]
+                  for i, sp in enumerate(best.specs) if sp is not None), reverse=True)[:3]
     return (f"autoshard: no layout fits in {s.limit / gib:.2f} GiB per device; the least memory any layout reaches "
-            f"is {mem / gib:.2f} GiB per device ({name}), dominated by "
-            + ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in kinds)
-            + "; largest arguments per device: " + ", ".join(f"{p} {b / gib:.3f} GiB" for b, p in big))
+            f"is {best.memory / gib:.2f} GiB per device ({best.name}), dominated by "
+            + ", ".join(f"{k}: {v / gib:.2f} GiB" for k, v in kinds)
+            + "; the largest argument blocks per device: " + ", ".join(f"{p} {b / gib:.3f} GiB" for b, p in big))
 
 
 # ---- in words ---------------------------------------------------------------------------------------------
@@ -713,6 +833,8 @@ def _describe(spec: ShardingSpec, shape: tuple, batch_axes: set) -> str:
 
 
 def _words(s: _Search, specs: Sequence[Any], rep: Report) -> list[str]:
+    """Per layer class: each parameter's layout, the batch-carrying inputs', and how gradients are reduced."""
+    grads = _grad_moves(rep, s)
     lines = []
     for ci, cls in enumerate(s.classes):
         inst = cls.instances
@@ -722,42 +844,58 @@ def _words(s: _Search, specs: Sequence[Any], rep: Report) -> list[str]:
         batch_axes: set = set()
         acts = []
         for e, sl in enumerate(slots):
-            if sl.data:
-                v = inst[0].inputs[e]
-                i = s.serials.get(v)
-                lay = specs[i] if i is not None else s.prices[ci][0].inputs[e]
-                lay = _strip(lay)
-                if lay is not None:
-                    for d, ds in enumerate(lay.dim_specs):
-                        for ax in ds.axes:
-                            (batch_axes.add(ax) if d == 0 else None)
-                            acts.append(f"{'batch' if d == 0 else 'sequence' if d == 1 else f'dim {d}'}-sharded over {ax}")
-        ws = []
-        for e, sl in enumerate(slots):
-            if not sl.param:
+            if not sl.data:
                 continue
             i = s.serials.get(inst[0].inputs[e])
-            if i is None:
+            lay = _strip(specs[i] if i is not None else s.prices[ci][0].inputs[e])
+            for d, ds in enumerate(lay.dim_specs if lay is not None else ()):
+                for ax in ds.axes:
+                    batch_axes.add(ax)
+                    acts.append(f"{'batch' if d == 0 else 'sequence' if d == 1 else f'dim {d}'}-sharded over {ax}")
+        ws, kinds = [], set()
+        for e, sl in enumerate(slots):
+            i = s.serials.get(inst[0].inputs[e])
+            if not sl.param or i is None:
                 continue
-            name = s.info[i].path.rsplit("[", 1)[-1].strip("]'\"") if "[" in s.info[i].path else s.info[i].path
+            path = s.info[i].path
+            name = path.rsplit("[", 1)[-1].strip("]'\"") if "[" in path else path
             ws.append(f"{name} {_describe(specs[i], sl.shape, batch_axes)}")
+            for j in inst:
+                k = s.serials.get(j.inputs[e])
+                if k is not None:
+                    kinds |= grads.get(s.info[k].path, set())
         text = f"{who}: " + ("; ".join(ws) if ws else "no parameters")
         text += "; activations " + (", ".join(dict.fromkeys(acts)) if acts else "replicated")
-        kinds = _grad_moves(rep, {i.label for i in inst})
         if kinds:
-            over = f" over {', '.join(sorted(batch_axes))}" if batch_axes else ""
-            text += f"; gradients {' and '.join(kinds)}{over}"
+            text += "; gradients " + " and ".join(_VERB.get(k, k) for k in sorted(kinds))
+        inside = _backward_moves(rep, set(labels))
+        if inside:
+            text += "; backward: " + ", ".join(f"{k} x{n}" for k, n in sorted(inside.items()))
         lines.append(text)
     return lines
 
 
-_VERB = {"all_reduce": "summed (all_reduce)", "reduce_scatter": "reduce-scattered", "all_gather": "gathered",
+_VERB = {"all_reduce": "summed over the batch (all_reduce)", "reduce_scatter": "reduce-scattered to their shards",
+         "all_gather": "gathered",
          "all_to_all": "exchanged (all_to_all)", "collective_permute": "permuted"}
 
 
-def _grad_moves(rep: Report, labels: set) -> list[str]:
-    """How a layer's gradients reach their parameters: the collectives of its gradient reductions as the chosen
-    layout's estimate scheduled them."""
-    kinds = {iv.name for iv in rep.timeline.intervals
-             if iv.stream == "comm" and str(iv.user).startswith("grad of") and (iv.layer or "") in labels}
-    return [_VERB.get(k, k) for k in sorted(kinds)]
+def _backward_moves(rep: Report, labels: set) -> dict[str, int]:
+    """Collective kind -> how many the backward steps of the layers ``labels`` run (one layer's worth)."""
+    phase = {c.index: c.phase for c in rep.timeline.costs}
+    counts: dict[str, int] = {}
+    for iv in rep.timeline.intervals:
+        if iv.stream == "comm" and (iv.layer or "-") in labels and phase.get(iv.step) == "backward" \
+                and not str(iv.user).startswith("grad of"):
+            counts[iv.name] = counts.get(iv.name, 0) + 1
+    return {k: max(1, n // len(labels)) for k, n in counts.items()}
+
+
+def _grad_moves(rep: Report, s: _Search) -> dict[str, set]:
+    """Parameter path -> the collectives and axes of its gradient's reduction in the chosen layout's estimate."""
+    out: dict[str, set] = {}
+    for iv in rep.timeline.intervals:
+        user = str(iv.user)
+        if iv.stream == "comm" and user.startswith("grad of "):
+            out.setdefault(user[len("grad of "):], set()).add(iv.name)
+    return out

@@ -21,15 +21,23 @@ from ..step import MOVE, PLACE, RELAYOUT, serial
 from ..tensor import Tensor
 
 
-class Recorder:
-    """Keeps every published step and what the program said its values are (params, grads, optimizer)."""
+class Stop(Exception):
+    """Raised by a recorder told to stop at the backward pass (the forward program is recorded by then)."""
 
-    def __init__(self) -> None:
+
+class Recorder:
+    """Keeps every published step and what the program said its values are (params, grads, optimizer);
+    ``stop_at_backward``: ends the run (``Stop``) at the first backward step, noting that there was one."""
+
+    def __init__(self, stop_at_backward: bool = False) -> None:
         self.steps: list = []
         self.tags: dict[int, str] = {}
+        self.stop = stop_at_backward
 
     def take(self, step: Any, values: Sequence = ()) -> None:
         self.steps.append(step)
+        if self.stop and step.phase == "backward":
+            raise Stop
 
     def tag(self, value: Any, kind: str) -> None:
         self.tags[serial(value)] = kind
@@ -262,13 +270,16 @@ class Replayed(NamedTuple):
     steps: tuple  # what the replay recorded (forward and backward)
     outputs: tuple  # each output's layout (partial axes included)
     memory: Any  # the memory log of the replay
+    gradients: tuple  # per input, the layout of its gradient (None: not differentiated)
 
 
 def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dtypes: Sequence[Any],
-           diff: Sequence[bool], train: bool) -> Replayed:
+           diff: Sequence[bool], train: bool, cotangents: Sequence[Any] | None = None,
+           params_: Sequence[bool] | None = None) -> Replayed:
     """Run one instance of ``cls`` on data-free inputs laid out as ``layouts`` (one per input; ``None`` for a host
-    value), forward, and (``train``) backward from cotangents laid out as its outputs are, differentiating the
-    inputs marked ``diff``. Every op is the recorded one with its recorded params: the executor plans it anew."""
+    value), forward, and (``train``) backward from cotangents laid out as ``cotangents`` (default: as the outputs
+    are, without partial sums), differentiating the inputs marked ``diff``. Every op is the recorded one with its
+    recorded params: the executor plans it anew."""
     from ..autodiff import vjp  # noqa: PLC0415 - autodiff sits above the executor; plan reads it only here
     from .memory import memory_log  # noqa: PLC0415
 
@@ -276,6 +287,7 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
     made = {s.out: k for k, s in enumerate(rep.steps)}
     ext = {v: e for e, v in enumerate(rep.inputs)}
     inputs = [Tensor(None, lay, tuple(sh), np.dtype(dt)) for lay, sh, dt in zip(layouts, shapes, dtypes)]
+    params_ = params_ if params_ is not None else cls.params
     reach = _reaching(rep)
     which = [e for e in range(len(inputs)) if train and diff[e] and is_inexact(inputs[e].dtype) and reach[e]]
 
@@ -303,14 +315,29 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
             env[k] = out
         return tuple(env[k] for k in rep.outputs)
 
+    grads: list[Any] = [None] * len(inputs)
     with C.comm_log() as log, memory_log() as mem:
         if which:
             outs, back = vjp(run, *[inputs[e] for e in which])
-            cts = [Tensor(None, _specs_without_partial(o.sharding), o.shape, o.dtype) for o in outs]
-            back(tuple(cts))
+            cts = [Tensor(None, (cotangents[j] if cotangents is not None and cotangents[j] is not None else
+                                 _specs_without_partial(o.sharding)), o.shape, o.dtype) for j, o in enumerate(outs)]
+            for e, g in zip(which, back(tuple(cts))):
+                grads[e] = getattr(g, "sharding", None)
         else:
             outs = run()
-    return Replayed(tuple(log.steps), tuple(o.sharding for o in outs), mem)
+    # An activation's gradient goes on to the layer before as it comes: the moves that lay it out as its input
+    # (what vjp does for a primal) are no steps of the program; its layout before them is the gradient's.
+    flowing = {f"grad of xs[{i}]": e for i, e in enumerate(which) if not params_[e]}
+    kept, raw = [], {}
+    for st in log.steps:
+        e = flowing.get(str(st.user))
+        if e is None:
+            kept.append(st)
+        elif e not in raw and st.uses and st.uses[0].src is not None:
+            raw[e] = st.uses[0].src
+    for e, lay in raw.items():
+        grads[e] = lay
+    return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads))
 
 
 def _reaching(seg: Segment) -> list[bool]:
