@@ -50,10 +50,12 @@ class Candidate(NamedTuple):
 class Priced(NamedTuple):
     steps: tuple  # the replay's steps (forward, backward, gradient reductions), as the estimator reads them
     time: float  # seconds of one instance
-    held: float  # bytes per device held all step: parameters, gradients, optimizer state, inputs, saved values
+    held: float  # bytes per device held until the backward pass: parameters, optimizer state, inputs, saved values
     transient: float  # bytes per device alive only while an instance runs
     inputs: tuple  # the layouts the instance was priced with (a steady state: what the previous one gives)
     outputs: tuple  # the layouts of its outputs
+    late: float  # bytes per device held at the end of the backward pass: parameters, optimizer state, inputs and
+    # the gradients as the backward pass leaves them (summed only when every layer's are made)
 
 
 class ShardingPlan:
@@ -344,7 +346,8 @@ def baseline_options(mesh: DeviceMesh, cls: L.LayerClass, slots: Sequence[Slot])
     tp = _megatron(cls, slots)
     out = {"DP": tuple(Option(b) if a in axes else None for a in mesh.axis_names),
            "FSDP": tuple(Option(b, True) if a in axes else None for a in mesh.axis_names)}
-    if axes and tp:
+    if axes:  # (a class without parameters to cut runs the batch as DP does; autoshard drops the name when
+        # no class has any)
         last = axes[-1]
         for name, fsdp in ((("TP x DP", False), ("TP x FSDP", True)) if len(axes) > 1 else (("TP", False),)):
             out[name] = tuple(None if a not in axes else Option(tp) if a == last else Option(b, fsdp)
@@ -400,6 +403,7 @@ class _Search:
         self.leaves, self.info, self.tree = _leaves(args, fn, self.mesh, fixed)
         self.limit = float(cluster.hardware.hbm_bytes if memory_limit is None else memory_limit)
         self._prices: dict = {}
+        self.has_tp = False  # some class has parameters Megatron's cut applies to
         self.record()
 
     # -- the program --
@@ -495,6 +499,8 @@ class _Search:
         mesh = self.mesh
         cands: dict[tuple, Candidate] = {}
         base = baseline_options(mesh, cls, slots)
+        if _megatron(cls, slots):
+            self.has_tp = True
         named = {}
         for name, opts in base.items():
             lay = tuple(_layout(mesh, s, opts) for s in slots)
@@ -567,18 +573,25 @@ class _Search:
                 r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
         steps = tuple(_priced(s) for s in r.steps)
         rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=r.memory)
-        mult = 1.0 + (1.0 if self.train else 0.0) + self.opt_ratio[0]
-        held = 0.0
-        for s, lay in zip(slots, cand.layouts):
+        mult = 1.0 + self.opt_ratio[0]
+        held = grads = 0.0
+        for e, (s, lay) in enumerate(zip(slots, cand.layouts)):
             if s.dtype is None:
                 continue
             b = L.block_bytes(lay, s.shape, s.dtype.itemsize)
-            held += b * mult if s.param else b if not s.data or s.given is not None and s.param else 0.0
+            if s.param:
+                held += b * mult
+                if self.train:
+                    raw = r.raw[e]
+                    grads += b if raw is None else L.block_bytes(raw[0], s.shape, raw[1])
+            elif not s.data or cls.rep.inputs[e] in self.serials:
+                held += b  # an argument the program reads (a batch, targets) stays all step
         by = r.memory.by_kind
         saved = max(by.get("activations", {}).values(), default=0)
         peak = max(r.memory.peak.values(), default=0)
         base = sum(max(by.get(k, {}).values(), default=0) for k in ("params", "grads", "activations"))
-        return Priced(steps, rep.step_time, held + saved, max(0.0, peak - base), tuple(layouts), r.outputs)
+        return Priced(steps, rep.step_time, held + saved, max(0.0, peak - base), tuple(layouts), r.outputs,
+                      held + grads)
 
     # -- the program as a MILP --
     def solve(self):
@@ -595,7 +608,7 @@ class _Search:
         for cls, prices in zip(self.classes, self.prices):
             n = len(cls.instances)
             groups.append(milp.Group([p.time * n for p in prices], [p.held * n for p in prices],
-                                     [p.transient for p in prices]))
+                                     [p.transient for p in prices], [p.late * n for p in prices]))
         self.groups, self.edges = groups, self._edges()
         self.priced_seconds = _time.perf_counter() - self.t0
 
@@ -740,7 +753,7 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
 
     baselines = {}
     for name in s.named[0]:
-        if all(name in nm for nm in s.named):
+        if all(name in nm for nm in s.named) and (s.has_tp or not name.startswith("TP")):
             baselines[name] = price(name, [nm[name] for nm in s.named])
     found, limit, excluded = [], s.limit, []
     for _ in range(3):  # the model's memory is checked by the estimate; tighten the limit where it was short
@@ -784,6 +797,11 @@ def _with_baselines(rep: Report, baselines: dict) -> Report:
     return rep
 
 
+def _who(cls: L.LayerClass) -> str:
+    labels = [i.label or "-" for i in cls.instances]
+    return labels[0] if len(labels) == 1 else f"{labels[0]} .. {labels[-1]} ({len(labels)} alike)"
+
+
 def _infeasible(s: _Search, best: _Tried) -> str:
     """What the least memory is, where it goes (by kind, per layer class) and the largest argument blocks."""
     gib = 2 ** 30
@@ -791,17 +809,18 @@ def _infeasible(s: _Search, best: _Tried) -> str:
     if best.extra:
         by["optimizer state (Adam, assumed)"] = best.extra
     if best.choice:
-        mult = 1.0 + (1.0 if s.train else 0.0) + s.opt_ratio[0]
+        mult = 1.0 + s.opt_ratio[0]
         per = []
         for ci, cls in enumerate(s.classes):
             p, n = s.prices[ci][best.choice[ci]], len(cls.instances)
             lay = s.cands[ci][best.choice[ci]].layouts
             w = sum(L.block_bytes(l, sl.shape, sl.dtype.itemsize) * mult
                     for sl, l in zip(s.slot_of[ci], lay) if sl.param and sl.dtype is not None)
-            per.append((n * (p.held - w), f"values saved for the backward pass in {cls.label or '-'}"
-                                          f"{f' (x{n})' if n > 1 else ''}"))
-            per.append((n * w, f"parameters, gradients and optimizer state of {cls.label or '-'}"
-                               f"{f' (x{n})' if n > 1 else ''}"))
+            who = _who(cls)
+            per += [(n * w, f"parameters and optimizer state of {who}"),
+                    (n * (p.held - w), f"values saved for the backward pass in {who}"),
+                    (n * (p.late - w), f"gradients of {who} waiting for their sums"),
+                    (p.transient, f"temporaries while one instance of {who} runs")]
         by = {k: v for v, k in per}
     kinds = sorted(by.items(), key=lambda kv: -kv[1])[:3]
     big = sorted(((L.block_bytes(sp, s.info[i].shape, np.dtype(s.info[i].dtype).itemsize), s.info[i].path)
@@ -840,7 +859,7 @@ def _words(s: _Search, specs: Sequence[Any], rep: Report) -> list[str]:
         inst = cls.instances
         slots = s.slot_of[ci]
         labels = [i.label or "-" for i in inst]
-        who = labels[0] if len(labels) == 1 else f"{labels[0]} .. {labels[-1]} ({len(labels)} alike)"
+        who = _who(cls)
         batch_axes: set = set()
         acts = []
         for e, sl in enumerate(slots):

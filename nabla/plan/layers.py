@@ -271,6 +271,7 @@ class Replayed(NamedTuple):
     outputs: tuple  # each output's layout (partial axes included)
     memory: Any  # the memory log of the replay
     gradients: tuple  # per input, the layout of its gradient (None: not differentiated)
+    raw: tuple  # per input, (layout, itemsize) of its gradient as the backward pass leaves it (None: as finished)
 
 
 def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dtypes: Sequence[Any],
@@ -327,17 +328,19 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
             outs = run()
     # An activation's gradient goes on to the layer before as it comes: the moves that lay it out as its input
     # (what vjp does for a primal) are no steps of the program; its layout before them is the gradient's.
-    flowing = {f"grad of xs[{i}]": e for i, e in enumerate(which) if not params_[e]}
+    label = {f"grad of xs[{i}]": e for i, e in enumerate(which)}
     kept, raw = [], {}
     for st in log.steps:
-        e = flowing.get(str(st.user))
-        if e is None:
+        e = label.get(str(st.user))
+        if e is not None and e not in raw and st.uses and st.uses[0].src is not None:
+            raw[e] = (st.uses[0].src, st.uses[0].dtype.itemsize)
+        if e is None or params_[e]:
             kept.append(st)
-        elif e not in raw and st.uses and st.uses[0].src is not None:
-            raw[e] = st.uses[0].src
-    for e, lay in raw.items():
-        grads[e] = lay
-    return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads))
+    for e, (lay, _) in raw.items():
+        if not params_[e]:
+            grads[e] = lay
+    return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads),
+                    tuple(raw.get(e) for e in range(len(inputs))))
 
 
 def _reaching(seg: Segment) -> list[bool]:

@@ -11,12 +11,15 @@ import numpy as np
 
 class Group(NamedTuple):
     """A choice of one option. Per option: ``time`` (seconds, already times the group's count), ``memory``
-    (bytes per device held for the whole step, times the count) and ``transient`` (bytes per device held only
-    while one instance runs: the step's peak adds the largest chosen one)."""
+    (bytes per device held at the step's first peak, times the count), ``transient`` (bytes per device held
+    only while one instance runs: a peak adds the largest chosen one) and ``late`` (bytes per device held at a
+    second peak, times the count: the end of the backward pass, where gradients wait; None: no second peak).
+    The model's memory is the larger peak."""
 
     time: Sequence[float]
     memory: Sequence[float]
     transient: Sequence[float]
+    late: Sequence[float] | None = None
 
 
 class Edge(NamedTuple):
@@ -71,16 +74,18 @@ def _program(groups: Sequence[Group], edges: Sequence[Edge]):
                 row({o + i: float(t), t_var: -1.0}, -np.inf, 0.0)
     time = np.zeros(n)
     mem = np.zeros(n)
+    late = np.zeros(n)
     for g, o in zip(groups, off):
         time[o:o + len(g.time)] = g.time
         mem[o:o + len(g.memory)] = g.memory
+        late[o:o + len(g.memory)] = g.memory if g.late is None else g.late
     for e, o in zip(edges, eoff):
         time[o:o + e.cost.size] = e.cost.reshape(-1)
-    mem[t_var] = 1.0
+    mem[t_var] = late[t_var] = 1.0
     integral = np.zeros(n)
     for g, o in zip(groups, off):
         integral[o:o + len(g.time)] = 1
-    return off, t_var, np.array(rows), np.array(lo), np.array(hi), time, mem, integral
+    return off, t_var, np.array(rows), np.array(lo), np.array(hi), time, mem, late, integral
 
 
 def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: float = np.inf,
@@ -90,7 +95,7 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
     ``None`` when no choice fits."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415 - the plan extra, loaded here only
 
-    off, t_var, A, lo, hi, time, mem, integral = _program(groups, edges)
+    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
     n = len(time)
     extra = []
     for ch in exclude:  # at most len-1 of an excluded choice's options may be taken again
@@ -106,34 +111,48 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
         res = milp(c, constraints=cons, integrality=integral, bounds=bounds)
         return res.x if res.status == 0 and res.x is not None else None
 
-    cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit))]
+    cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit)),
+                                                     (late, -np.inf, float(memory_limit))]
     x = run(time, cap + extra)
     if x is None:
         return None
     best = float(time @ x)
-    x2 = run(mem / max(1.0, float(mem @ x)), cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-15)])
+    # ties: the least memory, as the larger peak (an extra variable M >= both peaks, minimised)
+    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-15)])
     if x2 is not None:
         x = x2
     choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
     return Solution(choice, *evaluate(groups, edges, choice))
 
 
-def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = ()) -> Solution:
-    """The choice with the least predicted memory per device (then the least time)."""
+def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
+    """Minimise M >= both peaks subject to the program's rows and ``more``; the solution without M."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
 
-    off, t_var, A, lo, hi, time, mem, integral = _program(groups, edges)
-    n = len(time)
-    scale = max(1.0, float(np.abs(time).sum()))
-    res = milp(mem + 1e-9 * time / scale * max(1.0, float(mem.max())), constraints=LinearConstraint(A, lo, hi),
-               integrality=integral, bounds=Bounds(np.zeros(n), np.r_[np.ones(n - 1), np.inf]))
-    choice = tuple(int(np.argmax(res.x[o:o + len(g.time)])) for g, o in zip(groups, off))
+    n = A.shape[1]
+    pad = lambda r: np.r_[r, 0.0]  # noqa: E731
+    rows = [np.c_[A, np.zeros(len(A))]] + [pad(r)[None, :] for r, _, _ in more]
+    rows += [np.r_[mem, -1.0][None, :], np.r_[late, -1.0][None, :]]
+    cons = LinearConstraint(np.vstack(rows), np.r_[lo, [l for _, l, _ in more], -np.inf, -np.inf],
+                            np.r_[hi, [h for _, _, h in more], 0.0, 0.0])
+    c = np.zeros(n + 1)
+    c[-1] = 1.0 / max(1.0, float(max(mem.max(), late.max())))
+    res = milp(c, constraints=cons, integrality=np.r_[integral, 0],
+               bounds=Bounds(np.zeros(n + 1), np.r_[np.ones(n - 1), np.inf, np.inf]))
+    return res.x[:n] if res.status == 0 and res.x is not None else None
+
+
+def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = ()) -> Solution:
+    """The choice with the least predicted memory per device."""
+    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
+    x = _least(A, lo, hi, integral, mem, late, [])
+    choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
     return Solution(choice, *evaluate(groups, edges, choice))
 
 
 def evaluate(groups: Sequence[Group], edges: Sequence[Edge], choice: Sequence[int]) -> tuple[float, float]:
     """(time, memory) the model gives ``choice``."""
     t = sum(g.time[i] for g, i in zip(groups, choice)) + sum(float(e.cost[choice[e.a], choice[e.b]]) for e in edges)
-    m = sum(g.memory[i] for g, i in zip(groups, choice)) + max([g.transient[i] for g, i in zip(groups, choice)],
-                                                               default=0.0)
-    return float(t), float(m)
+    first = sum(g.memory[i] for g, i in zip(groups, choice))
+    second = sum((g.memory if g.late is None else g.late)[i] for g, i in zip(groups, choice))
+    return float(t), float(max(first, second) + max([g.transient[i] for g, i in zip(groups, choice)], default=0.0))
