@@ -32,6 +32,9 @@ EXHAUSTIVE = 256
 #: more combinations of per-axis options than this: each axis's options are screened alone first, and the
 #: KEEP_FAST fastest and KEEP_SMALL smallest (with the standard layouts') are combined
 SCREEN, KEEP_FAST, KEEP_SMALL = 48, 3, 2
+#: a class fed by another is priced under the layouts the FEEDS fastest of its producer's candidates hand over
+#: (and the standard layouts'); producer candidates handing over anything else are left out
+FEEDS = 3
 
 
 class Option(NamedTuple):
@@ -61,7 +64,8 @@ class Priced(NamedTuple):
 class ShardingPlan:
     """What ``nb.autoshard`` chose: ``specs`` (a pytree of ``ShardingSpec`` shaped like the arguments), ``report``
     (``nb.estimate``'s report of the chosen layout, with ``.baselines``: name -> report of each standard layout),
-    ``memory`` (bytes per device the choice needs, optimizer state included), ``apply(*args)``;
+    ``memory`` (bytes per device the choice needs, optimizer state included), ``layouts`` (name -> the specs of
+    each standard layout), ``apply(*args)``;
     ``print(plan)`` says what it chose per layer, in words, against each baseline."""
 
     def __init__(self, specs, tree, paths, report, baselines, memory, memory_limit, source, words, seconds,
@@ -573,33 +577,45 @@ class _Search:
                 r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
         steps = tuple(_priced(s) for s in r.steps)
         rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=r.memory)
-        mult = 1.0 + self.opt_ratio[0]
-        held = grads = 0.0
+        opt = self.opt_ratio[0]
+        held = params = flowing = 0.0
         for e, (s, lay) in enumerate(zip(slots, cand.layouts)):
             if s.dtype is None:
                 continue
             b = L.block_bytes(lay, s.shape, s.dtype.itemsize)
             if s.param:
-                held += b * mult
-                if self.train:
-                    raw = r.raw[e]
-                    grads += b if raw is None else L.block_bytes(raw[0], s.shape, raw[1])
+                params += b
             elif not s.data or cls.rep.inputs[e] in self.serials:
                 held += b  # an argument the program reads (a batch, targets) stays all step
+            else:
+                flowing += b
         by = r.memory.by_kind
         saved = max(by.get("activations", {}).values(), default=0)
         peak = max(r.memory.peak.values(), default=0)
         base = sum(max(by.get(k, {}).values(), default=0) for k in ("params", "grads", "activations"))
-        return Priced(steps, rep.step_time, held + saved, max(0.0, peak - base), tuple(layouts), r.outputs,
-                      held + grads)
+        # what the backward pass of this layer leaves behind until every layer's gradients are summed (the raw
+        # gradients): live bytes just before the first gradient reduction, less the values flowing through
+        live = r.memory.timeline
+        first = next((i for i, st in enumerate(r.steps_all) if str(st.user).startswith("grad of")), len(live))
+        left = (live[first - 1] if 0 < first <= len(live) else (live[-1] if live else 0)) - 2 * flowing
+        held += params * (1 + opt)
+        late = held - saved * 0 + max(0.0, left - params) if self.train else held
+        held += saved
+        return Priced(steps, rep.step_time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late)
 
     # -- the program as a MILP --
     def solve(self):
-        mesh = self.mesh
-        self.slot_of, self.cands, self.named, self.prices = [], [], [], []
-        for cls in self.classes:
+        where = self._producers()
+        self.slot_of, self.cands, self.named, self.prices, self.fed = [], [], [], [], []
+        for ci, cls in enumerate(self.classes):
             slots = self.slots(cls)
-            cands, named = self.candidates(cls, slots)
+            fed = self._fed(ci, cls, where)
+            if fed is None:
+                cands, named = self.candidates(cls, slots)
+                self.fed.append(None)
+            else:
+                cands, named, feeds = self._fed_candidates(cls, slots, *fed)
+                self.fed.append((fed[0], feeds))
             self.slot_of.append(slots)
             self.cands.append(cands)
             self.named.append(named)
@@ -609,8 +625,61 @@ class _Search:
             n = len(cls.instances)
             groups.append(milp.Group([p.time * n for p in prices], [p.held * n for p in prices],
                                      [p.transient for p in prices], [p.late * n for p in prices]))
-        self.groups, self.edges = groups, self._edges()
+        self.groups = groups
+        self.edges = self._edges()
         self.priced_seconds = _time.perf_counter() - self.t0
+
+    def _producers(self) -> dict[int, tuple[int, int]]:
+        """Serial -> (class, output) of the segment that makes it."""
+        where = {}
+        for ci, cls in enumerate(self.classes):
+            for inst in cls.instances:
+                for j, k in enumerate(inst.outputs):
+                    where[inst.steps[k].out] = (ci, j)
+        return where
+
+    def _fed(self, ci: int, cls: L.LayerClass, where: dict) -> tuple[int, dict[int, int]] | None:
+        """(the earlier class, input -> its output) when every activation flowing into ``cls`` comes from one
+        earlier class: then ``cls`` is priced as that class's outputs reach it, not as it would like them."""
+        src, feeds = None, {}
+        for inst in cls.instances:
+            for e, v in enumerate(inst.inputs):
+                if v in self.serials or v not in where or where[v][0] == ci:
+                    continue
+                pa, j = where[v]
+                if pa > ci or src not in (None, pa) or feeds.get(e, j) != j:
+                    return None
+                src, feeds[e] = pa, j
+        return (src, feeds) if src is not None else None
+
+    def _fed_candidates(self, cls: L.LayerClass, slots: list[Slot], pa: int, js: dict[int, int]):
+        """The candidates of a class fed by class ``pa``: for each layout that class's candidates hand over, this
+        class's own choices with its activations laid out so. Also per candidate, the layout it is fed."""
+        by_feed: dict[tuple, dict] = {}
+        ranked = sorted(range(len(self.prices[pa])), key=lambda a: self.prices[pa][a].time)
+        wanted = set(self.named[pa].values())
+        for a in ranked:  # the layouts the fastest producers hand over, and the standard layouts'
+            p = self.prices[pa][a]
+            lay = {e: p.outputs[j] for e, j in js.items()}
+            key = tuple(_key(lay[e]) for e in sorted(lay))
+            if key in by_feed or (len(by_feed) >= FEEDS and a not in wanted):
+                continue
+            by_feed[key] = lay
+        cands, feeds, named_by = [], [], {}
+        for key, lay in by_feed.items():
+            fslots = [sl._replace(free=(False,) * len(sl.shape), given=lay[e]) if e in lay else sl
+                      for e, sl in enumerate(slots)]
+            c, nm = self.candidates(cls, fslots)
+            named_by[key] = {n: len(cands) + i for n, i in nm.items()}
+            cands += c
+            feeds += [key] * len(c)
+        named = {}
+        for n, a in self.named[pa].items():
+            p = self.prices[pa][a]
+            key = tuple(_key(p.outputs[js[e]]) for e in sorted(js))
+            if n in named_by.get(key, {}):
+                named[n] = named_by[key][n]
+        return cands, named, feeds
 
     def _edges(self) -> list[milp.Edge]:
         where = {}  # serial -> (class index, output index) of the segment that makes it
@@ -621,10 +690,19 @@ class _Search:
                 for j, k in enumerate(inst.outputs):
                     where[inst.steps[k].out] = (ci, j, inst.steps[k])
         costs: dict[tuple, np.ndarray] = {}
+        big = 10.0 * sum(max(g.time) for g in self.groups) + 1.0
+        for ci, fed in enumerate(self.fed):  # a fed class's candidate takes only what its producer hands over
+            if fed is not None:
+                pa, feeds = fed
+                _, js = self._fed(ci, self.classes[ci], self._producers())
+                given = [tuple(_key(p.outputs[js[e]]) for e in sorted(js)) for p in self.prices[pa]]
+                costs[(pa, ci)] = np.array([[0.0 if g == f else big for f in feeds] for g in given])
         for ci, cls in enumerate(self.classes):
             for inst in cls.instances:
                 for e, v in enumerate(inst.inputs):
                     if v not in where or where[v][0] == ci:
+                        continue
+                    if self.fed[ci] is not None and where[v][0] == self.fed[ci][0]:
                         continue
                     pa, j, st = where[v]
                     shape, item = st.out_shape, st.out_dtype.itemsize
@@ -706,6 +784,8 @@ class _Modelled(NamedTuple):
     by_kind: dict
 
 
+#: stitched estimates within this fraction of the best are told apart by running both in full
+CLOSE = 0.03
 #: a forward program of at most this many steps is priced by running it (every layout compared runs the real
 #: estimator); a larger one by its replayed layers laid end to end, and only the choice runs in full
 EXACT_STEPS = 600
@@ -781,15 +861,27 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
             break
     if chosen is None:
         raise ShardingError(_infeasible(s, min(ran, key=lambda t: t.memory)))
+    if not exact:  # a close second (stitched estimates err by a few percent) runs in full too: the faster wins
+        ahead = next(t for t in fits if t.specs == chosen.specs).report.step_time
+        close = [t for t in fits if t.specs != chosen.specs and t.report.step_time <= ahead * (1 + CLOSE)
+                 and all(r.specs != t.specs for r in ran)]
+        if close:
+            t = close[0]
+            rep, mem, extra = s.measure(t.specs)
+            if mem <= s.limit and (rep.step_time, mem) < (chosen.report.step_time, chosen.memory):
+                chosen = t._replace(report=rep, memory=mem, extra=extra, choice=())
     source = "search" if any(f.specs == chosen.specs for f in found) else chosen.name
     same = [n for n, t in baselines.items() if t.specs == chosen.specs]
     compared = next(t for t in fits if t.specs == chosen.specs).report  # as the baselines were priced
     report = _with_baselines(chosen.report, {n: t.report for n, t in baselines.items()})
     words = _words(s, chosen.specs, chosen.report)
     out_specs = unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, chosen.specs)])
-    return ShardingPlan(out_specs, s.tree, [lf.path for lf in s.info], report,
+    plan = ShardingPlan(out_specs, s.tree, [lf.path for lf in s.info], report,
                         {n: (t.report, t.memory) for n, t in baselines.items()}, chosen.memory, s.limit, source,
                         words, _time.perf_counter() - s.t0, chosen.extra, s.mesh, exact, same, compared)
+    plan.layouts = {n: unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, t.specs)])
+                    for n, t in baselines.items()}
+    return plan
 
 
 def _with_baselines(rep: Report, baselines: dict) -> Report:

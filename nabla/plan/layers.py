@@ -272,6 +272,7 @@ class Replayed(NamedTuple):
     memory: Any  # the memory log of the replay
     gradients: tuple  # per input, the layout of its gradient (None: not differentiated)
     raw: tuple  # per input, (layout, itemsize) of its gradient as the backward pass leaves it (None: as finished)
+    steps_all: tuple  # every recorded step, in the order the memory log's timeline follows
 
 
 def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dtypes: Sequence[Any],
@@ -340,7 +341,7 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
         if not params_[e]:
             grads[e] = lay
     return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads),
-                    tuple(raw.get(e) for e in range(len(inputs))))
+                    tuple(raw.get(e) for e in range(len(inputs))), tuple(log.steps))
 
 
 def _reaching(seg: Segment) -> list[bool]:
