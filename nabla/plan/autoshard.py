@@ -835,17 +835,21 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
     for name in s.named[0]:
         if all(name in nm for nm in s.named) and (s.has_tp or not name.startswith("TP")):
             baselines[name] = price(name, [nm[name] for nm in s.named])
-    found, limit, excluded = [], s.limit, []
-    for _ in range(3):  # the model's memory is checked by the estimate; tighten the limit where it was short
+    found, limit, excluded, loosened = [], s.limit, [], False
+    for _ in range(4):  # the model's memory is checked by the estimate: tightened where it fell short, loosened
+        # once where it was cautious (the choice's estimate needed less than the model said)
         sol = milp.solve(s.groups, s.edges, limit, excluded)
-        if sol is None:
+        if sol is None or any(f.choice == sol.choice for f in found):
             break
         t = price("search", sol.choice)
-        found.append(t)
-        if t.memory <= s.limit:
+        found.append(t._replace(choice=sol.choice))
+        if t.memory > s.limit:
+            excluded.append(sol.choice)
+            limit = limit * s.limit / t.memory
+        elif not loosened and np.isfinite(limit) and t.memory < 0.97 * sol.memory:
+            loosened, limit = True, limit * sol.memory / max(t.memory, 1.0)
+        else:
             break
-        excluded.append(sol.choice)
-        limit = limit * s.limit / t.memory
     fits = sorted((t for t in found + list(baselines.values()) if t.memory <= s.limit),
                   key=lambda t: (t.report.step_time, t.memory, t.name != "search"))
     if not fits:
