@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 def from_jax(array, mesh: DeviceMesh | None = None) -> Tensor:
     """A jax.Array back as a tensor with its NamedSharding (onto ``mesh`` when given; by default onto the nabla
     mesh it came from, when it went to jax with ``t.to_jax()``)."""
-    from .interop.jax import from_jax as _from
+    from .interop.arrays import from_jax as _from
     return _from(array, mesh)
 
 
