@@ -1,7 +1,6 @@
-"""``nb.autoshard``: the shardings of a function's arguments that give the least estimated step time within a
-memory limit. The program is recorded once, cut into layers (repeated layers are one class, solved once), each
-class's candidate layouts priced by replaying its recorded steps, the choice made by a mixed-integer program
-(milp.py) and checked with ``nb.estimate`` against the standard layouts (DP, FSDP, Megatron TP, SP)."""
+"""``nb.autoshard``: the argument shardings with the least estimated step time within a memory limit. Layers
+(layers.py) are priced by replaying their recorded steps under candidate layouts, one chosen per layer class by
+a MILP (milp.py), and the choice checked with the estimator against DP, FSDP, Megatron TP and SP."""
 
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ import numpy as np
 
 from .. import collectives as C
 from .. import reshard
-from ..autodiff import _arg_name, _paths, flatten, unflatten
+from ..autodiff import _arg_name, _paths
+from ..pytree import flatten, unflatten
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..spec import DimSpec, ShardingSpec
@@ -23,7 +23,6 @@ from ..tensor import Tensor
 from . import layers as L
 from . import milp
 from .cluster import Cluster
-from .comm import event_time
 from .estimate import _priced, estimate
 from .report import Report, estimate_steps
 
@@ -59,6 +58,7 @@ class Priced(NamedTuple):
     outputs: tuple  # the layouts of its outputs
     late: float  # bytes per device held at the end of the backward pass: parameters, optimizer state, inputs and
     # the gradients as the backward pass leaves them (summed only when every layer's are made)
+    gradients: tuple  # per input, the layout of the gradient the backward pass hands back (None: none)
 
 
 class ShardingPlan:
@@ -336,7 +336,7 @@ def _megatron(cls: L.LayerClass, slots: Sequence[Slot]) -> frozenset:
 def _batch(slots: Sequence[Slot]) -> tuple[frozenset, frozenset]:
     """(the class of the batch dim, of the sequence dim) of the first input that carries the batch."""
     for s in slots:
-        if s.data and s.shape and s.dtype is not None and np.dtype(s.dtype).kind in "fcV" or (s.data and s.shape):
+        if s.data and s.shape:
             return frozenset(s.classes[:1]), frozenset(s.classes[1:2]) if len(s.shape) >= 3 else frozenset()
     return frozenset(), frozenset()
 
@@ -390,10 +390,7 @@ def _key(spec: Any) -> Any:
     return tuple(d.axes for d in spec.dim_specs), tuple(spec.partial_axes)
 
 
-def _strip(spec: Any) -> Any:
-    if spec is None or not spec.partial_axes:
-        return spec
-    return ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
+_strip = L.without_partial
 
 
 class _Search:
@@ -407,6 +404,7 @@ class _Search:
         self.leaves, self.info, self.tree = _leaves(args, fn, self.mesh, fixed)
         self.limit = float(cluster.hardware.hbm_bytes if memory_limit is None else memory_limit)
         self._prices: dict = {}
+        self.refined: dict = {}  # (producer, its candidate, consumer, its candidate) -> Priced
         self.has_tp = False  # some class has parameters Megatron's cut applies to
         self.record()
 
@@ -500,6 +498,7 @@ class _Search:
         return out
 
     def candidates(self, cls: L.LayerClass, slots: list[Slot]) -> tuple[list[Candidate], dict[str, int]]:
+        """The layouts to price for one class (the standard layouts first), and each standard layout's index."""
         mesh = self.mesh
         cands: dict[tuple, Candidate] = {}
         base = baseline_options(mesh, cls, slots)
@@ -557,24 +556,35 @@ class _Search:
             self._prices[key] = self._price(cls, slots, cand)
         return self._prices[key]
 
-    def _price(self, cls: L.LayerClass, slots: list[Slot], cand: Candidate) -> Priced:
+    def _price(self, cls: L.LayerClass, slots: list[Slot], cand: Candidate, cotangents: list | None = None) -> Priced:
         shapes = [s.shape for s in slots]
         dtypes = [s.dtype if s.dtype is not None else np.float32 for s in slots]
-        diff = [s.param or (cls.rep.inputs[e] not in self.serials and s.given is not None) for e, s in enumerate(slots)]
+        # differentiated: parameters, and values flowing in from other layers (in a repeated class, the first
+        # instance's input may be an argument: the others' is the layer before's output)
+        diff = [s.param or (not cls.params[e] and s.given is not None) or
+                self.serials.get(cls.rep.inputs[e]) in self.params for e, s in enumerate(slots)]
         layouts = list(cand.layouts)
         params = [sl.param for sl in slots]
-        r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, None, params)
+        cts = None if cotangents is None else list(cotangents)
+        r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
         feeds = self.feeds(cls)
-        if feeds:  # a repeated layer's steady state: its input as the one before gives it, its output's
-            # cotangent as the gradient of the next one's input comes (one more replay settles it)
-            cts = [None] * len(r.outputs)
+        # a repeated layer's steady state: its input as the one before hands it over, its output's cotangent as
+        # the next one's input gradient comes back (one more replay settles it; from a given cotangent, the
+        # layers' backward passes may take a few to settle)
+        for _ in range(1 if cotangents is None else 3):
+            if not feeds:
+                break
+            new = [None] * len(r.outputs)
             for e, j in feeds.items():
-                cts[j] = r.gradients[e]
-            if any(_key(r.outputs[j]) != _key(layouts[e]) or
-                   (cts[j] is not None and _key(cts[j]) != _key(_strip(r.outputs[j]))) for e, j in feeds.items()):
-                for e, j in feeds.items():
-                    layouts[e] = r.outputs[j]
-                r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
+                new[j] = r.gradients[e]
+            now = cts if cts is not None else [_strip(o) for o in r.outputs]
+            if all(_key(r.outputs[j]) == _key(layouts[e]) and (new[j] is None or _key(new[j]) == _key(now[j]))
+                   for e, j in feeds.items()):
+                break
+            for e, j in feeds.items():
+                layouts[e] = r.outputs[j]
+            cts = new
+            r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
         steps = tuple(_priced(s) for s in r.steps)
         rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=r.memory)
         opt = self.opt_ratio[0]
@@ -601,7 +611,7 @@ class _Search:
         held += params * (1 + opt)
         late = held - saved * 0 + max(0.0, left - params) if self.train else held
         held += saved
-        return Priced(steps, rep.step_time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late)
+        return Priced(steps, rep.step_time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late, r.gradients)
 
     # -- the program as a MILP --
     def solve(self):
@@ -628,6 +638,36 @@ class _Search:
         self.groups = groups
         self.edges = self._edges()
         self.priced_seconds = _time.perf_counter() - self.t0
+
+    def refine(self, choice: Sequence[int]) -> bool:
+        """Price each repeated class of ``choice`` that feeds another from the gradient that one hands back (a
+        layer's backward pass starts from what the next class's gives it, not from its own steady state); the
+        difference goes on the MILP's edge between the two. Whether anything new was priced."""
+        changed = False
+        for cj, fed in enumerate(self.fed):
+            if fed is None or len(self.classes[fed[0]].instances) < 2:
+                continue
+            ci, (a, b) = fed[0], (choice[fed[0]], choice[cj])
+            if (ci, a, cj, b) in self.refined:
+                continue
+            _, js = self._fed(cj, self.classes[cj], self._producers())
+            back = self.prices[cj][b].gradients
+            cts = [None] * len(self.prices[ci][a].outputs)
+            for e, j in js.items():
+                cts[j] = back[e]
+            p = self._price(self.classes[ci], self.slot_of[ci], self.cands[ci][a], cts)
+            self.refined[(ci, a, cj, b)] = p
+            edge = next(k for k, ed in enumerate(self.edges) if (ed.a, ed.b) == (ci, cj))
+            self.edges[edge].cost[a, b] += len(self.classes[ci].instances) * (p.time - self.prices[ci][a].time)
+            changed = True
+        return changed
+
+    def part(self, choice: Sequence[int], ci: int) -> Priced:
+        """Class ``ci``'s pricing under ``choice`` (refined where its consumer's gradient was taken into account)."""
+        for cj, fed in enumerate(self.fed):
+            if fed is not None and fed[0] == ci and (ci, choice[ci], cj, choice[cj]) in self.refined:
+                return self.refined[(ci, choice[ci], cj, choice[cj])]
+        return self.prices[ci][choice[ci]]
 
     def _producers(self) -> dict[int, tuple[int, int]]:
         """Serial -> (class, output) of the segment that makes it."""
@@ -719,7 +759,8 @@ class _Search:
                             m[a, b] = t
                     key = (pa, ci)
                     costs[key] = costs.get(key, 0) + m
-        return [milp.Edge(a, b, m) for (a, b), m in costs.items() if np.any(m)]
+        fed = {(f[0], ci) for ci, f in enumerate(self.fed) if f is not None}
+        return [milp.Edge(a, b, np.array(m, dtype=float)) for (a, b), m in costs.items() if np.any(m) or (a, b) in fed]
 
     def realize(self, choice: Sequence[int]) -> list:
         """Per leaf, its spec under ``choice`` (a candidate per class; the first class that reads a leaf sets it)."""
@@ -758,7 +799,8 @@ class _Search:
         segment's forward steps, then their backward steps in reverse, then the gradient reductions; memory as
         the model counts it (held values of every segment, plus the largest transient)."""
         order = [(ci, inst) for inst in self.segs for ci, cls in enumerate(self.classes) if inst in cls.instances]
-        parts = {ci: self.prices[ci][choice[ci]] for ci in range(len(self.classes))}
+        self.refine(choice)
+        parts = {ci: self.part(choice, ci) for ci in range(len(self.classes))}
         fwd, bwd, fin = [], [], []
         for ci, _ in order:
             st = parts[ci].steps
@@ -836,9 +878,12 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
         if all(name in nm for nm in s.named) and (s.has_tp or not name.startswith("TP")):
             baselines[name] = price(name, [nm[name] for nm in s.named])
     found, limit, excluded, loosened = [], s.limit, [], False
-    for _ in range(4):  # the model's memory is checked by the estimate: tightened where it fell short, loosened
-        # once where it was cautious (the choice's estimate needed less than the model said)
+    for _ in range(12):  # the model's memory is checked by the estimate: tightened where it fell short, loosened
+        # once where it was cautious (the choice's estimate needed less than the model said); a choice whose
+        # layers' backward passes were priced from their own gradients is priced again from its consumer's
         sol = milp.solve(s.groups, s.edges, limit, excluded)
+        if sol is not None and s.refine(sol.choice):
+            continue
         if sol is None or any(f.choice == sol.choice for f in found):
             break
         t = price("search", sol.choice)
@@ -930,7 +975,8 @@ def _infeasible(s: _Search, best: _Tried) -> str:
 # ---- in words ---------------------------------------------------------------------------------------------
 
 
-def _describe(spec: ShardingSpec, shape: tuple, batch_axes: set) -> str:
+def _describe(spec: ShardingSpec, shape: tuple, batch_axes: set, seq_axes: set = frozenset()) -> str:
+    """A parameter's layout in words: FSDP where its axis also cuts the batch, column/row-parallel otherwise."""
     if spec is None:
         return "on the host"
     cut = [(d, ax) for d, ds in enumerate(spec.dim_specs) for ax in ds.axes]
@@ -941,7 +987,8 @@ def _describe(spec: ShardingSpec, shape: tuple, batch_axes: set) -> str:
         if ax in batch_axes:
             parts.append(f"sharded over {ax} (FSDP: gathered for use)")
         elif len(shape) == 2:
-            parts.append(f"{'column' if d == 1 else 'row'}-parallel over {ax}")
+            seq = f" (the sequence cut over {ax} too)" if ax in seq_axes else ""
+            parts.append(f"{'column' if d == 1 else 'row'}-parallel over {ax}{seq}")
         else:
             parts.append(f"dim {d} over {ax}")
     return ", ".join(parts)
@@ -957,6 +1004,7 @@ def _words(s: _Search, specs: Sequence[Any], rep: Report) -> list[str]:
         labels = [i.label or "-" for i in inst]
         who = _who(cls)
         batch_axes: set = set()
+        seq_axes: set = set()
         acts = []
         for e, sl in enumerate(slots):
             if not sl.data:
@@ -965,7 +1013,7 @@ def _words(s: _Search, specs: Sequence[Any], rep: Report) -> list[str]:
             lay = _strip(specs[i] if i is not None else s.prices[ci][0].inputs[e])
             for d, ds in enumerate(lay.dim_specs if lay is not None else ()):
                 for ax in ds.axes:
-                    batch_axes.add(ax)
+                    (batch_axes if d == 0 else seq_axes).add(ax)
                     acts.append(f"{'batch' if d == 0 else 'sequence' if d == 1 else f'dim {d}'}-sharded over {ax}")
         ws, kinds = [], set()
         for e, sl in enumerate(slots):
@@ -974,7 +1022,7 @@ def _words(s: _Search, specs: Sequence[Any], rep: Report) -> list[str]:
                 continue
             path = s.info[i].path
             name = path.rsplit("[", 1)[-1].strip("]'\"") if "[" in path else path
-            ws.append(f"{name} {_describe(specs[i], sl.shape, batch_axes)}")
+            ws.append(f"{name} {_describe(specs[i], sl.shape, batch_axes, seq_axes)}")
             for j in inst:
                 k = s.serials.get(j.inputs[e])
                 if k is not None:

@@ -1,7 +1,6 @@
-"""A recorded program seen as layers: its forward steps cut into segments (per ``nb.named_scope`` label, or by
-repeated runs of step signatures), identical segments grouped into one class, the dims of a segment's values
-joined into classes through each op's factors, and a segment replayed (forward, and backward through
-``nb.vjp``) under other layouts of its inputs. Reads steps; runs ops through their public registry."""
+"""A recorded program seen as layers: forward steps cut into segments (per ``nb.named_scope`` label or repeated
+step signatures), identical segments one class, dims joined into classes through each op's factors, and a
+segment replayed (forward, and backward through ``nb.vjp``) under other layouts of its inputs."""
 
 from __future__ import annotations
 
@@ -13,12 +12,13 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from .. import collectives as C
+from ..autodiff import vjp
 from ..dtypes import is_inexact
-from ..errors import ShardingError
 from ..ops.core import _call
 from ..spec import ShardingSpec
 from ..step import MOVE, PLACE, RELAYOUT, serial
 from ..tensor import Tensor
+from .memory import memory_log
 
 
 class Stop(Exception):
@@ -260,7 +260,8 @@ def _dim_classes(seg: Segment):
     return dims, out_dims, compat
 
 
-def _specs_without_partial(spec: Any) -> Any:
+def without_partial(spec: Any) -> Any:
+    """``spec`` with its pending sums made (the layout a sum of the partial values is in)."""
     if spec is None or not getattr(spec, "partial_axes", ()):
         return spec
     return ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
@@ -282,9 +283,6 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
     value), forward, and (``train``) backward from cotangents laid out as ``cotangents`` (default: as the outputs
     are, without partial sums), differentiating the inputs marked ``diff``. Every op is the recorded one with its
     recorded params: the executor plans it anew."""
-    from ..autodiff import vjp  # noqa: PLC0415 - autodiff sits above the executor; plan reads it only here
-    from .memory import memory_log  # noqa: PLC0415
-
     rep = cls.rep
     made = {s.out: k for k, s in enumerate(rep.steps)}
     ext = {v: e for e, v in enumerate(rep.inputs)}
@@ -322,7 +320,7 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
         if which:
             outs, back = vjp(run, *[inputs[e] for e in which])
             cts = [Tensor(None, (cotangents[j] if cotangents is not None and cotangents[j] is not None else
-                                 _specs_without_partial(o.sharding)), o.shape, o.dtype) for j, o in enumerate(outs)]
+                                 without_partial(o.sharding)), o.shape, o.dtype) for j, o in enumerate(outs)]
             for e, g in zip(which, back(tuple(cts))):
                 grads[e] = getattr(g, "sharding", None)
         else:
@@ -352,15 +350,6 @@ def _reaching(seg: Segment) -> list[bool]:
         if s.out in need:
             need.update(u.value for u in s.uses if u.value)
     return [v in need for v in seg.inputs]
-
-
-def leaf_serials(leaves: Sequence[Any]) -> dict[int, int]:
-    return {serial(x): i for i, x in enumerate(leaves) if isinstance(x, Tensor)}
-
-
-def check_layers(classes_: Sequence[LayerClass]) -> None:
-    if not classes_:
-        raise ShardingError("autoshard: the function ran no op on a mesh; there is nothing to shard")
 
 
 def block_bytes(spec: Any, shape: Sequence[int], itemsize: int) -> int:

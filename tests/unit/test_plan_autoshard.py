@@ -95,7 +95,7 @@ def test_mlp_megatron_when_memory_rules_out_data_parallelism():
     mesh = cluster.mesh("m", (8, 4), ("dp", "tp"))
     B, D, H = 65536, 4096, 16384
     p = {"w1": free(mesh, (D, H)), "w2": free(mesh, (H, D))}
-    plan = nb.autoshard(MLP, cluster, p, free(mesh, (B, D)), memory_limit=2.5 * GIB)
+    plan = nb.autoshard(MLP, cluster, p, free(mesh, (B, D)), memory_limit=2 * GIB)
     w1, w2 = plan.specs[0]["w1"], plan.specs[0]["w2"]
     assert [d.axes for d in w1.dim_specs] == [(), ("tp",)]  # column-parallel
     assert [d.axes for d in w2.dim_specs] == [("tp",), ()]  # then row-parallel
