@@ -901,13 +901,17 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
         least = milp.least_memory(s.groups, s.edges)
         least_t = price("the least-memory layout", least.choice)
         raise ShardingError(_infeasible(s, min([least_t] + found + list(baselines.values()), key=lambda t: t.memory)))
-    chosen, ran = None, []
-    for t in fits[:3]:  # run the winner in full (a stitched estimate is checked), the next if it does not fit
+    chosen, ran, short = None, [], 1.0
+    for t in fits[:3]:  # run the winner in full (a stitched estimate is checked), the next if it does not fit;
+        # where the model fell short, the others are taken as short by as much
+        if t.memory * short > s.limit:
+            continue
         rep, mem, extra = (t.report, t.memory, t.extra) if exact else s.measure(t.specs)
         ran.append(t._replace(report=rep, memory=mem, extra=extra, choice=()))
         if mem <= s.limit:
             chosen = ran[-1]
             break
+        short = max(short, mem / max(t.memory, 1.0))
     if chosen is None:
         raise ShardingError(_infeasible(s, min(ran, key=lambda t: t.memory)))
     if not exact:  # a close second (stitched estimates err by a few percent) runs in full too: the faster wins
