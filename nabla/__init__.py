@@ -27,6 +27,7 @@ from .collectives import named_scope
 from .plan import Cluster, Hardware, pipeline_estimate
 from .plan.estimate import estimate, flops
 from .plan.memory import memory_log
+from .plan.autoshard import autoshard  # (scipy is imported when a plan is solved, not here)
 
 __version__ = "0.1.0"
 
@@ -61,5 +62,5 @@ __all__ = [
     "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
     "vjp", "vmap", "jit", "distributed", "from_process_local", "shard_map", "lax",
     "tensor", "ones", "zeros", "arange", "abstract", "mean", "split", "stack", "std", "swapaxes", "var", "global_avg_pool", "batch_norm", "layer_norm",
-    "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
+    "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope", "autoshard",
 ] + [n for n in _registry.names() if not hasattr(_builtins, n)]
