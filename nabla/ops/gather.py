@@ -421,6 +421,22 @@ def take_along_axis(arr: ArrayLike, indices: ArrayLike, axis: int | None = -1) -
         return _call(_TAKE_ALONG, (arr, ids, _row_numbers(n)), (ax, n))
 
 
+def _data_dependent(op: str) -> Callable:
+    def refuse(a: ArrayLike, *args: Any, **kwargs: Any) -> Tensor:
+        raise ShardingError(f"{op}: the positions of the nonzero elements of a value of shape {tuple(_shape(a))} "
+                            f"are as many as its values make them, so the result has no static shape (numpy's "
+                            f"{op}, where(mask) and t[mask]) and no sharding; use nb.where(mask, t, fill), which "
+                            f"keeps the shape and the sharding")
+    refuse.__name__ = refuse.__qualname__ = op
+    refuse.__module__ = "nabla"
+    refuse.__doc__ = (f"numpy's ``{op}`` has a result whose shape depends on the values: refused with a "
+                      f"``ShardingError`` pointing to ``nb.where(mask, t, fill)``, which keeps the shape.")
+    return refuse
+
+
+nonzero, argwhere, flatnonzero = (_data_dependent(n) for n in ("nonzero", "argwhere", "flatnonzero"))
+
+
 _TAKE = register(OpDef("take", lambda shapes, axis, n: R.take_rule(shapes[0], shapes[1], shapes[2], axis),
                        _take_kernel, "add", (0,), dtype=lambda x, ids, rows: x, vjp=_gather_vjp(lambda: _SCATTER), numpy="take",
                        onnx=_take_onnx, arity=3, public=take, flops=lambda blocks, out, params: 0))
