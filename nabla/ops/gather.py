@@ -410,7 +410,7 @@ def take_along_axis(arr: ArrayLike, indices: ArrayLike, axis: int | None = -1) -
             if d != ax and p != q and 1 not in (p, q):
                 raise ShardingError(f"take_along_axis: shapes {sa} and {si} do not broadcast at dim {d} ({p} vs "
                                     f"{q})")
-            out.append(max(p, q) if d != ax else None)
+            out.append((q if p == 1 else p) if d != ax else None)
         if any(p != o for d, (p, o) in enumerate(zip(sa, out)) if d != ax):
             arr = broadcast_to(arr, tuple(o if d != ax else sa[d] for d, o in enumerate(out)))
         if any(q != o for d, (q, o) in enumerate(zip(si, out)) if d != ax):

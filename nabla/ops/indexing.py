@@ -202,6 +202,12 @@ def _advanced(x: ArrayLike, parts: tuple) -> Tensor:
         if ids.dtype.kind == "b":  # a mask on the host: its selected positions are known here
             if ids.ndim != 1:
                 raise _mask_error(ids)
+            rank = len(_shape(x))
+            real = builtins.sum(1 for k in parts if k is not None and k is not Ellipsis)
+            dim = builtins.sum(rank - real if k is Ellipsis else k is not None for k in parts[:j])
+            if dim < rank and len(ids) != _shape(x)[dim]:
+                raise ShardingIndexError(f"getitem: a boolean mask of length {len(ids)} for dim {dim} of size "
+                                         f"{_shape(x)[dim]}")
             ids = np.flatnonzero(ids)
         elif ids.dtype.kind not in "iu" and not (ids.size == 0 and ids.dtype.kind == "f"):
             raise ShardingError(f"getitem: arrays in an index must hold integers (or be 1-D host masks), got "
