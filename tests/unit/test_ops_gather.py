@@ -46,16 +46,20 @@ def same(got, want):
 # ---- values on every sharding -------------------------------------------------------------------------------
 
 
+def table(draw):
+    """A mesh, a value of a drawn dtype placed on it (held as partial sums too: gathers are linear in it), and
+    an axis to gather along."""
+    mesh = draw(meshes(max_devices=8))
+    shape = draw(shapes(max_rank=3, max_dim=5, min_rank=1))
+    v = values(draw, shape, draw(st.sampled_from(DTYPES)))
+    return mesh, v, placed(draw, mesh, v), draw(st.integers(-len(shape), len(shape) - 1))
+
+
 @given(st.data())
 def test_take_equals_numpy(data):
     draw = data.draw
-    mesh = draw(meshes(max_devices=8))
-    shape = draw(shapes(max_rank=3, max_dim=6, min_rank=1))
-    axis = draw(st.integers(-len(shape), len(shape) - 1))
-    ishape = draw(shapes(max_rank=2, max_dim=4)) if shape[axis] else (0,)
-    v = values(draw, shape, draw(st.sampled_from(DTYPES)))
-    ids = indices(draw, ishape, shape[axis])
-    t = placed(draw, mesh, v)  # a table held as partial sums too: take is linear in it
+    mesh, v, t, axis = table(draw)
+    ids = indices(draw, draw(shapes(max_rank=2, max_dim=4)) if v.shape[axis] else (0,), v.shape[axis])
     i = placed(draw, mesh, ids) if draw(st.booleans()) else ids
     same(nb.take(t, i, axis), np.take(v, ids, axis))
 
@@ -63,16 +67,11 @@ def test_take_equals_numpy(data):
 @given(st.data())
 def test_take_along_axis_equals_numpy(data):
     draw = data.draw
-    mesh = draw(meshes(max_devices=8))
-    shape = draw(shapes(max_rank=3, max_dim=5, min_rank=1))
-    axis = draw(st.integers(-len(shape), len(shape) - 1))
-    ishape = [n if draw(st.integers(0, 3)) else 1 for n in shape]  # broadcasting the other dims
-    ishape[axis] = draw(st.integers(0, 4)) if shape[axis] else 0
-    v = values(draw, shape, draw(st.sampled_from(DTYPES)))
-    ids = indices(draw, tuple(ishape), shape[axis])
-    t = placed(draw, mesh, v)
-    i = placed(draw, mesh, ids)
-    same(nb.take_along_axis(t, i, axis), np.take_along_axis(v, ids, axis))
+    mesh, v, t, axis = table(draw)
+    ishape = [n if draw(st.integers(0, 3)) else 1 for n in v.shape]  # broadcasting the other dims
+    ishape[axis] = draw(st.integers(0, 4)) if v.shape[axis] else 0
+    ids = indices(draw, tuple(ishape), v.shape[axis])
+    same(nb.take_along_axis(t, placed(draw, mesh, ids), axis), np.take_along_axis(v, ids, axis))
 
 
 @st.composite
