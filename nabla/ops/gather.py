@@ -94,10 +94,14 @@ def _gather(xp: Any, x: Any, G: int, axis: int, idx: Any) -> Any:
 
 def _local_ids(xp: Any, ids: Any, rows: Any, G: int, n: int) -> tuple[Any, Any]:
     """Each device's indices into the rows it holds, and where an index is one of them (None: every device holds
-    every row). ``rows`` holds the 1-based numbers of the device's rows (0 in padding)."""
+    every row, and the indices were checked). ``rows`` holds the 1-based numbers of the device's rows (0 in
+    padding)."""
     c = rows.shape[-1]
     if c == n and not any(s > 1 for s in rows.shape[:G]):
-        return ids, None
+        if xp is np:  # checked in range before the op ran
+            return ids, None
+        hit = (ids >= 0) & (ids < n)  # under nb.jit nothing was checked: an index out of range gives zeros
+        return xp.where(hit, ids, 0), hit
     ni = ids.ndim - G
     first = rows[..., :1].reshape(rows.shape[:G] + (1,) * ni)
     local = ids - (first.astype(np.int64) - 1)
@@ -421,20 +425,27 @@ def take_along_axis(arr: ArrayLike, indices: ArrayLike, axis: int | None = -1) -
         return _call(_TAKE_ALONG, (arr, ids, _row_numbers(n)), (ax, n))
 
 
-def _data_dependent(op: str) -> Callable:
-    def refuse(a: ArrayLike, *args: Any, **kwargs: Any) -> Tensor:
-        raise ShardingError(f"{op}: the positions of the nonzero elements of a value of shape {tuple(_shape(a))} "
-                            f"are as many as its values make them, so the result has no static shape (numpy's "
-                            f"{op}, where(mask) and t[mask]) and no sharding; use nb.where(mask, t, fill), which "
-                            f"keeps the shape and the sharding")
-    refuse.__name__ = refuse.__qualname__ = op
-    refuse.__module__ = "nabla"
-    refuse.__doc__ = (f"numpy's ``{op}`` has a result whose shape depends on the values: refused with a "
-                      f"``ShardingError`` pointing to ``nb.where(mask, t, fill)``, which keeps the shape.")
-    return refuse
+def _data_dependent(op: str, a: ArrayLike) -> ShardingError:
+    return ShardingError(f"{op}: the positions of the nonzero elements of a value of shape {tuple(_shape(a))} are as "
+                         f"many as its values make them, so the result has no static shape (numpy's {op}, "
+                         f"where(mask) and t[mask]) and no sharding; use nb.where(mask, t, fill), which keeps the "
+                         f"shape and the sharding")
 
 
-nonzero, argwhere, flatnonzero = (_data_dependent(n) for n in ("nonzero", "argwhere", "flatnonzero"))
+def nonzero(a: ArrayLike) -> Tensor:
+    """numpy's ``nonzero`` has a result whose shape depends on the values: refused (a ``ShardingError`` pointing
+    to ``nb.where(mask, t, fill)``, which keeps the shape)."""
+    raise _data_dependent("nonzero", a)
+
+
+def argwhere(a: ArrayLike) -> Tensor:
+    """Refused as ``nonzero`` is: its result's shape depends on the values."""
+    raise _data_dependent("argwhere", a)
+
+
+def flatnonzero(a: ArrayLike) -> Tensor:
+    """Refused as ``nonzero`` is: its result's shape depends on the values."""
+    raise _data_dependent("flatnonzero", a)
 
 
 _TAKE = register(OpDef("take", lambda shapes, axis, n: R.take_rule(shapes[0], shapes[1], shapes[2], axis),

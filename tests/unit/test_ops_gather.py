@@ -324,3 +324,10 @@ def test_jit_of_lookups_and_their_gradients_has_the_logs_collectives():
         assert_hlo_is_the_log(lowered)
         assert_sharded_allclose(nb.jit(f)(e, i, x), f(e, i, x).numpy(), rtol=1e-5, atol=1e-5)
     assert_comm(nb.jit(fns[0]).lower(e, i, x).comm_log, all_reduce=1)
+    # nothing is checked under nb.jit (the indices have no values when it plans): an index out of range gives
+    # zeros, on every layout of the table (eagerly, numpy's IndexError)
+    bad = np.array([0, 12, 13, -14, -1])
+    for dims in ([None, None], ["tp", None]):
+        got = nb.jit(lambda a, b: a[b])(nb.tensor(TABLE[:13]).shard(MESH, dims), nb.tensor(bad).shard(MESH, [None]))
+        want = TABLE[:13][np.clip(bad, -13, 12)] * ((bad >= -13) & (bad < 13))[:, None]
+        assert_sharded_allclose(got, want)
