@@ -18,9 +18,11 @@ class _Factors:
         self.kinds: list = []
 
     def new(self, n: int, kind=PASS) -> tuple[int, ...]:
+        if n == 1:
+            return ()
         self.sizes.append(n)
         self.kinds.append(kind)
-        return (len(self.sizes) - 1,) if n != 1 else ()
+        return (len(self.sizes) - 1,)
 
 
 def _rows(op: str, rows: tuple[int, ...], n: int) -> None:
