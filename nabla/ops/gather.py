@@ -22,7 +22,7 @@ from ..opdef import OpDef
 from ..spec import DimSpec
 from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
 from .registry import onnx_export, register
-from .shape import broadcast_to, reshape, transpose
+from .shape import broadcast_to, reshape
 
 # ---- the row numbers of a gathered dim --------------------------------------------------------------------------
 # Every gather and scatter takes, as its third operand, the 1-based numbers of the gathered dim's rows
@@ -61,7 +61,7 @@ def _free(t: Any, refs: tuple) -> Any:
                 changed = True
                 break
             keep.append(str(r))
-        dims.append(DimSpec(tuple(keep), ds.is_open, ds.priority) if len(keep) < len(rs) else ds)
+        dims.append(DimSpec(tuple(keep)) if len(keep) < len(rs) else ds)  # closed: an open dim would keep them
     if not changed:
         return t
     return t.with_sharding(spec.mesh, dims, spec.replicated_axes, spec.partial_axes)

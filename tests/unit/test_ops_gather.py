@@ -240,12 +240,14 @@ def test_embedding_gradient_is_local_to_the_table_rows():
 def test_ids_on_the_tables_axis_are_gathered_never_the_table():
     """ids sharded on tp, the axis of the table's rows: the small ids are all_gathered over tp, the table is not."""
     e = nb.tensor(TABLE).shard(MESH, ["tp", None])
-    i = nb.tensor(IDS).shard(MESH, ["tp", None])
-    with nb.comm_log() as log:
-        h = nb.take(e, i, 0)
-    assert [(e.kind, e.axes, e.bytes) for e in log.events] == [("all_gather", ("tp",), ring("all_gather", 2 * S * 8, 4))]
-    assert h.sharding.partial_axes == ("tp",)
-    assert_sharded_allclose(h, TABLE[IDS])
+    for dims in (["tp", None], [nb.DimSpec(["tp"], is_open=True), None]):
+        i = nb.tensor(IDS).shard(MESH, dims)
+        with nb.comm_log() as log:
+            h = nb.take(e, i, 0)
+        assert [(e.kind, e.axes, e.bytes) for e in log.events] == [
+            ("all_gather", ("tp",), ring("all_gather", 2 * S * 8, 4))]
+        assert h.sharding.partial_axes == ("tp",)
+        assert_sharded_allclose(h, TABLE[IDS])
 
 
 def test_take_along_axis_on_a_sharded_dim_picks_locally():
