@@ -26,6 +26,7 @@ ELEMENTWISE_US, ANY_OP_US = 5.0, 10.0  # issue 16: cached dispatch
 RESHARD_COPY = 2.0  # issue 16: a materialised reshard against a numpy copy of the array
 BACKWARD_FORWARD, SHARDED_UNSHARDED = 2.5, 1.3  # issue 12
 JIT_JAX = 1.1  # issue 15
+AUTOSHARD_SECONDS = 10.0  # nb.autoshard: a choice in under 10 s, never slower than the standard layouts
 RESNET_ORT = 2.0  # issue 14
 MATMUL_NUMPY, SCALING_256_8 = 1.1, 3.0  # the README's earlier targets
 
@@ -116,6 +117,18 @@ def targets(res: dict) -> Table:
             if k.startswith("nabla 8"):
                 add(f"ResNet-50 batch {rn['batch']}, {k[6:]}, against onnxruntime",
                     f"≤ {RESNET_ORT:g}x", f"{q:.2f}x", q <= RESNET_ORT)
+    a = res.get("autoshard")
+    if a:
+        rows_a = [dict(r.get("unlimited", r), model=r["model"], devices=r["devices"]) for r in a["rows"]]
+        slow = max(a["rows"] + [dict(r["unlimited"], model=r["model"], devices=r["devices"]) for r in a["rows"]
+                                if "unlimited" in r], key=lambda r: r["seconds"])
+        add("nb.autoshard: time to choose (Llama 1B-70B shapes, 8-512 H100s), this machine",
+            f"< {AUTOSHARD_SECONDS:g} s", f"{slow['seconds']:.1f} s at most ({_case(slow)})",
+            slow["seconds"] < AUTOSHARD_SECONDS)
+        worse = [r for r in rows_a if r.get("best_baseline_full_ms") and r["step_ms"] > r["best_baseline_full_ms"] * (1 + 1e-9)]
+        add("nb.autoshard: chosen step time against the best standard layout that fits (both in full)", "≤ 1.00x",
+            f"{max(r['step_ms'] / r['best_baseline_full_ms'] for r in rows_a if r.get('best_baseline_full_ms')):.3f}x "
+            f"at most", not worse)
     if "matmul_2048" in cases:
         r = cases["matmul_2048"]
         q = _div(r["nabla_us"], r["numpy_us"])
@@ -252,8 +265,41 @@ def plan(res: dict) -> list[str]:
             f"est. {p['est_comm_seconds'] * 1e3:.0f} ms under the default cost model."]
 
 
+def _case(r: dict) -> str:
+    return f"{r['model']} on {r['devices']}"
+
+
+def autoshard(res: dict) -> Table | None:
+    a = res.get("autoshard")
+    if not a:
+        return None
+    rows = []
+    for row in a["rows"]:
+        r = row.get("unlimited", row)
+        fits = "yes" if "infeasible" not in row else (
+            "no: " + row["infeasible"].split("reaches is ")[1].split(" per device")[0] + " at least; the search "
+            f"without a limit took {r['seconds']:.1f} s")
+        base = f"{r['best_baseline']} {ms(r['best_baseline_full_ms'])}" if r.get("best_baseline") else "-"
+        rows.append([_case(row), f"{row['seconds']:.1f} s", f"{ms(r['step_ms'])} ({r['source']})",
+                     f"{r['memory_gib']:.1f} GiB", base,
+                     f"{r['step_ms'] / r['best_baseline_full_ms']:.3f}x" if r.get("best_baseline_full_ms") else "-",
+                     fits])
+    return Table("Choosing shardings: nb.autoshard", [
+        f"Llama-shaped training steps (hidden size, layers, heads, KV heads and MLP size of Llama 3.2-1B, Llama "
+        f"3-8B and Llama 2-70B; vocabulary {a['vocab']:,}; sequence {a['seq']:,}; bf16; attention scores "
+        f"materialised) on {a['hardware']}, a (nodes, 8) dp x tp mesh, every argument's dims open. **time** is "
+        "the whole `nb.autoshard` call on this machine; the chosen layout and the best standard layout that fits "
+        "(DP, FSDP, TP x DP, TP x FSDP, with and without sequence parallelism) are both run in full through "
+        "`nb.estimate`; memory counts mixed-precision Adam's state. Where no layout fits in 80 GB, the row "
+        "shows the search without a limit (its step time and memory), and the last column the least memory any "
+        "layout reaches."],
+        ["model on H100s", "time", "chosen step", "memory", "best standard layout", "chosen / best", "fits"],
+        rows, [])
+
+
 def tables(res: dict) -> list[Table]:
-    return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), onnx(res)) if t]
+    return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), onnx(res), autoshard(res))
+            if t]
 
 
 # ---- output ---------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ Sections (each row is the same work on every side, labelled with what each side 
   unsharded, JAX eager and jitted, DTensor and plain torch;
 * jit: ``jit_training.py`` (nb.jit against jax.jit, compiled on both sides);
 * onnx: ``onnx_models.py`` (ResNet-50 batch 8 on 8 simulated devices against onnxruntime);
-* plan: a 24-layer transformer's communication planned on 1,024 abstract devices.
+* plan: a 24-layer transformer's communication planned on 1,024 abstract devices;
+* autoshard: ``autoshard.py`` (nb.autoshard on Llama 1B/8B/70B shapes, 8 to 512 H100s, against the standard
+  layouts).
 
 Peers, jit and onnx run in child processes; a missing one is skipped with a note. Timings are medians of
 calibrated repeats (``_timing.py``); where a ratio is a target, its sides run interleaved, best round kept.
@@ -455,6 +457,15 @@ def main() -> None:
     train = training(args.quick)
     log("nabla: planning")
     res["plan"] = transformer_plan()
+    missing = have("scipy")
+    if missing:
+        res["autoshard"] = None
+        notes.append(f"nb.autoshard skipped: {missing} not installed (pip install -e '.[plan]')")
+    else:
+        log("nb.autoshard on Llama shapes")
+        res["autoshard"], err = child([str(HERE / "autoshard.py")] + (["--quick"] if args.quick else []))
+        if err:
+            notes.append(f"nb.autoshard skipped: {err}")
     peer = {"jax": {}, "dtensor": {}}
     res["jit"] = res["onnx"] = None
     if args.no_peers:

@@ -26,6 +26,7 @@ from .collectives import named_scope
 from .plan import Cluster, Hardware, pipeline_estimate
 from .plan.estimate import estimate, flops
 from .plan.memory import memory_log
+from .plan.autoshard import autoshard  # (scipy is imported when a plan is solved, not here)
 
 __version__ = "0.1.0"
 
@@ -33,7 +34,7 @@ __version__ = "0.1.0"
 def from_jax(array, mesh: DeviceMesh | None = None) -> Tensor:
     """A jax.Array back as a tensor with its NamedSharding (onto ``mesh`` when given; by default onto the nabla
     mesh it came from, when it went to jax with ``t.to_jax()``)."""
-    from .interop.jax import from_jax as _from
+    from .interop.arrays import from_jax as _from
     return _from(array, mesh)
 
 
@@ -60,6 +61,6 @@ __all__ = [
     "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
     "vjp", "jit", "distributed", "from_process_local", "shard_map", "lax",
     "tensor", "ones", "zeros", "arange", "abstract", "mean", "swapaxes", "global_avg_pool", "batch_norm", "layer_norm",
-    "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope",
+    "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope", "autoshard",
     "cross_entropy", "nonzero", "argwhere", "flatnonzero",
 ] + [n for n in _registry.names() if not hasattr(_builtins, n)]

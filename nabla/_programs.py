@@ -68,11 +68,11 @@ def _step(op: OpDef, n: int) -> tuple[str, Callable]:
     return f"{op.name}{' other' if n == 2 else ''}{where}", fn
 
 
-def programs(mesh: DeviceMesh | None, max_ops: int):
+def programs(mesh: DeviceMesh | None, max_ops: int, meshes: Any, shapes: Any, specs: Any):
+    """The strategy (``nabla.testing.programs``), drawing meshes, shapes and specs with the strategies given."""
     import hypothesis.strategies as st
 
     from .tensor import Tensor
-    from .testing import meshes, shapes, specs
 
     unary, binary = _drawable(1), _drawable(2)
 

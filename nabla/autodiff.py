@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from math import prod
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -14,57 +15,16 @@ import numpy as np
 from .dtypes import is_float, is_inexact
 from . import collectives as C
 from .errors import ShardingError
-from .shard_map import SM_IN, SM_OUT, ManualSpec, as_manual, in_vjp, manual_constant, out_vjp, settle
+from .lax import as_manual, in_vjp, manual_constant, out_vjp, settle
+from .shard_map import SM_IN, SM_OUT, ManualSpec
+from .executor import relayout_bucket
+from .pytree import flatten, unflatten
+from .sharding import specs_like
+from .layout import chunks
 from .step import serial
 from .tensor import Tensor
 from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, differentiating, outer_live, paused, recorded,
                     recording, remat, topological, tracing_whole)
-
-# ---- pytrees: nested dict, list and tuple of tensors --------------------------------------------------------
-
-
-def flatten(tree: Any) -> tuple[list, Any]:
-    """Leaves (depth first, dicts in insertion order) and the structure to rebuild them with."""
-    if isinstance(tree, dict):
-        leaves, defs = [], []
-        for k, v in tree.items():
-            lv, d = flatten(v)
-            leaves += lv
-            defs.append((k, d, len(lv)))
-        return leaves, ("dict", tuple(defs))
-    if isinstance(tree, (list, tuple)):
-        leaves, defs = [], []
-        for v in tree:
-            lv, d = flatten(v)
-            leaves += lv
-            defs.append((d, len(lv)))
-        return leaves, (type(tree), tuple(defs))
-    if tree is None:
-        return [], None
-    return [tree], "leaf"
-
-
-def unflatten(treedef: Any, leaves: Sequence) -> Any:
-    leaves = list(leaves)
-    if treedef == "leaf":
-        return leaves[0]
-    if treedef is None:
-        return None
-    kind, defs = treedef
-    if kind == "dict":
-        out, i = {}, 0
-        for k, d, n in defs:
-            out[k] = unflatten(d, leaves[i:i + n])
-            i += n
-        return out
-    items, i = [], 0
-    for d, n in defs:
-        items.append(unflatten(d, leaves[i:i + n]))
-        i += n
-    if kind is tuple:
-        return tuple(items)
-    return kind(*items) if hasattr(kind, "_fields") else kind(items)  # a NamedTuple takes its fields
-
 
 # ---- the engine ----------------------------------------------------------------------------------------
 
@@ -223,11 +183,33 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                 if node.op.vjp is None:
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
                 with C.user_op(node.name), C.in_scope(node.scope):
+                    g = _summed_before_fan_out(g, node, needed)
                     parts = node.op.vjp(g, node, v)
             for arg, c in zip(node.args, parts):
                 if c is not None and id(arg) in needed:
                     accumulate(arg, c)
     return leaves
+
+
+#: ops whose VJP hands every operand the cotangent itself (or its negation): the operands' cotangents are the
+#: same pending sum, made once when summed (``Value._moved``), so it may stay pending
+_PASS_THROUGH = frozenset({"add", "subtract", "concatenate", "where"})
+
+
+def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
+    """A cotangent still a pending sum, entering a VJP that makes it into the cotangents of two operands or more,
+    is summed first, once: each derived cotangent would otherwise carry the sum pending and need its own (the
+    backward of a norm's scale, as Megatron's plan has it: the activation gradient summed over tp once, the
+    scale's gradient summed over dp only). The backward's own `_sum_repeated`."""
+    spec = g.sharding
+    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes or \
+            getattr(node.op, "name", "") in _PASS_THROUGH:
+        return g
+    takers = sum(1 for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff
+                 and id(a) in needed)
+    if takers < 2:
+        return g
+    return g.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
 
 
 def _to_host(g: Tensor) -> Tensor:
@@ -241,10 +223,10 @@ def _to_host(g: Tensor) -> Tensor:
     return out
 
 
-def _finish(g: Tensor | None, primal: Tensor) -> Tensor:
-    """A gradient as its primal is laid out: same shape, dtype and dim specs, no pending sums."""
+def _finish(g: Tensor | None, primal: Tensor, spec: Any = "primal") -> Tensor:
+    """A gradient as its primal is laid out (or as ``spec``): same shape, dtype and dim specs, no pending sums."""
     from .ops import zeros
-    spec = primal.sharding
+    spec = primal.sharding if spec == "primal" else spec
     with C.phase("backward"):
         if isinstance(spec, ManualSpec):  # a per-device value (differentiated inside nb.shard_map)
             g = manual_constant(0.0, primal) if g is None else as_manual(g, spec.mesh)
@@ -263,16 +245,62 @@ def _finish(g: Tensor | None, primal: Tensor) -> Tensor:
 
 
 def _gradients(got: dict[int, Tensor], traced: Sequence[Tensor], primals: Sequence[Tensor],
-               labels: dict[int, str] | None = None) -> list[Tensor]:
+               labels: dict[int, str] | None = None, bucket_bytes: int | None = None,
+               specs: Sequence[Any] | None = None) -> list[Tensor]:
     """The finished gradients of ``traced`` leaves; detached unless an enclosing differentiation needs them. The
-    final sums and moves are logged as ``grad of <parameter path>``."""
+    final sums and moves are logged as ``grad of <parameter path>``; with ``bucket_bytes``, the gradients whose
+    sum is one all_reduce are summed in buckets of at most that many bytes, packed in order (DDP's buckets)."""
     live = outer_live()
-    out = []
+    out: list = [None] * len(traced)
+    pending: list = []  # (index, partial gradient, target) summed in buckets
     with (contextlib.nullcontext() if live else paused()):
-        for t, x in zip(traced, primals):
+        for i, (t, x) in enumerate(zip(traced, primals)):
             with C.user_op((labels or {}).get(id(t), "grad of a traced tensor")):
-                out.append(_finish(got.get(id(t)), x))
+                g = got.get(id(t))
+                spec = x.sharding if specs is None or specs[i] is None else specs[i]
+                target = _bucketable(g, x, spec) if bucket_bytes is not None else None
+                if target is not None:
+                    pending.append((i, g if g.dtype == x.dtype else g.astype(x.dtype), target))
+                else:
+                    out[i] = _finish(g, x, spec)
+        for bucket in _buckets(pending, bucket_bytes):
+            with C.user_op("grad bucket of " + ", ".join(
+                    (labels or {}).get(id(traced[i]), "a traced tensor")[len("grad of "):] for i, _, _ in bucket)), \
+                    C.phase("backward"):
+                summed = relayout_bucket([g for _, g, _ in bucket], [t for _, _, t in bucket], Tensor)
+            for (i, _, _), g in zip(bucket, summed):
+                out[i] = g
     return out if live else [_detach(g) for g in out]
+
+
+def _bucketable(g: Tensor | None, primal: Tensor, spec: Any) -> Any:
+    """The layout ``g`` is summed into when that is exactly one all_reduce (a data-parallel gradient), else None."""
+    from .reshard import plan
+    if g is None or spec is None or isinstance(spec, ManualSpec) or g.sharding is None or \
+            not g.sharding.partial_axes:
+        return None
+    target = type(spec)(spec.mesh, [type(d)(d.axes) for d in spec.dim_specs])
+    steps = plan(g.shape, primal.dtype.itemsize, g.sharding, target).collectives
+    return target if len(steps) == 1 and steps[0].kind == "all_reduce" else None
+
+
+def _buckets(pending: list, limit: int | None) -> list[list]:
+    """Consecutive gradients of one mesh and one set of summed axes, at most ``limit`` bytes a bucket (a larger
+    gradient is a bucket of its own)."""
+    out: list[list] = []
+    size = 0
+    key = None
+    for item in pending:
+        _, g, target = item
+        k = (target.mesh, g.sharding.partial_axes)
+        nbytes = prod(chunks(target, g.shape)) * g.dtype.itemsize  # each device's block, as DDP's buffers
+        if out and k == key and size + nbytes <= limit:
+            out[-1].append(item)
+            size += nbytes
+        else:
+            out.append([item])
+            size, key = nbytes, k
+    return out
 
 
 def _ones_like(t: Tensor) -> Tensor:
@@ -311,7 +339,8 @@ def _paths(tree: Any, prefix: str) -> list[str]:
     return [] if tree is None else [prefix]
 
 
-def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool = True):
+def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool = True,
+         bucket_bytes: int | None = None, grad_specs: Sequence[Any] | None = None):
     flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
@@ -346,7 +375,12 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
             if o.shape != c.shape:
                 raise ShardingError(f"vjp: cotangent of shape {c.shape} for an output of shape {o.shape}")
         got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels)
-        grads = [_gradients(got, tr, fl, labels) for tr, fl in zip(traced, flat)]
+        specs = None
+        if grad_specs is not None:
+            specs = [s for fl, tree, gs in zip(flat, trees, grad_specs) for s in _grad_specs(unflatten(tree, fl), gs)]
+        grads = _gradients(got, [t for tr in traced for t in tr], [x for fl in flat for x in fl], labels,
+                           bucket_bytes, specs)
+        grads = [grads[sum(map(len, traced[:k])):sum(map(len, traced[:k + 1]))] for k in range(len(traced))]
         if params:
             C.tag([g for gs in grads for g in gs if isinstance(g, Tensor)], "grads")
         return tuple(unflatten(tree, gs) for tree, gs in zip(trees, grads))
@@ -356,8 +390,25 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
-def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
-    """``(value, grads) = nb.value_and_grad(f)(*args)``; ``f`` returns a scalar tensor (or (scalar, aux))."""
+def _grad_specs(primal: Any, given: Any) -> list:
+    """Per leaf of the argument ``primal``, the layout its gradient is summed into (``given``: a pytree like it, of
+    ShardingSpecs or dim-spec lists; None leaves keep the primal's)."""
+    return specs_like(primal, given, "grad")
+
+
+def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+                   bucket_bytes: int | None = None, grad_specs: Any = None) -> Callable:
+    """``(value, grads) = nb.value_and_grad(f)(*args)``; ``f`` returns a scalar tensor (or (scalar, aux)).
+    ``bucket_bytes``: the data-parallel sums of gradients (one all_reduce each) are fused into buckets of at most
+    that many bytes per device, packed in the order of the arguments, as PyTorch's DDP does; the comm log shows
+    one all_reduce per bucket. None (the default): one sum per gradient. ``grad_specs`` (a pytree like the
+    differentiated arguments, or a tuple of them for several ``argnums``; ShardingSpecs or dim-spec lists): the
+    layouts the gradients are summed into instead of their parameters' (ZeRO stage 2: gradients
+    reduce_scattered over the data-parallel axis, never whole on any device)."""
+    if bucket_bytes is not None and (not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or
+                                     bucket_bytes <= 0):
+        raise ShardingError(f"grad: bucket_bytes must be a positive int (bytes per device) or None, got "
+                            f"{bucket_bytes!r}")
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
 
@@ -377,7 +428,9 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
                 full[n] = d
             return f(*full, **kwargs)
 
-        res = _vjp(g, [args[n] for n in nums], has_aux, [_arg_name(f, n % len(args)) for n in nums])
+        res = _vjp(g, [args[n] for n in nums], has_aux, [_arg_name(f, n % len(args)) for n in nums],
+                   bucket_bytes=bucket_bytes, grad_specs=None if grad_specs is None else
+                   ((grad_specs,) if single else tuple(grad_specs)))
         out, fn = res[0], res[1]
         if not isinstance(out, Tensor) or out.shape != ():
             shape = getattr(out, "shape", None)
@@ -396,9 +449,11 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
     return wrapped
 
 
-def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
-    """``nb.grad(f)(*args)``: the gradient of scalar ``f`` with respect to ``args[argnums]``."""
-    vg = value_and_grad(f, argnums, has_aux)
+def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+         bucket_bytes: int | None = None, grad_specs: Any = None) -> Callable:
+    """``nb.grad(f)(*args)``: the gradient of scalar ``f`` with respect to ``args[argnums]`` (``bucket_bytes`` and
+    ``grad_specs``: as ``value_and_grad``'s)."""
+    vg = value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs)
 
     def wrapped(*args, **kwargs):
         (value, grads) = vg(*args, **kwargs)

@@ -25,7 +25,7 @@ from .opdef import Local, OpDef
 from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
-from .step import MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
+from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
 from .trace import PLACE, RELAYOUT, Node, _remat, tracked
 
 SCALARS = (bool, int, float, complex, np.generic)
@@ -802,6 +802,10 @@ def _run_host(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> 
     out = np.asarray(op.kernel(arrays, Local(0, shape, params)))
     if out.shape != shape:
         raise ShardingError(f"internal: {op.name} kernel gave shape {out.shape}, rule says {shape}")
+    if op.dtype != "sample":  # a dtype rule of its own (a bf16 matmul is bf16, whatever its kernel computes in)
+        dt = _dtype(op, tuple(_sig_of(a) for a in args), params)
+        if out.dtype != dt:
+            out = out.astype(dt)
     if out.flags.writeable:
         out.flags.writeable = False
     return make(out, None, shape, out.dtype)
@@ -827,6 +831,36 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
         C.publish(Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
                        C.step_user(user), C.current_phase(), 0, C.current_scope()), [(use.value, v), (serial(res), res)])
     return res
+
+
+def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], make: Callable = Value) -> list:
+    """Several values laid out anew by one all_reduce over the same mesh axes (a bucket of gradients, as DDP
+    fuses them into a flat buffer): each value's plan must be that one all_reduce; one step, one collective of
+    their blocks' total bytes."""
+    plans = [reshard.plan(v._shape, v._dtype.itemsize, v._spec, t) for v, t in zip(values, targets)]
+    kinds = {tuple((s.kind, s.axes, s.group) for s in p.collectives) for p in plans}
+    if len(kinds) != 1 or len(next(iter(kinds))) != 1 or next(iter(kinds))[0][0] != "all_reduce":
+        raise ShardingError(f"bucket: every value must be summed by one all_reduce over the same axes; the plans "
+                            f"are {[p.events for p in plans]}")
+    (_, axes, group), = next(iter(kinds))
+    outs, block = [], 0
+    for v, t, p in zip(values, targets, plans):
+        be = None if v._data is None else backends.of(v._data)
+        out, _ = _move(v, p, t.layout(), be)
+        if out is not None:
+            out = be.commit(out, t)
+        outs.append(make(out, t, v._shape, v._dtype))
+        block += prod(chunks(ShardingSpec(t.mesh, t.dim_specs), v._shape)) * v._dtype.itemsize
+    if C.logging():
+        user = C.current_op() or BUCKET
+        event = C.stamped(C.event("all_reduce", axes, block, group), user)
+        uses = tuple(Use(serial(v), v._shape, v._dtype, v._spec, t) for v, t in zip(values, targets))
+        first = outs[0]
+        C.publish(Step(BUCKET, (tuple(targets), tuple(serial(o) for o in outs)), uses, serial(first), first._shape,
+                       first._dtype, first._spec, (event,), tuple(plans), C.step_user(user), C.current_phase(), 0,
+                       C.current_scope()), [(u.value, v) for u, v in zip(uses, values)] +
+                  [(serial(o), o) for o in outs])
+    return outs
 
 
 def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:

@@ -4,6 +4,7 @@ JAX ``PartitionSpec`` (jax is imported only when one is asked for)."""
 
 from __future__ import annotations
 
+import sys
 import re
 import sys
 from math import prod
@@ -14,6 +15,7 @@ import numpy as np
 from .errors import ShardingError
 from .layout import dim_position
 from .mesh import MAX_DEVICE_ID, MAX_RANK, AxisRef, DeviceMesh, _bounded_tuple, _show, merge_adjacent
+from . import spec as _spec_module
 from .spec import DimSpec, ShardingSpec, _mhlo_args, check_rank_arg, is_unconstrained
 
 
@@ -364,3 +366,6 @@ def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> ShardingSpec:
         return ShardingSpec(mesh, dims, partial_axes=sorted(unreduced, key=str))
     except ShardingError as e:
         raise ShardingError(f"from_partition_spec: {_show(pspec)}: {e}") from None
+
+
+_spec_module._FORMATS[0] = sys.modules[__name__]  # ShardingSpec's format methods call these

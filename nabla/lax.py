@@ -14,9 +14,12 @@ from . import collectives as C
 from .backends import xp as _xp
 from .errors import ShardingError
 from .executor import record_step
-from .shard_map import ManualSpec
+from .layout import grid
+from .mesh import DeviceMesh
+from .shard_map import SM_IN, SM_OUT, ManualSpec, _axes_of, _to_manual
+from .spec import ShardingSpec
 from .tensor import Tensor
-from .trace import Node, tracked, tracing_whole
+from .trace import Node, recording, tracked, tracing_whole
 
 
 class LaxOp:
@@ -337,7 +340,6 @@ def _own_block(g: Tensor, axes: tuple[str, ...], axis: int, tiled: bool) -> Tens
 def _all_gather_vjp(g, node, out):
     """all_gather's transpose: psum_scatter of a cotangent that varies along the gathered axes (the registry's
     all_gather -> reduce_scatter); of one that does not, each device's own block, with no communication."""
-    from .shard_map import as_manual
     x, = node.args
     axes, axis, tiled = node.params
     g = as_manual(g, x.sharding.mesh)
@@ -384,3 +386,75 @@ def _ppermute_vjp(g, node, out):
 _VJPS = {"psum": _psum_vjp, "all_gather": _all_gather_vjp, "psum_scatter": _psum_scatter_vjp,
          "all_to_all": _all_to_all_vjp, "ppermute": _ppermute_vjp}
 # pmax and pmin have no derivative (nor in JAX); axis_index has no operand
+
+
+# ---- derivatives: what crosses into and out of per-device code, and the varying axes of cotangents ------------
+
+
+def manual_constant(value: float, like: Tensor) -> Tensor:
+    """``value`` in ``like``'s block shape and dtype, the same on every device (varying along no axis)."""
+    mesh = like.sharding.mesh
+    data = None
+    if like._data is not None:
+        data = np.full((1,) * mesh.ndim + like.shape, value, dtype=like.dtype)
+        data.flags.writeable = False
+    return Tensor(data, ManualSpec(mesh, ()), like.shape, like.dtype)
+
+
+def as_manual(g: Tensor, mesh: DeviceMesh) -> Tensor:
+    """A host cotangent of a per-device value, as a per-device value (the same block on every device)."""
+    if isinstance(g.sharding, ManualSpec):
+        return g
+    if g.sharding is not None:
+        raise ShardingError(f"grad: a global cotangent {g.sharding!r} for a per-device value inside nb.shard_map")
+    if g._node is not None and recording() and not tracing_whole():
+        raise ShardingError("grad: a host cotangent that is itself being differentiated met a per-device value "
+                            "inside nb.shard_map; this derivative cannot be differentiated again")
+    data = None if g._data is None else np.asarray(g._data).reshape((1,) * mesh.ndim + g.shape)
+    return Tensor(data, ManualSpec(mesh, ()), g.shape, g.dtype)
+
+
+def settle(g: Tensor, v: Tensor) -> Tensor:
+    """The cotangent of per-device value ``v``: where ``g`` varies along mesh axes ``v`` does not, ``v`` was used
+    on every device of those axes alike, so its cotangent is the sum over them (a psum: JAX's transpose of the
+    implicit broadcast of an invariant value)."""
+    g = as_manual(g, v.sharding.mesh)
+    extra = tuple(a for a in g.sharding.varying if a not in v.sharding.varying)
+    return psum(g, extra) if extra else g
+
+
+def in_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
+    """Into shard_map: the per-device cotangents are the blocks of the global one. Where they vary along axes
+    the in_spec does not split (the argument was copied to those devices), the global cotangent is their sum:
+    left pending, as partial sums over those axes (no communication until a sum is needed)."""
+    t, = node.args
+    spec, = node.params
+    mesh = spec.mesh
+    g = as_manual(g, mesh)
+    split = _axes_of(spec, "in_spec")
+    extra = [a for a in g.sharding.varying if a not in split]
+    gspec = ShardingSpec(mesh, spec.dim_specs, partial_axes=extra)
+    data = None
+    if g._data is not None:
+        data = _xp(g._data).broadcast_to(g._data, ManualSpec(mesh, split + extra).grid() + g.shape).reshape(
+            grid(gspec).shape + g.shape)
+    res = Tensor(data, gspec, t.shape, g.dtype)
+    if tracked((g,)):
+        res._node = Node(SM_OUT, (gspec,), (g,))
+    record_step(SM_OUT, (gspec,), (g,), res)
+    return (res,)
+
+
+def out_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
+    """Out of shard_map: each device's cotangent is its block of the global one laid out as the out_spec (pending
+    sums made; partial axes of the spec, from ``in_vjp``, are those blocks copied along them)."""
+    spec, = node.params
+    mesh = spec.mesh
+    whole = ShardingSpec(mesh, [tuple(d.axes) for d in spec.dim_specs])
+    if g.sharding is None:
+        g = g.shard(mesh, whole.dim_specs)
+    elif g.sharding.mesh != mesh:
+        raise ShardingError(f"grad: a cotangent on mesh {g.sharding.mesh!r} for a shard_map output on {mesh!r}")
+    else:
+        g = g.with_sharding(mesh, whole.dim_specs)
+    return (_to_manual(g, whole),)

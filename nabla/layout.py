@@ -12,7 +12,10 @@ import numpy as np
 
 from .errors import ShardingError
 from .mesh import AxisRef, DeviceMesh
-from .spec import ShardingSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # layouts read specs; specs build on layouts (spec.shard_slices), so no import at run time
+    from .spec import ShardingSpec
 
 
 def ceil_div(n: int, k: int) -> int:

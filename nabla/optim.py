@@ -1,6 +1,7 @@
 """Optimizers in optax's functional style: ``state = opt.init(params)``; ``params, state = opt.update(grads,
-state, params)``. Every update is elementwise on tensors laid out like their parameters, so it is local: no
-communication, and parameters and state keep their shardings."""
+state, params)``. An update is elementwise: laid out like the parameters it is local (no communication). State
+may be laid out otherwise (``init(params, specs=...)``): ZeRO's stages are then layouts, not modes, and the
+update moves gradients into the state's layout and new parameters back to theirs, every move in the log."""
 
 from __future__ import annotations
 
@@ -9,28 +10,39 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import collectives as C
-from .autodiff import flatten, unflatten
+from .pytree import _outline, flatten, unflatten
+from .sharding import specs_like
 from .tensor import Tensor
 from .errors import ShardingError
 
 
-def _zeros_like(p):
-    """Zeros laid out as ``p``: abstract for an abstract ``p`` (a plan without data stays without data), and
-    for a sharded one made directly as its stored blocks (no global array is ever built)."""
+def _zeros_like(p, spec: Any = "same", dtype: Any = None):
+    """Zeros of ``p``'s shape, laid out as ``spec`` (default ``p``'s) in ``dtype`` (default ``p``'s): abstract for an
+    abstract ``p`` (a plan without data stays without data), and for a sharded one made directly as its stored
+    blocks (no global array is ever built)."""
     from .ops import abstract, zeros
-    from .tensor import Tensor
-    spec = p.sharding
+    dtype = p.dtype if dtype is None else np.dtype(dtype)
+    spec = p.sharding if spec == "same" else spec
     if spec is None:
-        return abstract(p.shape, p.dtype) if p.is_abstract else zeros(p.shape, p.dtype)
+        return abstract(p.shape, dtype) if p.is_abstract else zeros(p.shape, dtype)
     spec = type(spec)(spec.mesh, spec.dim_specs, spec.replicated_axes)  # no pending sums in a fresh state
     if p.is_abstract:
-        return Tensor(None, spec, p.shape, p.dtype)
+        return Tensor(None, spec, p.shape, dtype)
     from . import backends
     from .layout import chunks, grid
-    data = backends.active().commit(np.zeros(grid(spec).shape + chunks(spec, p.shape), dtype=p.dtype), spec)
+    data = backends.active().commit(np.zeros(grid(spec).shape + chunks(spec, p.shape), dtype=dtype), spec)
     if isinstance(data, np.ndarray):
         data.flags.writeable = False
-    return Tensor(data, spec, p.shape, p.dtype)
+    return Tensor(data, spec, p.shape, dtype)
+
+
+def _to(x: Tensor, spec: Any, dtype: Any) -> Tensor:
+    """``x`` in ``dtype`` laid out as ``spec`` (a pending sum is made into it: a reduce_scatter where it shards)."""
+    if x.dtype != dtype:
+        x = x.astype(dtype)
+    if spec is None or x.sharding == spec:
+        return x
+    return x.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
 
 
 def _like(x, p):
@@ -40,16 +52,6 @@ def _like(x, p):
         x = x.astype(p.dtype)
     return x if p.sharding is None or x.sharding == p.sharding else x.with_sharding(
         p.mesh, p.sharding.dim_specs, p.sharding.replicated_axes)
-
-
-def _outline(tree: Any) -> str:
-    """A pytree's structure in a line: dict keys, list and tuple lengths, leaves as their shapes."""
-    if isinstance(tree, dict):
-        return "{" + ", ".join(f"{k!r}: {_outline(v)}" for k, v in tree.items()) + "}"
-    if isinstance(tree, (list, tuple)):
-        inner = ", ".join(_outline(v) for v in tree)
-        return f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
-    return "None" if tree is None else f"<{'x'.join(map(str, getattr(tree, 'shape', ()))) or 'scalar'}>"
 
 
 def _check(grads, params, what, state=None, kind=None):
@@ -78,18 +80,19 @@ class SGD:
     def __init__(self, lr: float, momentum: float = 0.0) -> None:
         self.lr, self.momentum = float(lr), float(momentum)
 
-    def init(self, params: Any) -> SGDState:
+    def init(self, params: Any, specs: Any = None) -> SGDState:
         if not self.momentum:
             return SGDState(None)
         leaves, tree = flatten(params)
-        return _state(SGDState(unflatten(tree, [_zeros_like(p) for p in leaves])))
+        layouts = specs_like(params, specs, "SGD.init")
+        return _state(SGDState(unflatten(tree, [_zeros_like(p, s) for p, s in zip(leaves, layouts)])))
 
     def update(self, grads: Any, state: SGDState, params: Any) -> tuple[Any, SGDState]:
         gl, pl, tree = _check(grads, params, "SGD.update", state, SGDState)
         if self.momentum:
             vl, _ = flatten(state.momentum)
-            vl = [_like(v * self.momentum + g, v) for v, g in zip(vl, gl)]
-            new = [_like(p - v * self.lr, p) for p, v in zip(pl, vl)]
+            vl = [_like(v * self.momentum + _to(g, v.sharding, v.dtype), v) for v, g in zip(vl, gl)]
+            new = [_like(_to(p, v.sharding, p.dtype) - v * self.lr, p) for p, v in zip(pl, vl)]
             return _params(unflatten(tree, new)), _state(SGDState(unflatten(tree, vl)))
         return _params(unflatten(tree, [_like(p - g * self.lr, p) for p, g in zip(pl, gl)])), state
 
@@ -98,34 +101,59 @@ class AdamState(NamedTuple):
     count: Any  # a 0-d int tensor, so a compiled step does not change with it
     mu: Any
     nu: Any
+    master: Any = None  # a float32 (``master_dtype``) copy of the parameters, or None
 
 
 class Adam:
-    """Adam (Kingma and Ba), bias-corrected, as optax.adam: ``p <- p - lr * m_hat / (sqrt(v_hat) + eps)``."""
+    """Adam (Kingma and Ba), bias-corrected, as optax.adam: ``p <- p - lr * m_hat / (sqrt(v_hat) + eps)``.
 
-    def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> None:
+    ``master_dtype="float32"``: mixed precision as users write it: bfloat16 parameters and gradients, a float32
+    master copy of the parameters and float32 moments; each update runs on the master copy and the new
+    parameters are it, rounded to the parameters' dtype (16 bytes of model state per parameter: ZeRO's count).
+    ``init(params, specs=...)`` lays the state (master copy and moments) out as ``specs`` instead of as the
+    parameters: with the state sharded over the data-parallel axis and replicated parameters, that is ZeRO stage
+    1 (each update sums the gradients into the state's layout, a reduce_scatter, and all_gathers the new
+    parameters); with gradients already reduce_scattered into that layout (``with_sharding``), stage 2; with the
+    parameters sharded too, stage 3 (FSDP)."""
+
+    def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                 master_dtype: Any = None) -> None:
         self.lr, self.b1, self.b2, self.eps = float(lr), float(b1), float(b2), float(eps)
+        if master_dtype is not None:
+            from .ops.creation import _dtype_arg
+            master_dtype = _dtype_arg(master_dtype, "Adam", kinds="f")
+        self.master_dtype = master_dtype
 
-    def init(self, params: Any) -> AdamState:
+    def init(self, params: Any, specs: Any = None) -> AdamState:
         leaves, tree = flatten(params)
-        zeros = [_zeros_like(p) for p in leaves]
+        layouts = specs_like(params, specs, "Adam.init")
+        dt = [self.master_dtype or p.dtype for p in leaves]
+        mu = [_zeros_like(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
+        nu = [_zeros_like(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
+        master = None
+        if self.master_dtype is not None:
+            master = unflatten(tree, [_to(p, s, d) for p, s, d in zip(leaves, layouts, dt)])
         from .ops import tensor
-        return _state(AdamState(tensor(np.int32(0)), unflatten(tree, zeros),
-                                 unflatten(tree, [_zeros_like(p) for p in leaves])))
+        return _state(AdamState(tensor(np.int32(0)), unflatten(tree, mu), unflatten(tree, nu), master))
 
     def update(self, grads: Any, state: AdamState, params: Any) -> tuple[Any, AdamState]:
         from .ops import sqrt
         gl, pl, tree = _check(grads, params, "Adam.update", state, AdamState)
         ml, _ = flatten(state.mu)
         vl, _ = flatten(state.nu)
+        xl = flatten(state.master)[0] if state.master is not None else [_to(p, m.sharding, m.dtype)
+                                                                         for p, m in zip(pl, ml)]
+        gl = [_to(g, m.sharding, m.dtype) for g, m in zip(gl, ml)]  # into the state's layout and dtype
         t = state.count + 1
         ml = [_like(m * self.b1 + g * (1 - self.b1), m) for m, g in zip(ml, gl)]
         vl = [_like(v * self.b2 + (g * g) * (1 - self.b2), v) for v, g in zip(vl, gl)]
         tf = t.astype(np.float64)
         c1, c2 = 1 - self.b1 ** tf, 1 - self.b2 ** tf
-        new = [_like(p - (m / c1.astype(m.dtype)) / (sqrt(v / c2.astype(v.dtype)) + self.eps) * self.lr, p)
-               for p, m, v in zip(pl, ml, vl)]
-        return _params(unflatten(tree, new)), _state(AdamState(t, unflatten(tree, ml), unflatten(tree, vl)))
+        xl = [_like(x - (m / c1.astype(m.dtype)) / (sqrt(v / c2.astype(v.dtype)) + self.eps) * self.lr, x)
+              for x, m, v in zip(xl, ml, vl)]
+        new = [_to(x, p.sharding, p.dtype) for x, p in zip(xl, pl)]  # back to the parameters' layout and dtype
+        master = unflatten(tree, xl) if state.master is not None else None
+        return _params(unflatten(tree, new)), _state(AdamState(t, unflatten(tree, ml), unflatten(tree, vl), master))
 
 
 def _state(state: Any) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .errors import ShardingError
+from .pytree import _outline, flatten
 from .formats import _jax_pspec, from_partition_spec
 from .mesh import DeviceMesh, _show
 from .spec import DimSpec, ShardingSpec
@@ -153,3 +154,32 @@ def to_spec(mesh: Any, dim_specs: Any, rank: int | None, replicated_axes: Sequen
 def _is_pspec(x: Any) -> bool:
     P = _jax_pspec()
     return P is not None and isinstance(x, P)
+
+
+def specs_like(params: Any, specs: Any, what: str) -> list:
+    """Per leaf of the pytree ``params``, the layout ``specs`` (a pytree like it, of ShardingSpecs, PartitionSpecs or
+    dim-spec lists; None leaves and None ``specs``: the leaf's own) gives it: optimizer state, gradients."""
+    leaves, tree = flatten(params)
+    if specs is None:
+        return [p.sharding for p in leaves]
+    given, stree = flatten(specs, is_leaf=_is_spec_leaf)
+    if stree != tree:
+        raise ShardingError(f"{what}: specs must be a pytree like params ({_outline(params)[:200]}); got "
+                            f"{_outline(specs)[:200]}")
+    out = []
+    for p, s in zip(leaves, given):
+        if s is None:
+            out.append(p.sharding)
+            continue
+        if p.sharding is None:
+            raise ShardingError(f"{what}: a state spec {s!r} for a parameter of shape {p.shape} on no mesh; shard "
+                                f"the parameters first")
+        out.append(to_spec(p.sharding.mesh, s, p.ndim, op=f"{what} specs"))
+    return out
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    """A leaf of a ``specs`` pytree: a ShardingSpec, a PartitionSpec, or a list of dim entries (not a subtree)."""
+    if isinstance(x, ShardingSpec) or _is_pspec(x) or x is None:
+        return True
+    return isinstance(x, list) and all(e is None or isinstance(e, (str, tuple)) or hasattr(e, "axes") for e in x)

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .errors import ShardingError
+from .layout import shard_slices
 from .mesh import MAX_RANK, AxisRef, DeviceMesh, _bounded_tuple, _is_int, _show, merge_adjacent
 
 #: The most axes one dim (or the replicated or partial set) may name: more than any mesh can hold.
@@ -213,19 +214,16 @@ class ShardingSpec:
                 f"(rank {len(shape)})")
 
     def shard_slices(self, global_shape: Sequence[int], device_id: int) -> tuple[slice, ...]:
-        from .layout import shard_slices
         return shard_slices(self, _global_shape(self, global_shape, "shard_slices"),
                             _device_id(self, device_id, "shard_slices"))
 
     def shard_shape(self, global_shape: Sequence[int], device_id: int) -> tuple[int, ...]:
-        from .layout import shard_slices
         shape = _global_shape(self, global_shape, "shard_shape")
         return tuple(s.stop - s.start for s in shard_slices(self, shape, _device_id(self, device_id, "shard_shape")))
 
     # ---- formats -----------------------------------------------------------------------------
     def to_mhlo(self) -> str:
-        from .formats import to_mhlo
-        return to_mhlo(self)
+        return _formats().to_mhlo(self)
 
     @staticmethod
     def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> "ShardingSpec":
@@ -234,22 +232,30 @@ class ShardingSpec:
         ``rank`` is needed for ``{replicated}`` and must agree with the tile dims when given. The old
         order ``from_mhlo(text, mesh, rank)`` still works, with a ``DeprecationWarning``.
         """
-        from .formats import from_mhlo
         mesh, text = _mhlo_args(mesh, text, "from_mhlo")
-        return from_mhlo(mesh, text, rank)
+        return _formats().from_mhlo(mesh, text, rank)
 
     def to_partition_spec(self):
-        from .formats import to_partition_spec
-        return to_partition_spec(self)
+        return _formats().to_partition_spec(self)
 
     @staticmethod
     def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> "ShardingSpec":
-        from .formats import from_partition_spec
-        return from_partition_spec(mesh, pspec)
+        return _formats().from_partition_spec(mesh, pspec)
 
     @staticmethod
     def replicated(mesh: DeviceMesh, rank: int, is_open: bool = False) -> "ShardingSpec":
         return ShardingSpec(mesh, [DimSpec((), is_open)] * check_rank_arg(rank, "ShardingSpec.replicated"))
+
+
+#: the module of the text and JAX formats, which builds on this one and registers itself here on import
+_FORMATS: list = [None]
+
+
+def _formats() -> Any:
+    mod = _FORMATS[0]
+    if mod is None:
+        raise ShardingError("internal: nabla.formats was not imported (import nabla, not nabla.spec alone)")
+    return mod
 
 
 def _global_shape(spec: "ShardingSpec", shape: Any, who: str) -> tuple[int, ...]:

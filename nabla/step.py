@@ -13,6 +13,9 @@ import numpy as np
 #: ``Step.op`` of the executor's own steps (no kernel): a value laid out anew (``with_sharding``), a host value
 #: placed on a mesh (``shard``), and a value brought to another layout for a later use (a pending sum made once).
 RELAYOUT, PLACE, MOVE = "with_sharding", "shard", "move"
+#: several values summed in one collective (gradient buckets, as DDP fuses them): ``params`` holds their targets
+#: and result serials, ``post`` the one collective
+BUCKET = "bucket"
 
 _SERIALS = itertools.count(1)  # atomic under the GIL: two threads never get the same serial
 

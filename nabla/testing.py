@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import _programs
 from .dtypes import is_inexact
 from .collectives import CommLog, kinds
 from .layout import chunks
@@ -255,5 +256,4 @@ def programs(mesh: DeviceMesh | None = None, max_ops: int = 5):
     ...     assert_sharded_allclose(got, np.asarray(want, got.dtype), rtol=1e-4, atol=1e-4)
     >>> test_chains_equal_numpy()
     """
-    from ._programs import programs as _programs
-    return _programs(mesh, max_ops)
+    return _programs.programs(mesh, max_ops, meshes, shapes, specs)

@@ -1,7 +1,6 @@
-"""``t.to_jax()`` and ``nb.from_jax``: the same blocks on real jax devices with the equivalent NamedSharding.
-Device ``d`` of a mesh is ``jax.devices()[d]`` (on CPU, start jax with
-``XLA_FLAGS=--xla_force_host_platform_device_count=N``). A mesh that went to jax comes back as itself, so
-``nb.from_jax(t.to_jax()) + t`` works."""
+"""``t.to_jax()``: the same blocks on real jax devices with the equivalent NamedSharding. Device ``d`` of a mesh is
+``jax.devices()[d]`` (on CPU, start jax with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``). Meshes that
+went to jax are remembered, so ``nb.from_jax`` (``interop/arrays.py``) brings them back as themselves."""
 
 from __future__ import annotations
 
@@ -22,11 +21,15 @@ from ..spec import ShardingSpec
 _KNOWN: "OrderedDict[tuple, DeviceMesh]" = OrderedDict()
 _KNOWN_MAX = 256
 # jax meshes with split axes (sub-axes as separate axes) built by ``to_jax``: key -> the nabla mesh they split
-_ATOMS: dict[tuple, DeviceMesh] = {}
+_ATOMS: "OrderedDict[tuple, DeviceMesh]" = OrderedDict()
 
 
 def _key(mesh: DeviceMesh) -> tuple:
     return mesh.shape, mesh.axis_names, mesh.devices
+
+
+def _jax_key(jmesh: Any) -> tuple:
+    return tuple(jmesh.devices.shape), tuple(jmesh.axis_names), tuple(int(d.id) for d in jmesh.devices.flat)
 
 
 def remember(mesh: DeviceMesh) -> DeviceMesh:
@@ -76,6 +79,8 @@ def jax_sharding(spec: ShardingSpec):
     if spec.partial_axes:  # unreduced axes must be Explicit
         jmesh = Mesh(jmesh.devices, jmesh.axis_names, axis_types=(AxisType.Explicit,) * len(atoms))
     _ATOMS[_jax_key(jmesh)] = spec.mesh
+    while len(_ATOMS) > _KNOWN_MAX:  # bounded, as the meshes remembered above
+        _ATOMS.popitem(last=False)
     entries = [tuple(str(r) for r in d) if len(d) > 1 else (str(d[0]) if d else None) for d in spec.dim_refs]
     unreduced = {str(r) for r in spec.partial_refs}
     pspec = PartitionSpec(*entries, unreduced=unreduced) if unreduced else PartitionSpec(*entries)
@@ -119,61 +124,3 @@ def to_jax(t: Any):
         return np.ascontiguousarray(blocks[key])
 
     return jax.make_array_from_callback(t.shape, sharding, block_at)
-
-
-def _mesh_of(jmesh: Any, mesh: DeviceMesh | None) -> DeviceMesh:
-    """The nabla mesh for a jax mesh: ``mesh`` when given, else one seen before with the same devices and axis
-    names, else a new one named "jax"."""
-    if mesh is not None:
-        if not isinstance(mesh, DeviceMesh):
-            raise ShardingError(f"from_jax(array, mesh): mesh must be a nabla DeviceMesh, got {type(mesh).__name__}")
-        return remember(mesh)
-    key = _jax_key(jmesh)
-    known = _KNOWN.get(key, _ATOMS.get(key))
-    return known if known is not None else remember(DeviceMesh("jax", *key))
-
-
-def _jax_key(jmesh: Any) -> tuple:
-    return tuple(jmesh.devices.shape), tuple(jmesh.axis_names), tuple(int(d.id) for d in jmesh.devices.flat)
-
-
-def _device_blocks(array: Any) -> dict[int, np.ndarray]:
-    """Device id -> the data that device holds. jax cannot list the shards of an array with ``unreduced``
-    axes (``device_indices_map`` refuses them), so those are read from its per-device buffers."""
-    try:
-        return {int(s.device.id): np.asarray(s.data) for s in array.addressable_shards}
-    except NotImplementedError:
-        return {int(next(iter(a.devices())).id): np.asarray(a) for a in array._arrays}
-
-
-def from_jax(array: Any, mesh: DeviceMesh | None = None):
-    from ..sharding import pad
-    from ..tensor import Tensor
-
-    jax = require_jax("from_jax")
-    if not isinstance(array, jax.Array):
-        raise ShardingError(f"from_jax(array, mesh): expects a jax.Array, got {type(array).__name__} (for a numpy "
-                            f"array use nb.tensor(array).shard(mesh, dim_specs))")
-
-    sharding = getattr(array, "sharding", None)
-    pspec = getattr(sharding, "spec", None)
-    jmesh = getattr(sharding, "mesh", None)
-    ndim = len(array.shape)
-    if pspec is None or jmesh is None or not hasattr(jmesh, "devices"):  # one device, or not a NamedSharding
-        t = Tensor._host(np.asarray(array))
-        return t if mesh is None else t.shard(mesh, [None] * ndim)
-    if mesh is None and jmesh.devices.size == 1 and _jax_key(jmesh) not in _KNOWN:  # a one-device value
-        return Tensor._host(np.asarray(array))
-    target = _mesh_of(jmesh, mesh)
-    spec = pad(ShardingSpec.from_partition_spec(target, pspec), ndim, "from_jax")  # reads .partitions, unreduced
-    if not spec.partial_axes:
-        return Tensor._host(np.asarray(array)).shard(target, spec)
-    # Pending sums: each device's summand, as jax holds it (the global value is not materialised by jax).
-    ids = tuple(int(d.id) for d in jmesh.devices.flat)
-    split = _ATOMS.get(_jax_key(jmesh)) == target  # the target's axes, split into sub-axes
-    if ids != target.devices or (tuple(jmesh.axis_names) != target.axis_names and not split):
-        raise ShardingError(f"from_jax: the array is partial (unreduced over {sorted(spec.partial_axes)}) on jax mesh "
-                            f"{dict(zip(jmesh.axis_names, jmesh.devices.shape))} with devices {list(ids)}; it can "
-                            f"only come back onto a mesh with the same axes and devices, not {target!r}")
-    from ..tensor import from_local
-    return from_local(_device_blocks(array), target, spec)

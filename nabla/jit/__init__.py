@@ -17,7 +17,7 @@ from ..dtypes import is_inexact
 from .. import backends
 from .. import collectives as C
 from .. import trace as _trace
-from ..autodiff import flatten, unflatten
+from ..pytree import flatten, unflatten
 from ..errors import ShardingError
 from ..executor import record_step
 from ..spec import ShardingSpec
@@ -226,7 +226,7 @@ def _as_input(x: Any) -> Any:
         from ..ops import tensor
         return tensor(x)
     if type(x).__module__.startswith(("jax", "jaxlib")) and hasattr(x, "sharding") and hasattr(x, "shape"):
-        from ..interop.jax import from_jax
+        from ..interop.arrays import from_jax
         return from_jax(x)
     return x
 

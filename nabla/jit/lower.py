@@ -180,7 +180,12 @@ def run_body(prog: CompiledProgram, arrays: tuple) -> tuple:
     for k, (v, spec), a in zip(prog.rw.consts, prog.consts, arrays[len(prog.twins):]):
         env[k] = block_of(a, v, spec)
     for ins in prog.rw.instrs:
-        env[ins.writes] = _LOWER[ins.kind](ins, env, dev)
+        got = _LOWER[ins.kind](ins, env, dev)
+        if ins.kind == "bucket":
+            for k, x in zip((ins.writes,) + ins.more, got):
+                env[k] = x
+        else:
+            env[ins.writes] = got
     return tuple(env[k].reshape((1,) * G + tuple(env[k].shape)) for k in prog.out_keys)
 
 
@@ -262,7 +267,28 @@ def _lower_kernel(ins, env, dev):
     return out
 
 
-_LOWER = {"move": _lower_move, "alias": _lower_alias, "place": _lower_place, "view": _lower_view,
+def _lower_bucket(ins, env, dev):
+    """The values' blocks flattened into one buffer, one psum of it (what the log's one all_reduce is), and
+    each block cut back out (the plans' local cuts, if any, done before: a sum commutes with them)."""
+    xp = dev.xp
+    blocks = []
+    for r, u, plan in zip(ins.reads, ins.step.uses, ins.plan):
+        blocks.append(_lower_plan(env[r], plan, u.shape, dev, "sum", u.dst, skip=("all_reduce",)))
+    steps = [s for p in ins.plan for s in p.collectives]
+    names = dev.axis_names([seg.atoms[a] for p in ins.plan[:1] for seg in p.segments for s in seg.steps
+                            if s.kind == "all_reduce" for a in s.atoms])
+    flat = xp.concatenate([b.reshape(-1).astype(blocks[0].dtype) for b in blocks]) if len(blocks) > 1 else \
+        blocks[0].reshape(-1)
+    summed = dev.lax.psum(flat, names) if names and steps else flat
+    out, at = [], 0
+    for b in blocks:
+        n = int(np.prod(b.shape))
+        out.append(summed[at:at + n].reshape(b.shape).astype(b.dtype))
+        at += n
+    return tuple(out)
+
+
+_LOWER = {"bucket": _lower_bucket, "move": _lower_move, "alias": _lower_alias, "place": _lower_place, "view": _lower_view,
           "manual": _lower_manual, "host": _lower_host, "kernel": _lower_kernel}
 
 
@@ -433,12 +459,13 @@ class _StepContext:
         return _lower_exchange(x, src, dst, self.shape, self.dev)
 
 
-def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str, dst: ShardingSpec):
+def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str, dst: ShardingSpec,
+                skip: tuple[str, ...] = ()):
     """A reshard plan as jax.lax collectives on one device's block: each step through its registry entry's
     ``lower`` (its jax.lax twin)."""
     for seg in plan.segments:
         for s in seg.steps:
-            if s.fused:
+            if s.fused or s.kind in skip:
                 continue
             c = C.REGISTRY.get(s.kind)
             if c is None or c.lower is None:

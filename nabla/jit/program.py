@@ -11,7 +11,7 @@ from .. import collectives as C
 from .. import reshard
 from ..errors import ShardingError
 from ..executor import MANUAL, Program, Value
-from ..step import MOVE, PLACE, RELAYOUT, Step
+from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step
 
 #: ``Step.op`` of a compiled call's results (published when a jitted function runs)
 CALL = "jit_call"
@@ -39,6 +39,7 @@ class Instr(NamedTuple):
     events: tuple = ()
     plan: Any = None
     use: int = -1
+    more: tuple = ()  # further keys it makes (a bucket makes one per value it sums)
 
 
 class Removed(NamedTuple):
@@ -63,6 +64,11 @@ def instructions(steps: Sequence[Step]) -> list[Instr]:
                 out.append(Instr("move", s, (src,), dst, u.events, plan, 0))
             if s.op == RELAYOUT:
                 out.append(Instr("alias", s, (dst,), (s.out, layout(s.out_spec))))
+        elif s.op == BUCKET:
+            targets, outs = s.params
+            keys = tuple((o, layout(t)) for o, t in zip(outs, targets))
+            out.append(Instr("bucket", s, tuple((u.value, layout(u.src)) for u in s.uses), keys[0], s.post, s.prog,
+                             more=keys[1:]))
         elif s.op == PLACE:
             out.append(Instr("place", s, ((s.uses[0].value, None),), (s.out, layout(s.out_spec))))
         elif s.op in (SM_IN, SM_OUT):
@@ -133,19 +139,20 @@ def rewrite(instrs: Sequence[Instr], inputs: set, outputs: Sequence[Key], values
         if key is not None:
             seen_ops[key] = ins.writes
         made.add(ins.writes)
+        made.update(ins.more)
         kept.append(ins)
     outputs = [canon(k) for k in outputs]
     kept, folded = _fold(kept, inputs, values, removed)
     live = set(outputs)
     order: list[Instr] = []
     for ins in reversed(kept):
-        if ins.writes in live:
+        if ins.writes in live or any(k in live for k in ins.more):
             order.append(ins)
             live.update(r for r in ins.reads if r is not None)
         else:
             removed += [Removed(e, "dead", ins.step) for e in ins.events]
     order.reverse()
-    written = {ins.writes for ins in order} | set(inputs)
+    written = {k for ins in order for k in (ins.writes,) + ins.more} | set(inputs)
     consts = []
     for k in list(outputs) + [r for ins in order for r in ins.reads if r is not None]:
         if k not in written and k not in consts:
@@ -193,6 +200,9 @@ def _fold(instrs: list[Instr], inputs: set, values: dict, removed: list) -> tupl
         v = values.get(ins.writes[0])
         if ins.kind == "call":
             free[ins.writes] = v
+        elif ins.kind == "bucket":
+            out.append(ins)
+            continue
         elif v is not None and 0 in v._shape:
             free[ins.writes] = _zeros_as(v, ins.writes[1])
         elif reads and all(r in free or empty(r) for r in reads) and ins.kind in ("move", "alias", "place", "kernel",

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..autodiff import flatten
+from ..pytree import flatten
 from ..errors import ShardingError
 from ..executor import Value
 from ..mesh import DeviceMesh
@@ -99,7 +99,7 @@ def _traced(t: Tensor) -> Tensor:
 
 
 def _rebuild(tree: Any, leaves: list) -> Any:
-    from ..autodiff import unflatten
+    from ..pytree import unflatten
     return unflatten(flatten(tree)[1], leaves)
 
 

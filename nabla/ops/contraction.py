@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import rules as R
 from ..backends import xp as _xp
+from ..dtypes import is_float
 from ..errors import ShardingError
 from ..mesh import _show
 from ..opdef import OpDef
@@ -28,7 +29,17 @@ def _matmul_kernel(arrays, local):
     # give both operands the result's batch rank so grid axes line up
     a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
     b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
-    return _xp(a, b).matmul(a, b)
+    return _xp(a, b).matmul(*_wide(a, b))
+
+
+def _wide(*arrays):
+    """bfloat16 and float8 operands (numpy has no loops for them) in float32: the result is rounded back to the
+    operands' dtype, as XLA accumulates them (JAX's matmul of two bfloat16 arrays is bfloat16)."""
+    if any(is_float(a.dtype) and a.dtype.kind == "V" or a.dtype.itemsize == 1 and is_float(a.dtype)
+           for a in arrays if hasattr(a, "dtype")) and all(isinstance(a, np.ndarray) for a in arrays):
+        return tuple(a.astype(np.float32) if is_float(a.dtype) and a.dtype.itemsize < 4 and a.dtype != np.float16
+                     else a for a in arrays)
+    return arrays
 
 
 def _matmul_vjp(g, node, out):
@@ -65,6 +76,7 @@ def _matmul_flops(blocks, out, params) -> int:
 
 
 _MATMUL = register(OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel, "mul", vjp=_matmul_vjp,
+                         dtype=lambda a, b: np.result_type(a, b),
                          numpy="matmul", onnx=_matmul_onnx, arity=2, public=matmul, flops=_matmul_flops))
 
 
@@ -76,7 +88,7 @@ def _einsum_kernel(arrays, local):
     subscripts = local.params[0].replace(" ", "")
     G = local.G
     if G == 0:
-        return _xp(*arrays).einsum(subscripts, *arrays)
+        return _xp(*arrays).einsum(subscripts, *_wide(*arrays))
     lhs, arrow, rhs = subscripts.partition("->")
     terms = lhs.split(",")
     if not arrow:  # numpy's implicit output: ellipsis dims, then the letters used once, sorted
@@ -87,7 +99,7 @@ def _einsum_kernel(arrays, local):
     xp = _xp(*arrays)
     grid = np.broadcast_shapes(*(a.shape[:G] for a in arrays))
     arrays = [xp.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
-    return xp.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *arrays)
+    return xp.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *_wide(*arrays))
 
 
 def _einsum_terms(subscripts: str, shapes) -> tuple[list[str], str]:
@@ -169,4 +181,5 @@ def _einsum_flops(blocks, out, params) -> int:
 
 
 _EINSUM = register(OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul",
+                         dtype=lambda *dts: np.result_type(*dts),
                          vjp=_einsum_vjp, numpy="einsum", onnx=_einsum_onnx, public=einsum, flops=_einsum_flops))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import collectives as C
-from ..autodiff import flatten, unflatten
+from ..pytree import flatten, unflatten
 from ..errors import ShardingError
 from ..tensor import Tensor
 from .cluster import Cluster

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import collectives as C
 from ..spec import ShardingSpec
-from ..step import RELAYOUT
+from ..step import BUCKET, RELAYOUT
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "comm")
 
@@ -105,7 +105,10 @@ class MemoryLog:
         s = serial(value)
         self._tags[s] = kind
         own = self._owned.get(s)
-        if own is not None and own[2] != kind:
+        if own is None:  # made without a step (zeros of the optimizer's state): held from now on
+            if getattr(value, "_shape", None) is not None:
+                self._hold(s, value, kind)
+        elif own[2] != kind:
             mesh, nbytes, old, alive = own
             self._sub(mesh, old, nbytes)
             self._add(mesh, kind, nbytes)
@@ -134,19 +137,20 @@ class MemoryLog:
     def take(self, step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
         """A step ran: its operands are held (values made before the log opened count from here), the blocks it
         moved are buffers for the step's duration, its result is allocated."""
-        seen = {id(v) for _, v in values[:-1]} if values else set()
-        for s, v in values[:-1]:
+        n_in = len(step.uses) if step.op == BUCKET else max(len(values) - 1, 0)
+        ins, outs = values[:n_in], values[n_in:]
+        seen = {id(v) for _, v in ins}
+        for s, v in ins:
             if s and getattr(v, "_shape", None) is not None and not self._has(s, v):
                 self._hold(s, v, "activations")
         buffers = []
-        for u in step.uses if step.op != RELAYOUT else ():  # (a relayout's moved blocks are its result)
+        for u in step.uses if step.op not in (RELAYOUT, BUCKET) else ():  # (their moved blocks are their result)
             if u.events and u.value:
                 mesh, nbytes = _per_device(u.dst, u.shape, u.dtype.itemsize)
                 buffers.append((mesh, nbytes))
         for mesh, nbytes in buffers:
             self._add(mesh, "comm", nbytes)
-        if values:
-            s, out = values[-1]
+        for s, out in outs:
             if s and id(out) not in seen and not self._has(s, out):
                 phase_kind = "activations" if step.phase == "forward" and _diff(out) else "temporaries"
                 self._hold(s, out, phase_kind)

@@ -57,3 +57,48 @@ def test_a_state_or_tree_that_does_not_fit_says_what_differs():
         optim.SGD(0.1, momentum=0.9).update(p, optim.Adam(0.1).init(p), p)
     with pytest.raises(ShardingError, match=r"grads \{'a': <2>\}, params \{'b': <2>\}"):
         optim.Adam(0.1).update(p, optim.Adam(0.1).init({"b": nb.ones((2,))}), {"b": nb.ones((2,))})
+
+
+def test_adam_with_a_float32_master_copy_equals_optax_on_float32_and_rounds_to_bfloat16():
+    """Mixed precision as users write it: bfloat16 parameters and gradients; optax's Adam run on the float32
+    master copy (its reference), whose rounding to bfloat16 is each step's new parameters."""
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+    r = np.random.default_rng(1)
+    w32 = r.standard_normal((8, 12)).astype(np.float32)
+    grads = [r.standard_normal((8, 12)).astype(bf) for _ in range(3)]
+    w = nb.tensor(w32.astype(bf)).shard(MESH, ["dp", "tp"])
+    opt = optim.Adam(1e-2, master_dtype="float32")
+    state = opt.init(w)
+    assert state.master.dtype == np.float32 and state.mu.dtype == np.float32 and w.dtype == bf
+    ref = optax.adam(1e-2)
+    master = w32.astype(bf).astype(np.float32)  # the master copy starts as the parameters, widened
+    rstate = ref.init(master)
+    for g in grads:
+        with nb.comm_log() as log:
+            w, state = opt.update(nb.tensor(g).shard(MESH, ["dp", "tp"]), state, w)
+        upd, rstate = ref.update(g.astype(np.float32), rstate, master)
+        master = np.asarray(optax.apply_updates(master, upd))
+        assert log.events == [] and w.dtype == bf  # local: the state is laid out as the parameters
+        np.testing.assert_allclose(state.master.numpy(), master, rtol=1e-5, atol=1e-6)  # float32 rounding
+        np.testing.assert_array_equal(w.numpy(), state.master.numpy().astype(bf))
+
+
+def test_zero_stage_1_keeps_the_state_sharded_and_gathers_the_new_parameters():
+    """The state laid out over dp (specs=), the parameters replicated: each device updates its quarter of the
+    master copy and moments, and the new parameters are all_gathered (a replicated gradient is only cut)."""
+    mesh = DeviceMesh("z", (4,), ("dp",))
+    r = np.random.default_rng(2)
+    w0 = r.standard_normal((16, 8)).astype(np.float32)
+    g0 = r.standard_normal((16, 8)).astype(np.float32)
+    w = nb.tensor(w0).shard(mesh, [None, None])
+    opt = optim.Adam(1e-2, master_dtype="float32")
+    state = opt.init(w, specs=["dp", None])
+    assert state.mu.sharding.dim_specs[0].axes == ("dp",) and state.master.sharding == state.mu.sharding
+    with nb.comm_log() as log:
+        w1, state = opt.update(nb.tensor(g0).shard(mesh, [None, None]), state, w)
+    assert [(e.kind, e.bytes) for e in log.events] == [("all_gather", 3 * 4 * 8 * 4)]  # (k-1) x a 4 x 8 block
+    ref = optax.adam(1e-2)
+    upd, _ = ref.update(g0, ref.init(w0), w0)
+    np.testing.assert_allclose(w1.numpy(), np.asarray(optax.apply_updates(w0, upd)), rtol=1e-5, atol=1e-6)
+    assert w1.sharding == w.sharding

@@ -86,3 +86,28 @@ def test_summary_names_every_kind():
     text = mem.summary()
     for kind in ("params", "grads", "optimizer", "activations", "temporaries", "comm", "peak"):
         assert kind in text
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_stages_hold_the_model_state_the_zero_paper_counts(stage):
+    """Rajbhandari et al. (SC'20), section 3 and figure 1: mixed-precision Adam holds 2 bytes of bf16/fp16
+    parameters, 2 of gradients and 12 of optimizer state (a float32 master copy, momentum and variance) per
+    parameter; stage 1 divides the 12 by the data-parallel degree N_d, stage 2 the gradients' 2 too, stage 3 all
+    16. Here the stages are layouts of an ordinary program, run on nb.abstract inputs."""
+    nd = 4
+    mesh = nb.DeviceMesh("m", (nd,), ("dp",))
+    psi = 1024 * 512  # parameters
+    w = nb.abstract((1024, 512), "bfloat16").shard(mesh, ["dp", None] if stage == 3 else [None, None])
+    x = nb.abstract((64, 1024), "bfloat16").shard(mesh, ["dp", None])
+    opt = nb.optim.Adam(1e-3, master_dtype="float32")
+    sharded = ["dp", None]
+    with nb.memory_log() as mem:
+        state = opt.init(w, specs=sharded if stage in (1, 2) else None)
+        g = nb.grad(lambda w, x: (x @ w).sum(), grad_specs=sharded if stage == 2 else None)(w, x)
+    by = mem.by_kind
+    params, grads, optimizer = by["params"][0], by["grads"][0], by["optimizer"][0]
+    assert params == (2 * psi if stage < 3 else 2 * psi // nd)
+    assert grads == (2 * psi if stage < 2 else 2 * psi // nd)
+    assert optimizer == (12 * psi if stage == 0 else 12 * psi // nd)
+    want = {0: 16 * psi, 1: 4 * psi + 12 * psi // nd, 2: 2 * psi + 14 * psi // nd, 3: 16 * psi // nd}[stage]
+    assert params + grads + optimizer == want

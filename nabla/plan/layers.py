@@ -1,0 +1,359 @@
+"""A recorded program seen as layers: forward steps cut into segments (per ``nb.named_scope`` label or repeated
+step signatures), identical segments one class, dims joined into classes through each op's factors, and a
+segment replayed (forward, and backward through ``nb.vjp``) under other layouts of its inputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import combinations
+from math import prod
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from .. import collectives as C
+from ..autodiff import vjp
+from ..dtypes import is_inexact
+from ..ops.core import _call
+from ..spec import ShardingSpec
+from ..step import MOVE, PLACE, RELAYOUT, serial
+from ..tensor import Tensor
+from .memory import memory_log
+
+
+class Stop(Exception):
+    """Raised by a recorder told to stop at the backward pass (the forward program is recorded by then)."""
+
+
+class Recorder:
+    """Keeps every published step and what the program said its values are (params, grads, optimizer);
+    ``stop_at_backward``: ends the run (``Stop``) at the first backward step, noting that there was one."""
+
+    def __init__(self, stop_at_backward: bool = False) -> None:
+        self.steps: list = []
+        self.tags: dict[int, str] = {}
+        self.stop = stop_at_backward
+
+    def take(self, step: Any, values: Sequence = ()) -> None:
+        self.steps.append(step)
+        if self.stop and step.phase == "backward":
+            raise Stop
+
+    def tag(self, value: Any, kind: str) -> None:
+        self.tags[serial(value)] = kind
+
+
+class Segment(NamedTuple):
+    label: str
+    steps: tuple  # the forward steps (moves the executor made on its own left out)
+    inputs: tuple[int, ...]  # serials read from outside, in order of first use
+    outputs: tuple[int, ...]  # indices of steps whose result is read after the segment (or is the program's)
+    signature: tuple
+
+
+class LayerClass(NamedTuple):
+    """Identical segments (``instances``, in program order). Input ``e`` of the class is a parameter
+    (``params[e]`` is True: an argument leaf in every instance) or a value flowing in (an activation)."""
+
+    instances: tuple[Segment, ...]
+    params: tuple[bool, ...]
+    dims: tuple[tuple[int, ...], ...]  # per input, the dim class of each of its dims
+    out_dims: tuple[tuple[int, ...], ...]  # per output, likewise
+    compatible: frozenset  # pairs of dim classes no value of the segment has both of
+
+    @property
+    def rep(self) -> Segment:
+        return self.instances[0]
+
+    @property
+    def label(self) -> str:
+        return self.rep.label
+
+
+def forward_program(steps: Sequence, leaves: set[int] | frozenset = frozenset()) -> tuple[list, bool]:
+    """The forward steps before the first backward step (moves and recomputation left out), and whether a
+    backward pass follows. Given the arguments' serials, steps after the last one that depends on an argument
+    (the backward pass's seed, a constant) are left out."""
+    out, train = [], False
+    for s in steps:
+        if s.phase == "backward":
+            train = True
+            break
+        if s.phase == "forward" and s.op != MOVE:
+            out.append(s)
+    if leaves:
+        live = set(leaves)
+        last = -1
+        for i, s in enumerate(out):
+            if any(u.value in live for u in s.uses):
+                live.add(s.out)
+                last = i
+        out = out[:last + 1]
+    return out, train
+
+
+def _signature(steps: Sequence, outputs: Sequence[int], inputs: list[int]) -> tuple:
+    made = {s.out: k for k, s in enumerate(steps)}
+    ext: dict[int, int] = {}
+    sig = []
+    for k, s in enumerate(steps):
+        uses = []
+        for u in s.uses:
+            if u.value == 0:
+                uses.append(("c", repr(u.const)))
+            elif u.value in made and made[u.value] < k:
+                uses.append(("i", made[u.value]))
+            else:
+                if u.value not in ext:
+                    ext[u.value] = len(ext)
+                    inputs.append(u.value)
+                uses.append(("x", ext[u.value], u.shape, str(u.dtype)))
+        sig.append((s.name, repr(s.params), s.out_shape, str(s.out_dtype), tuple(uses)))
+    return tuple(sig) + (tuple(outputs),)
+
+
+def segments(steps: Sequence, final: int | None = None) -> list[Segment]:
+    """Cut the forward ``steps`` into segments: runs of one ``layer`` label; without labels, repeated runs of
+    identical step signatures (one segment per repeat)."""
+    if not steps:
+        return []
+    runs: list[tuple[str, list]] = []
+    for s in steps:
+        if runs and runs[-1][0] == (s.layer or ""):
+            runs[-1][1].append(s)
+        else:
+            runs.append((s.layer or "", [s]))
+    if len(runs) == 1 and not runs[0][0]:
+        runs = _repeats(list(steps))
+    readers: dict[int, int] = {}  # serial -> the last segment reading it
+    for i, (_, st) in enumerate(runs):
+        for s in st:
+            for u in s.uses:
+                if u.value:
+                    readers[u.value] = i
+    out = []
+    last = steps[-1].out if final is None else final
+    for i, (label, st) in enumerate(runs):
+        outputs = [k for k, s in enumerate(st) if readers.get(s.out, -1) > i or s.out == last]
+        inputs: list[int] = []
+        sig = _signature(st, outputs, inputs)
+        out.append(Segment(label, tuple(st), tuple(inputs), tuple(outputs), sig))
+    return out
+
+
+def _repeats(steps: list) -> list[tuple[str, list]]:
+    """Unlabelled steps: the longest stretch made of one block of steps repeated (period ``p``, at least twice),
+    each repeat its own segment ``"block i"``; what comes before and after are segments of their own. Periods
+    tried: the commonest distances between repeats of one step signature."""
+    keys = [(s.name, repr(s.params), s.out_shape) for s in steps]
+    n = len(keys)
+    last: dict = {}
+    gaps: Counter = Counter()
+    for i, k in enumerate(keys):
+        if k in last:
+            gaps[i - last[k]] += 1
+        last[k] = i
+    best = None  # (covered, start, period, repeats)
+    for p, _ in gaps.most_common(8):
+        run = 0
+        for i in range(n - p + 1):
+            if i < n - p and keys[i] == keys[i + p]:
+                run += 1
+                continue
+            reps = (run + p) // p
+            if reps >= 2 and (best is None or reps * p > best[0]):
+                best = (reps * p, i - run, p, reps)
+            run = 0
+    if best is None:
+        return [("", steps)]
+    _, start, p, reps = best
+    out = [("", steps[:start])] if start else []
+    out += [(f"block {i}", steps[start + i * p:start + (i + 1) * p]) for i in range(reps)]
+    if start + reps * p < n:
+        out.append(("", steps[start + reps * p:]))
+    return out
+
+
+def classes(segs: Sequence[Segment], leaves: dict[int, int]) -> list[LayerClass]:
+    """Group identical segments; ``leaves`` maps the serials of the program's argument leaves to their index."""
+    groups: dict[tuple, list[Segment]] = {}
+    for s in segs:
+        groups.setdefault(s.signature, []).append(s)
+    out = []
+    for insts in groups.values():
+        rep = insts[0]
+        params = tuple(all(inst.inputs[e] in leaves for inst in insts[1:]) and rep.inputs[e] in leaves
+                       if len(insts) > 1 else rep.inputs[e] in leaves for e in range(len(rep.inputs)))
+        dims, out_dims, compat = _dim_classes(rep)
+        out.append(LayerClass(tuple(insts), params, dims, out_dims, compat))
+    out.sort(key=lambda c: segs.index(c.rep))
+    return out
+
+
+def _dim_classes(seg: Segment):
+    """Union the dims of a segment's values that one factor of some op runs through (a reshape's merged dim joins
+    its major part): a sharding of one class is a consistent way to cut every value that has it."""
+    parent: dict = {}
+
+    def find(a):
+        while parent.setdefault(a, a) != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    made = {s.out: k for k, s in enumerate(seg.steps)}
+    ext = {v: e for e, v in enumerate(seg.inputs)}
+    shapes: dict = {}
+
+    def slot(u, k):
+        if u.value in made and made[u.value] < k:
+            return ("i", made[u.value])
+        return ("x", ext[u.value])
+
+    for k, s in enumerate(seg.steps):
+        shapes[("i", k)] = s.out_shape
+        for d in range(len(s.out_shape)):
+            find(("i", k, d))
+        slots = [None if u.value == 0 else slot(u, k) for u in s.uses]
+        for sl, u in zip(slots, s.uses):
+            if sl is not None:
+                shapes[sl] = u.shape
+                for d in range(len(u.shape)):
+                    find(sl + (d,))
+        if isinstance(s.op, str):  # a relayout or placement: the same value, dim for dim
+            for sl, u in zip(slots, s.uses):
+                if sl is not None:
+                    for d in range(len(s.out_shape)):
+                        union(sl + (d,), ("i", k, d))
+            continue
+        try:
+            rule = s.op.rule(tuple(u.shape if u.value else () for u in s.uses), *s.params)
+        except Exception:  # noqa: BLE001 - an op whose rule cannot be rebuilt joins nothing
+            continue
+        for i, (sl, dims) in enumerate(zip(slots, rule.operands)):
+            if sl is None:
+                continue
+            for d, fs in enumerate(dims):
+                if fs and d < len(s.uses[i].shape):
+                    union(sl + (d,), ("f", k, fs[0]))
+        for d, fs in enumerate(rule.result):
+            if fs:
+                union(("i", k, d), ("f", k, fs[0]))
+    ids: dict = {}
+
+    def cid(key):
+        return ids.setdefault(find(key), len(ids))
+
+    dims = tuple(tuple(cid(("x", e, d)) for d in range(len(shapes.get(("x", e), ())))) for e in range(len(seg.inputs)))
+    out_dims = tuple(tuple(cid(("i", k, d)) for d in range(len(seg.steps[k].out_shape))) for k in seg.outputs)
+    together = set()
+    for key, shape in shapes.items():
+        cs = {cid(key + (d,)) for d in range(len(shape))}
+        together.update(frozenset(p) for p in combinations(sorted(cs), 2))
+    n = len(ids)
+    compat = frozenset(frozenset(p) for p in combinations(range(n), 2) if frozenset(p) not in together)
+    return dims, out_dims, compat
+
+
+def without_partial(spec: Any) -> Any:
+    """``spec`` with its pending sums made (the layout a sum of the partial values is in)."""
+    if spec is None or not getattr(spec, "partial_axes", ()):
+        return spec
+    return ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
+
+
+class Replayed(NamedTuple):
+    steps: tuple  # what the replay recorded (forward and backward)
+    outputs: tuple  # each output's layout (partial axes included)
+    memory: Any  # the memory log of the replay
+    gradients: tuple  # per input, the layout of its gradient (None: not differentiated)
+    raw: tuple  # per input, (layout, itemsize) of its gradient as the backward pass leaves it (None: as finished)
+    steps_all: tuple  # every recorded step, in the order the memory log's timeline follows
+
+
+def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dtypes: Sequence[Any],
+           diff: Sequence[bool], train: bool, cotangents: Sequence[Any] | None = None,
+           params_: Sequence[bool] | None = None) -> Replayed:
+    """Run one instance of ``cls`` on data-free inputs laid out as ``layouts`` (one per input; ``None`` for a host
+    value), forward, and (``train``) backward from cotangents laid out as ``cotangents`` (default: as the outputs
+    are, without partial sums), differentiating the inputs marked ``diff``. Every op is the recorded one with its
+    recorded params: the executor plans it anew."""
+    rep = cls.rep
+    made = {s.out: k for k, s in enumerate(rep.steps)}
+    ext = {v: e for e, v in enumerate(rep.inputs)}
+    inputs = [Tensor(None, lay, tuple(sh), np.dtype(dt)) for lay, sh, dt in zip(layouts, shapes, dtypes)]
+    params_ = params_ if params_ is not None else cls.params
+    reach = _reaching(rep)
+    which = [e for e in range(len(inputs)) if train and diff[e] and is_inexact(inputs[e].dtype) and reach[e]]
+
+    def run(*xs):
+        given = list(inputs)
+        for e, x in zip(which, xs):
+            given[e] = x
+        env: dict[int, Any] = {}
+        for k, s in enumerate(rep.steps):
+            args = []
+            for u in s.uses:
+                if u.value == 0:
+                    args.append(u.const)
+                elif u.value in made and made[u.value] < k:
+                    args.append(env[made[u.value]])
+                else:
+                    args.append(given[ext[u.value]])
+            if s.op == RELAYOUT:
+                out = args[0].with_sharding(s.params[0])
+            elif s.op == PLACE:
+                out = args[0].shard(s.params[0]) if args[0].sharding is None else args[0]
+            else:
+                with C.user_op(s.user or s.name):
+                    out = _call(s.op, args, s.params)
+            env[k] = out
+        return tuple(env[k] for k in rep.outputs)
+
+    grads: list[Any] = [None] * len(inputs)
+    with C.comm_log() as log, memory_log() as mem:
+        if which:
+            outs, back = vjp(run, *[inputs[e] for e in which])
+            cts = [Tensor(None, (cotangents[j] if cotangents is not None and cotangents[j] is not None else
+                                 without_partial(o.sharding)), o.shape, o.dtype) for j, o in enumerate(outs)]
+            for e, g in zip(which, back(tuple(cts))):
+                grads[e] = getattr(g, "sharding", None)
+        else:
+            outs = run()
+    # An activation's gradient goes on to the layer before as it comes: the moves that lay it out as its input
+    # (what vjp does for a primal) are no steps of the program; its layout before them is the gradient's.
+    label = {f"grad of xs[{i}]": e for i, e in enumerate(which)}
+    kept, raw = [], {}
+    for st in log.steps:
+        e = label.get(str(st.user))
+        if e is not None and e not in raw and st.uses and st.uses[0].src is not None:
+            raw[e] = (st.uses[0].src, st.uses[0].dtype.itemsize)
+        if e is None or params_[e]:
+            kept.append(st)
+    for e, (lay, _) in raw.items():
+        if not params_[e]:
+            grads[e] = lay
+    return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads),
+                    tuple(raw.get(e) for e in range(len(inputs))), tuple(log.steps))
+
+
+def _reaching(seg: Segment) -> list[bool]:
+    """Per input, whether some output depends on it (only those get a gradient: a zero one would be real)."""
+    made = {s.out: k for k, s in enumerate(seg.steps)}
+    need = {seg.steps[k].out for k in seg.outputs}
+    for s in reversed(seg.steps):
+        if s.out in need:
+            need.update(u.value for u in s.uses if u.value)
+    return [v in need for v in seg.inputs]
+
+
+def block_bytes(spec: Any, shape: Sequence[int], itemsize: int) -> int:
+    """Bytes of the largest block of a value laid out as ``spec`` (the ceil rule)."""
+    if spec is None:
+        return prod(shape) * itemsize
+    return prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape)) * itemsize

@@ -1,0 +1,158 @@
+"""The choice autoshard makes, as a mixed-integer program: one option per group (a layer class, the rest of the
+program), costs per option and per pair of neighbouring groups, memory per device within a limit. Solved with
+HiGHS through ``scipy.optimize.milp`` (scipy is the ``plan`` extra, imported here only when a problem is solved)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+
+class Group(NamedTuple):
+    """A choice of one option. Per option: ``time`` (seconds, already times the group's count), ``memory``
+    (bytes per device held at the step's first peak, times the count), ``transient`` (bytes per device held
+    only while one instance runs: a peak adds the largest chosen one) and ``late`` (bytes per device held at a
+    second peak, times the count: the end of the backward pass, where gradients wait; None: no second peak).
+    The model's memory is the larger peak."""
+
+    time: Sequence[float]
+    memory: Sequence[float]
+    transient: Sequence[float]
+    late: Sequence[float] | None = None
+
+
+class Edge(NamedTuple):
+    """Seconds ``cost[i][j]`` when group ``a`` takes option ``i`` and group ``b`` option ``j``."""
+
+    a: int
+    b: int
+    cost: np.ndarray
+
+
+class Solution(NamedTuple):
+    choice: tuple[int, ...]  # per group, the option taken
+    time: float
+    memory: float  # the peak per device the model predicts (held plus the largest transient)
+
+
+def _program(groups: Sequence[Group], edges: Sequence[Edge]):
+    """Variables: x (one binary per group option), then e (one per edge option pair, in [0, 1]), then T (the
+    largest chosen transient). Rows: one option per group; each edge's pair variables sum to its endpoints'
+    choices (Alpa's linearisation of the product); T >= each chosen transient."""
+    off, n = [], 0
+    for g in groups:
+        off.append(n)
+        n += len(g.time)
+    eoff = []
+    for e in edges:
+        eoff.append(n)
+        n += e.cost.size
+    t_var = n
+    n += 1
+    rows, lo, hi = [], [], []
+
+    def row(entries: dict, low: float, high: float) -> None:
+        r = np.zeros(n)
+        for k, v in entries.items():
+            r[k] += v
+        rows.append(r)
+        lo.append(low)
+        hi.append(high)
+
+    for g, o in zip(groups, off):
+        row({o + i: 1.0 for i in range(len(g.time))}, 1.0, 1.0)
+    for e, o in zip(edges, eoff):
+        na, nb = e.cost.shape
+        for i in range(na):
+            row({**{o + i * nb + j: 1.0 for j in range(nb)}, off[e.a] + i: -1.0}, 0.0, 0.0)
+        for j in range(nb):
+            row({**{o + i * nb + j: 1.0 for i in range(na)}, off[e.b] + j: -1.0}, 0.0, 0.0)
+    for g, o in zip(groups, off):
+        for i, t in enumerate(g.transient):
+            if t > 0:
+                row({o + i: float(t), t_var: -1.0}, -np.inf, 0.0)
+    time = np.zeros(n)
+    mem = np.zeros(n)
+    late = np.zeros(n)
+    for g, o in zip(groups, off):
+        time[o:o + len(g.time)] = g.time
+        mem[o:o + len(g.memory)] = g.memory
+        late[o:o + len(g.memory)] = g.memory if g.late is None else g.late
+    for e, o in zip(edges, eoff):
+        time[o:o + e.cost.size] = e.cost.reshape(-1)
+    mem[t_var] = late[t_var] = 1.0
+    integral = np.zeros(n)
+    for g, o in zip(groups, off):
+        integral[o:o + len(g.time)] = 1
+    return off, t_var, np.array(rows), np.array(lo), np.array(hi), time, mem, late, integral
+
+
+def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: float = np.inf,
+          exclude: Sequence[Sequence[int]] = ()) -> Solution | None:
+    """The least-time choice whose memory stays within ``memory_limit``; among those within a relative 1e-6 of
+    the least time, the one with the least memory (a second solve). ``exclude``: choices not to return again.
+    ``None`` when no choice fits."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415 - the plan extra, loaded here only
+
+    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
+    n = len(time)
+    extra = []
+    for ch in exclude:  # at most len-1 of an excluded choice's options may be taken again
+        r = np.zeros(n)
+        for g, i in enumerate(ch):
+            r[off[g] + i] = 1.0
+        extra.append((r, -np.inf, len(ch) - 1))
+    bounds = Bounds(np.zeros(n), np.r_[np.ones(n - 1), np.inf])
+
+    def run(c: np.ndarray, more: list) -> np.ndarray | None:
+        rows = [A] + [r[None, :] for r, _, _ in more]
+        cons = LinearConstraint(np.vstack(rows), np.r_[lo, [l for _, l, _ in more]], np.r_[hi, [h for _, _, h in more]])
+        res = milp(c, constraints=cons, integrality=integral, bounds=bounds)
+        return res.x if res.status == 0 and res.x is not None else None
+
+    cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit)),
+                                                     (late, -np.inf, float(memory_limit))]
+    x = run(time, cap + extra)
+    if x is None:
+        return None
+    best = float(time @ x)
+    # ties: the least memory, as the larger peak (an extra variable M >= both peaks, minimised)
+    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-15)])
+    if x2 is not None:
+        x = x2
+    choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
+    return Solution(choice, *evaluate(groups, edges, choice))
+
+
+def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
+    """Minimise M >= both peaks subject to the program's rows and ``more``; the solution without M."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
+
+    n = A.shape[1]
+    pad = lambda r: np.r_[r, 0.0]  # noqa: E731
+    rows = [np.c_[A, np.zeros(len(A))]] + [pad(r)[None, :] for r, _, _ in more]
+    rows += [np.r_[mem, -1.0][None, :], np.r_[late, -1.0][None, :]]
+    cons = LinearConstraint(np.vstack(rows), np.r_[lo, [l for _, l, _ in more], -np.inf, -np.inf],
+                            np.r_[hi, [h for _, _, h in more], 0.0, 0.0])
+    c = np.zeros(n + 1)
+    c[-1] = 1.0 / max(1.0, float(max(mem.max(), late.max())))
+    res = milp(c, constraints=cons, integrality=np.r_[integral, 0],
+               bounds=Bounds(np.zeros(n + 1), np.r_[np.ones(n - 1), np.inf, np.inf]))
+    return res.x[:n] if res.status == 0 and res.x is not None else None
+
+
+def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = ()) -> Solution:
+    """The choice with the least predicted memory per device."""
+    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
+    x = _least(A, lo, hi, integral, mem, late, [])
+    choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
+    return Solution(choice, *evaluate(groups, edges, choice))
+
+
+def evaluate(groups: Sequence[Group], edges: Sequence[Edge], choice: Sequence[int]) -> tuple[float, float]:
+    """(time, memory) the model gives ``choice``."""
+    t = sum(g.time[i] for g, i in zip(groups, choice)) + sum(float(e.cost[choice[e.a], choice[e.b]]) for e in edges)
+    first = sum(g.memory[i] for g, i in zip(groups, choice))
+    second = sum((g.memory if g.late is None else g.late)[i] for g, i in zip(groups, choice))
+    return float(t), float(max(first, second) + max([g.transient[i] for g, i in zip(groups, choice)], default=0.0))

@@ -1,0 +1,280 @@
+"""nb.autoshard: on programs small enough to price every layout with nb.estimate, its choice is the true
+minimum (within the memory limit, ties toward less memory); on an MLP and a Llama-style block it recovers
+Megatron-LM's layout when memory rules data parallelism out and plain data parallelism when the model fits
+easily; ``fixed`` is kept; repeated layers are solved once; bad input is refused with messages that say why.
+The MILP behind it (nabla.plan.milp) against brute force."""
+
+import itertools
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import nabla as nb
+from nabla.plan import milp
+
+pytest.importorskip("scipy")
+
+H100 = nb.Hardware.preset("h100-sxm-80gb")
+OPEN = nb.DimSpec([], is_open=True)
+GIB = 2**30
+
+
+def free(mesh, shape, dtype="bfloat16"):
+    return nb.abstract(shape, dtype).shard(mesh, [OPEN] * len(shape))
+
+
+def mlp_loss(p, x):
+    with nb.named_scope("mlp"):
+        y = nb.relu(x @ p["w1"]) @ p["w2"]
+        return (y * y).sum()
+
+
+MLP = nb.value_and_grad(mlp_loss)
+
+
+def layouts(mesh, shape):
+    """Every layout of a matrix: each mesh axis on dim 0, dim 1 or neither (mesh order within a dim)."""
+    out = []
+    for where in itertools.product([None, 0, 1], repeat=len(mesh.axis_names)):
+        dims = [[], []]
+        for axis, d in zip(mesh.axis_names, where):
+            if d is not None:
+                dims[d].append(axis)
+        if all(shape[d] % np.prod([mesh.axis_size(a) for a in dims[d]], dtype=int) == 0 for d in range(2)):
+            out.append(nb.ShardingSpec(mesh, [tuple(d) for d in dims]))
+    return out
+
+
+def adam_bytes(spec, shape, itemsize):
+    """What autoshard adds for a program without an optimizer: Adam's two float32 moments (and a float32
+    master copy of 16-bit parameters) per parameter, laid out as the parameter."""
+    blocks = np.prod([-(-n // spec.num_shards(d)) for d, n in enumerate(shape)])
+    return blocks * (12 if itemsize <= 2 else 8)
+
+
+# ---- the choice is the true minimum where every layout can be priced ----------------------------------------
+
+
+@pytest.mark.parametrize("mesh_shape, limit", [((2, 2), None), ((2, 4), None), ((2, 4), 0.02)])
+def test_the_choice_is_the_least_step_time_of_every_layout(mesh_shape, limit):
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=int(np.prod(mesh_shape)) // 2)
+    mesh = cluster.mesh("m", mesh_shape, ("dp", "tp"))
+    B, D, H = 512, 512, 2048
+    x = nb.abstract((B, D), "float32").shard(mesh, ["dp", None])  # closed: kept as given
+    p = {"w1": free(mesh, (D, H), "float32"), "w2": free(mesh, (H, D), "float32")}
+    limit_bytes = None if limit is None else limit * GIB
+    plan = nb.autoshard(MLP, cluster, p, x, memory_limit=limit_bytes)
+    assert plan.specs[1] == x.sharding
+    priced = []
+    for s1, s2 in itertools.product(layouts(mesh, (D, H)), layouts(mesh, (H, D))):
+        rep = nb.estimate(MLP, cluster)({"w1": nb.abstract((D, H)).shard(s1), "w2": nb.abstract((H, D)).shard(s2)}, x)
+        mem = max(rep.memory.peak.values()) + adam_bytes(s1, (D, H), 4) + adam_bytes(s2, (H, D), 4)
+        priced.append((rep.step_time, mem, s1, s2))
+    fitting = [t for t in priced if limit_bytes is None or t[1] <= limit_bytes]
+    assert fitting and len(fitting) < len(priced) or limit is None
+    best_time = min(t[0] for t in fitting)
+    assert plan.report.step_time == pytest.approx(best_time, rel=1e-9)
+    least_memory_among_best = min(t[1] for t in fitting if t[0] <= best_time * (1 + 1e-6))
+    assert plan.memory == pytest.approx(least_memory_among_best, rel=1e-9)
+    assert plan.memory <= plan.memory_limit
+
+
+# ---- standard layouts recovered ----------------------------------------------------------------------------
+
+
+def _describes(plan, *phrases):
+    text = str(plan)
+    for ph in phrases:
+        assert ph in text, f"{ph!r} not in:\n{text}"
+
+
+def test_mlp_megatron_when_memory_rules_out_data_parallelism():
+    cluster = nb.Cluster(H100, nodes=8, devices_per_node=4)
+    mesh = cluster.mesh("m", (8, 4), ("dp", "tp"))
+    B, D, H = 65536, 4096, 16384
+    p = {"w1": free(mesh, (D, H)), "w2": free(mesh, (H, D))}
+    plan = nb.autoshard(MLP, cluster, p, free(mesh, (B, D)), memory_limit=2 * GIB)
+    w1, w2 = plan.specs[0]["w1"], plan.specs[0]["w2"]
+    assert [d.axes for d in w1.dim_specs] == [(), ("tp",)]  # column-parallel
+    assert [d.axes for d in w2.dim_specs] == [("tp",), ()]  # then row-parallel
+    assert [d.axes for d in plan.specs[1].dim_specs] == [("dp",), ()]  # the batch over dp
+    dp = plan.baselines["DP"]
+    assert dp[1] > plan.memory_limit >= plan.memory  # data parallelism does not fit
+    assert plan.report.step_time <= min(r.step_time for r, m in plan.baselines.values() if m <= plan.memory_limit)
+    _describes(plan, "w1 column-parallel over tp", "w2 row-parallel over tp", "batch-sharded over dp")
+
+
+def test_mlp_data_parallel_when_the_model_fits_easily():
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    B, D, H = 65536, 1024, 4096
+    plan = nb.autoshard(MLP, cluster, {"w1": free(mesh, (D, H)), "w2": free(mesh, (H, D))}, free(mesh, (B, D)))
+    for w in plan.specs[0].values():
+        assert all(not d.axes for d in w.dim_specs)  # replicated weights
+    assert [d.axes for d in plan.specs[1].dim_specs] == [("dp", "tp"), ()]  # the batch over every device
+    assert "DP" in plan.same
+    _describes(plan, "w1 replicated", "batch-sharded over dp", "batch-sharded over tp")
+
+
+def rmsnorm(x, g, eps=1e-5):
+    return (x / nb.sqrt(nb.mean(x * x, axis=-1, keepdims=True) + eps)).astype(x.dtype) * g
+
+
+def llama_block(x, p, heads):
+    """RMSNorm, attention (einsum, softmax), RMSNorm, SwiGLU ((u * sigmoid(u)) * v), residuals."""
+    B, S, h = x.shape
+    d = h // heads
+    y = rmsnorm(x, p["g1"])
+    q, k, v = ((y @ p[w]).reshape(B, S, heads, d) for w in ("wq", "wk", "wv"))
+    a = nb.softmax(nb.einsum("bqnd,bknd->bnqk", q, k) * float(1 / np.sqrt(d)), -1)
+    x = (x + nb.einsum("bnqk,bknd->bqnd", a, v).reshape(B, S, h) @ p["wo"]).astype(x.dtype)
+    y = rmsnorm(x, p["g2"])
+    u, v = y @ p["w1"], y @ p["w3"]
+    return (x + ((u * nb.sigmoid(u)) * v) @ p["w2"]).astype(x.dtype)
+
+
+def llama(mesh, layers, B, S, h, f):
+    def layer():
+        return {"g1": free(mesh, (h,)), "wq": free(mesh, (h, h)), "wk": free(mesh, (h, h)), "wv": free(mesh, (h, h)),
+                "wo": free(mesh, (h, h)), "g2": free(mesh, (h,)), "w1": free(mesh, (h, f)), "w3": free(mesh, (h, f)),
+                "w2": free(mesh, (f, h))}
+
+    def loss(ps, x):
+        for i, p in enumerate(ps):
+            with nb.named_scope(f"layer {i}"):
+                x = llama_block(x, p, heads=h // 128)
+        y = x.astype("float32")
+        return (y * y).mean()
+
+    return nb.value_and_grad(loss), [layer() for _ in range(layers)], free(mesh, (B, S, h))
+
+
+def test_llama_block_megatron_when_memory_rules_out_data_parallelism():
+    cluster = nb.Cluster(H100, nodes=8, devices_per_node=4)
+    mesh = cluster.mesh("m", (8, 4), ("dp", "tp"))
+    fn, ps, x = llama(mesh, 2, B=64, S=512, h=4096, f=16384)
+    plan = nb.autoshard(fn, cluster, ps, x, memory_limit=6 * GIB)
+    assert plan.baselines["DP"][1] > plan.memory_limit
+    for p in plan.specs[0]:
+        for w in ("wq", "wk", "wv", "w1", "w3"):
+            assert [d.axes for d in p[w].dim_specs] == [(), ("tp",)], w  # column-parallel
+        for w in ("wo", "w2"):
+            assert [d.axes for d in p[w].dim_specs] == [("tp",), ()], w  # row-parallel
+    assert [d.axes for d in plan.specs[1].dim_specs] == [("dp",), (), ()]
+    assert "TP x DP" in plan.same
+    _describes(plan, "layer 0 .. layer 1 (2 alike)", "wq column-parallel over tp", "wo row-parallel over tp",
+               "w2 row-parallel over tp", "activations batch-sharded over dp")
+
+
+def test_llama_block_data_parallel_when_the_model_fits_easily():
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    fn, ps, x = llama(mesh, 2, B=64, S=256, h=512, f=2048)
+    plan = nb.autoshard(fn, cluster, ps, x)
+    for p in plan.specs[0]:
+        assert all(not d.axes for w in p.values() for d in w.dim_specs)
+    assert [d.axes for d in plan.specs[1].dim_specs] == [("dp", "tp"), (), ()]
+    assert "DP" in plan.same
+
+
+# ---- repeated layers, fixed, apply ------------------------------------------------------------------------
+
+
+def test_repeated_layers_share_one_solution_and_the_search_does_not_grow_with_them():
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    plans = {}
+    for n in (2, 6):
+        fn, ps, x = llama(mesh, n, B=64, S=256, h=512, f=2048)
+        plans[n] = nb.autoshard(fn, cluster, ps, x)
+        assert f"layer 0 .. layer {n - 1} ({n} alike)" in str(plans[n])
+        assert len({tuple(map(str, p.values())) for p in plans[n].specs[0]}) == 1  # one layout for every layer
+    assert plans[6].specs[0][0] == plans[2].specs[0][0]
+    assert plans[6].report.step_time > 2 * plans[2].report.step_time
+
+
+def test_fixed_specs_are_kept_and_unknown_paths_are_named():
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    B, D, H = 65536, 1024, 4096
+    p, x = {"w1": free(mesh, (D, H)), "w2": free(mesh, (H, D))}, free(mesh, (B, D))
+    keep = nb.ShardingSpec(mesh, [None, "tp"])
+    plan = nb.autoshard(MLP, cluster, p, x, fixed={"p['w1']": keep, "x": ["dp", None]})
+    assert plan.specs[0]["w1"] == keep
+    assert plan.specs[1] == nb.ShardingSpec(mesh, ["dp", None])
+    with pytest.raises(nb.ShardingError, match=r"fixed names \[\"p\['w3'\]\"\].*\"p\['w1'\]\", \"p\['w2'\]\", 'x'"):
+        nb.autoshard(MLP, cluster, p, x, fixed={"p['w3']": keep})
+
+
+def test_apply_lays_real_tensors_out_as_chosen():
+    cluster = nb.Cluster(H100, nodes=1, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 2), ("dp", "tp"))
+    rng = np.random.default_rng(0)
+    w1, w2, xv = (rng.standard_normal(s).astype(np.float32) for s in ((16, 32), (32, 16), (8, 16)))
+    p = {"w1": nb.tensor(w1).shard(mesh, [OPEN, OPEN]), "w2": nb.tensor(w2)}  # an unplaced tensor is free too
+    x = nb.tensor(xv).shard(mesh, [OPEN, OPEN])
+    plan = nb.autoshard(MLP, cluster, p, x)
+    p2, x2 = plan.apply(p, x)
+    assert p2["w1"].sharding == plan.specs[0]["w1"] and p2["w2"].sharding == plan.specs[0]["w2"]
+    assert x2.sharding == plan.specs[1]
+    value, _ = MLP(p2, x2)
+    want = ((np.maximum(xv @ w1, 0) @ w2) ** 2).sum()
+    np.testing.assert_allclose(value.numpy(), want, rtol=1e-4)
+
+
+# ---- refusals ---------------------------------------------------------------------------------------------
+
+
+def test_an_infeasible_limit_names_the_least_memory_and_what_dominates_it():
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    p = {"w1": free(mesh, (4096, 16384)), "w2": free(mesh, (16384, 4096))}
+    with pytest.raises(nb.ShardingError) as err:
+        nb.autoshard(MLP, cluster, p, free(mesh, (8192, 4096)), memory_limit=0.5 * GIB)
+    msg = str(err.value)
+    assert "no layout fits in 0.50 GiB per device" in msg
+    assert "the least memory any layout reaches is" in msg
+    least = float(msg.split("reaches is ")[1].split(" GiB")[0])
+    assert 0.5 < least < 2.0
+    assert "parameters and optimizer state of mlp" in msg and "p['w1']" in msg
+
+
+def test_arguments_off_the_cluster_are_refused():
+    cluster = nb.Cluster(H100, nodes=1, devices_per_node=4)
+    with pytest.raises(nb.ShardingError, match=r"no argument is on a mesh.*cluster\.mesh"):
+        nb.autoshard(MLP, cluster, {"w1": nb.abstract((8, 8)), "w2": nb.abstract((8, 8))}, nb.abstract((4, 8)))
+    other = nb.DeviceMesh("m", (2, 2), ("dp", "tp"), devices=[4, 5, 6, 7])
+    with pytest.raises(nb.ShardingError, match=r"devices \[4, 5, 6, 7\] but the cluster has devices 0\.\.3"):
+        nb.autoshard(MLP, cluster, {"w1": free(other, (8, 8)), "w2": free(other, (8, 8))}, free(other, (4, 8)))
+    with pytest.raises(nb.ShardingError, match="cluster must be an nb.Cluster"):
+        nb.autoshard(MLP, H100, nb.abstract((8, 8)))
+
+
+def test_import_nabla_leaves_scipy_unloaded():
+    code = "import sys, nabla; assert 'scipy' not in sys.modules, 'scipy imported'; nabla.autoshard"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- the MILP ---------------------------------------------------------------------------------------------
+
+
+def test_milp_matches_brute_force_with_edges_and_memory():
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        sizes = rng.integers(1, 5, size=3)
+        groups = [milp.Group(rng.random(n), rng.random(n), rng.random(n) * 0.3, rng.random(n)) for n in sizes]
+        edges = [milp.Edge(0, 1, rng.random((sizes[0], sizes[1]))), milp.Edge(1, 2, rng.random((sizes[1], sizes[2])))]
+        limit = float(rng.uniform(1.0, 2.5))
+        everything = [(milp.evaluate(groups, edges, c), c) for c in itertools.product(*(range(n) for n in sizes))]
+        fits = [(t, m, c) for (t, m), c in everything if m <= limit + 1e-9]
+        sol = milp.solve(groups, edges, limit)
+        if not fits:
+            assert sol is None
+            continue
+        best = min(t for t, _, _ in fits)
+        assert sol.time == pytest.approx(best, abs=1e-6)
+        assert sol.memory == pytest.approx(min(m for t, m, _ in fits if t <= best + 1e-6), abs=1e-6)
+        least = milp.least_memory(groups, edges)
+        assert least.memory == pytest.approx(min(m for (_, m), _ in everything), abs=1e-6)
