@@ -21,6 +21,7 @@ from ..executor import Value
 from ..opdef import OpDef
 from ..spec import DimSpec
 from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
+from .pointwise import maximum, minimum
 from .registry import onnx_export, register
 from .shape import broadcast_to, reshape
 
@@ -248,9 +249,7 @@ def _take_along_onnx(ex):
 
 
 def _zeros_onnx(ex, shape) -> str:
-    value = np.zeros(1, dtype=ex.dtype)
-    from onnx import numpy_helper
-    return ex.emit("ConstantOfShape", [ex.ints(shape)], "zeros", value=numpy_helper.from_array(value))
+    return ex.emit("Expand", [ex.b.constant(np.zeros((), ex.dtype), base="zero"), ex.ints(shape)], "zeros")
 
 
 def _nonnegative_onnx(ex, ids: str, n: int) -> str:
@@ -260,7 +259,7 @@ def _nonnegative_onnx(ex, ids: str, n: int) -> str:
     return ex.emit("Where", [neg, ex.emit("Add", [ids, size], "wrapped"), ids], "index")
 
 
-@onnx_export("ScatterND", "Transpose", "Unsqueeze", "ConstantOfShape", "Where", "Less", "Add")
+@onnx_export("ScatterND", "Transpose", "Unsqueeze", "Expand", "Where", "Less", "Add")
 def _scatter_onnx(ex):
     """ScatterND adds along leading dims: the indices' dims and the gathered dim are moved in front, then back."""
     axis, n = ex.params
@@ -280,7 +279,7 @@ def _scatter_onnx(ex):
     return ex.finish(ex.out("Transpose", [s], perm=back), [(g, 0), (ids, 1)])
 
 
-@onnx_export("ScatterElements", "ConstantOfShape")
+@onnx_export("ScatterElements", "Expand")
 def _scatter_along_onnx(ex):
     axis, n = ex.params
     g, ids = ex.operand(0, ex.dtype), ex.operand(1, np.int64)
@@ -377,7 +376,6 @@ def take(a: ArrayLike, indices: ArrayLike, axis: int | None = None, mode: str | 
 
 def _clipped(ids: Any, n: int) -> Any:
     """numpy's ``mode="clip"``: indices past either end name the end (negative ones name row 0)."""
-    from .pointwise import maximum, minimum
     if not isinstance(ids, Value):
         return np.clip(ids, 0, n - 1)
     return minimum(maximum(ids, 0), n - 1)
