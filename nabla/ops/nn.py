@@ -58,8 +58,12 @@ def _sharded_along(x: Any, axes: Sequence[int]) -> bool:
 
 def stop_gradient(x: ArrayLike) -> Tensor:
     """``x`` itself, with a zero gradient (``jax.lax.stop_gradient``): an identity step that moves and computes
-    nothing, keeping ``x``'s sharding (pending sums included)."""
-    return _call(_STOP, (x,))
+    nothing, keeping ``x``'s sharding (pending sums included). What is computed from it alone is not
+    differentiated: no cotangent is made for it."""
+    out = _call(_STOP, (x,))
+    if out._node is not None and out._node.diff:
+        out._node = out._node._replace(diff=False)
+    return out
 
 
 _STOP = register(OpDef("stop_gradient", lambda shapes: R.elementwise_rule((shapes[0],), op="stop_gradient"),

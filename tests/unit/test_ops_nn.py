@@ -109,6 +109,10 @@ def test_stop_gradient_is_an_identity_step_with_no_gradient():
     g = nb.grad(lambda a: (a * nb.stop_gradient(a)).sum())(nb.tensor(x).shard(MESH, ["dp", "tp"]))
     assert_sharded_allclose(g, x)  # d(a * c)/da with c = a held constant
     assert nb.flops(lambda a: nb.stop_gradient(a), p) == 0
+    w = np.random.default_rng(1).standard_normal((6, 6)).astype(np.float32)
+    with nb.comm_log() as log:  # what is computed from the stopped value alone gets no cotangent
+        nb.grad(lambda a: (a * nb.stop_gradient(nb.relu(a @ w))).sum())(nb.tensor(x).shard(MESH, ["dp", None]))
+    assert [s.name for s in log.steps if s.phase == "backward" and s.name == "multiply"] == ["multiply"]  # a's
 
 
 # ---- gradients (float64, against jax.grad), pending sums included -------------------------------------------
