@@ -112,13 +112,16 @@ _TO_HOST = _Op("gather to host", lambda g, node, out: (g,))
 
 
 def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
-                  wrt: Sequence[int] | None = None, labels: dict[int, str] | None = None) -> dict[int, Tensor]:
+                  wrt: Sequence[int] | None = None, labels: dict[int, str] | None = None,
+                  ready: Callable[[int, Tensor], None] | None = None) -> dict[int, Tensor]:
     """Cotangents of the traced leaves the outputs depend on, by ``id`` of the leaf: the leaves whose ids are
     in ``wrt`` (``vjp``'s), or every LEAF node (``backward()``). A leaf of an inner differentiation made from a
     traced value is, to an outer pass, that value itself. Inside an enclosing differentiation the ops of this
     pass are recorded (so a gradient of a gradient differentiates them); otherwise they record nothing.
     Collectives are logged under the public op each VJP belongs to (``softmax``, not the ``max`` inside it),
-    and the sums of cotangents under the value they are for (``grad of p['w1']`` for a leaf in ``labels``)."""
+    and the sums of cotangents under the value they are for (``grad of p['w1']`` for a leaf in ``labels``).
+    ``ready(leaf id, cotangent)`` is called as each leaf's cotangent is complete, in the order the pass completes
+    them (so a gradient is summed while the pass goes on, as DDP's hooks do, not held raw to the end)."""
     from .ops import add
     stop = None if wrt is None else set(wrt)
     order = topological(outputs, stop)
@@ -144,35 +147,69 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
             with C.user_op(label(a)):
                 groups[extra] = add(groups[extra], c)
 
+    # a leaf's cotangent is complete once every op that uses it has run its VJP: counted, so it is finished then
+    users: dict[int, int] = {}
+    if ready is not None:
+        for v in order:
+            for a in v._node.args:
+                if id(a) in needed and is_leaf(a):
+                    users[id(a)] = users.get(id(a), 0) + 1
+    finished: set[int] = set()
+
+    def total(v):
+        """``v``'s cotangent: its contributions summed (per-device summands over their axes: a psum)."""
+        groups = ct.pop(id(v), None)
+        if groups is None:
+            return None
+        g = None
+        with C.user_op(label(v)):
+            for extra, part in groups.items():
+                part = settle(part, v) if extra else part
+                g = part if g is None else add(g, part)
+        return g
+
+    def leaf_done(v) -> None:
+        finished.add(id(v))
+        g = total(v)
+        if g is not None:
+            leaves[id(v)] = g
+            if ready is not None:
+                ready(id(v), g)
+
+    def used(node) -> None:
+        for a in node.args:
+            if id(a) in users:
+                users[id(a)] -= 1
+                if users[id(a)] == 0:
+                    leaf_done(a)
+
     with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
         for o, c in zip(outputs, cotangents):
             if id(o) in needed:
                 accumulate(o, c)
         for v in reversed(order):
-            if id(v) not in needed:
+            if id(v) not in needed or id(v) in finished:
                 continue
-            groups = ct.pop(id(v), None)
-            if groups is None:
+            if is_leaf(v):
+                leaf_done(v)
                 continue
             node = v._node
             if node.op == SM_IN or getattr(node.op, "raw_cotangent", False):
                 # these transpose each group as it is (into shard_map: partial sums over its axes; all_gather: a
                 # psum_scatter of the summands along the gathered axes)
-                for g in groups.values():
+                groups = ct.pop(id(v), None)
+                for g in (groups or {}).values():
                     fn = in_vjp if node.op == SM_IN else node.op.vjp
                     with C.user_op(node.user or ("shard_map" if node.op == SM_IN else node.op.name)):
                         parts = fn(g, node, v)
                     for arg, c in zip(node.args, parts):
                         if c is not None and id(arg) in needed:
                             accumulate(arg, c)
+                used(node)
                 continue
-            g = None
-            with C.user_op(label(v)):
-                for extra, part in groups.items():  # per-device summands are summed over their axes (a psum)
-                    part = settle(part, v) if extra else part
-                    g = part if g is None else add(g, part)
-            if is_leaf(v):
-                leaves[id(v)] = g
+            g = total(v)
+            if g is None:
+                used(node)
                 continue
             if node.op in (RELAYOUT, PLACE, LEAF):  # the same value (another layout; an inner pass's leaf)
                 parts = (g,)
@@ -188,6 +225,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
             for arg, c in zip(node.args, parts):
                 if c is not None and id(arg) in needed:
                     accumulate(arg, c)
+            used(node)
     return leaves
 
 
@@ -244,33 +282,64 @@ def _finish(g: Tensor | None, primal: Tensor, spec: Any = "primal") -> Tensor:
         return g.with_sharding(spec.mesh, dims)
 
 
-def _gradients(got: dict[int, Tensor], traced: Sequence[Tensor], primals: Sequence[Tensor],
-               labels: dict[int, str] | None = None, bucket_bytes: int | None = None,
-               specs: Sequence[Any] | None = None) -> list[Tensor]:
-    """The finished gradients of ``traced`` leaves; detached unless an enclosing differentiation needs them. The
-    final sums and moves are logged as ``grad of <parameter path>``; with ``bucket_bytes``, the gradients whose
-    sum is one all_reduce are summed in buckets of at most that many bytes, packed in order (DDP's buckets)."""
-    live = outer_live()
-    out: list = [None] * len(traced)
-    pending: list = []  # (index, partial gradient, target) summed in buckets
-    with (contextlib.nullcontext() if live else paused()):
-        for i, (t, x) in enumerate(zip(traced, primals)):
-            with C.user_op((labels or {}).get(id(t), "grad of a traced tensor")):
-                g = got.get(id(t))
-                spec = x.sharding if specs is None or specs[i] is None else specs[i]
-                target = _bucketable(g, x, spec) if bucket_bytes is not None else None
-                if target is not None:
-                    pending.append((i, g if g.dtype == x.dtype else g.astype(x.dtype), target))
-                else:
-                    out[i] = _finish(g, x, spec)
-        for bucket in _buckets(pending, bucket_bytes):
-            with C.user_op("grad bucket of " + ", ".join(
-                    (labels or {}).get(id(traced[i]), "a traced tensor")[len("grad of "):] for i, _, _ in bucket)), \
-                    C.phase("backward"):
-                summed = relayout_bucket([g for _, g, _ in bucket], [t for _, _, t in bucket], Tensor)
-            for (i, _, _), g in zip(bucket, summed):
-                out[i] = g
-    return out if live else [_detach(g) for g in out]
+class _Finisher:
+    """Gradients finished as the backward pass completes them: each laid out as its primal (or as ``specs``
+    says), detached unless an enclosing differentiation needs them; the final sums and moves are logged as
+    ``grad of <parameter path>``. With ``bucket_bytes``, gradients whose sum is one all_reduce wait in a bucket
+    of at most that many bytes per device, summed together when it fills (DDP's buckets, in the order the pass
+    completes them)."""
+
+    def __init__(self, traced: Sequence[Tensor], primals: Sequence[Tensor], labels: dict[int, str] | None,
+                 bucket_bytes: int | None = None, specs: Sequence[Any] | None = None) -> None:
+        self.index = {id(t): i for i, t in enumerate(traced)}
+        self.traced, self.primals, self.labels = traced, primals, labels or {}
+        self.bucket_bytes, self.specs = bucket_bytes, specs
+        self.out: list = [None] * len(traced)
+        self.bucket: list = []  # (index, partial gradient, target)
+        self.size = 0
+        self.live = outer_live()
+
+    def _label(self, i: int) -> str:
+        return self.labels.get(id(self.traced[i]), "grad of a traced tensor")
+
+    def __call__(self, leaf: int, g: Tensor | None) -> None:
+        i = self.index.get(leaf)
+        if i is None or self.out[i] is not None:
+            return
+        x = self.primals[i]
+        spec = x.sharding if self.specs is None or self.specs[i] is None else self.specs[i]
+        with (contextlib.nullcontext() if self.live else paused()), C.user_op(self._label(i)):
+            target = _bucketable(g, x, spec) if self.bucket_bytes is not None else None
+            if target is None:
+                self.out[i] = _finish(g, x, spec)
+                return
+            g = g if g.dtype == x.dtype else g.astype(x.dtype)
+        nbytes = prod(chunks(target, g.shape)) * g.dtype.itemsize  # each device's block, as DDP's buffers
+        key = (target.mesh, g.sharding.partial_axes)
+        if self.bucket and (key != self._key or self.size + nbytes > self.bucket_bytes):
+            self.flush()
+        self.bucket.append((i, g, target))
+        self._key, self.size = key, self.size + nbytes
+
+    def flush(self) -> None:
+        if not self.bucket:
+            return
+        bucket, self.bucket, self.size = self.bucket, [], 0
+        names = ", ".join(self._label(i)[len("grad of "):] for i, _, _ in bucket)
+        with (contextlib.nullcontext() if self.live else paused()), C.user_op("grad bucket of " + names), \
+                C.phase("backward"):
+            summed = relayout_bucket([g for _, g, _ in bucket], [t for _, _, t in bucket], Tensor)
+        for (i, _, _), g in zip(bucket, summed):
+            self.out[i] = g
+
+    def done(self, got: dict[int, Tensor]) -> list[Tensor]:
+        """Every gradient: the ones the pass never reached (no path from the output) are zeros."""
+        self.flush()
+        for i, t in enumerate(self.traced):
+            if self.out[i] is None:
+                self(id(t), got.get(id(t)))
+        self.flush()
+        return self.out if self.live else [_detach(g) for g in self.out]
 
 
 def _bucketable(g: Tensor | None, primal: Tensor, spec: Any) -> Any:
@@ -282,25 +351,6 @@ def _bucketable(g: Tensor | None, primal: Tensor, spec: Any) -> Any:
     target = type(spec)(spec.mesh, [type(d)(d.axes) for d in spec.dim_specs])
     steps = plan(g.shape, primal.dtype.itemsize, g.sharding, target).collectives
     return target if len(steps) == 1 and steps[0].kind == "all_reduce" else None
-
-
-def _buckets(pending: list, limit: int | None) -> list[list]:
-    """Consecutive gradients of one mesh and one set of summed axes, at most ``limit`` bytes a bucket (a larger
-    gradient is a bucket of its own)."""
-    out: list[list] = []
-    size = 0
-    key = None
-    for item in pending:
-        _, g, target = item
-        k = (target.mesh, g.sharding.partial_axes)
-        nbytes = prod(chunks(target, g.shape)) * g.dtype.itemsize  # each device's block, as DDP's buffers
-        if out and k == key and size + nbytes <= limit:
-            out[-1].append(item)
-            size += nbytes
-        else:
-            out.append([item])
-            size, key = nbytes, k
-    return out
 
 
 def _ones_like(t: Tensor) -> Tensor:
@@ -374,12 +424,13 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         for o, c in zip(out_leaves, cts):
             if o.shape != c.shape:
                 raise ShardingError(f"vjp: cotangent of shape {c.shape} for an output of shape {o.shape}")
-        got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels)
         specs = None
         if grad_specs is not None:
             specs = [s for fl, tree, gs in zip(flat, trees, grad_specs) for s in _grad_specs(unflatten(tree, fl), gs)]
-        grads = _gradients(got, [t for tr in traced for t in tr], [x for fl in flat for x in fl], labels,
-                           bucket_bytes, specs)
+        finish = _Finisher([t for tr in traced for t in tr], [x for fl in flat for x in fl], labels, bucket_bytes,
+                           specs)
+        got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels, finish)
+        grads = finish.done(got)
         grads = [grads[sum(map(len, traced[:k])):sum(map(len, traced[:k + 1]))] for k in range(len(traced))]
         if params:
             C.tag([g for gs in grads for g in gs if isinstance(g, Tensor)], "grads")
@@ -543,5 +594,5 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
     got = backward_pass([out], [_as_tensor(cotangent, "backward")])
     for v in topological([out]):
         if v._node.op == LEAF and id(v) in got:
-            g, = _gradients(got, [v], [v])
+            g, = _Finisher([v], [v], None).done(got)
             v.grad = g if v.grad is None else v.grad + g
