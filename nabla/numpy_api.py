@@ -168,8 +168,19 @@ def _np_stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
 
 def _np_where(condition, x=np._NoValue, y=np._NoValue):
     if x is np._NoValue or y is np._NoValue:
-        raise _host_hint("np.where(condition)", "the indices of nonzero elements have a data-dependent shape")
+        raise _data_dependent("np.where(condition)")
     return ops.where(condition, x, y)
+
+
+def _data_dependent(what: str) -> ShardingError:
+    return _host_hint(what, "its result's shape depends on the values; nb.where(mask, t, fill) keeps the shape "
+                            "and the sharding")
+
+
+def _refuse(name: str):
+    def f(*args, **kwargs):
+        raise _data_dependent(f"np.{name}")
+    return f
 
 
 def _np_einsum(subscripts, *operands, out=None, dtype=None, order="K", casting="safe", optimize=False):
@@ -270,6 +281,7 @@ def _composed() -> dict:
         np.copy: lambda a, order="K", subok=False: a,  # tensors are immutable: a copy is the same value
         np.shape: lambda a: a.shape, np.ndim: lambda a: a.ndim, np.size: _np_size,
         np.result_type: _np_result_type,
+        np.nonzero: _refuse("nonzero"), np.argwhere: _refuse("argwhere"), np.flatnonzero: _refuse("flatnonzero"),
     }
 
 

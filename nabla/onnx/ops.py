@@ -687,13 +687,6 @@ def _highest(dt):
     return np.inf if is_float(dt) else np.iinfo(dt).max if dt.kind in "iu" else True
 
 
-def _logsumexp(x, axes, keep):
-    m = nb.max(x, axes, keepdims=True)
-    m = nb.where(nb.equal(m - m, _c(m, 0)), m, _c(m, 0))  # an infinite max shifts nothing
-    s = nb.log(nb.sum(nb.exp(x - m), axes, keepdims=True)) + m
-    return s if keep else nb.squeeze(s, axes)
-
-
 OPS["ReduceSum"] = Op(_reduction(lambda x, a, k: nb.sum(x, a, k), lambda dt: 0))
 OPS["ReduceMean"] = Op(_reduction(lambda x, a, k: nb.mean(x, a, k), lambda dt: np.nan))
 OPS["ReduceMax"] = Op(_reduction(lambda x, a, k: nb.max(x, a, k), _lowest))
@@ -703,7 +696,7 @@ OPS["ReduceL1"] = Op(_reduction(lambda x, a, k: nb.sum(nb.abs(x), a, k), lambda 
 OPS["ReduceL2"] = Op(_reduction(lambda x, a, k: nb.sqrt(nb.sum(x * x, a, k)), lambda dt: 0))
 OPS["ReduceSumSquare"] = Op(_reduction(lambda x, a, k: nb.sum(x * x, a, k), lambda dt: 0))
 OPS["ReduceLogSum"] = Op(_reduction(lambda x, a, k: nb.log(nb.sum(x, a, k)), lambda dt: -np.inf))
-OPS["ReduceLogSumExp"] = Op(_reduction(_logsumexp, lambda dt: -np.inf))
+OPS["ReduceLogSumExp"] = Op(_reduction(lambda x, a, k: nb.logsumexp(x, a, k), lambda dt: -np.inf))
 
 
 def _arg(which: str):
@@ -897,47 +890,35 @@ def _slice(n, x, starts=None, ends=None, axes=None, steps=None):
 
 @op("Gather")
 def _gather(n, x, idx):
+    """nb.take: the indices stay on the mesh (the result keeps their sharding), a gathered dim sharded on the
+    mesh is looked up where its rows are (partial sums, summed when needed): every move is in the comm log."""
+    return nb.take(x, idx, _axis(n, n.attr("axis", 0), x.ndim))
+
+
+@op("GatherElements")
+def _gather_elements(n, x, idx):
+    """nb.take_along_axis; ONNX lets the indices be shorter than the data on the other dims (their prefix)."""
     ax = _axis(n, n.attr("axis", 0), x.ndim)
-    size = x.shape[ax]
-    out_shape = x.shape[:ax] + idx.shape + x.shape[ax + 1:]
-    if idx.is_abstract:
-        return _gather_onehot(x, idx, ax)
-    ids = np.asarray(n.host(idx, "indices")).astype(np.int64)
-    if ((ids < -size) | (ids >= size)).any():
-        raise n.fail(f"indices out of range for dim {ax} of size {size}")
-    ids = np.where(ids < 0, ids + size, ids)
-    if ids.ndim == 0:
-        key = [slice(None)] * x.ndim
-        key[ax] = int(ids)
-        return x[tuple(key)]
-    flat = ids.reshape(-1)
-    pieces, i = [], 0
-    while i < len(flat):  # runs of consecutive indices are one slice each
-        j = i + 1
-        while j < len(flat) and flat[j] == flat[j - 1] + 1:
-            j += 1
-        pieces.append(_take(x, ax, slice(int(flat[i]), int(flat[j - 1]) + 1)))
-        i = j
-    if not pieces:
-        y = _take(x, ax, slice(0, 0))
-    else:
-        y = pieces[0] if len(pieces) == 1 else nb.concatenate(pieces, ax)
-    return nb.reshape(y, out_shape)
+    if idx.ndim != x.ndim:
+        raise n.fail(f"indices of rank {idx.ndim} for data of rank {x.ndim}")
+    key = tuple(slice(None) if d == ax or m == k else slice(0, k) for d, (m, k) in enumerate(zip(x.shape, idx.shape)))
+    if any(k > m for d, (m, k) in enumerate(zip(x.shape, idx.shape)) if d != ax):
+        raise n.fail(f"indices of shape {idx.shape} are longer than the data {x.shape} on a dim other than {ax}")
+    return nb.take_along_axis(x[key] if any(s != slice(None) for s in key) else x, idx, ax)
 
 
-def _gather_onehot(x: Tensor, idx: Tensor, ax: int) -> Tensor:
-    """Gather with indices whose values are not on the host: select with a one-hot mask and sum the
-    gathered dim away (exact: ``where`` picks zeros, nothing is multiplied). A gathered dim sharded
-    on the mesh leaves partial sums, as a vocab-parallel embedding does."""
-    size = x.shape[ax]
-    pre, post = x.shape[:ax], x.shape[ax + 1:]
-    i = _cast(idx, np.int64)
-    i = nb.where(i < 0, i + np.int64(size), i)
-    hot = nb.equal(nb.expand_dims(i, -1), np.arange(size, dtype=np.int64))  # idx.shape + (size,)
-    hot = nb.reshape(hot, (1,) * len(pre) + hot.shape + (1,) * len(post))
-    xb = nb.reshape(x, pre + (1,) * idx.ndim + (size,) + post)
-    y = nb.sum(nb.where(hot, xb, _c(x, 0)), len(pre) + idx.ndim)
-    return _cast(y, x.dtype)
+@op("OneHot")
+def _one_hot(n, idx, depth_t, values):
+    """nb.one_hot on the indices (negative ones counted from the end, as ONNX does), then on/off values."""
+    depth = int(np.asarray(n.scalar(depth_t, "depth")).astype(np.int64))
+    rank = idx.ndim + 1
+    ax = _axis(n, n.attr("axis", -1), rank)
+    if values.shape != (2,):
+        raise n.fail(f"values must hold [off, on], got shape {values.shape}")
+    ids = _cast(idx, np.int64)
+    ids = nb.where(ids < 0, ids + np.int64(depth), ids)
+    hot = nb.one_hot(ids, depth, dtype="bool", axis=ax)
+    return nb.where(hot, values[1], values[0])
 
 
 @op("Unsqueeze")
@@ -1130,19 +1111,13 @@ def _softmax_like(n: Node, x: Tensor, fn) -> Tensor:
     return nb.reshape(fn(y, 1), x.shape)
 
 
-def _logsoftmax(x, ax):
-    m = nb.max(x, ax, keepdims=True)
-    s = x - m
-    return s - nb.log(nb.sum(nb.exp(s), ax, keepdims=True))
-
-
 def _hardmax(x, ax):
     idx = nb.expand_dims(nb.argmax(x, ax), ax)
     return nb.astype(nb.equal(idx, _iota(x.shape[ax], ax, x.ndim)), x.dtype)
 
 
 OPS["Softmax"] = Op(lambda n, x: _softmax_like(n, x, lambda y, a: nb.softmax(y, a)))
-OPS["LogSoftmax"] = Op(lambda n, x: _softmax_like(n, x, _logsoftmax))
+OPS["LogSoftmax"] = Op(lambda n, x: _softmax_like(n, x, lambda y, a: nb.log_softmax(y, a)))
 OPS["Hardmax"] = Op(lambda n, x: _softmax_like(n, x, _hardmax))
 
 

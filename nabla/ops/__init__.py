@@ -15,12 +15,16 @@ from .pointwise import (_ASTYPE, _BINARY, _RECIPROCAL, _UNARY, _WHERE, abs, add,
 from .shape import (_BROADCAST, _CONCAT, _EXPAND, _RESHAPE, _SQUEEZE, _TRANSPOSE, _pad_dim, _scatter_slice,
                     broadcast_to, concatenate, expand_dims, flip, pad, reshape, roll, split, squeeze, stack, swapaxes,
                     transpose)
+from .gather import (_SCATTER, _SCATTER_ALONG, _TAKE, _TAKE_ALONG, argwhere, flatnonzero, nonzero, take,
+                     take_along_axis)
 from .indexing import _INDEX, _KEYS, _normalize_key, getitem
 from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, all, any, argmax,
                         argmin, cumsum, max, mean, min, prod, softmax, std, sum, var)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
 from .masks import dropout, tril, triu
 from .sorting import argsort, sort, top_k
+from .nn import (_LOG_SOFTMAX, _LOGSUMEXP, _ONE_HOT, _STOP, cross_entropy, log_softmax, logsumexp, one_hot,
+                 stop_gradient)
 from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
                    global_avg_pool, layer_norm, max_pool)
 

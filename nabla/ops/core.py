@@ -28,7 +28,7 @@ def _arg(x: Any, op: str, i: int) -> Any:
         a = np.asarray(x)
     except Exception as e:  # noqa: BLE001 - reported as the op's error
         raise ShardingError(f"{op}: operand {i} of type {type(x).__name__} is not array-like ({e})") from None
-    if a.dtype.kind not in "biufc":
+    if a.dtype.kind not in "biufc" and not is_inexact(a.dtype):  # (bfloat16 and the float8s are kind V)
         raise ShardingError(f"{op}: operand {i} ({type(x).__name__} of dtype {a.dtype}) is not a numeric array")
     if a.flags.writeable:  # the caller may change their array later; the result must not change with it
         a = a.copy()

@@ -1,5 +1,6 @@
-"""Basic indexing (``getitem``: ints, slices, None, ``...``): a sharded dim cut by a forward slice stays sharded,
-each device receiving only the rows of its result block it lacks; a reversed dim is one collective_permute."""
+"""Indexing (``getitem``): basic indexing (ints, slices, None, ``...``): a sharded dim cut by a forward slice stays
+sharded, each device receiving only the rows of its result block it lacks; a reversed dim is one
+collective_permute. One integer array in the index is a ``take`` along its dim (``ops/gather.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import numpy as np
 from .. import rules as R
 from ..errors import ShardingError, ShardingIndexError
 from ..opdef import OpDef
+from ..executor import Value
 from .core import ArrayLike, Tensor, _call, _is_diff, _shape
+from .gather import take
 from .registry import onnx_export, register
 from .shape import _pad_dim, _scatter_slice, expand_dims, squeeze
 
@@ -164,11 +167,86 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
 _KEYS: dict = {}  # (hashable form of an index, shape) -> its normalized form
 
 
+def _array_entry(k: Any) -> bool:
+    """Whether an index entry is an array (numpy's advanced indexing): a tensor, an array of rank >= 1 or of an
+    integer dtype, or a list."""
+    if isinstance(k, Value):
+        return True
+    if isinstance(k, np.ndarray):
+        return k.ndim > 0 or k.dtype.kind != "b"
+    return isinstance(k, list)
+
+
+def _mask_error(k: Any) -> ShardingError:
+    shape = k._shape if isinstance(k, Value) else np.shape(k)
+    return ShardingError(f"getitem: a boolean mask of shape {shape} selects a number of elements that depends on "
+                         f"its values, so the result has no static shape (numpy's t[mask]) and no sharding; use "
+                         f"nb.where(mask, t, fill), which keeps t's shape and sharding")
+
+
+def _advanced(x: ArrayLike, parts: tuple) -> Tensor:
+    """One integer array among basic entries: the basic entries first, then a ``take`` along the array's dim.
+    numpy puts the array's dims where the array was when it and the int entries sit next to one another in the
+    index, else in front; so does this."""
+    arrays = [j for j, k in enumerate(parts) if _array_entry(k)]
+    if len(arrays) > 1:
+        raise ShardingError(f"getitem: {len(arrays)} arrays in one index (numpy's combined advanced indexing) are "
+                            f"not supported; index with one array at a time, or use nb.take_along_axis")
+    j = arrays[0]
+    ids = parts[j]
+    if isinstance(ids, Value):
+        if ids._dtype.kind == "b":
+            raise _mask_error(ids)
+    else:
+        ids = np.asarray(ids)
+        if ids.dtype.kind == "b":  # a mask on the host: its selected positions are known here
+            if ids.ndim != 1:
+                raise _mask_error(ids)
+            rank = len(_shape(x))
+            real = builtins.sum(1 for k in parts if k is not None and k is not Ellipsis)
+            dim = builtins.sum(rank - real if k is Ellipsis else k is not None for k in parts[:j])
+            if dim < rank and len(ids) != _shape(x)[dim]:
+                raise ShardingIndexError(f"getitem: a boolean mask of length {len(ids)} for dim {dim} of size "
+                                         f"{_shape(x)[dim]}")
+            ids = np.flatnonzero(ids)
+        elif ids.dtype.kind not in "iu" and not (ids.size == 0 and ids.dtype.kind == "f"):
+            raise ShardingError(f"getitem: arrays in an index must hold integers (or be 1-D host masks), got "
+                                f"dtype {ids.dtype}")
+    if any(k is True or k is False or isinstance(k, np.bool_) for k in parts):
+        raise ShardingError("getitem: a boolean scalar next to an array in one index is not supported")
+    rank = len(_shape(x))
+    real = builtins.sum(1 for k in parts if k is not None and k is not Ellipsis)
+    if real > rank:
+        raise ShardingIndexError(f"getitem: {real} indices for a tensor of rank {rank}")
+    axis = 0
+    for k in parts[:j]:  # the result dims the entries before the array leave
+        if k is Ellipsis:
+            axis += rank - real
+        elif k is None or isinstance(k, slice):
+            axis += 1
+    y = getitem(x, parts[:j] + (slice(None),) + parts[j + 1:])
+    out = take(y, ids, axis)
+    adv = [i for i, k in enumerate(parts) if i == j or isinstance(k, (int, np.integer))]
+    if adv == list(range(adv[0], adv[-1] + 1)) or axis == 0:
+        return out
+    ni = out.ndim - y.ndim + 1  # numpy puts the array's dims in front
+    perm = tuple(range(axis, axis + ni)) + tuple(range(axis)) + tuple(range(axis + ni, out.ndim))
+    return out.transpose(perm)
+
+
 def getitem(x: ArrayLike, key: Any) -> Tensor:
     """Basic indexing. A sharded dim cut by a forward slice stays sharded: each device receives only the rows
-    of its result block it lacks (none where they line up); a reversed dim is one collective_permute."""
+    of its result block it lacks (none where they line up); a reversed dim is one collective_permute.
+
+    One integer array (a tensor, a numpy array or a list) in the index takes those rows of its dim, as numpy's
+    advanced indexing does (see ``nb.take`` for how it shards: a sharded gathered dim is looked up where its rows
+    are, never gathered). A boolean mask tensor is refused: the number of elements it selects depends on its
+    values; ``nb.where(mask, t, fill)`` keeps the shape (a 1-D boolean numpy array is taken as the positions it
+    selects)."""
     shape = _shape(x)
     parts = key if type(key) is tuple else (key,)
+    if any(_array_entry(k) for k in parts):
+        return _advanced(x, parts)
     try:
         hk = (tuple((k.start, k.stop, k.step) if type(k) is slice else (type(k), k) for k in parts), shape)
         norm = _KEYS.get(hk)

@@ -17,6 +17,7 @@ from ..errors import ShardingError
 from ..opdef import OpDef
 from ..rules.core import PASS, REPLICATE, build
 from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
+from .gather import take_along_axis
 from .pointwise import equal, where
 from .reduction import _by_blocks, _sharded, sum
 from .registry import onnx_export, register
@@ -51,38 +52,6 @@ def _comparisons(axis_of: Any):
 
 def _along(xp: Any, x: Any, idx: Any, axis: int) -> Any:
     return xp.take_along_axis(x, idx, axis=axis)
-
-
-# ---- a permutation along a dim (the VJP of sort) -------------------------------------------------------------
-
-
-def _permute_kernel(arrays, local):
-    x, perm = arrays
-    axis, inverse = local.params
-    xp = _xp(x, perm)
-    a = local.G + axis
-    return _along(xp, x, _argsort(xp, perm, a) if inverse else perm, a)
-
-
-def _permute(x: Any, perm: Any, axis: int, inverse: bool) -> Tensor:
-    """``x`` taken at ``perm`` along ``axis`` (``inverse``: put back where ``perm`` took it from)."""
-    return _call(_PERMUTE, (x, perm), (axis, inverse))
-
-
-@onnx_export("GatherElements", "ScatterElements")
-def _permute_onnx(ex):
-    axis, inverse = ex.params
-    x, perm = ex.operand(0), ex.operand(1, np.dtype(np.int64))
-    if inverse:  # every position is written once: out[perm[i]] = x[i]
-        return ex.finish(ex.out("ScatterElements", [x, perm, x], axis=int(axis)), [(x, 0), (perm, 1)])
-    return ex.finish(ex.out("GatherElements", [x, perm], axis=int(axis)), [(x, 0), (perm, 1)])
-
-
-_PERMUTE = register(OpDef("permute_along", lambda shapes, axis, inverse: R.elementwise_rule(
-    tuple(shapes), (axis,), "permute_along"), _permute_kernel, dtype=lambda a, b: a, arity=2, onnx=_permute_onnx,
-    vjp=lambda g, node, out: (_permute(g, node.args[1], node.params[0], not node.params[1])
-                              if _is_diff(node.args[0]) else None, None),
-    flops=lambda blocks, out, params: 0))
 
 
 # ---- sort, argsort -------------------------------------------------------------------------------------------
@@ -150,10 +119,12 @@ def argsort(x: ArrayLike, axis: int | None = -1) -> Tensor:
 
 
 def _sort_vjp(g, node, out):
+    """Each cotangent back where its element came from: ``g`` taken at the inverse of the sorting permutation."""
     x, = node.args
     if not _is_diff(x):
         return (None,)
-    return (_permute(g, argsort(x, node.params[0]), node.params[0], True),)
+    axis = node.params[0]
+    return (take_along_axis(g, argsort(argsort(x, axis), axis), axis),)
 
 
 _SORT = register(OpDef("sort", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "sort"), _sort_kernel,

@@ -172,14 +172,40 @@ def _softmax(v, axis):
     return e / e.sum(axis=axis, keepdims=True)
 
 
+def _exp_dtype(v):
+    return v.dtype if v.dtype.kind in "fc" else np.exp(np.zeros((), v.dtype)).dtype
+
+
+def _logsumexp(v, axis, keepdims):
+    """jax.scipy.special.logsumexp's formula in numpy (the max shifts nothing where it is not finite)."""
+    v = v.astype(_exp_dtype(v))
+    axes = tuple(range(v.ndim)) if axis is None else (axis,) if isinstance(axis, int) else axis
+    if any(v.shape[a] == 0 for a in axes):
+        return np.full(np.sum(v, axis=axis, keepdims=keepdims).shape, -np.inf, v.dtype)
+    m = np.max(v, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, v.dtype.type(0))
+    out = np.log(np.sum(np.exp(v - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else out.reshape(np.sum(v, axis=axis).shape)
+
+
+def _log_softmax(v, axis):
+    v = v.astype(_exp_dtype(v))
+    if v.size == 0:
+        return v
+    s = v - v.max(axis=axis, keepdims=True)
+    return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
+
+
 @given(st.data())
 def test_reductions_equal_numpy(data):
     draw = data.draw
     mesh = draw(meshes(max_devices=8))
     dtype = draw(st.sampled_from(DTYPES))
     shape = draw(shapes(max_rank=3, max_dim=5))
-    op = draw(st.sampled_from(["sum", "mean", "max", "min", "argmax", "softmax", "var", "std", "prod", "any", "all",
-                               "argmin", "cumsum"]))
+    op = draw(st.sampled_from(["sum", "mean", "max", "min", "argmax", "softmax", "logsumexp", "log_softmax", "var",
+                               "std", "prod", "any", "all", "argmin", "cumsum"]))
+    if op in ("logsumexp", "log_softmax") and dtype == "complex64":
+        dtype = "float32"  # (jax's complex logsumexp takes its max over the real parts; numpy's max differs)
     x, v = draw(operands(mesh, dtype, shape, extreme=op in ("max", "min", "argmax", "argmin", "any", "all")))
     r = len(shape)
     axis = draw(st.sampled_from([None] + list(range(-r, r)) + ([tuple(range(r))[::2]] if r > 1 else [])))
@@ -200,6 +226,11 @@ def test_reductions_equal_numpy(data):
     elif op == "softmax":
         ax = -1 if axis is None or isinstance(axis, tuple) else axis
         check(lambda: nb.softmax(x, ax), lambda: _softmax(v, ax), rtol_of=4)
+    elif op == "logsumexp":
+        check(lambda: nb.logsumexp(x, axis, keep), lambda: _logsumexp(v, axis, keep), rtol_of=8, signed_zeros=False)
+    elif op == "log_softmax":
+        ax = -1 if axis is None or isinstance(axis, tuple) else axis
+        check(lambda: nb.log_softmax(x, ax), lambda: _log_softmax(v, ax), rtol_of=8, signed_zeros=False)
     else:
         # max/min of +0.0 and -0.0 may be either (IEEE leaves it open; numpy's own pick follows its SIMD reduction
         # order: np.min([0., -0.]) is -0.0, np.min([-0., 0.]) is 0.0), so their zero signs are not compared
@@ -282,8 +313,8 @@ def test_shape_ops_and_placement_equal_numpy(data):
     x, v = draw(operands(mesh, dtype, shape))
     r = len(shape)
     op = draw(st.sampled_from(["reshape", "transpose", "T", "swapaxes", "expand_dims", "squeeze", "broadcast_to",
-                               "getitem", "concatenate", "with_sharding", "astype", "flip", "roll", "pad", "split",
-                               "stack", "tril", "sort", "argsort"]))
+                               "getitem", "concatenate", "with_sharding", "astype", "take", "take_along_axis", "flip",
+                               "roll", "pad", "split", "stack", "tril", "sort", "argsort"]))
     if op == "reshape":
         size = int(np.prod(shape))
         target = draw(st.sampled_from([(size,), (-1,), (1, size), (size, 1)] + ([()] if size == 1 else []) +
@@ -324,6 +355,16 @@ def test_shape_ops_and_placement_equal_numpy(data):
     elif op == "astype":
         to = draw(st.sampled_from(DTYPES))
         check(lambda: x.astype(to), lambda: v.astype(to))
+    elif op in ("take", "take_along_axis") and r:
+        axis = draw(st.integers(-r, r - 1))
+        n = shape[axis]
+        ishape = draw(shapes(max_rank=2, max_dim=4)) if op == "take" else \
+            tuple(draw(st.integers(0, 3)) if d == axis % r else m for d, m in enumerate(shape))
+        ids = np.random.default_rng(draw(st.integers(0, 99))).integers(-n - 1, n + 1, ishape)  # some out of range
+        i, _ = draw(operands(mesh, "int64", ishape)) if draw(st.booleans()) else (ids, None)
+        ids = np.asarray(i.numpy() if isinstance(i, nb.Tensor) else i)
+        f = getattr(nb, op)
+        check(lambda: f(x, i, axis), lambda: getattr(np, op)(v, ids, axis))
     elif op in ("flip", "sort", "argsort") and r:
         a = draw(st.integers(-r, r - 1))
         kw = {"kind": "stable"} if op != "flip" else {}

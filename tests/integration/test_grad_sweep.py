@@ -30,6 +30,10 @@ X = R.standard_normal(SHAPE) + 0.1
 Y = R.standard_normal(SHAPE) + 0.1
 POS = np.abs(X) + 0.5
 Z3 = R.standard_normal((5, 2, 3))
+IDS0 = np.array([[4, 0, -1], [2, 2, 3]])  # indices into the 5 rows (repeated ones: their gradients add up)
+IDS1 = np.array([2, -3, 1, 1])  # ... into the 3 columns
+ALONG = np.array([[2, 0], [1, 1], [0, 2], [2, 2], [-1, 0]])
+TARGETS = np.array([0, 2, 1, 2, 0])
 
 
 def dim_specs(mesh, rank):
@@ -122,6 +126,17 @@ UNARY = {
                         X),
     "einsum_ellipsis_mid": (lambda t: nb.einsum("i...,i->...", t * Z3[:, 0, :], Y[:, 0]),
                             lambda v: jnp.einsum("i...,i->...", v * Z3[:, 0, :], Y[:, 0]), X),
+    "take0": (lambda t: nb.take(t, IDS0, 0), lambda v: jnp.take(v, IDS0, 0), X),
+    "take1": (lambda t: nb.take(t, IDS1, 1), lambda v: jnp.take(v, IDS1, 1), X),
+    "getitem_ids": (lambda t: t[1:, IDS1], lambda v: v[1:, IDS1], X),
+    "take_along_axis1": (lambda t: nb.take_along_axis(t, ALONG, 1), lambda v: jnp.take_along_axis(v, ALONG, 1), X),
+    "log_softmax1": (lambda t: nb.log_softmax(t, 1), lambda v: jax.nn.log_softmax(v, 1), X),
+    "log_softmax0": (lambda t: nb.log_softmax(t, 0), lambda v: jax.nn.log_softmax(v, 0), X),
+    "logsumexp": (lambda t: nb.logsumexp(t), lambda v: jax.nn.logsumexp(v), X),
+    "logsumexp1": (lambda t: nb.logsumexp(t, 1), lambda v: jax.nn.logsumexp(v, 1), X),
+    "stop_gradient": (lambda t: t * nb.stop_gradient(t), lambda v: v * jax.lax.stop_gradient(v), X),
+    "cross_entropy": (lambda t: nb.cross_entropy(t, TARGETS), lambda v: (
+        jax.nn.logsumexp(v, 1) - jnp.take_along_axis(v, TARGETS[:, None], 1)[:, 0]).mean(), X),
     # the ops of language models
     "gelu": (nb.gelu, jax.nn.gelu, X), "gelu_exact": (lambda t: nb.gelu(t, False), lambda v: jax.nn.gelu(v, False), X),
     "silu": (nb.silu, jax.nn.silu, X), "tril": (lambda t: nb.tril(t, 1), lambda v: jnp.tril(v, 1), X),

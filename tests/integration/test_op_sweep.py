@@ -37,6 +37,10 @@ X = (R.standard_normal(SHAPE) + 0.1).astype(np.float32)
 Y = (R.standard_normal(SHAPE) + 0.1).astype(np.float32)
 POS = np.abs(X) + 0.5
 I = R.integers(-5, 5, SHAPE).astype(np.int32)
+IDS0 = np.array([[4, 0, -1], [2, 2, 3]])  # indices into the 5 rows (negative ones count from the end)
+IDS1 = np.array([2, -3, 1, 1])  # ... into the 3 columns
+ALONG = np.array([[2, 0], [1, 1], [0, 2], [2, 2], [-1, 0]])
+TARGETS = np.array([0, 2, 1, 2, 0])
 
 # name -> (nabla fn of the sharded operand t, numpy fn of its value v, input value)
 UNARY = {
@@ -95,6 +99,18 @@ UNARY = {
     "pad": (lambda t: nb.pad(t, ((1, 2), (0, 3))), lambda v: np.pad(v, ((1, 2), (0, 3))), X),
     "split_stack": (lambda t: nb.stack(nb.split(t, [1, 3], 0)[1:], 2), lambda v: np.stack(np.split(v, [1, 3], 0)[1:], 2), X),
     "dropout": (lambda t: nb.dropout(t, 0.5, 3), lambda v: nb.dropout(nb.tensor(v), 0.5, 3).numpy(), X),
+    "take0": (lambda t: nb.take(t, IDS0, 0), lambda v: np.take(v, IDS0, 0), X),
+    "take1": (lambda t: nb.take(t, IDS1, 1), lambda v: np.take(v, IDS1, 1), X),
+    "getitem_ids": (lambda t: t[1:, IDS1], lambda v: v[1:, IDS1], X),
+    "take_along_axis1": (lambda t: nb.take_along_axis(t, ALONG, 1), lambda v: np.take_along_axis(v, ALONG, 1), X),
+    "log_softmax1": (lambda t: nb.log_softmax(t, 1), lambda v: v - np.log(np.exp(v).sum(1, keepdims=True)), X),
+    "log_softmax0": (lambda t: nb.log_softmax(t, 0), lambda v: v - np.log(np.exp(v).sum(0, keepdims=True)), X),
+    "logsumexp": (lambda t: nb.logsumexp(t), lambda v: np.log(np.exp(v).sum()), X),
+    "logsumexp1": (lambda t: nb.logsumexp(t, 1), lambda v: np.log(np.exp(v).sum(1)), X),
+    "stop_gradient": (nb.stop_gradient, lambda v: v, X),
+    "one_hot": (lambda t: nb.one_hot(t, 4), lambda v: (v[..., None] == np.arange(4)).astype(np.float32), I),
+    "cross_entropy": (lambda t: nb.cross_entropy(t, TARGETS),
+                      lambda v: (np.log(np.exp(v).sum(1)) - v[np.arange(5), TARGETS]).mean(), X),
 }
 BINARY = {
     "add": (nb.add, np.add), "subtract": (nb.subtract, np.subtract), "multiply": (nb.multiply, np.multiply),
@@ -147,7 +163,8 @@ def test_partial_inputs_through_every_linear_and_nonlinear_op(mesh):
         if any(axis in ((s,) if isinstance(s, str) else (s or ())) for s in spec):
             continue
         p = nb.tensor(X).shard(mesh, spec, partial_axes=[axis])
-        for name in ("exp", "sum0", "T", "reshape15", "matmul", "max1", "getitem", "concatenate1", "neg_op", "tril",
+        for name in ("exp", "sum0", "T", "reshape15", "matmul", "max1", "getitem", "concatenate1", "neg_op", "take0",
+                     "take1", "take_along_axis1", "getitem_ids", "stop_gradient", "log_softmax1", "cross_entropy", "tril",
                      "cumsum1", "roll", "pad", "flip", "dropout"):
             fn, ref, _ = UNARY[name]
             check(fn(p), ref(X), f"{name} of partial[{axis}] sharded {spec} over {mesh!r}")

@@ -146,6 +146,22 @@ def _xent_jax(logits, onehot):
 
 
 _onehot = np.eye(64, dtype=np.float32)[np.random.default_rng(3).integers(0, 64, 16)]
+VOCAB = 64
+_targets = np.random.default_rng(4).integers(0, VOCAB, (B, S)).astype(np.int32)
+
+
+def _ce_int_jax(logits, targets):
+    """optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), written out."""
+    picked = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    return (jax.nn.logsumexp(logits, -1) - picked).mean()
+
+
+def _embed_nb(table, ids, mesh):
+    return nb.relu(nb.take(table, ids, 0))
+
+
+def _embed_jax(table, ids):
+    return jax.nn.relu(jnp.take(table, ids, 0))
 
 TRANSFORMER = [
     case("attention_heads_on_tp", MESH_2x4,
@@ -159,6 +175,22 @@ TRANSFORMER = [
          lambda x, mesh: nb.softmax(x, -1), lambda x: jax.nn.softmax(x, -1)),
     case("cross_entropy_vocab_on_tp", MESH_2x4, [rnd(16, 64), _onehot], [["dp", "tp"], ["dp", "tp"]],
          _xent_nb, _xent_jax),
+    # Megatron's vocabulary-parallel cross-entropy with integer targets: nabla all_reduces the row max and the row
+    # sum of exponentials (96 B each) and folds the picked target logits into the mean's scalar (7 B); XLA sends
+    # the picked logits with the sum (192 B) and reduces the mean over dp (4 B)
+    case("cross_entropy_int_targets_vocab_on_tp", MESH_2x4, [rnd(B, S, VOCAB), _targets],
+         [["dp", None, "tp"], ["dp", None]],
+         lambda x, t, mesh: nb.cross_entropy(x, t).with_sharding(mesh, []), _ce_int_jax),
+    case("cross_entropy_int_targets_gradient", MESH_2x4, [rnd(B, S, VOCAB), _targets],
+         [["dp", None, "tp"], ["dp", None]],
+         lambda x, t, mesh: nb.grad(lambda a: nb.cross_entropy(a, t))(x), jax.grad(_ce_int_jax)),
+    # a vocabulary-parallel embedding: each device looks up the ids its rows hold, one all_reduce over tp of the
+    # looked-up (B/dp, S, D) block; the table's gradient is local but for data parallelism's sum over dp
+    case("embedding_vocab_on_tp", MESH_2x4, [rnd(VOCAB, D), _targets], [["tp", None], ["dp", None]],
+         _embed_nb, _embed_jax),
+    case("embedding_gradient_vocab_on_tp", MESH_2x4, [rnd(VOCAB, D), _targets], [["tp", None], ["dp", None]],
+         lambda e, i, mesh: nb.grad(lambda w: nb.sum(_embed_nb(w, i, mesh) ** 2))(e),
+         jax.grad(lambda e, i: jnp.sum(_embed_jax(e, i) ** 2))),
 ]
 
 

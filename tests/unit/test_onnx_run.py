@@ -136,6 +136,45 @@ def test_gather_host_and_abstract_indices_agree():
     assert abstract.shape == (2, 3, 4) and abstract.sharding.partial_axes == ()
 
 
+DPTP = DeviceMesh("c", (2, 2), ("dp", "tp"))
+
+
+@pytest.mark.parametrize("table_dims", [None, ["tp", None]], ids=["replicated_table", "table_rows_on_tp"])
+def test_gather_keeps_the_ids_sharding_and_logs_every_move(monkeypatch, table_dims):
+    """Gather(E, ids) -> Relu with ids on [dp, -]: the indices are never read to the host (a replicated result
+    whose data moved outside the log, before); the result keeps the ids' sharding. With E's rows on tp (a node
+    annotation), each device looks up the rows it holds and Relu's input is summed over tp: one all_reduce of
+    the (B/dp, S, D) block, ring bytes 2(k-1)/k of it."""
+    V, D, B, S = 10, 4, 6, 3
+    table = np.random.default_rng(1).standard_normal((V, D)).astype(np.float32)
+    ids = np.random.default_rng(2).integers(-V, V, (B, S))
+    gather = helper.make_node("Gather", ["E", "ids"], ["h"], name="embed")
+    if table_dims is not None:  # E's rows in 2 shards, each on a group of devices: tp=0 is {0, 2}, tp=1 {1, 3}
+        rows = spec("E", [10, 11], {0: 2})
+        for k, v in {10: [0, 2], 11: [1, 3]}.items():
+            rows.index_to_device_group_map.append(onnx.IntIntListEntryProto(key=k, value=v))
+        gather.device_configurations.append(onnx.NodeDeviceConfigurationProto(configuration_id="c",
+                                                                              sharding_spec=[rows]))
+    m = model([gather, helper.make_node("Relu", ["h"], ["y"], name="relu")], [("ids", TensorProto.INT64, [B, S])],
+              [("y", F, [B, S, D])], inits=[numpy_helper.from_array(table, "E")], config=("c", 4))
+    want = np.maximum(table[ids], 0)
+
+    def no_host_reads(self):
+        raise AssertionError("a tensor was read to the host while the model ran")
+
+    monkeypatch.setattr(nb.Tensor, "numpy", no_host_reads)
+    with nb.comm_log() as log:
+        y = nox.run(m, {"ids": nb.tensor(ids).shard(DPTP, ["dp", None])}, mesh=DPTP)["y"]
+    monkeypatch.undo()
+    assert y.sharding.dim_specs[0].axes == ("dp",) and y.sharding.partial_axes == ()
+    if table_dims is None:
+        assert log.events == []
+    else:
+        block = B // 2 * S * D * 4
+        assert [(e.kind, e.axes, e.bytes) for e in log.events] == [("all_reduce", ("tp",), 2 * (2 - 1) * block // 2)]
+    assert_sharded_allclose(y, want)
+
+
 @pytest.mark.parametrize("x", [
     np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.7, -3.7, 1e30, -0.0, np.inf, -np.inf, np.nan], np.float32),
     np.array([4.5, -4.5, 1023.5, 2.0 ** 52 + 1, 0.49999999999999994], np.float64),
