@@ -20,6 +20,7 @@ from .shard_map import SM_IN, SM_OUT, ManualSpec
 from .executor import relayout_bucket
 from .pytree import flatten, unflatten
 from .sharding import specs_like
+from .spec import ShardingSpec
 from .layout import chunks
 from .step import serial
 from .tensor import Tensor
@@ -211,7 +212,9 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
             if g is None:
                 used(node)
                 continue
-            if node.op in (RELAYOUT, PLACE, LEAF):  # the same value (another layout; an inner pass's leaf)
+            if node.op == RELAYOUT:  # the transpose of a move: the cotangent laid out as the moved value was
+                parts = (_transposed(g, node.args[0]) if node.prog is not None and node.prog.collectives else g,)
+            elif node.op in (PLACE, LEAF):  # the same value (an inner pass's leaf; a host value placed)
                 parts = (g,)
             elif node.op == SM_OUT:  # out of nb.shard_map
                 with C.user_op(node.user or "shard_map"):
@@ -227,6 +230,23 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                     accumulate(arg, c)
             used(node)
     return leaves
+
+
+def _transposed(g: Tensor, src: Any) -> Tensor:
+    """The cotangent of ``with_sharding(src, target)``: ``g`` laid out as ``src`` was (its dims; the pending sums
+    ``g`` carries that those dims do not use stay pending). So each move's transpose is the cheap one: an
+    all_gather's is a reduce_scatter, a reduce_scatter's an all_gather (sequence parallelism's backward), an
+    all_to_all's the reverse all_to_all. (A move that only cut blocks locally is left as its cotangent comes:
+    sliced blocks, gathered only where a later op or the gradient's layout needs them.)"""
+    spec, own = g.sharding, getattr(src, "_spec", None)
+    if not isinstance(spec, ShardingSpec) or not isinstance(own, ShardingSpec) or spec.mesh != own.mesh:
+        return g
+    used = {r for refs in own.dim_refs for r in refs}
+    keep = [a for a, r in zip(spec.partial_axes, spec.partial_refs) if not any(r.overlaps(u) for u in used)]
+    target = ShardingSpec(own.mesh, [type(d)(d.axes) for d in own.dim_specs], own.replicated_axes, keep)
+    if target.layout() == spec.layout():
+        return g
+    return g.with_sharding(target)
 
 
 #: ops whose VJP hands every operand the cotangent itself (or its negation): the operands' cotangents are the
