@@ -60,7 +60,7 @@ SKIP_KINDS = {
     "cuda": "cuda copies of node tests (the backend runs on cpu)",
     "op": "node tests of ops nabla.onnx does not claim (or of other domains)",
     "model": "model suites (PyTorch-converted, PyTorch operator, simple and real models): node tests only here",
-    "dtype": "node tests of claimed ops in element types nabla cannot hold (bfloat16, float8, int4, strings...)",
+    "dtype": "node tests of claimed ops in element types nabla cannot hold (float8 e8m0, int4, int2, float4, strings...)",
     "placement": "spatial copies of tests whose inputs spatial places as batch does (run once)",
     "scope": "out of scope: training-mode Dropout and BatchNormalization, sequences, MaxPool's Indices",
 }

@@ -54,10 +54,24 @@ def test_unsupported_op_is_reported_before_anything_runs():
 
 def test_static_attribute_checks_run_first():
     m = model([helper.make_node("Exp", ["x"], ["e"], name="e"),
-               helper.make_node("Cast", ["e"], ["y"], name="to_bf16", to=TensorProto.BFLOAT16)],
-              [("x", F, [2])], [("y", TensorProto.BFLOAT16, [2])])
-    with pytest.raises(ShardingError, match=r"node 'to_bf16' \(Cast\): nabla tensors cannot hold BFLOAT16"):
+               helper.make_node("Cast", ["e"], ["y"], name="to_i4", to=TensorProto.INT4)],
+              [("x", F, [2])], [("y", TensorProto.INT4, [2])])
+    with pytest.raises(ShardingError, match=r"node 'to_i4' \(Cast\): nabla tensors cannot hold INT4"):
         nox.run(m, {"x": np.ones(2, np.float32)})
+
+
+def test_bfloat16_and_float8_tensors_run_and_casts_to_float8_saturate_as_onnx_does():
+    """ONNX's Cast to float8 saturates by default (saturate=1): out-of-range values become the largest finite
+    one (numpy's cast gives NaN), as onnx's reference implementation computes."""
+    from onnx.reference import ReferenceEvaluator
+    m = model([helper.make_node("Cast", ["x"], ["h"], name="to_bf16", to=TensorProto.BFLOAT16),
+               helper.make_node("Cast", ["h"], ["y"], name="to_f8", to=TensorProto.FLOAT8E4M3FN)],
+              [("x", F, [4])], [("y", TensorProto.FLOAT8E4M3FN, [4])])
+    x = np.array([1.5, -600.0, 1000.0, np.nan], np.float32)
+    got = nox.run(m, {"x": x})["y"].numpy()
+    want, = ReferenceEvaluator(m).run(None, {"x": x})
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))  # 448 and -448 saturated
 
 
 def test_initializers_are_placed_open_and_inputs_default_to_them():
