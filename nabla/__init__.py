@@ -2,7 +2,7 @@
 
 import builtins as _builtins
 
-from . import distributed, lax, optim, random
+from . import distributed, lax, numpy_api, optim, random  # (numpy_api: numpy's protocols on tensors)
 from .shard_map import shard_map
 from .distributed import from_process_local
 from .autodiff import checkpoint, grad, value_and_grad, vjp

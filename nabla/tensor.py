@@ -15,6 +15,7 @@ from .executor import Value
 from .mesh import DeviceMesh
 from .spec import ShardingSpec
 from . import collectives as C
+from . import services
 from . import storage
 
 
@@ -38,13 +39,11 @@ class Tensor(Value):
 
     @staticmethod
     def ones(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
-        from .ops import ones
-        return ones(shape, dtype)  # nb.ones validates the shape and dtype (ShardingError naming them)
+        return _ops().ones(shape, dtype)  # nb.ones validates the shape and dtype (ShardingError naming them)
 
     @staticmethod
     def zeros(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
-        from .ops import zeros
-        return zeros(shape, dtype)
+        return _ops().zeros(shape, dtype)
 
     # ---- reading ---------------------------------------------------------------------------------
     @property
@@ -142,12 +141,12 @@ class Tensor(Value):
     # ---- differentiation (the Nabla sharding README's spelling; nb.grad and friends are the functional form) ----------------
     def trace(self) -> "Tensor":
         """A leaf to differentiate with respect to: after ``loss.backward()``, its ``.grad`` holds the gradient."""
-        from .autodiff import trace
+        trace = services.get("autodiff").trace
         return trace(self)
 
     def backward(self, cotangent: Any = None) -> None:
         """Accumulate into ``.grad`` of every traced leaf this value depends on (a scalar's cotangent is 1)."""
-        from .autodiff import backward
+        backward = services.get("autodiff").backward
         backward(self, cotangent)
 
     @property
@@ -234,7 +233,7 @@ class Tensor(Value):
                                 f"(devices {list(mesh.devices)})")
         data = self._need_data("to_local")
         if self._node is not None:
-            from .autodiff import differentiated
+            differentiated = services.get("autodiff").differentiated
             if differentiated(self):  # a host array: the gradient would silently stop here
                 raise ShardingError(f"to_local: this tensor depends on a value being differentiated, and to_local "
                                     f"returns a host array that gradients cannot flow through; compute on the "
@@ -419,7 +418,7 @@ def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: S
     out = Tensor(data, spec, shape, dtype)
     traced = {d: b for d, b in by_dev.items() if isinstance(b, Tensor) and b._node is not None}
     if traced:  # blocks computed from values being differentiated: gradients reach them
-        from .autodiff import record_from_local
+        record_from_local = services.get("autodiff").record_from_local
         record_from_local(out, traced, spec, set(holder.values()))
     return out
 
@@ -454,18 +453,11 @@ def _position(spec: ShardingSpec, dim: int, device: int) -> int:
     return dim_position(spec.dim_refs[dim], spec.mesh, spec.mesh.coords(device))
 
 
-_OPS = []
-
-
 def _ops():
-    """The ops module, imported on first use (it imports this module)."""
-    if not _OPS:
-        from . import ops
-        _OPS.append(ops)
-    return _OPS[0]
+    """The ops (registered by ``nabla.ops``, which builds on this module)."""
+    return services.get("ops")
 
 
 def _numpy_api():
-    """numpy's protocols on tensors (``numpy_api`` imports this module)."""
-    from . import numpy_api
-    return numpy_api
+    """numpy's protocols on tensors (registered by ``nabla.numpy_api``)."""
+    return services.get("numpy_api")

@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 import nabla as nb
 
-from ..dtypes import is_float, is_inexact
+from ..dtypes import finfo, is_float, is_inexact
 from ..errors import ShardingError
 from ..tensor import Tensor
 
@@ -95,8 +95,9 @@ DTYPES = frozenset(np.dtype(t) for t in (
 
 
 def holdable(dtype) -> bool:
-    """Whether nabla tensors hold this dtype (numpy's own numeric types; not bfloat16, float8, int4...)."""
-    return np.dtype(dtype) in DTYPES
+    """Whether nabla tensors hold this dtype: numpy's numeric types, and ml_dtypes' bfloat16 and float8 types
+    (not int4, float4 or strings)."""
+    return np.dtype(dtype) in DTYPES or is_float(dtype)
 
 
 class Op(NamedTuple):
@@ -388,12 +389,22 @@ def _check_cast(n: Node) -> None:
 
 @op("Cast", check=_check_cast)
 def _cast_op(n, x):
-    return _cast(x, _to_dtype(n, n.attr("to")))
+    return _cast(_saturated(n, x, _to_dtype(n, n.attr("to"))), _to_dtype(n, n.attr("to")))
 
 
 @op("CastLike")
 def _castlike(n, x, like):
-    return _cast(x, like.dtype)
+    return _cast(_saturated(n, x, like.dtype), like.dtype)
+
+
+def _saturated(n: Node, x, dt: np.dtype):
+    """ONNX casts to float8 saturate by default (``saturate=1``): out-of-range values and infinities become the
+    type's largest finite value (numpy's cast would give NaN)."""
+    if not (is_float(dt) and np.dtype(dt).itemsize == 1 and n.attr("saturate", 1)) or not is_inexact(x.dtype):
+        return x
+    info = finfo(dt)
+    lo, hi = np.asarray(info.min, x.dtype), np.asarray(info.max, x.dtype)
+    return nb.minimum(nb.maximum(x, lo), hi)
 
 
 def _check_dropout(n: Node) -> None:

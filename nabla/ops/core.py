@@ -105,6 +105,23 @@ def _is_diff(x: Any) -> bool:
     return isinstance(x, Value) and x._node is not None and x._node.diff and is_inexact(x._dtype)
 
 
+def _laid_like(t: Tensor, x: Any) -> Tensor:
+    """``t`` (a cotangent broadcast back to primal ``x``'s shape, held whole) laid out as ``x`` is: each device
+    keeps its block (a local cut, nothing moves), so the backward ops that read it run on blocks, not on the whole
+    value on every device. Left as it is where ``x`` is not sharded, or where ``t`` already is."""
+    spec, own = t.sharding, getattr(x, "_spec", None)
+    if spec is None or own is None or not hasattr(own, "dim_refs") or spec.mesh != own.mesh or \
+            t.shape != tuple(x._shape) or any(d.axes for d in spec.dim_specs) or \
+            not any(d.axes for d in own.dim_specs):
+        return t
+    used = {r for refs in own.dim_refs for r in refs}
+    if any(r.overlaps(u) for r in spec.partial_refs for u in used):
+        return t  # its pending sum lies on the axes x's dims use: summing it here would be a reduce_scatter
+    from ..spec import DimSpec, ShardingSpec
+    dims = [DimSpec(d.axes, is_open=True) for d in own.dim_specs]
+    return t.with_sharding(ShardingSpec(own.mesh, dims, partial_axes=spec.partial_axes))
+
+
 def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
     """The cotangent of an operand that broadcasting stretched: summed back to its shape, in its dtype."""
     if not _is_diff(x):

@@ -16,7 +16,7 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..executor import Value
 from ..opdef import OpDef
-from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _mask, _named, _ndim, _shape
+from .core import _laid_like, ArrayLike, Tensor, _axes, _call, _is_diff, _mask, _named, _ndim, _shape
 from ..errors import ShardingError
 from ..layout import chunk
 from .pointwise import abs, astype, divide, equal, exp, sqrt, where
@@ -117,7 +117,7 @@ def _keep(g: Tensor, axes, keepdims: bool) -> Tensor:
 def _sum_vjp(g, node, out):
     x, = node.args
     axes, keepdims = node.params
-    return (broadcast_to(_keep(g, axes, keepdims), x._shape),) if _is_diff(x) else (None,)
+    return (_laid_like(broadcast_to(_keep(g, axes, keepdims), x._shape), x),) if _is_diff(x) else (None,)
 
 
 def _chooser_vjp(g, node, out):

@@ -118,9 +118,10 @@ def test_explain_follows_the_backward_pass_of_grad_and_names_the_public_op_of_ea
     # batch, and the dp sum of its summands
     assert titles == ["%1 = matmul(args[1], args[0])", "%2 = sum(%1)", "%3 = shard(const)",
                       "%4 = expand_dims(%3)    (in gradient of sum)", "%5 = broadcast_to(%4)    (in gradient of sum)",
-                      "%6 = transpose(args[1])    (in gradient of matmul)",
-                      "%7 = matmul(%6, %5)    (in gradient of matmul)",
-                      "%8 = with_sharding(%7)    (in grad of w)"], titles
+                      "%6 = with_sharding(%5)    (in gradient of sum)",  # laid out as the summed value: a local cut
+                      "%7 = transpose(args[1])    (in gradient of matmul)",
+                      "%8 = matmul(%7, %6)    (in gradient of matmul)",
+                      "%9 = with_sharding(%8)    (in grad of w)"], titles
     assert "[?|?] Σdp -> [-|-]: all_reduce over dp (group of 4): 48 B/device, est. 30.0 us" in text
     assert "total: 1 collective, 48 B/device, est. 30.0 us" in text
 

@@ -1,0 +1,165 @@
+"""A Llama-style training step (examples/train_llama.py) on a mesh: every layout's losses equal the unsharded
+run's; bf16 mixed precision trains; one step's communication per mesh axis is Megatron-LM's analytical count
+(Shoeybi et al. 2019, Korthikanti et al. 2022 for sequence parallelism), and no more bytes than jax.jit sends for
+the same program with the same shardings."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nabla as nb
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_llama as L  # noqa: E402
+
+CFG = L.CONFIG  # vocab 64, dim 64, 4 heads, 2 layers, SwiGLU 128, sequence 32, batch 8
+F32 = 4
+
+
+def _ring(kind: str, block: int, k: int) -> int:
+    """Bytes per device of a ring collective over ``k`` devices on a local block of ``block`` bytes."""
+    return {"all_reduce": 2 * (k - 1) * block // k, "reduce_scatter": (k - 1) * block // k,
+            "all_gather": (k - 1) * block}[kind]
+
+
+@pytest.mark.parametrize("layout", ["dp_tp", "dp_tp_sp", "fsdp"])
+def test_every_layout_trains_as_the_unsharded_run(layout):
+    want = L.train("single", steps=4)
+    got = L.train(layout, steps=4)
+    np.testing.assert_allclose(got, want, rtol=2e-4)
+    assert got[-1] < got[0]
+
+
+def test_bf16_mixed_precision_trains():
+    f32 = L.train("dp_tp", steps=30)
+    bf16 = L.train("dp_tp", steps=30, bf16=True)
+    assert bf16[-1] < 0.75 * bf16[0]  # it learns
+    assert abs(bf16[-1] - f32[-1]) < 0.25 * f32[-1]  # and ends where float32 does, within bf16's precision
+
+
+def _step_log(layout_name: str):
+    layout = L.Layout(layout_name)
+    params = L.init(CFG)
+    specs = layout.param_specs(params)
+    placed = L._tree_map2(lambda a, s: nb.abstract(a.shape).shard(layout.mesh, s), params, specs)
+    ids = nb.abstract((CFG["batch"], CFG["seq"]), "int64").shard(layout.mesh, ["dp", None])
+    step = nb.value_and_grad(lambda p, x, y: L.loss_fn(p, x, y, CFG, layout if layout.sp else None))
+    with nb.comm_log() as log:
+        step(placed, ids, ids)
+    return log, params, specs, layout
+
+
+def _param_blocks(params, specs, mesh):
+    """Each parameter's block on one device, in bytes (float32)."""
+    out = []
+
+    def walk(a, s):
+        if isinstance(a, dict):
+            for k in a:
+                walk(a[k], s[k])
+        elif isinstance(a, list):
+            for x, y in zip(a, s):
+                walk(x, y)
+        else:
+            spec = nb.ShardingSpec(mesh, s)
+            out.append(int(np.prod(spec.shard_shape(a.shape, 0))) * F32)
+    walk(params, specs)
+    return out
+
+
+def test_a_megatron_step_sends_megatrons_bytes():
+    """DP x TP (2 x 4): forward, 2 sums over tp of the (B/dp, S, D) activation per layer, plus the embedding's
+    (its vocabulary-parallel lookup); backward, 2 per layer plus the final norm's input (its cotangent arrives
+    summed over tp); dp, one sum of each parameter's local block; nothing else but the cross-entropy's (B, S)
+    sums (the max and the sum of exponentials, over tp) and the loss's scalar."""
+    log, params, specs, layout = _step_log("dp_tp")
+    dp, tp, nl = 2, 4, CFG["layers"]
+    act = CFG["batch"] // dp * CFG["seq"] * CFG["dim"] * F32  # one device's (B/dp, S, D) block
+    rows = CFG["batch"] // dp * CFG["seq"] * F32
+    by = lambda phase, kind, axes: sorted(e.bytes for e in log.events  # noqa: E731
+                                          if e.phase == phase and e.kind == kind and e.axes == axes)
+    assert by("forward", "all_reduce", ("tp",)) == sorted([_ring("all_reduce", act, tp)] * (2 * nl + 1) +
+                                                          [_ring("all_reduce", rows, tp)] * 2)
+    assert by("backward", "all_reduce", ("tp",)) == [_ring("all_reduce", act, tp)] * (2 * nl + 1)
+    assert by("backward", "all_reduce", ("dp",)) == sorted(_ring("all_reduce", b, dp)
+                                                           for b in _param_blocks(params, specs, layout.mesh))
+    assert {(e.phase, e.kind, e.axes) for e in log.events} == {
+        ("forward", "all_reduce", ("tp",)), ("backward", "all_reduce", ("tp",)),
+        ("backward", "all_reduce", ("dp",))}, "nothing else moves"
+
+
+def test_sequence_parallelism_trades_each_all_reduce_for_an_all_gather_and_a_reduce_scatter():
+    """DP x TP x SP: the residual stream's sequence split over tp between blocks; every activation all_reduce of
+    the plain step becomes an all_gather (before attention, the MLP and the head) and a reduce_scatter (after
+    them, and after the embedding), forward and backward (each move's transpose), the same bytes in all; the
+    norms' scales, computed on sequence shards, are summed over tp as well as dp (Megatron-SP's extra
+    all-reduce of them)."""
+    log, params, specs, layout = _step_log("dp_tp_sp")
+    dp, tp, nl = 2, 4, CFG["layers"]
+    act = CFG["batch"] // dp * CFG["seq"] * CFG["dim"] * F32
+    moves = [(e.phase, e.kind) for e in log.events if e.axes == ("tp",) and e.bytes in
+             (_ring("reduce_scatter", act, tp), _ring("all_gather", act // tp, tp))]
+    for phase in ("forward", "backward"):
+        assert moves.count((phase, "reduce_scatter")) == 2 * nl + 1
+        assert moves.count((phase, "all_gather")) == 2 * nl + 1
+    plain, *_ = _step_log("dp_tp")
+    activation = lambda lg: sum(e.bytes for e in lg.events if e.axes == ("tp",) and e.bytes >= act // 2)  # noqa
+    assert activation(log) == activation(plain)  # SP moves as many activation bytes as the all_reduces did
+    norms = 2 * nl + 1
+    small = [e for e in log.events if e.phase == "backward" and e.axes == ("tp",) and e.bytes < act // 2]
+    assert len(small) == 2 * norms  # each norm scale's gradient: a reduce_scatter and an all_gather of (D,)
+    assert all(e.bytes <= _ring("all_gather", CFG["dim"] * F32 // tp, tp) for e in small)
+
+
+def test_no_more_bytes_than_jax_jit_sends_for_the_same_shardings():
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 jax devices")
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import xla_harness as H
+
+    log, params, specs, layout = _step_log("dp_tp")
+    jmesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    to_p = lambda s: P(*[(a if isinstance(a, str) else None) for a in s])  # noqa: E731
+    shard = L._tree_map2(lambda a, s: NamedSharding(jmesh, to_p(s)), params, specs)
+    cos, sin = L.rotary_tables(CFG["seq"], CFG["dim"] // CFG["heads"])
+
+    def rms(x, g):
+        return x / jnp.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
+
+    def rot(x):
+        h = x.shape[-1] // 2
+        return x * cos + jnp.concatenate([-x[..., h:], x[..., :h]], -1) * sin
+
+    def loss(p, ids, tgt):
+        x = jnp.take(p["embed"], ids, axis=0)
+        B, S, D = x.shape
+        H = CFG["heads"]
+        mask = jnp.tril(jnp.ones((S, S), bool))
+        for q in p["layers"]:
+            h = rms(x, q["norm1"])
+            qq = rot((h @ q["wq"]).reshape(B, S, H, D // H))
+            kk = rot((h @ q["wk"]).reshape(B, S, H, D // H))
+            vv = (h @ q["wv"]).reshape(B, S, H, D // H)
+            s = jnp.einsum("bqhd,bkhd->bhqk", qq, kk) * float(1 / np.sqrt(D // H))
+            s = jnp.where(mask, s, -1e9)
+            x = x + jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), vv).reshape(B, S, D) @ q["wo"]
+            h = rms(x, q["norm2"])
+            x = x + (jax.nn.silu(h @ q["w1"]) * (h @ q["w3"])) @ q["w2"]
+        logits = rms(x, p["norm"]) @ p["head"]
+        lse = jax.scipy.special.logsumexp(logits, -1)
+        return (lse - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]).mean()
+
+    data = NamedSharding(jmesh, P("dp", None))
+    f = jax.jit(jax.value_and_grad(loss), in_shardings=(shard, data, data), out_shardings=(None, shard))
+    ids = np.zeros((CFG["batch"], CFG["seq"]), np.int32)
+    hlo = f.lower(params, ids, ids).compile().as_text()
+    xla = H.bytes_per_device(H.collectives(hlo))
+    ours = log.total_bytes
+    print(f"nabla {ours:,} B per device, XLA {xla:,}")
+    assert ours <= xla, (ours, xla, log.summary())
