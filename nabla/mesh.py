@@ -18,7 +18,9 @@ _SUB_AXIS = re.compile(r"^(?P<name>[^:()\s]+):\((?P<pre>[0-9]+)\)(?P<size>[0-9]+
 
 #: The most devices a mesh may have. nabla simulates every device on one host, so this bounds the
 #: memory a bad shape (``(10**12,)``) or a hostile HLO string could ask for before anything is built.
-MAX_DEVICES = 1 << 16
+MAX_DEVICES = 1 << 20  # a mesh (planned without data: nb.abstract)
+#: the most devices a mesh holding data may have (every block lives on this host)
+MAX_DATA_DEVICES = 1 << 16
 #: The most axes a mesh may have, and the highest rank a spec or a tensor may have (numpy 1.x's limit
 #: on array dims; blocks are stored with grid axes in front, so this leaves room under numpy 2's 64).
 MAX_AXES = 32
@@ -146,8 +148,9 @@ class DeviceMesh:
         for s in shape:  # stops at the first size past the limit: no product of huge ints
             size *= s
             if size > MAX_DEVICES:
-                raise ShardingError(f"{who}: shape {_show(shape)} has more than {MAX_DEVICES} devices "
-                                    f"(nabla simulates every device on this host; MAX_DEVICES = {MAX_DEVICES})")
+                raise ShardingError(f"{who}: shape {_show(shape)} has more than {MAX_DEVICES:,} devices "
+                                    f"(MAX_DEVICES; meshes holding data are limited to {MAX_DATA_DEVICES:,}, "
+                                    f"as every device's block lives on this host)")
         if devices is None:
             devices = tuple(range(size))
         else:

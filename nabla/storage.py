@@ -11,6 +11,8 @@ import numpy as np
 
 from .dtypes import is_float, is_inexact
 from . import backends
+from .errors import ShardingError
+from .mesh import MAX_DATA_DEVICES
 from .layout import chunks, grid, grid_index, merge_cuts, shard_slices, spec_cuts
 from .spec import ShardingSpec
 
@@ -18,7 +20,16 @@ from .spec import ShardingSpec
 def place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
     """Lay a host value out as ``spec``; partial axes get the value at coordinate 0 and zeros elsewhere.
     Under the jax backend the blocks then go to the devices that own them."""
+    check_data_mesh(spec.mesh, "shard")
     return backends.active().commit(_place(np.asarray(value), spec), spec)
+
+
+def check_data_mesh(mesh: Any, op: str) -> None:
+    """A mesh that will hold data (every device's block on this host) has at most ``MAX_DATA_DEVICES``."""
+    if mesh.size > MAX_DATA_DEVICES:
+        raise ShardingError(f"{op}: mesh {mesh.name!r} has {mesh.size:,} devices; a mesh holding data has at most "
+                            f"{MAX_DATA_DEVICES:,} (every device's block lives on this host). Plan at this scale "
+                            f"without data: nb.abstract(shape, dtype).shard(mesh, ...)")
 
 
 def _place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:

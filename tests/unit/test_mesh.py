@@ -75,7 +75,8 @@ import itertools  # noqa: E402
 import numpy as np  # noqa: E402
 from hypothesis import given, strategies as st  # noqa: E402
 
-from nabla.mesh import MAX_DEVICES  # noqa: E402
+import nabla as nb  # noqa: E402
+from nabla.mesh import MAX_DATA_DEVICES, MAX_DEVICES  # noqa: E402
 
 
 @pytest.mark.parametrize("args, kwargs, words", [
@@ -89,9 +90,9 @@ from nabla.mesh import MAX_DEVICES  # noqa: E402
     (("m", (2,), ("x",)), {"devices": [0.0, 1.0]}, ["devices must be ints", "0.0"]),
     (("m", (2,), ("x",)), {"devices": itertools.count()}, ["needs 2 devices"]),
     (("m", (2,), ("x",)), {"devices": [0, True]}, ["devices must be ints", "True"]),
-    (("m", (2**70,), ("x",)), {}, ["more than 65536 devices"]),
-    (("m", (10**6, 10**6), ("x", "y")), {}, ["more than 65536 devices"]),
-    (("m", (10**5000,), ("x",)), {}, ["more than 65536 devices", "bits"]),
+    (("m", (2**70,), ("x",)), {}, ["more than 1,048,576 devices"]),
+    (("m", (10**6, 10**6), ("x", "y")), {}, ["more than 1,048,576 devices"]),
+    (("m", (10**5000,), ("x",)), {}, ["more than 1,048,576 devices", "bits"]),
     (("m", (2.0,), ("x",)), {}, ["axis 'x' has size 2.0"]),
     (("m", (True,), ("x",)), {}, ["axis 'x' has size True"]),
     (("m", (2,), 5), {}, ["axis_names", "5"]),
@@ -126,11 +127,21 @@ def test_devices_may_be_an_array_of_the_mesh_shape():
 
 
 def test_largest_mesh_builds_and_duplicates_are_found():
-    """(How fast this is belongs to benchmarks/; here: the largest mesh is accepted, a repeat refused.)"""
-    m = DeviceMesh("big", (256, MAX_DEVICES // 256), ("x", "y"))
-    assert m.coords(MAX_DEVICES - 1) == (255, MAX_DEVICES // 256 - 1)
+    """(How fast this is belongs to benchmarks/; here: the largest mesh holding data is accepted, a repeat refused,
+    a mesh past it plans without data but takes none, and one past MAX_DEVICES is refused.)"""
+    n = MAX_DATA_DEVICES
+    m = DeviceMesh("big", (256, n // 256), ("x", "y"))
+    assert m.coords(n - 1) == (255, n // 256 - 1)
     with pytest.raises(ShardingError, match=r"repeated: \[0\]"):
-        DeviceMesh("big", (MAX_DEVICES,), ("x",), devices=[0] * 2 + list(range(2, MAX_DEVICES + 1))[:MAX_DEVICES - 2])
+        DeviceMesh("big", (n,), ("x",), devices=[0] * 2 + list(range(2, n + 1))[:n - 2])
+    huge = DeviceMesh("huge", (2, n), ("dp", "tp"))  # 131,072 devices: plans, abstractly
+    with nb.comm_log() as log:
+        nb.abstract((8, n * 4)).shard(huge, ["dp", "tp"]).with_sharding(huge, ["dp", None])
+    assert [(e.kind, e.bytes) for e in log.events] == [("all_gather", (n - 1) * 4 * 4 * 4)]
+    with pytest.raises(ShardingError, match="a mesh holding data has at most 65,536"):
+        nb.ones((4, 4)).shard(huge, [None, None])
+    with pytest.raises(ShardingError, match="more than 1,048,576 devices"):
+        DeviceMesh("too", (MAX_DEVICES + 1,), ("x",))
 
 
 def test_size_one_sub_axes_are_refused_and_overlap_is_symmetric():
