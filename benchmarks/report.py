@@ -129,6 +129,24 @@ def targets(res: dict) -> Table:
         add("nb.autoshard: chosen step time against the best standard layout that fits (both in full)", "≤ 1.00x",
             f"{max(r['step_ms'] / r['best_baseline_full_ms'] for r in rows_a if r.get('best_baseline_full_ms')):.3f}x "
             f"at most", not worse)
+    m = res.get("megatron")
+    if m:
+        for what, pipelined, key in (("without pipelining", False, "no_pipeline"), ("pipelined", True, "pipeline")):
+            rows_m = [r for r in m["rows"] if (r["pp"] > 1) == pipelined]
+            if rows_m:
+                lo, hi = min(r["ratio"] for r in rows_m), max(r["ratio"] for r in rows_m)
+                names = f"{_billions(rows_m[0])} to {_billions(rows_m[-1])}"
+                add(f"estimate read from a GPT program against Megatron-LM's measured TFLOP/s per GPU (Table 1, rows "
+                    f"{what}: {names})", f"within {m['targets'][key]:.0%}", f"{lo:.2f}x to {hi:.2f}x of measured",
+                    all(r["met"] for r in rows_m))
+    e = res.get("estimate_scale")
+    if e:
+        add("nb.estimate of a Llama-2-70B training step on 16,384 devices: wall time, this machine",
+            f"< {e['target_s']:g} s", f"{e['first_call_s']:.2f} s first call (median of {e.get('runs', 1)} fresh "
+            f"processes), {e['second_call_s']:.2f} s cached", e["first_call_s"] < e["target_s"])
+        add("nb.estimate of that step: peak host memory (resident set of the whole process)",
+            f"< {e['target_bytes'] / 2**30:g} GiB", f"{e['peak_rss_bytes'] / 2**20:.0f} MiB",
+            e["peak_rss_bytes"] < e["target_bytes"])
     if "matmul_2048" in cases:
         r = cases["matmul_2048"]
         q = _div(r["nabla_us"], r["numpy_us"])
@@ -297,9 +315,54 @@ def autoshard(res: dict) -> Table | None:
         rows, [])
 
 
+def _billions(r: dict) -> str:
+    b = r["params_billion"]
+    return f"{b / 1000:g}T" if b >= 1000 else f"{b:g}B"
+
+
+def megatron(res: dict) -> Table | None:
+    m = res.get("megatron")
+    if not m:
+        return None
+    rows = []
+    for r in m["rows"]:
+        sched = r["schedule"] if r["schedule"] == "1f1b" else f"interleaved, {r['virtual_stages']} chunks"
+        rows.append([_billions(r), f"{r['tp']} / {r['pp']} / {r['dp']}", str(r["gpus"]),
+                     f"{r['microbatch']} x {r['microbatches']}", sched, f"{r['measured_tflops']:g}",
+                     f"{r['predicted_tflops']:.1f}", f"{r['ratio']:.2f}", f"±{r['target']:.0%}", met(r["met"]),
+                     f"{r['fused_tflops']:.1f} ({r['fused_ratio']:.2f})" if "fused_tflops" in r else "-"])
+    return Table("Checking estimates against Megatron-LM's measured runs", [
+        f"Table 1 of {m['source'].split(', Table 1')[0]} (GPT, 1.7B to 1T parameters, up to 3,072 A100s): "
+        "TFLOP/s per GPU as measured, and as predicted from a GPT program written with nabla ops "
+        "(`benchmarks/megatron_table1.py`: pre-LayerNorm blocks with GeLU and dropout, each under "
+        "`nb.checkpoint`; Megatron's tensor parallelism, vocabulary-parallel embedding and cross-entropy; bf16) "
+        "run abstractly for one microbatch per pipeline-stage type on the stage's `cluster.mesh` of A100-80GB "
+        "nodes of 8, priced by the estimator, the slowest stage through `nb.pipeline_estimate`, plus an Adam "
+        "update (`nabla.optim`, float32 master copy). FLOPs are the paper's eq. (3) over the predicted step. "
+        f"Microbatches, schedules and data parallelism as Megatron-LM ran them ({m['scripts']}). **fused "
+        "what-if**: the same recorded steps with every run of consecutive elementwise steps priced as one "
+        "kernel (nabla prices each recorded step as its own round trip through HBM; Megatron-LM runs fused "
+        "LayerNorm, softmax, bias-GeLU and bias-dropout-add kernels)."],
+        ["model", "t / p / dp", "GPUs", "microbatch x m", "schedule", "measured", "predicted", "ratio",
+         "target", "met", "fused what-if (ratio)"], rows, [])
+
+
+def estimate_scale(res: dict) -> list[str]:
+    e = res.get("estimate_scale")
+    if not e:
+        return []
+    runs = ", ".join(f"{t:.2f}" for t in e.get("first_call_all_s", [e["first_call_s"]]))
+    return [f"The estimator at scale: `nb.estimate` of a training step (`nb.value_and_grad`, DDP buckets) of a "
+            f"{e['model']} on a {e['mesh']}: {e['steps']:,} recorded steps priced in {e['first_call_s']:.2f} s "
+            f"on a first call in a fresh process (median of {e.get('runs', 1)}: {runs} s) and "
+            f"{e['second_call_s']:.2f} s on a second (every op's sharding program cached); peak resident memory "
+            f"{e['peak_rss_bytes'] / 2**20:.0f} MiB for the whole process, {e['traced_peak_bytes'] / 2**20:.0f} MiB "
+            "of Python allocations during a call (`tracemalloc`)."]
+
+
 def tables(res: dict) -> list[Table]:
-    return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), onnx(res), autoshard(res))
-            if t]
+    return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), onnx(res), autoshard(res),
+                        megatron(res)) if t]
 
 
 # ---- output ---------------------------------------------------------------------------------------------
@@ -361,9 +424,9 @@ def markdown(res: dict) -> str:
         lines += md_table(t)
         for p in t.outro:
             lines += ["", p]
-    p = plan(res)
+    p = plan(res) + estimate_scale(res)
     if p:
-        lines += ["", "### Planning", ""] + p
+        lines += ["", "### Planning", ""] + [x for para in p for x in (para, "")][:-1]
     if res.get("notes"):
         lines += ["", "Notes:", ""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
@@ -397,7 +460,7 @@ def show(res: dict, stream=None) -> None:
         console.print(rt)
         for p in t.outro:
             console.print(plain(p))
-    for p in plan(res) + [f"note: {n}" for n in res.get("notes", [])]:
+    for p in plan(res) + estimate_scale(res) + [f"note: {n}" for n in res.get("notes", [])]:
         console.print(plain(p))
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/megatron_table1.py: Table 1's rows as recorded, and predict() (per-layer costs through the
+"""benchmarks/megatron_table1.py: Table 1's rows as recorded, and the analytic predict() (per-layer costs through the
 schedule and the pipeline) on synthetic numbers worked out by hand (a toy device: 1 TFLOP/s, 1 GB/s HBM and
 NVLink, 0.1 GB/s network, no latency)."""
 
@@ -58,4 +58,4 @@ def test_predict_overlaps_data_parallel_gradients(table):
 
 def test_every_row_predicts(table):
     for row in table.ROWS:
-        assert 0 < table.predict_row(row).tflops_per_device < 312
+        assert 0 < table.analytic_row(row).tflops_per_device < 312
