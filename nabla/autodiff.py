@@ -28,8 +28,8 @@ from .spec import ShardingSpec
 from .layout import chunks
 from .step import serial
 from .tensor import Tensor
-from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, differentiating, outer_live, paused, recorded,
-                    recording, remat, topological, tracing_whole)
+from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, Watch, differentiating, outer_live, paused, recorded,
+                    recording, remat, swapped, topological, tracing_whole, watching)
 
 # ---- the engine ----------------------------------------------------------------------------------------
 
@@ -551,20 +551,24 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
     name = getattr(fn, "__name__", "fn")
 
     def wrapped(*args: Any) -> Any:
+        if not recording():  # nothing is differentiated: an ordinary call
+            return fn(*args)
         leaves, tree = flatten(args)
         diff = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._node is not None and x._node.diff]
-        if not diff or not recording():  # nothing is differentiated: an ordinary call
-            return fn(*args)
         keep = Remat(_MATMULS if policy == "save_matmuls" else frozenset())
-        with paused(), remat(keep):  # no node: nothing of fn's run is kept but what ``keep`` holds
+        # no node: nothing of fn's run is kept but what ``keep`` holds; the watch notes what fn closes over
+        with watching(Watch(leaves[i] for i in diff)) as watch, remat(keep):
             out = fn(*args)
+        outer = list(watch.seen.values())  # differentiated tensors fn reads but was not given: their gradients too
+        if not diff and not outer:
+            return out
         outs, out_tree = flatten(out)
         for o in outs:
             if not isinstance(o, Tensor):
                 raise ShardingError(f"checkpoint: {name} must return tensors (or pytrees of them), got "
                                     f"{type(o).__name__}")
-        op = _Op(f"checkpoint({name})", _recompute_vjp(fn, tree, leaves, diff, keep, len(outs)))
-        inputs = tuple(leaves[i] for i in diff)
+        op = _Op(f"checkpoint({name})", _recompute_vjp(fn, tree, leaves, diff, outer, keep))
+        inputs = tuple(leaves[i] for i in diff) + tuple(outer)
         res = []
         for k, o in enumerate(outs):
             o = Tensor(o._data, o._spec, o._shape, o._dtype, o._sid)
@@ -576,7 +580,7 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
     return wrapped
 
 
-def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, keep: Any, n_out: int) -> Callable:
+def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, outer: list, keep: Any) -> Callable:
     def vjp_fn(g: Tensor, node: Any, out: Tensor) -> tuple:
         k = node.params[0]
 
@@ -584,7 +588,9 @@ def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, keep: Any,
             full = list(leaves)
             for i, v in zip(diff, variables):
                 full[i] = v
-            outs, _ = flatten(fn(*unflatten(tree, full)))
+            # the closed-over tensors fn reads are the recompute's variables too: its nodes read their twins
+            with swapped({id(w): v for w, v in zip(outer, variables[len(diff):])}):
+                outs, _ = flatten(fn(*unflatten(tree, full)))
             return outs[k]
 
         if keep.ops:

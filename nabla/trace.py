@@ -24,6 +24,9 @@ class _Record(NamedTuple):
     scope: str
 
 
+_swap: contextvars.ContextVar[dict | None] = contextvars.ContextVar("nabla_swap", default=None)
+
+
 class Node(_Record):
     """How a value was made: ``op`` is an OpDef, or LEAF (a traced input), RELAYOUT (``with_sharding``) or
     PLACE (a host value put on a mesh); ``args`` its operands (values or Python scalars); ``prog`` what the
@@ -42,6 +45,9 @@ class Node(_Record):
             user = _user_op.get()
             if user and _phase.get() == "backward" and not user.startswith("grad of"):
                 user = f"gradient of {user}"  # a step of the backward pass of the public op ``user``
+        swap = _swap.get()
+        if swap is not None:  # nb.checkpoint's recompute: a value its function closes over reads as its twin
+            args = tuple(swap.get(id(a), a) for a in args)
         if diff is None:
             diff = any(getattr(getattr(a, "_node", None), "diff", False) for a in args)
         return super().__new__(cls, op, params, args, prog, settled, user, diff, _scope.get())
@@ -53,7 +59,7 @@ class Node(_Record):
 
 
 LEAF_NODE = Node(LEAF)
-_recording: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_recording", default=True)
+_recording: contextvars.ContextVar[Any] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("nabla_differentiating", default=0)
 
@@ -142,8 +148,54 @@ def tracked(args) -> bool:
     """Whether any operand carries a node, so the result must record one."""
     for a in args:
         if getattr(a, "_node", None) is not None:
-            return _recording.get()
+            r = _recording.get()
+            return r.saw(args) if type(r) is Watch else r
     return False
+
+
+class Watch:
+    """``nb.checkpoint``'s forward run: it records no nodes, but notes the differentiated values it reads that are
+    not its arguments (tensors its function closes over), so that their gradients are not lost. Inside the run
+    no value it makes carries a node, so any operand that does is an argument or comes from outside."""
+
+    __slots__ = ("args", "seen")
+
+    def __init__(self, args: Any) -> None:
+        self.args = {id(a) for a in args}
+        self.seen: dict = {}
+
+    def __bool__(self) -> bool:  # as ``paused()`` for everything that asks whether ops are recorded
+        return False
+
+    def saw(self, args: Any) -> bool:
+        for a in args:
+            n = getattr(a, "_node", None)
+            if n is not None and n.diff and id(a) not in self.args:
+                self.seen.setdefault(id(a), a)
+        return False
+
+
+@contextlib.contextmanager
+def watching(watch: Watch) -> Iterator[Watch]:
+    """Ops inside leave no nodes; ``watch`` notes the differentiated values they read from outside."""
+    if _whole.get():
+        yield watch
+        return
+    token = _recording.set(watch)
+    try:
+        yield watch
+    finally:
+        _recording.reset(token)
+
+
+@contextlib.contextmanager
+def swapped(swap: dict) -> Iterator[None]:
+    """Nodes made inside read the value ``swap[id(v)]`` wherever an operand is ``v``."""
+    token = _swap.set(swap or None)
+    try:
+        yield
+    finally:
+        _swap.reset(token)
 
 
 def topological(outputs, stop=None) -> list:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..dtypes import is_inexact
+from ..dtypes import is_float, is_inexact
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, Value, run
@@ -47,7 +47,26 @@ def _named(fn):
 
 
 def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
-    return run(op, [_arg(a, op.name, i) for i, a in enumerate(args)], params, Tensor)
+    vals = [_arg(a, op.name, i) for i, a in enumerate(args)]
+    if len(vals) > 1:
+        for v in vals:
+            if type(v) is float:
+                vals = _weak(vals)
+                break
+    return run(op, vals, params, Tensor)
+
+
+def _weak(vals: list) -> list:
+    """A Python float beside a bfloat16 or float8 tensor takes its dtype, as NEP 50's weak scalars do: numpy keeps
+    ``float16 * 1.5`` float16 and ints beside bfloat16 bfloat16, but (ml_dtypes registering no weak promotion)
+    makes ``bfloat16 * 1.5`` float32 and ``where(c, bfloat16, 0.0)`` float64; jax.numpy keeps bfloat16."""
+    dts = [v._dtype for v in vals if isinstance(v, Value)]
+    if not dts:
+        return vals
+    common = np.result_type(*dts)
+    if common.kind != "V" or not is_float(common):
+        return vals
+    return [common.type(v) if type(v) is float else v for v in vals]
 
 
 def _align(arrays: list, local: Local) -> list:

@@ -515,6 +515,30 @@ def test_checkpoint_recomputes_in_the_backward_pass_and_gives_jax_s_gradients(po
     assert forward == ["all_reduce"]
 
 
+@pytest.mark.parametrize("policy", ["full", "save_matmuls"])
+def test_checkpoint_differentiates_the_tensors_its_function_closes_over_as_jax_does(policy):
+    """A block that reads its weights from the enclosing scope (as a layer's method does) still gives them
+    gradients, and still recomputes: jax.checkpoint converts closures the same way."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    vals, (x, w1, w2) = _remat_case()
+
+    def loss(w1, w2, x, np_=nb, ck=nb.checkpoint):
+        block = ck(lambda h: np_.tanh(h @ w1) @ w2, policy) if np_ is nb else ck(lambda h: np_.tanh(h @ w1) @ w2)
+        return (block(x) * block(x * 2.0)).sum()  # two calls: each closure is read twice
+
+    with nb.comm_log() as log:
+        got = nb.grad(loss, argnums=(0, 1, 2))(w1, w2, x)
+    ref = jax.grad(lambda a, b, c: loss(a, b, c, jnp, jax.checkpoint), argnums=(0, 1, 2))(*vals[1:], vals[0])
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g.numpy(), r, rtol=1e-4, atol=1e-4)
+    again = [s.name for s in log.steps if s.phase == "recompute"]
+    assert again.count("tanh") == 2  # each call's forward ran again for its gradient
+    # only w1, w2 (closed over) and x: the closure gave no gradient a second time
+    w_only = nb.grad(lambda w1: nb.checkpoint(lambda h: (h @ w1).sum())(x))(w1)
+    np.testing.assert_allclose(w_only.numpy(), np.broadcast_to(vals[0].sum(0)[:, None], (16, 32)), rtol=1e-4)
+
+
 def test_checkpoint_outside_differentiation_is_a_plain_call():
     _, (x, w1, w2) = _remat_case()
     f = nb.checkpoint(lambda x, w: x @ w)

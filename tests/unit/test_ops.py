@@ -207,6 +207,27 @@ def test_bfloat16_through_ml_dtypes():
     assert nb.tensor(np.ones(2, ml_dtypes.bfloat16)).dtype == np.dtype(ml_dtypes.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float16", "float32"])
+def test_python_floats_are_weak_beside_low_precision_tensors_as_in_jax_numpy(dtype):
+    """NEP 50: a Python float takes the tensor's float dtype (numpy keeps float16 * 1.5 float16; with ml_dtypes'
+    bfloat16 it gives float32, and where(c, x, 0.0) float64, where jax.numpy keeps bfloat16)."""
+    jnp = pytest.importorskip("jax.numpy")
+    v = np.array([[0.5, -1.25, 2.0], [3.0, -0.75, 1.5]], dtype=dtype)
+    mesh = nb.DeviceMesh("weak", (2,), ("x",))
+    x = nb.tensor(v).shard(mesh, ["x", None])
+    j = jnp.asarray(v)
+    cases = [(lambda a: a * 1.5, lambda a: a * 1.5), (lambda a: 1.0 - a, lambda a: 1.0 - a),
+             (lambda a: a ** 2.0, lambda a: a ** 2.0), (lambda a: nb.maximum(a, 0.0), lambda a: jnp.maximum(a, 0.0)),
+             (lambda a: nb.where(a > 0, a, 0.0), lambda a: jnp.where(a > 0, a, 0.0)),
+             (lambda a: a * 2, lambda a: a * 2)]
+    for f, ref in cases:
+        got, want = f(x), ref(j)
+        assert got.dtype == want.dtype, (dtype, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got.numpy().astype(np.float64), np.asarray(want).astype(np.float64))
+    i = nb.tensor(np.arange(3, dtype=np.int32))
+    assert (i * 1.5).dtype == np.float64  # an int tensor beside a float still promotes, as numpy's does
+
+
 def test_bfloat16_without_ml_dtypes_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now raises ImportError
     for make in (lambda: nb.tensor([1.0], dtype="bfloat16"), lambda: nb.ones(2, dtype="bfloat16"),
