@@ -237,6 +237,17 @@ def _search(s0: State, t: State, atoms, shape, itemsize: int, mesh, model: CostM
     return out[::-1]
 
 
+@lru_cache(maxsize=8)  # a million-device mesh's is 24 MB
+def _grid_coords(shape: tuple[int, ...]) -> np.ndarray:
+    """Each device's coordinates, devices in mesh order (row-major over ``shape``), one row each."""
+    n = prod(shape)
+    if not shape:
+        return np.zeros((n, 0), dtype=np.int64)
+    out = np.stack(np.unravel_index(np.arange(n, dtype=np.int64), shape), axis=-1).astype(np.int64)
+    out.setflags(write=False)
+    return out
+
+
 class _Moves:
     """The moves legal from a state: each keeps the ceil-rule layout exact (uneven dims move an atom only
     where blocks nest) and is scored by its ring bytes."""
@@ -249,8 +260,7 @@ class _Moves:
         self._lack: dict[State, int] = {}
         self._boxes: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
         # each device's coordinate on each atom, devices in mesh order
-        axis = np.array([[mesh.coords(d)[mesh.axis_index(a.name)] for a in atoms] for d in mesh.devices],
-                        dtype=np.int64).reshape(len(mesh.devices), len(atoms))
+        axis = _grid_coords(mesh.shape)[:, [mesh.axis_index(a.name) for a in atoms]]
         self.coords = (axis // np.array([a.minor for a in atoms], dtype=np.int64)) % np.array(
             [a.size for a in atoms], dtype=np.int64) if atoms else axis
         self._need: int | None = None
