@@ -14,26 +14,7 @@ from .pytree import _outline, flatten, unflatten
 from .sharding import specs_like
 from .tensor import Tensor
 from .errors import ShardingError
-
-
-def _zeros_like(p, spec: Any = "same", dtype: Any = None):
-    """Zeros of ``p``'s shape, laid out as ``spec`` (default ``p``'s) in ``dtype`` (default ``p``'s): abstract for an
-    abstract ``p`` (a plan without data stays without data), and for a sharded one made directly as its stored
-    blocks (no global array is ever built)."""
-    from .ops import abstract, zeros
-    dtype = p.dtype if dtype is None else np.dtype(dtype)
-    spec = p.sharding if spec == "same" else spec
-    if spec is None:
-        return abstract(p.shape, dtype) if p.is_abstract else zeros(p.shape, dtype)
-    spec = type(spec)(spec.mesh, spec.dim_specs, spec.replicated_axes)  # no pending sums in a fresh state
-    if p.is_abstract:
-        return Tensor(None, spec, p.shape, dtype)
-    from . import backends
-    from .layout import chunks, grid
-    data = backends.active().commit(np.zeros(grid(spec).shape + chunks(spec, p.shape), dtype=dtype), spec)
-    if isinstance(data, np.ndarray):
-        data.flags.writeable = False
-    return Tensor(data, spec, p.shape, dtype)
+from .ops.creation import zeros_as
 
 
 def _to(x: Tensor, spec: Any, dtype: Any) -> Tensor:
@@ -85,7 +66,7 @@ class SGD:
             return SGDState(None)
         leaves, tree = flatten(params)
         layouts = specs_like(params, specs, "SGD.init")
-        return _state(SGDState(unflatten(tree, [_zeros_like(p, s) for p, s in zip(leaves, layouts)])))
+        return _state(SGDState(unflatten(tree, [zeros_as(p, s) for p, s in zip(leaves, layouts)])))
 
     def update(self, grads: Any, state: SGDState, params: Any) -> tuple[Any, SGDState]:
         gl, pl, tree = _check(grads, params, "SGD.update", state, SGDState)
@@ -128,8 +109,8 @@ class Adam:
         leaves, tree = flatten(params)
         layouts = specs_like(params, specs, "Adam.init")
         dt = [self.master_dtype or p.dtype for p in leaves]
-        mu = [_zeros_like(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
-        nu = [_zeros_like(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
+        mu = [zeros_as(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
+        nu = [zeros_as(p, s, d) for p, s, d in zip(leaves, layouts, dt)]
         master = None
         if self.master_dtype is not None:
             master = unflatten(tree, [_to(p, s, d) for p, s, d in zip(leaves, layouts, dt)])

@@ -203,3 +203,22 @@ def abstract(shape: int | Sequence[int], dtype: Any = "float32") -> Tensor:
 
 def full(shape: int | Sequence[int], value: Any, dtype: Any = "float32") -> Tensor:
     return Tensor._host(np.full(shape, value, dtype=dtype))
+
+
+def zeros_as(p: Tensor, spec: Any = "same", dtype: Any = None) -> Tensor:
+    """Zeros of ``p``'s shape, laid out as ``spec`` (default ``p``'s) in ``dtype`` (default ``p``'s): abstract for an
+    abstract ``p`` (a plan without data stays without data), and for a sharded one made directly as its stored
+    blocks (no global array is ever built)."""
+    dtype = p.dtype if dtype is None else np.dtype(dtype)
+    spec = p.sharding if spec == "same" else spec
+    if spec is None:
+        return abstract(p.shape, dtype) if p.is_abstract else zeros(p.shape, dtype)
+    spec = type(spec)(spec.mesh, spec.dim_specs, spec.replicated_axes)  # no pending sums in a fresh state
+    if p.is_abstract:
+        return Tensor(None, spec, p.shape, dtype)
+    from .. import backends
+    from ..layout import chunks, grid
+    data = backends.active().commit(np.zeros(grid(spec).shape + chunks(spec, p.shape), dtype=dtype), spec)
+    if isinstance(data, np.ndarray):
+        data.flags.writeable = False
+    return Tensor(data, spec, p.shape, dtype)
