@@ -415,7 +415,10 @@ def _paths(tree: Any, prefix: str) -> list[str]:
 
 
 def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool = True,
-         bucket_bytes: int | None = None, grad_specs: Sequence[Any] | None = None):
+         bucket_bytes: int | None = None, grad_specs: Sequence[Any] | None = None, raw: bool = False):
+    """``raw``: the cotangents as the pass leaves them (pending sums pending, None where none reached), for a pass
+    nested in another's backward (``nb.checkpoint``'s recompute): the enclosing pass sums each gradient once, at
+    its own leaf, under its parameter's name."""
     flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
@@ -452,10 +455,15 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         specs = None
         if grad_specs is not None:
             specs = [s for fl, tree, gs in zip(flat, trees, grad_specs) for s in _grad_specs(unflatten(tree, fl), gs)]
-        finish = _Finisher([t for tr in traced for t in tr], [x for fl in flat for x in fl], labels, bucket_bytes,
-                           specs)
-        got = backward_pass(out_leaves, cts, [id(t) for tr in traced for t in tr], labels, finish)
-        grads = finish.done(got)
+        ids = [id(t) for tr in traced for t in tr]
+        if raw:
+            got = backward_pass(out_leaves, cts, ids, labels, None)
+            live = outer_live()
+            grads = [_raw(got.get(i), x, live) for i, x in zip(ids, (x for fl in flat for x in fl))]
+        else:
+            finish = _Finisher([t for tr in traced for t in tr], [x for fl in flat for x in fl], labels,
+                               bucket_bytes, specs)
+            grads = finish.done(backward_pass(out_leaves, cts, ids, labels, finish))
         grads = [grads[sum(map(len, traced[:k])):sum(map(len, traced[:k + 1]))] for k in range(len(traced))]
         if params:
             C.tag([g for gs in grads for g in gs if isinstance(g, Tensor)], "grads")
@@ -464,6 +472,16 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
     # inside an enclosing differentiation the result stays recorded: the outer pass differentiates through it
     out = unflatten(out_tree, out_leaves if outer_live() else [_detach(o) for o in out_leaves])
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
+
+
+def _raw(g: Tensor | None, primal: Tensor, live: bool) -> Tensor | None:
+    """A cotangent handed to an enclosing pass: in the primal's dtype (a local cast), its sums left pending."""
+    if g is None:
+        return None
+    if g.dtype != primal.dtype:
+        with C.phase("backward"):
+            g = g.astype(primal.dtype)
+    return g if live else _detach(g)
 
 
 def _grad_specs(primal: Any, given: Any) -> list:
@@ -599,7 +617,8 @@ def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, outer: lis
         if keep.ops:
             keep.replay = iter(keep.saved)
         with recorded(), remat(keep if keep.ops else None), C.phase("recompute"):
-            _, back = _vjp(again, node.args, False, [f"recompute[{i}]" for i in range(len(node.args))], False)
+            _, back = _vjp(again, node.args, False, [f"recompute[{i}]" for i in range(len(node.args))], False,
+                           raw=True)
         keep.replay = None
         return back(g)
 

@@ -513,6 +513,9 @@ def test_checkpoint_recomputes_in_the_backward_pass_and_gives_jax_s_gradients(po
         assert [e for s in log.steps if s.phase == "recompute" for e in s.events] == []
     forward = [e.kind for s in log.steps if s.phase == "forward" for e in s.events]
     assert forward == ["all_reduce"]
+    # each weight's data-parallel sum is made once, by the enclosing pass, named after it (not the recompute)
+    assert sorted((s.user, e.kind, e.axes) for s in log.steps if s.phase == "backward" for e in s.events
+                  if "dp" in e.axes) == [("grad of w1", "all_reduce", ("dp",)), ("grad of w2", "all_reduce", ("dp",))]
 
 
 @pytest.mark.parametrize("policy", ["full", "save_matmuls"])
@@ -534,6 +537,9 @@ def test_checkpoint_differentiates_the_tensors_its_function_closes_over_as_jax_d
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-4, atol=1e-4)
     again = [s.name for s in log.steps if s.phase == "recompute"]
     assert again.count("tanh") == 2  # each call's forward ran again for its gradient
+    # two calls, one data-parallel sum per weight: the recomputes hand their pending sums to the enclosing pass
+    assert sorted((s.user, e.kind, e.axes) for s in log.steps if s.phase == "backward" for e in s.events
+                  if "dp" in e.axes) == [("grad of w1", "all_reduce", ("dp",)), ("grad of w2", "all_reduce", ("dp",))]
     # only w1, w2 (closed over) and x: the closure gave no gradient a second time
     w_only = nb.grad(lambda w1: nb.checkpoint(lambda h: (h @ w1).sum())(x))(w1)
     np.testing.assert_allclose(w_only.numpy(), np.broadcast_to(vals[0].sum(0)[:, None], (16, 32)), rtol=1e-4)
