@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import permutations, product
 from math import prod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -168,54 +169,58 @@ def examples(ci: int, thorough_share: int = 3) -> int:
     return ci if n <= 100 else max(ci, n // thorough_share)
 
 
+@lru_cache(maxsize=16)
+def _composed(fn: Callable) -> Callable:
+    """``st.composite(fn)``, made once: hypothesis reads ``fn``'s source each time it decorates, which, done per
+    draw inside a strategy, cost a random-program search seconds."""
+    return _st().composite(fn)
+
+
+def _mesh(draw, max_axes: int, max_devices: int, custom_order: bool) -> DeviceMesh:
+    st = _st()
+    n = draw(st.integers(1, max_axes))
+    sizes: list[int] = []
+    for _ in range(n):
+        budget = max_devices // prod(sizes) if sizes else max_devices
+        sizes.append(draw(st.integers(1, max(1, min(4, budget)))))
+    devices = list(range(prod(sizes)))
+    if custom_order and draw(st.booleans()):
+        devices = draw(st.permutations(devices))
+    return DeviceMesh("m", tuple(sizes), ("x", "y", "z")[:n], devices)
+
+
 def meshes(max_axes: int = 3, max_devices: int = 16, custom_order: bool = True):
     """Meshes of 1 to ``max_axes`` axes named x, y, z (sizes 1-4), sometimes with a shuffled device order."""
+    return _composed(_mesh)(max_axes, max_devices, custom_order)
+
+
+def _spec(draw, mesh: DeviceMesh, rank: int, partial: bool, open_dims: bool, sub_axes: bool) -> ShardingSpec:
     st = _st()
-
-    @st.composite
-    def build(draw):
-        n = draw(st.integers(1, max_axes))
-        sizes = []
-        for _ in range(n):
-            budget = max_devices // prod(sizes) if sizes else max_devices
-            sizes.append(draw(st.integers(1, max(1, min(4, budget)))))
-        devices = list(range(prod(sizes)))
-        if custom_order and draw(st.booleans()):
-            devices = draw(st.permutations(devices))
-        return DeviceMesh("m", tuple(sizes), ("x", "y", "z")[:n], devices)
-
-    return build()
+    pieces: list[str] = []
+    for name, n in zip(mesh.axis_names, mesh.shape):
+        if n == 4 and sub_axes and draw(st.booleans()):
+            pieces += [f"{name}:(1)2", f"{name}:(2)2"]
+        else:
+            pieces.append(name)
+    dims: list[list[str]] = [[] for _ in range(rank)]
+    rep, par = [], []
+    for p in draw(st.permutations(pieces)):
+        where = draw(st.integers(-3 if partial else -2, rank - 1))
+        if where >= 0:
+            dims[where].append(p)
+        elif where == -2:
+            rep.append(p)
+        elif where == -3:
+            par.append(p)
+    ds = [DimSpec(tuple(d), is_open=open_dims and draw(st.booleans())) for d in dims]
+    return ShardingSpec(mesh, ds, rep, par)
 
 
 def specs(mesh: DeviceMesh, shape: Sequence[int], partial: bool = True, open_dims: bool = True,
           sub_axes: bool = True):
     """Valid specs of ``mesh`` for a tensor of ``shape``: several axes per dim, sub-axes, replicated
     and (optionally) partial axes, open dims."""
-    st = _st()
-    rank = len(shape)
-
-    @st.composite
-    def build(draw):
-        pieces: list[str] = []
-        for name, n in zip(mesh.axis_names, mesh.shape):
-            if n == 4 and sub_axes and draw(st.booleans()):
-                pieces += [f"{name}:(1)2", f"{name}:(2)2"]
-            else:
-                pieces.append(name)
-        dims: list[list[str]] = [[] for _ in range(rank)]
-        rep, par = [], []
-        for p in draw(st.permutations(pieces)):
-            where = draw(st.integers(-3 if partial else -2, rank - 1))
-            if where >= 0:
-                dims[where].append(p)
-            elif where == -2:
-                rep.append(p)
-            elif where == -3:
-                par.append(p)
-        ds = [DimSpec(tuple(d), is_open=open_dims and draw(st.booleans())) for d in dims]
-        return ShardingSpec(mesh, ds, rep, par)
-
-    return build()
+    return _composed(_spec)(mesh, len(shape), partial, open_dims, sub_axes)
 
 
 def shapes(max_rank: int = 4, max_dim: int = 9, min_rank: int = 0):
@@ -223,29 +228,26 @@ def shapes(max_rank: int = 4, max_dim: int = 9, min_rank: int = 0):
     return st.lists(st.integers(0, max_dim), min_size=min_rank, max_size=max_rank).map(tuple)
 
 
+def _sharded_array(draw, mesh: DeviceMesh | None, shape: tuple | None, partial: bool, dtype: str) -> tuple:
+    m = mesh if mesh is not None else draw(meshes())
+    shp = shape if shape is not None else draw(shapes())
+    spec = draw(specs(m, shp, partial=partial))
+    seed = draw(_st().integers(0, 2**16))
+    value = np.random.default_rng(seed).standard_normal(shp).astype(dtype)
+    t = Tensor._host(value).shard(m, spec.dim_specs, spec.replicated_axes, spec.partial_axes)
+    return t, value
+
+
 def sharded_arrays(mesh: DeviceMesh | None = None, shape: Sequence[int] | None = None, partial: bool = True,
                    dtype: str = "float32"):
     """``(tensor, value)`` pairs: a random value placed with a random spec on a random (or given) mesh."""
-    st = _st()
-
-    @st.composite
-    def build(draw):
-        m = mesh if mesh is not None else draw(meshes())
-        shp = tuple(shape) if shape is not None else draw(shapes())
-        spec = draw(specs(m, shp, partial=partial))
-        seed = draw(st.integers(0, 2**16))
-        value = np.random.default_rng(seed).standard_normal(shp).astype(dtype)
-        t = Tensor._host(value).shard(m, spec.dim_specs, spec.replicated_axes, spec.partial_axes)
-        return t, value
-
-    return build()
+    return _composed(_sharded_array)(mesh, tuple(shape) if shape is not None else None, partial, dtype)
 
 
 def special_values(dtype: Any, shape: Sequence[int], extreme: bool = True, nonfinite: bool = True):
     """Arrays of ``dtype`` and ``shape`` drawn from values that break careless code: 0, -0.0, NaN, +-inf (unless
     not ``nonfinite``), small ints, and with ``extreme`` the dtype's largest, smallest and tiniest values
     (complex: each part)."""
-    st = _st()
     dt = np.dtype(dtype)
     n = prod(shape)
     if dt.kind == "b":
@@ -260,18 +262,19 @@ def special_values(dtype: Any, shape: Sequence[int], extreme: bool = True, nonfi
         if extreme:
             pool += [float(fi.max), -float(fi.max), float(fi.tiny), -float(fi.smallest_subnormal)]
 
-    @st.composite
-    def build(draw):
-        vals = draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n))
-        if dt.kind == "c":
-            im = draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n))
-            a = np.array([complex(r, i) for r, i in zip(vals, im)], dtype=dt)  # keeps -0.0 imaginary parts
-        else:
-            with np.errstate(all="ignore"):
-                a = np.array(vals, dtype=object).astype(dt) if dt.kind in "iu" else np.array(vals, dtype=dt)
-        return a.reshape(tuple(shape))
+    return _composed(_special)(tuple(pool), dt, n, tuple(shape))
 
-    return build()
+
+def _special(draw, pool: tuple, dt: np.dtype, n: int, shape: tuple) -> np.ndarray:
+    st = _st()
+    vals = draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n))
+    if dt.kind == "c":
+        im = draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n))
+        a = np.array([complex(r, i) for r, i in zip(vals, im)], dtype=dt)  # keeps -0.0 imaginary parts
+    else:
+        with np.errstate(all="ignore"):
+            a = np.array(vals, dtype=object).astype(dt) if dt.kind in "iu" else np.array(vals, dtype=dt)
+    return a.reshape(shape)
 
 
 def programs(mesh: DeviceMesh | None = None, max_ops: int = 5):
