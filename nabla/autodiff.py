@@ -285,14 +285,17 @@ def _to_host(g: Tensor) -> Tensor:
 
 def _finish(g: Tensor | None, primal: Tensor, spec: Any = "primal") -> Tensor:
     """A gradient as its primal is laid out (or as ``spec``): same shape, dtype and dim specs, no pending sums."""
-    from .ops.creation import zeros_as
+    from .ops.creation import zeros, zeros_as
     spec = primal.sharding if spec == "primal" else spec
     with C.phase("backward"):
         if isinstance(spec, ManualSpec):  # a per-device value (differentiated inside nb.shard_map)
             g = manual_constant(0.0, primal) if g is None else as_manual(g, spec.mesh)
             return g if g.dtype == primal.dtype else g.astype(primal.dtype)
         if g is None:  # made as its blocks (abstract in an abstract run): no global array of zeros
-            return zeros_as(primal, spec)
+            if not tracing_whole():
+                return zeros_as(primal, spec)
+            g = zeros(primal.shape, primal.dtype)  # nb.jit's trace: a constant of the compiled program
+            return g if spec is None else g.shard(spec.mesh, spec.dim_specs)
         if g.dtype != primal.dtype:
             g = g.astype(primal.dtype)
         if spec is None:
@@ -378,7 +381,8 @@ def _ones_like(t: Tensor) -> Tensor:
     from .ops import ones
     if isinstance(t.sharding, ManualSpec):
         return manual_constant(1.0, t)
-    if t._data is None:  # an abstract run: the seed is abstract too, or the whole backward pass would hold data
+    if t._data is None and not tracing_whole():  # an abstract run (not nb.jit's trace, whose constants are data):
+        # the seed is abstract too, or the whole backward pass would hold data
         from .ops import abstract
         one = abstract(t.shape, t.dtype)
     else:

@@ -477,3 +477,18 @@ def test_static_argnums_and_argnames_are_taken_as_in_jax_jit():
         nb.jit(f, static_argnums=(1,))(x, x)
     with pytest.raises(nb.ShardingError, match="static argument 'scale' of type list is not hashable"):
         g(x, 4, scale=[1.0])
+
+
+def test_a_jitted_gradient_step_with_an_unused_parameter_equals_jax_grad():
+    """Inside nb.jit's trace the seed cotangent and an unused parameter's zeros are constants of the compiled
+    program (outside it, in an abstract run, they stay abstract: no data)."""
+    xv, w1, w2 = T(8, 16), T(16, 4, seed=1), T(4, 4, seed=2)
+    x = nb.tensor(xv).shard(M, ["dp", None])
+    params = {"w1": nb.tensor(w1).shard(M, [None, "tp"]), "unused": nb.tensor(w2).shard(M, ["tp", None])}
+    step = nb.jit(nb.value_and_grad(lambda p, x: (nb.tanh(x @ p["w1"]) ** 2).sum()))
+    value, got = step(params, x)
+    want = jax.grad(lambda p: (jax.numpy.tanh(xv @ p["w1"]) ** 2).sum())({"w1": w1, "unused": w2})
+    np.testing.assert_allclose(float(value), float((np.tanh(xv @ w1) ** 2).sum()), rtol=1e-5)
+    for k in params:
+        assert got[k].sharding.dim_specs == params[k].sharding.dim_specs
+        np.testing.assert_allclose(got[k].numpy(), np.asarray(want[k]), rtol=1e-4, atol=1e-6)
