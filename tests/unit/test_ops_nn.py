@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, find, given, settings, strategies as st
 
 import nabla as nb
 from nabla import DeviceMesh, ShardingError
-from nabla.testing import assert_sharded_allclose, meshes, programs, shapes, specs
+from nabla.testing import assert_sharded_allclose, examples, meshes, programs, shapes, specs
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -51,6 +51,7 @@ def close(got, want, dtype):
 # ---- values on every sharding, against jax --------------------------------------------------------------------
 
 
+@settings(max_examples=examples(15))  # each example compiles jax's reference anew (about 0.4 s)
 @given(st.data())
 def test_log_softmax_and_logsumexp_equal_jax(data):
     draw = data.draw
@@ -82,6 +83,7 @@ def test_one_hot_equals_jax(data):
                             want.astype(np.float64) if dtype == "bfloat16" else want)
 
 
+@settings(max_examples=examples(15))
 @given(st.data())
 def test_cross_entropy_equals_optax_formula(data):
     draw = data.draw
@@ -119,7 +121,7 @@ def test_stop_gradient_is_an_identity_step_with_no_gradient():
 
 
 @given(st.data())
-@settings(max_examples=30)
+@settings(max_examples=examples(12))
 def test_gradients_equal_jax(data):
     draw = data.draw
     mesh, v, t = drawn(draw, dtypes=(np.dtype(np.float64),))

@@ -277,13 +277,18 @@ def _check_moves(shape, a, b, p, rng=None):
 @pytest.mark.parametrize("mesh,shape", LB_CASES, ids=_ids)
 def test_every_evenly_divided_reshard_reaches_the_lower_bound(mesh, shape):
     """Every pair of specs without partial sums, enumerated (every axis on any dim or none, multi-axis dims
-    in every order): 25 + 121 + 361 pairs on 2x4 and 256 + 2,401 + 11,236 on 2x2x2 (14,400), in CI too. With
+    in every order): 25 + 121 + 361 pairs on 2x4 and 256 + 2,401 + 11,236 on 2x2x2 (14,400). CI checks every
+    pair except on 2x2x2 at rank 3, where it checks a deterministic stratified quarter (each source spec with
+    every fourth target, 2,809 pairs); NABLA_EXHAUSTIVE=1 or HYPOTHESIS_PROFILE=thorough checks all. With
     every dim divisible by its shard counts, the planner sends exactly the most bytes any device lacks, and
     carrying the plan out gives every device its block. Gaps found: none. (Sub-axes and uneven dims are
     left to the random property below.)"""
     specs = _all_specs(mesh, len(shape))
-    for a in specs:
-        for b in specs:
+    share = not EXHAUSTIVE and len(shape) == 3 and mesh is C222
+    for i, a in enumerate(specs):
+        for j, b in enumerate(specs):
+            if share and (i + j) % 4:
+                continue
             p = plan(shape, 4, a, b)
             assert p.total_bytes == lower_bound(shape, 4, a, b), (a, b, p.events)
             _check_moves(shape, a, b, p)
