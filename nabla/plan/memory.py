@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from functools import lru_cache
 from math import prod
 from typing import Any, Iterator, Sequence
 
@@ -30,7 +31,14 @@ class _Device:
 
 
 def _per_device(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, Any]:
-    """(mesh, bytes each device holds): an int when every device holds as much, else an array in mesh order."""
+    """(mesh, bytes each device holds): an int when every device holds as much, else an array in mesh order
+    (cached per layout: a program's thousands of values have a few hundred)."""
+    if isinstance(spec, ShardingSpec):
+        return _count_cached(spec, tuple(shape), itemsize)
+    return _count(spec, shape, itemsize)
+
+
+def _count(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, Any]:
     if spec is None or not isinstance(spec, ShardingSpec):
         mesh = getattr(spec, "mesh", None)
         return mesh, prod(shape) * itemsize  # a host value (mesh None) or a per-device block of this shape
@@ -39,6 +47,9 @@ def _per_device(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, 
     if all(n % k == 0 for n, k in zip(shape, counts)):
         return mesh, prod(n // k for n, k in zip(shape, counts)) * itemsize
     return mesh, _uneven(spec, shape) * itemsize
+
+
+_count_cached = lru_cache(maxsize=8192)(_count)
 
 
 def _uneven(spec: ShardingSpec, shape: tuple[int, ...]) -> np.ndarray:
@@ -85,11 +96,18 @@ class MemoryLog:
             self.host_bytes += int(np.sum(nbytes))
             return
         a = self._acct(mesh)
-        if not isinstance(nbytes, (int, np.integer)):
-            a["uneven"] = True
-        a["live"][kind] = a["live"][kind] + nbytes
-        a["peak"][kind] = np.maximum(a["peak"][kind], a["live"][kind])
-        a["total"] = np.maximum(a["total"], sum(a["live"][k] for k in KINDS))
+        live, peak = a["live"], a["peak"]
+        now = live[kind] = live[kind] + nbytes
+        if not a["uneven"] and isinstance(nbytes, (int, np.integer)):  # every device alike (most programs)
+            if now > peak[kind]:
+                peak[kind] = now
+            total = sum(live.values())
+            if total > a["total"]:
+                a["total"] = total
+            return
+        a["uneven"] = True
+        peak[kind] = np.maximum(peak[kind], now)
+        a["total"] = np.maximum(a["total"], sum(live[k] for k in KINDS))
 
     def _sub(self, mesh: Any, kind: str, nbytes: Any) -> None:
         if mesh is None:
