@@ -581,9 +581,9 @@ def llama70b_timing() -> dict:
     import resource
     import tracemalloc
     fn, cluster, args = llama70b_program()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     report = nb.estimate(fn, cluster)(*args)
-    cold = time.perf_counter() - t
+    cold, cold_cpu = time.perf_counter() - t, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     t = time.perf_counter()
     nb.estimate(fn, cluster)(*args)
@@ -595,7 +595,8 @@ def llama70b_timing() -> dict:
     return {"model": "Llama-2-70B shape: 80 layers, hidden 8192, 64 heads with 8 KV heads (grouped-query "
                      "attention), SwiGLU MLP 28672, vocabulary 32000, sequence 4096, bf16",
             "mesh": f"({LLAMA_DP}, {LLAMA_TP}) dp x tp, {LLAMA_DP * LLAMA_TP:,} A100s, one sequence per dp rank",
-            "steps": len(report.timeline.costs), "first_call_s": cold, "second_call_s": warm,
+            "steps": len(report.timeline.costs), "first_call_s": cold, "first_call_cpu_s": cold_cpu,
+            "second_call_s": warm,
             "peak_rss_bytes": rss, "traced_peak_bytes": traced, "target_s": SCALE_TARGET_SECONDS,
             "target_bytes": SCALE_TARGET_BYTES, "estimated_step_s": report.step_time, "mfu": report.mfu,
             "exposed_grad_comm_s": report.exposed_grad_comm}
@@ -681,12 +682,13 @@ def main() -> None:
             runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         s = dict(sorted(runs, key=lambda r: r["first_call_s"])[len(runs) // 2])  # the median run
         s.update(runs=len(runs), first_call_all_s=[r["first_call_s"] for r in runs],
+                 first_call_cpu_all_s=[r["first_call_cpu_s"] for r in runs],
                  second_call_all_s=[r["second_call_s"] for r in runs],
                  peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs))
         res["estimate_scale"] = s
         print(f"Llama-2-70B step on {LLAMA_DP * LLAMA_TP:,} devices: nb.estimate {s['first_call_s']:.2f} s first "
               f"call (median of {len(runs)} fresh processes: {', '.join(f'{t:.2f}' for t in s['first_call_all_s'])}),"
-              f" {s['second_call_s']:.2f} s cached; peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB (Python "
+              f" {s['second_call_s']:.2f} s cached; CPU {s['first_call_cpu_s']:.2f} s; peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB (Python "
               f"allocations {s['traced_peak_bytes'] / 2**20:.0f} MiB)")
         if a.profile:
             print(subprocess.run([sys.executable, __file__, "--llama-child", "--profile"], capture_output=True,

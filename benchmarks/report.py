@@ -330,21 +330,21 @@ def megatron(res: dict) -> Table | None:
         rows.append([_billions(r), f"{r['tp']} / {r['pp']} / {r['dp']}", str(r["gpus"]),
                      f"{r['microbatch']} x {r['microbatches']}", sched, f"{r['measured_tflops']:g}",
                      f"{r['predicted_tflops']:.1f}", f"{r['ratio']:.2f}", f"±{r['target']:.0%}", met(r["met"]),
-                     f"{r['fused_tflops']:.1f} ({r['fused_ratio']:.2f})" if "fused_tflops" in r else "-"])
+                     f"{r['unfused_tflops']:.1f} ({r['unfused_ratio']:.2f})" if "unfused_tflops" in r else "-"])
     return Table("Checking estimates against Megatron-LM's measured runs", [
         f"Table 1 of {m['source'].split(', Table 1')[0]} (GPT, 1.7B to 1T parameters, up to 3,072 A100s): "
         "TFLOP/s per GPU as measured, and as predicted from a GPT program written with nabla ops "
         "(`benchmarks/megatron_table1.py`: pre-LayerNorm blocks with GeLU and dropout, each under "
         "`nb.checkpoint`; Megatron's tensor parallelism, vocabulary-parallel embedding and cross-entropy; bf16) "
         "run abstractly for one microbatch per pipeline-stage type on the stage's `cluster.mesh` of A100-80GB "
-        "nodes of 8, priced by the estimator, the slowest stage through `nb.pipeline_estimate`, plus an Adam "
-        "update (`nabla.optim`, float32 master copy). FLOPs are the paper's eq. (3) over the predicted step. "
-        f"Microbatches, schedules and data parallelism as Megatron-LM ran them ({m['scripts']}). **fused "
-        "what-if**: the same recorded steps with every run of consecutive elementwise steps priced as one "
-        "kernel (nabla prices each recorded step as its own round trip through HBM; Megatron-LM runs fused "
-        "LayerNorm, softmax, bias-GeLU and bias-dropout-add kernels)."],
+        "nodes of 8, priced by the estimator (chains of elementwise steps fused into one kernel, the default), "
+        "the slowest stage through `nb.pipeline_estimate`, plus an Adam update (`nabla.optim`, float32 master "
+        "copy). FLOPs are the paper's eq. (3) over the predicted step. "
+        f"Microbatches, schedules and data parallelism as Megatron-LM ran them ({m['scripts']}). **unfused**: "
+        "the same recorded steps with `fusion=False`, every step priced as its own round trip through HBM. "
+        "Which rows miss and why: docs/planning.md."],
         ["model", "t / p / dp", "GPUs", "microbatch x m", "schedule", "measured", "predicted", "ratio",
-         "target", "met", "fused what-if (ratio)"], rows, [])
+         "target", "met", "unfused (ratio)"], rows, [])
 
 
 def estimate_scale(res: dict) -> list[str]:

@@ -71,25 +71,25 @@ def groups(steps: Sequence[Any]) -> list[Group]:
     """The kernels of ``steps`` (program order) under the module's rule, every step in exactly one group."""
     n = len(steps)
     kinds = [kind(s) for s in steps]
+    reads = [getattr(s, "reads", ()) for s in steps]
     same: dict[int, int] = {}  # an alias's result -> the value whose blocks it is
     last_read: dict[int, int] = {}
-    for i, s in enumerate(steps):
-        reads = getattr(s, "reads", ())
-        if kinds[i] == "alias" and reads and getattr(s, "out", 0):
-            v = reads[0][0]
-            same[s.out] = same.get(v, v)
-        for v, _ in reads:
+    for i, r in enumerate(reads):
+        if kinds[i] == "alias" and r and getattr(steps[i], "out", 0):
+            v = r[0][0]
+            same[steps[i].out] = same.get(v, v)
+        for v, _ in r:
             last_read[same.get(v, v)] = i
     out: list[Group] = []
     i = 0
     while i < n:
         s, k = steps[i], kinds[i]
         j = i + 1
-        if k in ("loop", "alias") and getattr(s, "reads", ()):
+        if k in ("loop", "alias") and reads[i]:
             space, phase = (_elems(s) if k == "loop" else 0), s.phase
             while k != "reduce" and j < n:
                 t, k = steps[j], kinds[j]
-                if k == "opaque" or t.phase != phase or t.events or not getattr(t, "reads", ()):
+                if k == "opaque" or not reads[j] or t.events or t.phase != phase:
                     break
                 if k != "alias":
                     e = _elems(t)

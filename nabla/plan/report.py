@@ -13,7 +13,7 @@ from ..mesh import DeviceMesh
 from .cluster import Cluster
 from .hardware import dtype_key
 from .compute import kernel_times
-from .schedule import Timeline, simulate
+from .schedule import Timeline, simulate, step_end
 from .steps import MATMUL_OPS, StepLike
 
 
@@ -225,8 +225,9 @@ def estimate_steps(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh
     if not isinstance(fusion, bool):
         raise ShardingError(f"estimate: fusion must be True or False, got {fusion!r}")
     kernels = kernel_times(steps, cluster.hardware, fusion)
-    timeline = simulate(steps, cluster, mesh, overlap, kernels=kernels)
-    without = simulate(steps, cluster, mesh, overlap, drop_grad_comm=True, kernels=kernels)
+    durations: dict = {}
+    timeline = simulate(steps, cluster, mesh, overlap, kernels=kernels, durations=durations)
+    without = step_end(steps, kernels, cluster, mesh, overlap, True, durations)
     flops = sum(int(s.flops) for s in steps)
     if peak_dtype is None:
         by_dtype: dict[str, int] = {}
@@ -241,5 +242,5 @@ def estimate_steps(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh
     elif not isinstance(model_flops, (int, float)) or isinstance(model_flops, bool) or model_flops < 0:
         raise ShardingError(f"estimate: model_flops must be a number >= 0 (FLOPs per device), got {model_flops!r}")
     return Report(timeline, cluster, mesh, overlap, flops, float(model_flops), peak_dtype,
-                  timeline.step_time - without.step_time, MemoryReport.of(memory, cluster.hardware.hbm_bytes),
+                  timeline.step_time - without, MemoryReport.of(memory, cluster.hardware.hbm_bytes),
                   fusion)
