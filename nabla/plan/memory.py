@@ -78,7 +78,9 @@ class MemoryLog:
         self._meshes: dict[Any, dict] = {}  # mesh -> its accounts
         self._owned: dict[int, tuple] = {}  # serial -> (mesh, bytes, kind, objects alive)
         self._tags: dict[int, str] = {}
-        self._objects: set[tuple[int, int]] = set()  # (serial, id of a live object holding it)
+        # (serial, id of a live object holding it) -> a weak reference whose callback drops it (kept here: a
+        # weakref.ref with a callback costs a fraction of a weakref.finalize, and dies with the log)
+        self._objects: dict[tuple[int, int], Any] = {}
         self.timeline: list[int] = []
         self.host_bytes = 0  # values on no mesh (host arrays): every device of a run can read them
 
@@ -137,11 +139,15 @@ class MemoryLog:
         kind = self._tags.get(s, kind)
         self._add(mesh, kind, nbytes)
         self._owned[s] = (mesh, nbytes, kind, 1)
-        self._objects.add((s, id(v)))
-        weakref.finalize(v, self._drop, s, id(v))
+        self._watch(s, v)
+
+    def _watch(self, s: int, v: Any) -> None:
+        """Drop ``v``'s hold on value ``s`` when the program lets go of it."""
+        key = (s, id(v))
+        self._objects[key] = weakref.ref(v, lambda _, s=s, o=key[1]: self._drop(s, o))
 
     def _drop(self, s: int, obj: int) -> None:
-        self._objects.discard((s, obj))
+        self._objects.pop((s, obj), None)
         own = self._owned.get(s)
         if own is None:
             return
@@ -184,9 +190,8 @@ class MemoryLog:
             return False
         key = (s, id(v))
         if key not in self._objects:
-            self._objects.add(key)
             self._owned[s] = own[:3] + (own[3] + 1,)
-            weakref.finalize(v, self._drop, s, id(v))
+            self._watch(s, v)
         return True
 
     def _now(self) -> int:
