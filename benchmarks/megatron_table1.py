@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE.parent))
 import nabla as nb  # noqa: E402
 from nabla.collectives import CommEvent  # noqa: E402
 from nabla.plan import (MATMUL_OPS, Cluster, Hardware, PipelineReport, Report, Step, estimate_steps,  # noqa: E402
-                        gpt_flops, pipeline_estimate)
+                        gpt_flops, pipeline_estimate, priced_step)
 
 SOURCE = "Narayanan et al., SC'21, arXiv:2104.04473, Table 1"
 SCRIPTS = "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh and CONFIG.sh (commit de7dc40, Aug 2021)"
@@ -253,17 +253,18 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> St
 
 
 def _priced(s: Any) -> Step:
-    """A recorded step as the estimator reads it (``nb.estimate``'s conversion), with one relabel: a backward
-    step that communicates over ``dp`` finishes a parameter gradient (in this program the batch is the only
-    thing on ``dp``, so only parameter gradients are summed over it). ``nb.checkpoint``'s backward finishes the
-    gradients of the layer's parameters inside the recomputed layer, under the label ``gradient of
-    checkpoint(...)``, which the schedule does not read as a gradient reduction (it looks for ``grad of``):
-    unlabelled, they would block the backward pass and be paid on every microbatch instead of once a step."""
-    user = str(s.user)
-    if s.phase == "backward" and not user.startswith("grad of") and any("dp" in e.axes for e in s.events):
-        user = f"grad of ({user})"
-    return Step(s.name, user, s.phase, s.out_dtype, int(s.flops), int(s.bytes_in), int(s.bytes_out),
-                tuple(s.events), getattr(s, "layer", "") or None)
+    """A recorded step as the estimator reads it (``nb.estimate``'s conversion, dataflow for fusion included),
+    with one relabel: a backward step that communicates over ``dp`` finishes a parameter gradient (in this
+    program the batch is the only thing on ``dp``, so only parameter gradients are summed over it).
+    ``nb.checkpoint``'s backward finishes the gradients of the layer's parameters inside the recomputed layer,
+    under the label ``gradient of checkpoint(...)``, which the schedule does not read as a gradient reduction (it
+    looks for ``grad of``): unlabelled, they would block the backward pass and be paid on every microbatch
+    instead of once a step."""
+    p = priced_step(s)
+    user = str(p.user)
+    if s.phase == "backward" and not user.startswith("grad of") and any("dp" in e.axes for e in p.events):
+        p = p._replace(user=f"grad of ({user})")
+    return p
 
 
 def _is_dp_sum(e: CommEvent) -> bool:
@@ -301,74 +302,31 @@ def bucketed(steps: list[Step], dp: int, bucket_bytes: int) -> list[Step]:
     return out
 
 
-def fused(steps: list) -> list[Step]:
-    """A what-if of the recorded ``steps`` (the executor's): every maximal run of consecutive elementwise steps
-    (any kernel but a matmul, and moves that move nothing) in one phase priced as one kernel, as Megatron-LM's
-    fused kernels and XLA's fusions run them: it reads the values the run uses but does not make, once each,
-    and writes the values it makes that a later step uses (or that nothing uses: results). nabla prices every
-    recorded step as its own round trip through HBM; this shows how much of a prediction that is."""
-    last_use: dict[int, int] = {}
-    for i, s in enumerate(steps):
-        for u in s.uses:
-            last_use[u.value] = i
-
-    def fusible(s) -> bool:
-        return s.name not in MATMUL_OPS and not s.events
-
-    out: list[Step] = []
-    i = 0
-    while i < len(steps):
-        s = steps[i]
-        if not fusible(s):
-            out.append(_priced(s))
-            i += 1
-            continue
-        j = i
-        while j + 1 < len(steps) and fusible(steps[j + 1]) and steps[j + 1].phase == s.phase:
-            j += 1
-        group = steps[i:j + 1]
-        made = {g.out for g in group}
-        reads: dict[int, int] = {}
-        for g in group:
-            for u in g.uses:
-                if u.value and u.value not in made:
-                    reads[u.value] = max(reads.get(u.value, 0), u.block_bytes)
-        writes = sum(g.bytes_out for g in group if last_use.get(g.out, len(steps)) > j)
-        out.append(Step("fused", str(s.user), s.phase, group[-1].out_dtype, sum(int(g.flops) for g in group),
-                        sum(reads.values()), writes, (), getattr(s, "layer", "") or None))
-        i = j + 1
-    return out
-
-
 def stage_estimate(stage: Stage, cluster: Cluster, overlap: str = "grads", bucket_bytes: int | None = None,
-                   fuse: bool = False) -> Report | tuple[Report, Report]:
+                   fusion: tuple[bool, ...] = (True,)) -> tuple[Report, ...]:
     """``nb.estimate`` of ``stage``: its program run abstractly, its recorded steps (``_priced``, gradient sums
-    ``bucketed`` as DDP buckets them when ``bucket_bytes`` is given) and memory priced on ``cluster``. With
-    ``fuse``, also the ``fused`` what-if of the same recording: ``(report, fused report)``."""
+    ``bucketed`` as DDP buckets them when ``bucket_bytes`` is given) and memory priced on ``cluster``, once per
+    entry of ``fusion`` (``estimate_steps``'s option: elementwise chains fused, or every step alone)."""
     with nb.comm_log() as log, nb.memory_log() as mem:
         stage.fn(*stage.args)
     dp = stage.mesh.shape[stage.mesh.axis_names.index("dp")]
-
-    def price(steps: list[Step]) -> Report:
-        if bucket_bytes:
-            steps = bucketed(steps, dp, bucket_bytes)
-        model = sum(s.flops for s in steps if s.phase != "recompute")
-        return estimate_steps(steps, cluster, stage.mesh, overlap, model, mem)
-
-    report = price([_priced(s) for s in log.steps])
-    return (report, price(fused(list(log.steps)))) if fuse else report
+    steps = [_priced(s) for s in log.steps]
+    if bucket_bytes:
+        steps = bucketed(steps, dp, bucket_bytes)
+    model = sum(s.flops for s in steps if s.phase != "recompute")
+    return tuple(estimate_steps(steps, cluster, stage.mesh, overlap, model, mem, fusion=f) for f in fusion)
 
 
-def optimizer_estimate(params: Any, cluster: Cluster, mesh, fuse: bool = False) -> tuple[Report, Report | None]:
+def optimizer_estimate(params: Any, cluster: Cluster, mesh, fusion: tuple[bool, ...] = (True,)) -> tuple[Report, ...]:
     """One mixed-precision Adam update of ``params`` (``nabla.optim.Adam`` with a float32 master copy and float32
     moments, as Megatron-LM's fp16 optimizer keeps them; the gradients laid out as the parameters), priced on
-    ``cluster``; with ``fuse`` also its ``fused`` what-if (one pass over every tensor, as apex's FusedAdam)."""
+    ``cluster`` once per entry of ``fusion`` (fused: one pass over each tensor's state, as apex's FusedAdam)."""
     opt = nb.optim.Adam(1e-4, master_dtype="float32")
     state = opt.init(params)
     with nb.comm_log() as log:
         opt.update(params, state, params)
-    report = estimate_steps([_priced(s) for s in log.steps], cluster, mesh, "none")
-    return report, (estimate_steps(fused(list(log.steps)), cluster, mesh, "none") if fuse else None)
+    steps = [_priced(s) for s in log.steps]
+    return tuple(estimate_steps(steps, cluster, mesh, "none", fusion=f) for f in fusion)
 
 
 class Estimate(NamedTuple):
@@ -387,8 +345,8 @@ class Estimate(NamedTuple):
 class Prediction(NamedTuple):
     row: Row
     layout: Layout
-    estimate: Estimate  # nabla's pricing of the recorded steps
-    fused: Estimate | None  # the what-if with elementwise runs fused (``fused``)
+    estimate: Estimate  # nabla's pricing of the recorded steps (elementwise chains fused: the default)
+    unfused: Estimate | None  # the same steps each priced as its own kernel (``fusion=False``), to compare
     flops_per_gpu: float  # eq. (3) over the GPUs: what the paper divides by the step time
     seconds: float  # wall time of the prediction on this machine
 
@@ -401,8 +359,8 @@ class Prediction(NamedTuple):
         return self.flops_per_gpu / self.step_time / 1e12
 
     @property
-    def fused_tflops_per_gpu(self) -> float | None:
-        return None if self.fused is None else self.flops_per_gpu / self.fused.step_time / 1e12
+    def unfused_tflops_per_gpu(self) -> float | None:
+        return None if self.unfused is None else self.flops_per_gpu / self.unfused.step_time / 1e12
 
     @property
     def ratio(self) -> float:
@@ -421,14 +379,14 @@ def stage_kinds(pp: int) -> tuple[str, ...]:
     return ("whole",) if pp == 1 else ("first", "last") if pp == 2 else ("first", "middle", "last")
 
 
-def predict_row(row: Row, hw: Hardware | None = None, kinds: tuple[str, ...] | None = None, fuse: bool = True,
+def predict_row(row: Row, hw: Hardware | None = None, kinds: tuple[str, ...] | None = None, compare: bool = True,
                 optimizer: bool = True) -> Prediction:
     """Row ``row`` predicted from the program: each stage type of ``stage_kinds`` estimated on the ``(dp, tp)``
     mesh of its ``t * dp`` GPUs (A100 SXM 80GB nodes of 8, Selene's) for one microbatch; the slowest one (a
     pipeline runs at its slowest stage) priced as a pipeline of ``p`` stages, ``m`` microbatches, the row's
     schedule, stage-to-stage sends of ``microbatch * s * h * 2 / t`` bytes per GPU on the network (the
     scatter/gather optimization: each of a stage's ``t`` GPUs sends its slice on its own HCA); then the
-    optimizer's update of that stage's parameters, once a step."""
+    optimizer's update of that stage's parameters, once a step. ``compare``: also price every step alone."""
     t0 = time.perf_counter()
     hw = Hardware.preset("a100-sxm-80gb") if hw is None else hw
     lay = layout(row)
@@ -436,24 +394,24 @@ def predict_row(row: Row, hw: Hardware | None = None, kinds: tuple[str, ...] | N
     cluster = Cluster(hw, max(1, n // NODE), min(NODE, n))
     mesh = cluster.mesh("stage", (lay.dp, lay.tp), ("dp", "tp"))
     per_stage = row.layers // lay.pp
+    fusion = (True, False) if compare else (True,)
     programs = {k: stage_program(row, k, mesh, lay.microbatch, per_stage) for k in (kinds or stage_kinds(lay.pp))}
-    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fuse=fuse) for k, s in programs.items()}
+    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fusion) for k, s in programs.items()}
     job = Cluster(hw, row.gpus // NODE, NODE)
     p2p = lay.microbatch * SEQ * row.hidden * 2 // lay.tp if lay.pp > 1 else None
 
-    def pipeline(reports: dict, which: int) -> Estimate:
+    def pipeline(which: int) -> Estimate:
+        reports = {k: r[which] for k, r in priced.items()}
         slowest = max(reports, key=lambda k: reports[k].step_time - reports[k].exposed_grad_comm)
         pipe = pipeline_estimate(reports[slowest], lay.pp, lay.microbatches, lay.schedule, lay.virtual_stages,
                                  p2p, job)
         opt = 0.0
         if optimizer:
-            opt = optimizer_estimate(programs[slowest].args[0], cluster, mesh, fuse=which == 1)[which].step_time
+            opt = optimizer_estimate(programs[slowest].args[0], cluster, mesh, (fusion[which],))[0].step_time
         return Estimate(reports, slowest, pipe, opt)
 
-    plain = pipeline({k: r[0] if fuse else r for k, r in priced.items()}, 0)
-    what_if = pipeline({k: r[1] for k, r in priced.items()}, 1) if fuse else None
     flops = gpt_flops(row.batch, SEQ, row.layers, row.hidden, VOCAB) / row.gpus
-    return Prediction(row, lay, plain, what_if, flops, time.perf_counter() - t0)
+    return Prediction(row, lay, pipeline(0), pipeline(1) if compare else None, flops, time.perf_counter() - t0)
 
 
 # ---- the analytic model an earlier version used (kept for comparison) -------------------------------------
@@ -623,9 +581,9 @@ def llama70b_timing() -> dict:
     import resource
     import tracemalloc
     fn, cluster, args = llama70b_program()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     report = nb.estimate(fn, cluster)(*args)
-    cold = time.perf_counter() - t
+    cold, cold_cpu = time.perf_counter() - t, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     t = time.perf_counter()
     nb.estimate(fn, cluster)(*args)
@@ -637,7 +595,8 @@ def llama70b_timing() -> dict:
     return {"model": "Llama-2-70B shape: 80 layers, hidden 8192, 64 heads with 8 KV heads (grouped-query "
                      "attention), SwiGLU MLP 28672, vocabulary 32000, sequence 4096, bf16",
             "mesh": f"({LLAMA_DP}, {LLAMA_TP}) dp x tp, {LLAMA_DP * LLAMA_TP:,} A100s, one sequence per dp rank",
-            "steps": len(report.timeline.costs), "first_call_s": cold, "second_call_s": warm,
+            "steps": len(report.timeline.costs), "first_call_s": cold, "first_call_cpu_s": cold_cpu,
+            "second_call_s": warm,
             "peak_rss_bytes": rss, "traced_peak_bytes": traced, "target_s": SCALE_TARGET_SECONDS,
             "target_bytes": SCALE_TARGET_BYTES, "estimated_step_s": report.step_time, "mfu": report.mfu,
             "exposed_grad_comm_s": report.exposed_grad_comm}
@@ -675,22 +634,23 @@ def row_result(p: Prediction) -> dict:
            "p2p_s": e.pipeline.p2p_time, "optimizer_ms": e.optimizer_time * 1e3,
            "stage_peak_gib": max(st.memory.peak.values()) / 2**30 if st.memory.peak else None,
            "seconds": p.seconds}
-    if p.fused is not None:
-        out.update(fused_tflops=p.fused_tflops_per_gpu, fused_ratio=p.fused_tflops_per_gpu / r.tflops_per_gpu)
+    if p.unfused is not None:
+        out.update(unfused_tflops=p.unfused_tflops_per_gpu,
+                   unfused_ratio=p.unfused_tflops_per_gpu / r.tflops_per_gpu)
     return out
 
 
-def run_rows(rows=ROWS, fuse: bool = True) -> dict:
+def run_rows(rows=ROWS, compare: bool = True) -> dict:
     t = time.perf_counter()
     out = []
     for row in rows:
-        res = row_result(predict_row(row, fuse=fuse))
+        res = row_result(predict_row(row, compare=compare))
         out.append(res)
         print(f"{row.params_billion:>7}B t={res['tp']} p={res['pp']:>2} d={res['dp']:>2} b={res['microbatch']:>2} "
               f"m={res['microbatches']:>3} {res['schedule']:<11} measured {row.tflops_per_gpu:>5} predicted "
               f"{res['predicted_tflops']:6.1f} ratio {res['ratio']:.2f} "
               f"({'met' if res['met'] else 'MISSED'} ±{res['target']:.0%})"
-              + (f" | fused what-if {res['fused_tflops']:6.1f} ({res['fused_ratio']:.2f})" if fuse else "")
+              + (f" | unfused {res['unfused_tflops']:6.1f} ({res['unfused_ratio']:.2f})" if compare else "")
               + f" | {res['seconds']:.1f} s", flush=True)
     return {"source": SOURCE, "scripts": SCRIPTS, "hardware": "a100-sxm-80gb, 8 per node",
             "targets": {"no_pipeline": TARGET_NO_PIPELINE, "pipeline": TARGET_PIPELINE}, "rows": out,
@@ -701,7 +661,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", help="parameter counts in billions, e.g. 1.7,39.1 (default: every row)")
     ap.add_argument("--json", help="write the results here (default: update benchmarks/results.json)")
-    ap.add_argument("--no-fuse", action="store_true", help="skip the fused-elementwise what-if")
+    ap.add_argument("--no-compare", action="store_true", help="skip pricing every step alone (fusion=False)")
     ap.add_argument("--no-llama", action="store_true", help="skip the Llama-2-70B timing")
     ap.add_argument("--llama-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help="with the Llama timing, a cProfile of one call")
@@ -711,7 +671,7 @@ def main() -> None:
         return
     rows = ROWS if not a.rows else [r for r in ROWS if str(r.params_billion) in a.rows.split(",")]
     print(f"Megatron-LM Table 1 ({SOURCE}; runs as in {SCRIPTS}) against nabla's estimate of a GPT program")
-    res = {"megatron": run_rows(rows, fuse=not a.no_fuse)}
+    res = {"megatron": run_rows(rows, compare=not a.no_compare)}
     if not a.no_llama:
         import subprocess
         env = dict(__import__("os").environ, PYTHONPATH=str(HERE.parent))
@@ -722,12 +682,13 @@ def main() -> None:
             runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         s = dict(sorted(runs, key=lambda r: r["first_call_s"])[len(runs) // 2])  # the median run
         s.update(runs=len(runs), first_call_all_s=[r["first_call_s"] for r in runs],
+                 first_call_cpu_all_s=[r["first_call_cpu_s"] for r in runs],
                  second_call_all_s=[r["second_call_s"] for r in runs],
                  peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs))
         res["estimate_scale"] = s
         print(f"Llama-2-70B step on {LLAMA_DP * LLAMA_TP:,} devices: nb.estimate {s['first_call_s']:.2f} s first "
               f"call (median of {len(runs)} fresh processes: {', '.join(f'{t:.2f}' for t in s['first_call_all_s'])}),"
-              f" {s['second_call_s']:.2f} s cached; peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB (Python "
+              f" {s['second_call_s']:.2f} s cached; CPU {s['first_call_cpu_s']:.2f} s; peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB (Python "
               f"allocations {s['traced_peak_bytes'] / 2**20:.0f} MiB)")
         if a.profile:
             print(subprocess.run([sys.executable, __file__, "--llama-child", "--profile"], capture_output=True,

@@ -143,7 +143,7 @@ def targets(res: dict) -> Table:
     if e:
         add("nb.estimate of a Llama-2-70B training step on 16,384 devices: wall time, this machine",
             f"< {e['target_s']:g} s", f"{e['first_call_s']:.2f} s first call (median of {e.get('runs', 1)} fresh "
-            f"processes), {e['second_call_s']:.2f} s cached", e["first_call_s"] < e["target_s"])
+            f"processes{_cpu(e)}), {e['second_call_s']:.2f} s cached", e["first_call_s"] < e["target_s"])
         add("nb.estimate of that step: peak host memory (resident set of the whole process)",
             f"< {e['target_bytes'] / 2**30:g} GiB", f"{e['peak_rss_bytes'] / 2**20:.0f} MiB",
             e["peak_rss_bytes"] < e["target_bytes"])
@@ -315,6 +315,11 @@ def autoshard(res: dict) -> Table | None:
         rows, [])
 
 
+def _cpu(e: dict) -> str:
+    """The first call's CPU time, where measured: on a shared machine the wall time also counts other jobs."""
+    return f"; {e['first_call_cpu_s']:.2f} s of CPU" if "first_call_cpu_s" in e else ""
+
+
 def _billions(r: dict) -> str:
     b = r["params_billion"]
     return f"{b / 1000:g}T" if b >= 1000 else f"{b:g}B"
@@ -330,21 +335,21 @@ def megatron(res: dict) -> Table | None:
         rows.append([_billions(r), f"{r['tp']} / {r['pp']} / {r['dp']}", str(r["gpus"]),
                      f"{r['microbatch']} x {r['microbatches']}", sched, f"{r['measured_tflops']:g}",
                      f"{r['predicted_tflops']:.1f}", f"{r['ratio']:.2f}", f"±{r['target']:.0%}", met(r["met"]),
-                     f"{r['fused_tflops']:.1f} ({r['fused_ratio']:.2f})" if "fused_tflops" in r else "-"])
+                     f"{r['unfused_tflops']:.1f} ({r['unfused_ratio']:.2f})" if "unfused_tflops" in r else "-"])
     return Table("Checking estimates against Megatron-LM's measured runs", [
         f"Table 1 of {m['source'].split(', Table 1')[0]} (GPT, 1.7B to 1T parameters, up to 3,072 A100s): "
         "TFLOP/s per GPU as measured, and as predicted from a GPT program written with nabla ops "
         "(`benchmarks/megatron_table1.py`: pre-LayerNorm blocks with GeLU and dropout, each under "
         "`nb.checkpoint`; Megatron's tensor parallelism, vocabulary-parallel embedding and cross-entropy; bf16) "
         "run abstractly for one microbatch per pipeline-stage type on the stage's `cluster.mesh` of A100-80GB "
-        "nodes of 8, priced by the estimator, the slowest stage through `nb.pipeline_estimate`, plus an Adam "
-        "update (`nabla.optim`, float32 master copy). FLOPs are the paper's eq. (3) over the predicted step. "
-        f"Microbatches, schedules and data parallelism as Megatron-LM ran them ({m['scripts']}). **fused "
-        "what-if**: the same recorded steps with every run of consecutive elementwise steps priced as one "
-        "kernel (nabla prices each recorded step as its own round trip through HBM; Megatron-LM runs fused "
-        "LayerNorm, softmax, bias-GeLU and bias-dropout-add kernels)."],
+        "nodes of 8, priced by the estimator (chains of elementwise steps fused into one kernel, the default), "
+        "the slowest stage through `nb.pipeline_estimate`, plus an Adam update (`nabla.optim`, float32 master "
+        "copy). FLOPs are the paper's eq. (3) over the predicted step. "
+        f"Microbatches, schedules and data parallelism as Megatron-LM ran them ({m['scripts']}). **unfused**: "
+        "the same recorded steps with `fusion=False`, every step priced as its own round trip through HBM. "
+        "Which rows miss and why: docs/planning.md."],
         ["model", "t / p / dp", "GPUs", "microbatch x m", "schedule", "measured", "predicted", "ratio",
-         "target", "met", "fused what-if (ratio)"], rows, [])
+         "target", "met", "unfused (ratio)"], rows, [])
 
 
 def estimate_scale(res: dict) -> list[str]:
@@ -354,7 +359,7 @@ def estimate_scale(res: dict) -> list[str]:
     runs = ", ".join(f"{t:.2f}" for t in e.get("first_call_all_s", [e["first_call_s"]]))
     return [f"The estimator at scale: `nb.estimate` of a training step (`nb.value_and_grad`, DDP buckets) of a "
             f"{e['model']} on a {e['mesh']}: {e['steps']:,} recorded steps priced in {e['first_call_s']:.2f} s "
-            f"on a first call in a fresh process (median of {e.get('runs', 1)}: {runs} s) and "
+            f"on a first call in a fresh process (median of {e.get('runs', 1)}: {runs} s{_cpu(e)}) and "
             f"{e['second_call_s']:.2f} s on a second (every op's sharding program cached); peak resident memory "
             f"{e['peak_rss_bytes'] / 2**20:.0f} MiB for the whole process, {e['traced_peak_bytes'] / 2**20:.0f} MiB "
             "of Python allocations during a call (`tracemalloc`)."]

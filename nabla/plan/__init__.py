@@ -3,7 +3,8 @@ kernels, collectives, schedules and pipelines. Reads steps only; the executor re
 
 from .cluster import Cluster, Tier
 from .comm import Phase, event_time, phases
-from .compute import kernel_time
+from .compute import kernel_time, kernel_times
+from .estimate import priced_step
 from .formulas import gpt_flops, gpt_params, zero_model_state_bytes
 from .hardware import Hardware
 from .pipeline import PipelineReport, pipeline_estimate
@@ -14,5 +15,6 @@ from .steps import MATMUL_OPS, Step, StepLike, is_grad_reduction
 __all__ = [
     "Cluster", "Hardware", "Interval", "MATMUL_OPS", "MemoryReport", "Phase", "PipelineReport", "Report", "Step",
     "StepCost", "StepLike", "Tier", "Timeline", "estimate_steps", "event_time", "gpt_flops", "gpt_params",
-    "is_grad_reduction", "kernel_time", "phases", "pipeline_estimate", "simulate", "zero_model_state_bytes",
+    "is_grad_reduction", "kernel_time", "kernel_times", "phases", "pipeline_estimate", "priced_step", "simulate",
+    "zero_model_state_bytes",
 ]

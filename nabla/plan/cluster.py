@@ -91,10 +91,11 @@ def _tier(mesh: DeviceMesh, axes: tuple[str, ...], nodes: int, devices_per_node:
     for r in refs:
         a = mesh.axis_index(r.name)
         rest[:, a] -= ((coords[:, a] // r.minor) % r.size) * r.minor
-    _, group = np.unique(rest, axis=0, return_inverse=True)
+    group = np.ravel_multi_index(tuple(rest.T), mesh.shape)  # one id per group (no row sort: 16k devices)
     node = np.asarray(mesh.devices, dtype=np.int64) // devices_per_node
-    pairs, per_node = np.unique(np.stack([group.reshape(-1), node], axis=-1), axis=0, return_counts=True)
-    nodes_per_group = np.bincount(pairs[:, 0])
+    pairs, per_node = np.unique(group * nodes + node, return_counts=True)
+    nodes_per_group = np.bincount(pairs // nodes)
+    nodes_per_group = nodes_per_group[nodes_per_group > 0]
     if (nodes_per_group == 1).all():
         return Tier("nvlink", k, 1)
     if (per_node == 1).all():

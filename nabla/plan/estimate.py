@@ -9,8 +9,10 @@ from typing import Any, Callable
 from .. import collectives as C
 from ..pytree import flatten, unflatten
 from ..errors import ShardingError
+from ..step import _block_elems
 from ..tensor import Tensor
 from .cluster import Cluster
+from .fusion import REDUCE_OPS
 from .memory import memory_log
 from .report import Report, estimate_steps
 from .steps import Step as PricedStep
@@ -22,9 +24,41 @@ def _abstract(args: Any) -> Any:
                             for x in leaves])
 
 
-def _priced(step: Any) -> PricedStep:
-    return PricedStep(step.name, step.user, step.phase, step.out_dtype, step.flops, step.bytes_in, step.bytes_out,
-                      step.events, getattr(step, "layer", "") or None)
+def priced_step(step: Any) -> PricedStep:
+    """A recorded step as the estimator reads it: its costs, and the dataflow fusion needs (the operands' values
+    and bytes, the value it makes, the elements its kernel runs over: a reduction's operand, else its result)."""
+    operands = [u for u in step.uses if u.value]
+    reads = tuple((u.value, _block(u.dst, u.shape) * u.dtype.itemsize) for u in operands)
+    size = step.out_dtype.itemsize
+    elems = _block(step.out_spec, step.out_shape)
+    name = step.name
+    if name in REDUCE_OPS and operands:
+        elems = max(b // u.dtype.itemsize for u, (_, b) in zip(operands, reads))
+    bytes_in = 0 if isinstance(step.op, str) else sum(b for _, b in reads)
+    return PricedStep(name, step.user, step.phase, step.out_dtype, step.flops, bytes_in,
+                      _block(step.out_spec, step.out_shape) * size, step.events, getattr(step, "layer", "") or None,
+                      reads, step.out, elems)
+
+
+_BLOCKS: dict[int, tuple[Any, dict]] = {}  # id(layout) -> (the layout, kept alive; shape -> elements)
+
+
+def _block(spec: Any, shape: tuple[int, ...]) -> int:
+    """Elements of one device's block (the largest), as ``nabla.step`` counts them; cached by the layout
+    object's identity (a program's thousands of steps share a few hundred layouts, and comparing equal layouts
+    costs more than counting), the layout held so its id is not reused."""
+    got = _BLOCKS.get(id(spec))
+    if got is None or got[0] is not spec:
+        if len(_BLOCKS) > 4096:
+            _BLOCKS.clear()
+        got = _BLOCKS[id(spec)] = (spec, {})
+    n = got[1].get(shape)
+    if n is None:
+        n = got[1][shape] = _block_elems(spec, shape)
+    return n
+
+
+_priced = priced_step
 
 
 def _mesh_of(steps: list, args: Any) -> Any:
@@ -37,17 +71,22 @@ def _mesh_of(steps: list, args: Any) -> Any:
     return meshes.pop()
 
 
-def estimate(fn: Callable, cluster: Cluster, overlap: str = "grads", model_flops: float | None = None) -> Callable:
+def estimate(fn: Callable, cluster: Cluster, overlap: str = "grads", model_flops: float | None = None,
+             fusion: bool = True) -> Callable:
     """``nb.estimate(fn, cluster)(*args)``: run ``fn`` on data-free twins of its tensor arguments (their shapes,
     dtypes and shardings) and price what it recorded on ``cluster``: a ``Report`` (step time, exposed
     communication, TFLOP/s and MFU per device, memory per device against the device's HBM, a per-layer table, a
     Chrome trace). ``overlap``: "none", or "grads" (gradient collectives overlap the backward compute that
     follows them, as DDP and FSDP do). ``model_flops`` (per device) is what MFU counts; by default every
-    recorded FLOP that is not recomputation."""
+    recorded FLOP that is not recomputation. ``fusion`` (default on): each chain of consecutive elementwise
+    steps is priced as one kernel that reads its inputs and writes its outputs once, as XLA's fusion and
+    Megatron-LM's fused kernels run them (``nabla/plan/fusion.py``); ``False`` prices every step alone."""
     if not isinstance(cluster, Cluster):
         raise ShardingError(f"estimate: cluster must be an nb.Cluster, got {type(cluster).__name__}")
     if overlap not in ("none", "grads"):
         raise ShardingError(f"estimate: overlap must be 'none' or 'grads', got {overlap!r}")
+    if not isinstance(fusion, bool):
+        raise ShardingError(f"estimate: fusion must be True or False, got {fusion!r}")
 
     def run(*args: Any, **kwargs: Any) -> Report:
         a, k = _abstract(args), _abstract(kwargs)
@@ -58,7 +97,7 @@ def estimate(fn: Callable, cluster: Cluster, overlap: str = "grads", model_flops
         model = model_flops
         if model is None:
             model = sum(s.flops for s in steps if s.phase != "recompute")
-        return estimate_steps([_priced(s) for s in steps], cluster, mesh, overlap, model, mem)
+        return estimate_steps([_priced(s) for s in steps], cluster, mesh, overlap, model, mem, fusion=fusion)
 
     return run
 

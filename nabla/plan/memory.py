@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from functools import lru_cache
 from math import prod
 from typing import Any, Iterator, Sequence
 
@@ -30,7 +31,14 @@ class _Device:
 
 
 def _per_device(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, Any]:
-    """(mesh, bytes each device holds): an int when every device holds as much, else an array in mesh order."""
+    """(mesh, bytes each device holds): an int when every device holds as much, else an array in mesh order
+    (cached per layout: a program's thousands of values have a few hundred)."""
+    if isinstance(spec, ShardingSpec):
+        return _count_cached(spec, tuple(shape), itemsize)
+    return _count(spec, shape, itemsize)
+
+
+def _count(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, Any]:
     if spec is None or not isinstance(spec, ShardingSpec):
         mesh = getattr(spec, "mesh", None)
         return mesh, prod(shape) * itemsize  # a host value (mesh None) or a per-device block of this shape
@@ -39,6 +47,9 @@ def _per_device(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, 
     if all(n % k == 0 for n, k in zip(shape, counts)):
         return mesh, prod(n // k for n, k in zip(shape, counts)) * itemsize
     return mesh, _uneven(spec, shape) * itemsize
+
+
+_count_cached = lru_cache(maxsize=8192)(_count)
 
 
 def _uneven(spec: ShardingSpec, shape: tuple[int, ...]) -> np.ndarray:
@@ -67,7 +78,9 @@ class MemoryLog:
         self._meshes: dict[Any, dict] = {}  # mesh -> its accounts
         self._owned: dict[int, tuple] = {}  # serial -> (mesh, bytes, kind, objects alive)
         self._tags: dict[int, str] = {}
-        self._objects: set[tuple[int, int]] = set()  # (serial, id of a live object holding it)
+        # (serial, id of a live object holding it) -> a weak reference whose callback drops it (kept here: a
+        # weakref.ref with a callback costs a fraction of a weakref.finalize, and dies with the log)
+        self._objects: dict[tuple[int, int], Any] = {}
         self.timeline: list[int] = []
         self.host_bytes = 0  # values on no mesh (host arrays): every device of a run can read them
 
@@ -85,11 +98,18 @@ class MemoryLog:
             self.host_bytes += int(np.sum(nbytes))
             return
         a = self._acct(mesh)
-        if not isinstance(nbytes, (int, np.integer)):
-            a["uneven"] = True
-        a["live"][kind] = a["live"][kind] + nbytes
-        a["peak"][kind] = np.maximum(a["peak"][kind], a["live"][kind])
-        a["total"] = np.maximum(a["total"], sum(a["live"][k] for k in KINDS))
+        live, peak = a["live"], a["peak"]
+        now = live[kind] = live[kind] + nbytes
+        if not a["uneven"] and isinstance(nbytes, (int, np.integer)):  # every device alike (most programs)
+            if now > peak[kind]:
+                peak[kind] = now
+            total = sum(live.values())
+            if total > a["total"]:
+                a["total"] = total
+            return
+        a["uneven"] = True
+        peak[kind] = np.maximum(peak[kind], now)
+        a["total"] = np.maximum(a["total"], sum(live[k] for k in KINDS))
 
     def _sub(self, mesh: Any, kind: str, nbytes: Any) -> None:
         if mesh is None:
@@ -119,11 +139,15 @@ class MemoryLog:
         kind = self._tags.get(s, kind)
         self._add(mesh, kind, nbytes)
         self._owned[s] = (mesh, nbytes, kind, 1)
-        self._objects.add((s, id(v)))
-        weakref.finalize(v, self._drop, s, id(v))
+        self._watch(s, v)
+
+    def _watch(self, s: int, v: Any) -> None:
+        """Drop ``v``'s hold on value ``s`` when the program lets go of it."""
+        key = (s, id(v))
+        self._objects[key] = weakref.ref(v, lambda _, s=s, o=key[1]: self._drop(s, o))
 
     def _drop(self, s: int, obj: int) -> None:
-        self._objects.discard((s, obj))
+        self._objects.pop((s, obj), None)
         own = self._owned.get(s)
         if own is None:
             return
@@ -166,9 +190,8 @@ class MemoryLog:
             return False
         key = (s, id(v))
         if key not in self._objects:
-            self._objects.add(key)
             self._owned[s] = own[:3] + (own[3] + 1,)
-            weakref.finalize(v, self._drop, s, id(v))
+            self._watch(s, v)
         return True
 
     def _now(self) -> int:

@@ -12,7 +12,8 @@ from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from .cluster import Cluster
 from .hardware import dtype_key
-from .schedule import Timeline, simulate
+from .compute import kernel_times
+from .schedule import Timeline, simulate, step_end
 from .steps import MATMUL_OPS, StepLike
 
 
@@ -69,6 +70,7 @@ class Report:
     peak_dtype: str
     exposed_grad_comm: float
     memory: MemoryReport
+    fusion: bool = True
 
     @property
     def step_time(self) -> float:
@@ -121,7 +123,7 @@ class Report:
     def __str__(self) -> str:
         hw, cl = self.cluster.hardware, self.cluster
         head = (f"estimate: {self.mesh!r} on {cl.nodes} x {cl.devices_per_node} {hw.name}, "
-                f"overlap={self.overlap!r}")
+                f"overlap={self.overlap!r}" + ("" if self.fusion else ", fusion=False"))
         width = max([5] + [len(r[0]) for r in self.layers()])
         lines = [head, f"{'layer':<{width}}  {'compute ms':>11}  {'comm ms':>9}  {'exposed ms':>10}  {'TFLOP':>9}"]
         for name, comp, comm, exposed, flops in self.layers() + [
@@ -210,15 +212,22 @@ def _step_ends(timeline: Timeline) -> list[float]:
 
 
 def estimate_steps(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, overlap: str = "grads",
-                   model_flops: float | None = None, memory: Any = None, peak_dtype: Any = None) -> Report:
+                   model_flops: float | None = None, memory: Any = None, peak_dtype: Any = None,
+                   fusion: bool = True) -> Report:
     """Price recorded ``steps`` (program order) of one SPMD training step on ``cluster``'s devices laid out as
     ``mesh``. ``model_flops`` (per device; default every step's FLOPs) is what MFU counts: pass the FLOPs of
     forward plus backward without recomputation. ``memory`` is a memory record (see ``MemoryReport.of``).
-    ``peak_dtype`` (default: the dtype carrying the most matmul FLOPs, else float32) sets MFU's peak."""
+    ``peak_dtype`` (default: the dtype carrying the most matmul FLOPs, else float32) sets MFU's peak.
+    ``fusion`` (default on): each chain of elementwise steps is priced as one kernel, as a compiler or
+    hand-fused kernels run it (``nabla/plan/fusion.py``); ``False`` prices every step as its own kernel."""
     steps = tuple(steps)
     cluster.tier(mesh, ())  # the mesh's devices must be the cluster's
-    timeline = simulate(steps, cluster, mesh, overlap)
-    without = simulate(steps, cluster, mesh, overlap, drop_grad_comm=True)
+    if not isinstance(fusion, bool):
+        raise ShardingError(f"estimate: fusion must be True or False, got {fusion!r}")
+    kernels = kernel_times(steps, cluster.hardware, fusion)
+    durations: dict = {}
+    timeline = simulate(steps, cluster, mesh, overlap, kernels=kernels, durations=durations)
+    without = step_end(steps, kernels, cluster, mesh, overlap, True, durations)
     flops = sum(int(s.flops) for s in steps)
     if peak_dtype is None:
         by_dtype: dict[str, int] = {}
@@ -233,4 +242,5 @@ def estimate_steps(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh
     elif not isinstance(model_flops, (int, float)) or isinstance(model_flops, bool) or model_flops < 0:
         raise ShardingError(f"estimate: model_flops must be a number >= 0 (FLOPs per device), got {model_flops!r}")
     return Report(timeline, cluster, mesh, overlap, flops, float(model_flops), peak_dtype,
-                  timeline.step_time - without.step_time, MemoryReport.of(memory, cluster.hardware.hbm_bytes))
+                  timeline.step_time - without, MemoryReport.of(memory, cluster.hardware.hbm_bytes),
+                  fusion)

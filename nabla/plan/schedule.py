@@ -3,13 +3,13 @@ either blocking or (gradient reductions, under ``overlap="grads"``) running behi
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from .cluster import Cluster
 from .comm import event_time
-from .compute import kernel_time
+from .compute import kernel_times
 from .steps import StepLike, is_grad_reduction
 
 OVERLAPS = ("none", "grads")
@@ -39,6 +39,7 @@ class StepCost(NamedTuple):
     comm: float
     exposed: float
     flops: int
+    kernel_of: int = -1  # the first step of the kernel this step's work ran in (itself unless fused)
 
 
 class Timeline(NamedTuple):
@@ -56,16 +57,35 @@ class Timeline(NamedTuple):
 
 
 def simulate(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, overlap: str = "none",
-             drop_grad_comm: bool = False) -> Timeline:
+             drop_grad_comm: bool = False, fusion: bool = True,
+             kernels: tuple[Sequence[float], Sequence[int]] | None = None, durations: dict | None = None) -> Timeline:
     """Lay ``steps`` (program order) out on two streams. A step's collectives run before its kernel. Under
     ``overlap="none"`` each collective waits for the compute before it and the compute after it waits for
     the collective. Under ``"grads"`` the collectives of gradient reductions (backward steps whose ``user``
     starts with ``"grad of"``) start when their data is ready and the comm stream is free, and nothing
     waits for them until the end of the step; every other collective still blocks (and so waits for the
-    comm stream too). ``drop_grad_comm`` leaves gradient reductions' collectives out (to measure them)."""
+    comm stream too). ``drop_grad_comm`` leaves gradient reductions' collectives out (to measure them).
+    ``fusion``: chains of elementwise steps priced as one kernel (``compute.kernel_times``); ``kernels``: the
+    ``kernel_times`` of ``steps`` already computed (it then wins over ``fusion``); ``durations``: collectives'
+    times by ``(kind, axes, bytes, group)``, filled and reused (a program repeats its collectives)."""
     if overlap not in OVERLAPS:
         raise ShardingError(f"estimate: overlap must be one of {list(OVERLAPS)}, got {overlap!r}")
-    hw = cluster.hardware
+    steps = steps if isinstance(steps, (list, tuple)) else list(steps)
+    kernels = kernel_times(steps, cluster.hardware, fusion) if kernels is None else kernels
+    return _lay_out(steps, kernels, cluster, mesh, overlap, drop_grad_comm, {} if durations is None else durations,
+                    True)
+
+
+def step_end(steps: Sequence[StepLike], kernels: tuple[Sequence[float], Sequence[int]], cluster: Cluster,
+             mesh: DeviceMesh, overlap: str, drop_grad_comm: bool, durations: dict) -> float:
+    """``simulate(...).step_time`` without the timeline's records (what ``exposed_grad_comm`` needs twice);
+    ``durations`` caches collectives' times between calls."""
+    return _lay_out(steps, kernels, cluster, mesh, overlap, drop_grad_comm, durations, False)
+
+
+def _lay_out(steps: Sequence[StepLike], kernels: tuple[Sequence[float], Sequence[int]], cluster: Cluster,
+             mesh: DeviceMesh, overlap: str, drop_grad_comm: bool, durations: dict, record: bool):
+    times, first = kernels
     comp = comm = 0.0  # when each stream is next free
     intervals: list[Interval] = []
     costs: list[StepCost] = []
@@ -76,21 +96,28 @@ def simulate(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, over
         hidden = overlap == "grads" and grad
         comm_total = 0.0
         for e in (() if drop_grad_comm and grad else s.events):
-            dur = event_time(e, cluster, mesh)
+            key = (e.kind, e.axes, e.bytes, e.group)
+            dur = durations.get(key)
+            if dur is None:
+                dur = durations[key] = event_time(e, cluster, mesh)
             start = max(comp, comm)
-            intervals.append(Interval("comm", start, start + dur, i, e.kind, s.layer, s.user))
+            if record:
+                intervals.append(Interval("comm", start, start + dur, i, e.kind, s.layer, s.user))
             comm = start + dur
             if not hidden:
                 comp = comm
             comm_total += dur
             last_comm_owner = i
-        waited = comp - before
-        k = kernel_time(s, hw)
-        if k:
-            intervals.append(Interval("compute", comp, comp + k, i, s.op, s.layer, s.user))
+        k = times[i]
+        if record:
+            if k:
+                intervals.append(Interval("compute", comp, comp + k, i, s.op, s.layer, s.user))
+            costs.append(StepCost(i, s.layer, s.user, s.phase, k, comm_total, comp - before, int(s.flops),
+                                  first[i]))
         comp += k
-        costs.append(StepCost(i, s.layer, s.user, s.phase, k, comm_total, waited, int(s.flops)))
     end = max(comp, comm)
+    if not record:
+        return end
     if end > comp and last_comm_owner >= 0:  # the comm stream's tail: charged to the step it ran for
         c = costs[last_comm_owner]
         costs[last_comm_owner] = c._replace(exposed=c.exposed + end - comp)

@@ -28,7 +28,10 @@ class StepLike(Protocol):
 
 
 class Step(NamedTuple):
-    """A concrete ``StepLike``: what tests and hand-made plans build (the executor may record its own type)."""
+    """A concrete ``StepLike``: what tests and hand-made plans build (the executor may record its own type).
+    What fusion reads (``fusion.py``; a step without ``reads`` is priced on its own): ``reads``, the
+    ``(value, bytes per device)`` of each operand, ``out`` the value it makes (ids as the recording names them),
+    ``elems`` the elements per device its kernel runs over, ``kind`` how it fuses (default: by ``op``)."""
 
     op: str
     user: str = ""
@@ -39,6 +42,10 @@ class Step(NamedTuple):
     bytes_out: int = 0
     events: tuple[CommEvent, ...] = ()
     layer: str | None = None
+    reads: tuple[tuple[int, int], ...] = ()
+    out: int = 0
+    elems: int = 0
+    kind: str = ""
 
 
 def is_grad_reduction(step: StepLike) -> bool:

@@ -1,5 +1,5 @@
 """benchmarks/megatron_table1.py end to end: from the GPT program written with nabla ops to the predicted
-TFLOP/s of Megatron-LM's Table 1 rows (a few seconds: one pipelined row in full, the rest on two-layer stages)."""
+TFLOP/s of Megatron-LM's Table 1 rows (every row in full: about 20 s), each against the issue's target."""
 
 from __future__ import annotations
 
@@ -97,18 +97,40 @@ def test_buckets_keep_the_bytes_and_cut_the_collectives(mt):
     assert [s.op for s in out] == ["with_sharding", "matmul", "with_sharding", "bucket", "with_sharding", "bucket"]
 
 
-def test_pipelined_row_is_within_target(mt):
+def test_pipelined_row_prices_its_stages_and_pipeline(mt):
     row = _row(mt, 39.1)
-    p = mt.predict_row(row, fuse=False)
+    p = mt.predict_row(row, compare=False)
     assert p.flops_per_gpu == gpt_flops(row.batch, mt.SEQ, row.layers, row.hidden, mt.VOCAB) / row.gpus
     assert p.estimate.pipeline.stages == 2 and p.estimate.pipeline.microbatches == 12
     assert p.estimate.slowest == "last"  # the output layer and the loss weigh on the last stage
-    assert abs(p.ratio - 1) <= mt.TARGET_PIPELINE, p.ratio
+    assert p.unfused is None
 
 
-def test_fusion_brackets_a_row_without_pipelining(mt):
-    # nabla prices every recorded elementwise step as a round trip through HBM: below what Megatron-LM's fused
-    # kernels measured; the same steps with their elementwise runs fused come out above it
+#: rows predicted outside their target, with the ratio measured when this was written and why (docs/planning.md)
+MISSES = {
+    1.7: "predicted 1.19x the measured 137 TFLOP/s: the smallest model (h = 2304, no tensor parallelism) is the "
+         "most matmul-bound row, and every GEMM is priced at the 85.9% of peak of large GEMMs, where its attention "
+         "GEMMs (head dim 96) and 2021's cuBLAS reached less",
+}
+
+
+@pytest.mark.parametrize("billions", [
+    pytest.param(b, marks=pytest.mark.xfail(strict=True, reason=MISSES[b])) if b in MISSES else b
+    for b in (1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0)])
+def test_row_is_within_its_target(mt, billions):
+    # the issue's acceptance: rows without pipelining within 15% of the measured TFLOP/s per GPU, pipelined
+    # rows within 25%
+    row = _row(mt, billions)
+    p = mt.predict_row(row, compare=False)
+    assert p.target == (0.15 if row.pipeline_parallel == 1 else 0.25)
+    assert abs(p.ratio - 1) <= p.target, f"{billions}B: predicted {p.ratio:.3f}x the measured TFLOP/s"
+
+
+def test_fusion_is_what_closes_the_gap(mt):
+    # every recorded elementwise step priced as its own round trip through HBM (fusion=False) predicts 20% under
+    # what Megatron-LM's fused kernels measured; with chains of elementwise steps fused, within the target
     row = _row(mt, 7.5)
     p = mt.predict_row(row)
-    assert p.tflops_per_gpu < row.tflops_per_gpu < p.fused_tflops_per_gpu
+    assert p.unfused_tflops_per_gpu < 0.85 * row.tflops_per_gpu
+    assert abs(p.ratio - 1) <= mt.TARGET_NO_PIPELINE
+    assert p.estimate.stages["whole"].fusion and not p.unfused.stages["whole"].fusion

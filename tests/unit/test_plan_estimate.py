@@ -95,3 +95,28 @@ def test_estimate_refuses_what_it_cannot_price():
         nb.estimate(lambda x: x, nb.Cluster(hw, 1, 8), overlap="some")
     with pytest.raises(nb.ShardingError, match="cluster must be"):
         nb.estimate(lambda x: x, hw)
+    with pytest.raises(nb.ShardingError, match="fusion must be True or False"):
+        nb.estimate(lambda x: x, nb.Cluster(hw, 1, 8), fusion="yes")
+
+
+def test_estimate_fuses_a_layer_norm_into_a_few_kernels_and_fusion_false_prices_every_step():
+    hw = nb.Hardware.preset("a100-sxm-80gb")
+    cluster = nb.Cluster(hw, 1, 1)
+    mesh = cluster.mesh("m", (1,), ("dp",))
+    x = nb.abstract((4096, 1024)).shard(mesh, ["dp", None])
+    g, b = nb.abstract((1024,)).shard(mesh, [None]), nb.abstract((1024,)).shard(mesh, [None])
+
+    def norm(x, g, b):
+        return nb.layer_norm(x, g, b)
+
+    fused = nb.estimate(norm, cluster)(x, g, b)
+    alone = nb.estimate(norm, cluster, fusion=False)(x, g, b)
+    costs = fused.timeline.costs
+    assert len(costs) == len(alone.timeline.costs) > 5  # the same steps, each still in the report
+    kernels = {c.kernel_of for c in costs}
+    assert 1 < len(kernels) < len(costs)  # fewer kernels than steps; a reduction ends each but the last
+    assert [c.kernel_of for c in alone.timeline.costs] == list(range(len(costs)))
+    # the fused step reads x (16 MiB) twice and makes a few passes, far under a round trip per step
+    assert fused.compute_time < 0.5 * alone.compute_time
+    assert fused.compute_time == pytest.approx(sum(c.kernel for c in costs))
+    assert fused.fusion and not alone.fusion and "fusion=False" in str(alone)
