@@ -252,21 +252,6 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> St
 # ---- pricing ------------------------------------------------------------------------------------------------
 
 
-def _priced(s: Any) -> Step:
-    """A recorded step as the estimator reads it (``nb.estimate``'s conversion, dataflow for fusion included),
-    with one relabel: a backward step that communicates over ``dp`` finishes a parameter gradient (in this
-    program the batch is the only thing on ``dp``, so only parameter gradients are summed over it).
-    ``nb.checkpoint``'s backward finishes the gradients of the layer's parameters inside the recomputed layer,
-    under the label ``gradient of checkpoint(...)``, which the schedule does not read as a gradient reduction (it
-    looks for ``grad of``): unlabelled, they would block the backward pass and be paid on every microbatch
-    instead of once a step."""
-    p = priced_step(s)
-    user = str(p.user)
-    if s.phase == "backward" and not user.startswith("grad of") and any("dp" in e.axes for e in p.events):
-        p = p._replace(user=f"grad of ({user})")
-    return p
-
-
 def _is_dp_sum(e: CommEvent) -> bool:
     return e.kind == "all_reduce" and tuple(e.axes) == ("dp",)
 
@@ -275,7 +260,8 @@ def bucketed(steps: list[Step], dp: int, bucket_bytes: int) -> list[Step]:
     """The gradient sums over ``dp`` fused into buckets of at most ``bucket_bytes`` per device, in the order the
     backward pass makes them, as DDP packs them: each bucket one all_reduce, placed where it fills. The bytes
     are the recorded ones; only the number of collectives (their latency) changes. (``nb.value_and_grad``'s
-    ``bucket_bytes`` does this for sums it makes itself, but those made inside ``nb.checkpoint`` escape it.)"""
+    ``bucket_bytes`` does the same in the program; the benchmark buckets the recorded sums itself so that one
+    recording prices every bucket size.)"""
     if dp == 1:
         return steps
     ring = 2 * (dp - 1) / dp  # an all_reduce sends 2(k-1)/k of the block in a ring
@@ -304,13 +290,13 @@ def bucketed(steps: list[Step], dp: int, bucket_bytes: int) -> list[Step]:
 
 def stage_estimate(stage: Stage, cluster: Cluster, overlap: str = "grads", bucket_bytes: int | None = None,
                    fusion: tuple[bool, ...] = (True,)) -> tuple[Report, ...]:
-    """``nb.estimate`` of ``stage``: its program run abstractly, its recorded steps (``_priced``, gradient sums
+    """``nb.estimate`` of ``stage``: its program run abstractly, its recorded steps (``priced_step``, gradient sums
     ``bucketed`` as DDP buckets them when ``bucket_bytes`` is given) and memory priced on ``cluster``, once per
     entry of ``fusion`` (``estimate_steps``'s option: elementwise chains fused, or every step alone)."""
     with nb.comm_log() as log, nb.memory_log() as mem:
         stage.fn(*stage.args)
     dp = stage.mesh.shape[stage.mesh.axis_names.index("dp")]
-    steps = [_priced(s) for s in log.steps]
+    steps = [priced_step(s) for s in log.steps]
     if bucket_bytes:
         steps = bucketed(steps, dp, bucket_bytes)
     model = sum(s.flops for s in steps if s.phase != "recompute")
@@ -325,7 +311,7 @@ def optimizer_estimate(params: Any, cluster: Cluster, mesh, fusion: tuple[bool, 
     state = opt.init(params)
     with nb.comm_log() as log:
         opt.update(params, state, params)
-    steps = [_priced(s) for s in log.steps]
+    steps = [priced_step(s) for s in log.steps]
     return tuple(estimate_steps(steps, cluster, mesh, "none", fusion=f) for f in fusion)
 
 

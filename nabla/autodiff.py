@@ -29,7 +29,7 @@ from .layout import chunks
 from .step import serial
 from .tensor import Tensor
 from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, Watch, differentiating, outer_live, paused, recorded,
-                    recording, remat, swapped, topological, tracing_whole, watching)
+                    recording, remat, swapped, topological, tracing_for_replay, tracing_whole, watching)
 
 # ---- the engine ----------------------------------------------------------------------------------------
 
@@ -292,9 +292,9 @@ def _finish(g: Tensor | None, primal: Tensor, spec: Any = "primal") -> Tensor:
             g = manual_constant(0.0, primal) if g is None else as_manual(g, spec.mesh)
             return g if g.dtype == primal.dtype else g.astype(primal.dtype)
         if g is None:  # made as its blocks (abstract in an abstract run): no global array of zeros
-            if not tracing_whole():
+            if not tracing_for_replay():
                 return zeros_as(primal, spec)
-            g = zeros(primal.shape, primal.dtype)  # nb.jit's trace: a constant of the compiled program
+            g = zeros(primal.shape, primal.dtype)  # a constant of the program nb.jit (nb.vmap) runs
             return g if spec is None else g.shard(spec.mesh, spec.dim_specs)
         if g.dtype != primal.dtype:
             g = g.astype(primal.dtype)
@@ -381,8 +381,8 @@ def _ones_like(t: Tensor) -> Tensor:
     from .ops import ones
     if isinstance(t.sharding, ManualSpec):
         return manual_constant(1.0, t)
-    if t._data is None and not tracing_whole():  # an abstract run (not nb.jit's trace, whose constants are data):
-        # the seed is abstract too, or the whole backward pass would hold data
+    if t._data is None and not tracing_for_replay():  # an abstract run (not a trace nb.jit or nb.vmap runs
+        # again, whose constants hold data): the seed is abstract too, or the whole backward pass would hold data
         from .ops import abstract
         one = abstract(t.shape, t.dtype)
     else:

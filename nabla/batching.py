@@ -23,7 +23,7 @@ from .ops.core import _call
 from .rules.core import PASS, Rule
 from .spec import DimSpec, ShardingSpec
 from .tensor import Tensor
-from .trace import LEAF, PLACE, RELAYOUT, Node, differentiating, recorded, topological
+from .trace import LEAF, PLACE, RELAYOUT, Node, differentiating, recorded, replay_trace, topological
 
 _BATCHED: dict[OpDef, OpDef] = {}
 _LOCK = threading.Lock()
@@ -141,7 +141,7 @@ def _tracing() -> Iterator[None]:
     """Record ops on stand-ins (backward passes inside too), publishing nothing to open comm logs."""
     token = C._logs.set(())
     try:
-        with differentiating(), recorded():
+        with differentiating(), recorded(), replay_trace():
             yield
     finally:
         C._logs.reset(token)

@@ -134,6 +134,25 @@ def tracing_whole() -> bool:
     return _whole.get()
 
 
+_replay: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_replay", default=False)
+
+
+def tracing_for_replay() -> bool:
+    """Inside a trace that is run again on other values (``nb.jit``'s, ``nb.vmap``'s): a constant made here is
+    part of that program and must hold data, even where the traced values are abstract stand-ins."""
+    return _whole.get() or _replay.get()
+
+
+@contextlib.contextmanager
+def replay_trace() -> Iterator[None]:
+    """Mark a trace whose constants are replayed with data (``nb.vmap``'s)."""
+    token = _replay.set(True)
+    try:
+        yield
+    finally:
+        _replay.reset(token)
+
+
 @contextlib.contextmanager
 def whole() -> Iterator[None]:
     """Record everything inside, backward passes included."""
