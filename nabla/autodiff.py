@@ -350,7 +350,7 @@ class _Finisher:
             return
         bucket, self.bucket, self.size = self.bucket, [], 0
         names = ", ".join(self._label(i)[len("grad of "):] for i, _, _ in bucket)
-        with (contextlib.nullcontext() if self.live else paused()), C.user_op("grad bucket of " + names), \
+        with (contextlib.nullcontext() if self.live else paused()), C.user_op(f"grad of {names} (one bucket)"), \
                 C.phase("backward"):
             summed = relayout_bucket([g for _, g, _ in bucket], [t for _, _, t in bucket], Tensor)
         for (i, _, _), g in zip(bucket, summed):

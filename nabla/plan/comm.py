@@ -3,6 +3,7 @@ in phases when a group spans NVLink and the network. The bytes are the comm log'
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from ..collectives import REGISTRY, CommEvent
@@ -68,12 +69,19 @@ def phases(event: CommEvent, tier: Tier) -> tuple[Phase, ...]:
 
 
 def phase_time(phase: Phase, cluster: Cluster) -> float:
-    """Ring steps times the tier's latency plus bytes over its achievable bandwidth."""
-    latency, bandwidth = cluster.hardware.link(phase.tier)
+    """Ring steps times the tier's latency plus bytes over its achievable bandwidth; an all_reduce across
+    nodes takes NCCL's double binary tree instead when that is faster (as NCCL's tuner picks): ``2 log2(k)``
+    hops of the tree latency, at the tree's fraction of the bandwidth."""
+    hw = cluster.hardware
+    latency, bandwidth = hw.link(phase.tier)
     steps = REGISTRY[phase.kind].ring_steps(phase.group) if phase.group > 1 else 0
     if phase.kind == "collective_permute":
         steps = 1
-    return steps * latency + phase.bytes / bandwidth
+    ring = steps * latency + phase.bytes / bandwidth
+    if phase.kind != "all_reduce" or phase.tier != "network" or phase.group <= 2:
+        return ring
+    tree = 2 * math.ceil(math.log2(phase.group)) * hw.tree_latency + phase.bytes / (bandwidth * hw.tree_efficiency)
+    return min(ring, tree)
 
 
 def event_time(event: CommEvent, cluster: Cluster, mesh: DeviceMesh) -> float:

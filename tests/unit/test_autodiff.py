@@ -586,8 +586,8 @@ def test_gradient_buckets_fuse_the_data_parallel_sums_as_ddp_does():
     # packed in the order the backward pass completes the gradients (the last layer's first, as DDP's hooks
     # fire), at most 8,192 B a bucket: (w4, w3), (w2, w1), (w0); each bucket summed as soon as it is full
     assert [(e.kind, e.bytes) for e in log.events] == [("all_reduce", ring(8192))] * 2 + [("all_reduce", ring(4096))]
-    assert [e.op for e in log.events] == ["grad bucket of p['w4'], p['w3']", "grad bucket of p['w2'], p['w1']",
-                                         "grad bucket of p['w0']"]
+    assert [e.op for e in log.events] == ["grad of p['w4'], p['w3'] (one bucket)", "grad of p['w2'], p['w1'] (one bucket)",
+                                         "grad of p['w0'] (one bucket)"]
     backward = [s.name for s in log.steps if s.phase == "backward"]
     assert backward.index("bucket") < len(backward) - 3  # the first bucket is summed before the pass ends
     with nb.comm_log() as one:

@@ -84,3 +84,23 @@ def test_multi_axis_and_empty_events():
 def test_unknown_kind_is_named():
     with pytest.raises(ShardingError, match="unknown collective kind 'broadcast'"):
         event_time(CommEvent("broadcast", ("tp",), 8, 8), CL, DP_TP)
+
+
+def test_an_all_reduce_across_many_nodes_runs_as_nccl_s_tree_when_that_is_faster():
+    """NCCL's tuner prices a ring (2(k-1) network latencies) and a double binary tree (2 log2(k) hops of 50 us
+    at 0.9 of the bandwidth; NVIDIA/nccl src/graph/tuning.cc) and runs the faster: at 2,048 nodes a 25 MiB
+    gradient bucket takes the tree (the ring's latency alone is 39 ms); at 4 nodes and 64 MiB, the ring."""
+    big = Cluster(Hardware.preset("a100-sxm-80gb"), nodes=2048, devices_per_node=8)
+    mesh = big.mesh("m", (2048, 8), ("dp", "tp"))
+    B = 25 * MiB
+    e = CommEvent("all_reduce", ("dp",), 2 * 2047 * B // 2048, 2048)
+    sent = 2 * 2047 * B // 2048
+    ring = 2 * 2047 * NET_LAT + sent / NET_BW
+    tree = 2 * 11 * 50e-6 + sent / (NET_BW * 0.9)
+    assert tree < ring and event_time(e, big, mesh) == pytest.approx(tree)
+    B = 64 * MiB
+    e = CommEvent("all_reduce", ("dp",), 2 * 3 * B // 4, 4)
+    ring = 2 * 3 * NET_LAT + (2 * 3 * B // 4) / NET_BW
+    assert event_time(e, CL, DP_TP) == pytest.approx(ring)  # the tree's 0.9 of the bandwidth loses here
+    slow = Cluster(Hardware.preset("a100-sxm-80gb").replace(tree_latency=1.0), nodes=2048, devices_per_node=8)
+    assert event_time(CommEvent("all_reduce", ("dp",), sent, 2048), slow, mesh) > 0.039  # overridable: ring again
