@@ -209,7 +209,7 @@ def zeros_as(p: Tensor, spec: Any = "same", dtype: Any = None) -> Tensor:
     """Zeros of ``p``'s shape, laid out as ``spec`` (default ``p``'s) in ``dtype`` (default ``p``'s): abstract for an
     abstract ``p`` (a plan without data stays without data), and for a sharded one made directly as its stored
     blocks (no global array is ever built)."""
-    dtype = p.dtype if dtype is None else np.dtype(dtype)
+    dtype = p.dtype if dtype is None else _dtype_arg(dtype, "zeros")
     spec = p.sharding if spec == "same" else spec
     if spec is None:
         return abstract(p.shape, dtype) if p.is_abstract else zeros(p.shape, dtype)

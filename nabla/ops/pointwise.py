@@ -157,7 +157,8 @@ def _astype_kernel(arrays, local):
 
 
 def astype(x: ArrayLike, dtype: Any) -> Tensor:
-    return _call(_ASTYPE, (x,), (np.dtype(dtype),))
+    from .creation import _dtype_arg  # "bfloat16" and the float8 names through ml_dtypes, as creation takes them
+    return _call(_ASTYPE, (x,), (_dtype_arg(dtype, "astype"),))
 
 
 _ASTYPE = register(OpDef("astype", lambda shapes, dt: R.elementwise_rule(tuple(shapes)), _astype_kernel,

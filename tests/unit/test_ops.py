@@ -205,6 +205,12 @@ def test_bfloat16_through_ml_dtypes():
         assert make().dtype == np.dtype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(nb.tensor([1.5, 2.0], dtype="bfloat16").numpy().astype(np.float32), [1.5, 2.0])
     assert nb.tensor(np.ones(2, ml_dtypes.bfloat16)).dtype == np.dtype(ml_dtypes.bfloat16)
+    # astype takes the ml_dtypes names as creation does (np.dtype("bfloat16") does not know them)
+    x = nb.tensor([1.5, 2.0]).shard(nb.DeviceMesh("bf", (2,), ("x",)), ["x"])
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        assert x.astype(name).dtype == np.dtype(getattr(ml_dtypes, name))
+    with pytest.raises(ShardingError, match="astype: dtype 'float33' is not a dtype numpy knows"):
+        x.astype("float33")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float16", "float32"])
