@@ -3,6 +3,7 @@ as ``with_sharding`` while walking (as ``run`` will apply them), so the annotate
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -64,6 +65,12 @@ def annotate(model: Any, mesh: DeviceMesh, input_shardings: Mapping[str, Any] | 
                 t = t.shard(mesh, s.dim_specs, s.replicated_axes)
             else:
                 t = t.shard(mesh, [DimSpec((), is_open=True)] * len(shape) if s is None else list(s))
+            for d, n in enumerate(shape):  # what nox.check would refuse is refused here, before annotating
+                k = t.sharding.num_shards(d)
+                if s is not None and k > max(n, 1):
+                    raise ShardingError(f"annotate: input {vi.name!r} dim {d} of size {n} is split in {k} shards "
+                                        f"over {list(t.sharding.dim_specs[d].axes)}; a shard count may not exceed "
+                                        f"its dim (nox.check's rule: shards would hold nothing)")
             w.env[vi.name] = t
     w.walk()
     for step in w.prog.steps:
@@ -86,13 +93,34 @@ def _closed(spec: ShardingSpec) -> ShardingSpec:
     return ShardingSpec(spec.mesh, [DimSpec(d.axes) for d in spec.dim_specs])
 
 
+def _fitted(spec: ShardingSpec, shape: Sequence[int]) -> ShardingSpec:
+    """``spec`` with no dim cut into more shards than it has elements, which ``nox.check`` refuses (nabla runs
+    such blocks empty): a dim's last axis gives way to its major sub-axis that fits (``d`` of 4 on 2 rows:
+    ``d:(1)2``, the rows held by device pairs), or leaves the dim if none does."""
+    mesh, dims, changed = spec.mesh, [], False
+    for d, n in zip(spec.dim_specs, shape):
+        axes = list(d.axes)
+        count = prod(mesh.axis_ref(a).size for a in axes)
+        while axes and count > max(n, 1):
+            changed = True
+            ref = mesh.axis_ref(axes.pop())
+            rest = count // ref.size
+            fit = [k for k in range(ref.size - 1, 1, -1) if ref.size % k == 0 and rest * k <= max(n, 1)]
+            if fit:
+                axes.append(f"{ref.name}:({ref.pre}){fit[0]}")
+            count = rest * (fit[0] if fit else 1)
+        dims.append(DimSpec(tuple(axes), is_open=d.is_open))
+    return ShardingSpec(mesh, dims, spec.replicated_axes) if changed else spec
+
+
 class _Annotator(Walker):
     def __init__(self, prog: Program, mesh: DeviceMesh) -> None:
         super().__init__(prog, mesh)
         self.records: dict[int, dict[str, ShardingSpec]] = {}
 
     def spec(self, t: Tensor) -> ShardingSpec:
-        return ShardingSpec.replicated(self.mesh, t.ndim) if t.sharding is None else _closed(t.sharding)
+        return ShardingSpec.replicated(self.mesh, t.ndim) if t.sharding is None else _fitted(_closed(t.sharding),
+                                                                                             t.shape)
 
     def put(self, t: Tensor, spec: ShardingSpec) -> Tensor:
         return t.shard(self.mesh, spec.dim_specs) if t.sharding is None else t.with_sharding(self.mesh, spec.dim_specs)

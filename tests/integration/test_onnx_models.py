@@ -378,3 +378,21 @@ def test_conv_batch_norm_folding(shared, bias, dims):
     a = nox.run(m, {"x": nb.tensor(x).shard(MESH, dims)}, mesh=MESH)
     np.testing.assert_allclose(a["y"].numpy(), want["y"], rtol=1e-4, atol=1e-5)
     assert a["y"].sharding.layout() == ShardingSpec(MESH, [None, ("dp", "tp"), None, None])
+
+
+@pytest.mark.parametrize("case", LIGHT, ids=ids)
+def test_annotate_writes_only_what_check_accepts_and_runs_as_onnxruntime(case):
+    """Rows sharded over 4 devices shrink below 4 deep in the network (64 x 64 input: 2 rows at resnet's last
+    stage, 3 after squeezenet's pools); annotate writes those tensors on the largest sub-axis that fits (d:(1)2),
+    not 4 shards of which some hold nothing, so nox.check accepts its own output; the annotated model runs to
+    onnxruntime's logits."""
+    m, x, want = light(*case)
+    inp, out = m.graph.input[0].name, m.graph.output[0].name
+    a = nox.annotate(m, QUAD, {inp: [None, None, "d", None]})
+    nox.check(a)
+    got = nox.run(a, {inp: nb.tensor(x).shard(QUAD, [None, None, "d", None])}, mesh=QUAD)[out]
+    assert rel_err(got.numpy(), want) < 1e-4
+    specs = [s for n in a.graph.node for c in n.device_configurations for s in c.sharding_spec]
+    assert any(len(d.simple_sharding) and d.simple_sharding[0].num_shards == 2 for s in specs for d in s.sharded_dim)
+    with pytest.raises(nb.ShardingError, match=rf"annotate: input '{inp}' dim 0 of size 1 is split in 4 shards"):
+        nox.annotate(m, QUAD, {inp: ["d", None, None, None]})
