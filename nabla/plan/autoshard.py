@@ -57,7 +57,7 @@ class Priced(NamedTuple):
     inputs: tuple  # the layouts the instance was priced with (a steady state: what the previous one gives)
     outputs: tuple  # the layouts of its outputs
     late: float  # bytes per device held at the end of the backward pass: parameters, optimizer state, inputs and
-    # the gradients as the backward pass leaves them (summed only when every layer's are made)
+    # the gradients, each summed into its parameter's layout when the backward pass completes it
     gradients: tuple  # per input, the layout of the gradient the backward pass hands back (None: none)
 
 
@@ -588,7 +588,7 @@ class _Search:
         steps = tuple(_priced(s) for s in r.steps)
         rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=r.memory)
         opt = self.opt_ratio[0]
-        held = params = flowing = 0.0
+        held = params = 0.0
         for e, (s, lay) in enumerate(zip(slots, cand.layouts)):
             if s.dtype is None:
                 continue
@@ -596,20 +596,17 @@ class _Search:
             if s.param:
                 params += b
             elif not s.data or cls.rep.inputs[e] in self.serials:
-                held += b  # an argument the program reads (a batch, targets) stays all step
-            else:
-                flowing += b
+                held += b  # an argument the program reads (a batch, targets) stays all step (the values flowing
+                # from layer to layer are counted where they are saved)
         by = r.memory.by_kind
         saved = max(by.get("activations", {}).values(), default=0)
         peak = max(r.memory.peak.values(), default=0)
         base = sum(max(by.get(k, {}).values(), default=0) for k in ("params", "grads", "activations"))
-        # what the backward pass of this layer leaves behind until every layer's gradients are summed (the raw
-        # gradients): live bytes just before the first gradient reduction, less the values flowing through
-        live = r.memory.timeline
-        first = next((i for i, st in enumerate(r.steps_all) if str(st.user).startswith("grad of")), len(live))
-        left = (live[first - 1] if 0 < first <= len(live) else (live[-1] if live else 0)) - 2 * flowing
+        # what the backward pass of this layer leaves behind: its parameters' gradients, each summed into the
+        # parameter's layout as soon as the pass completes it (nb.grad finishes gradients as DDP/FSDP do, so one
+        # layer's raw partial gradients never wait for the next layer's): one parameter's bytes again
         held += params * (1 + opt)
-        late = held - saved * 0 + max(0.0, left - params) if self.train else held
+        late = held + params if self.train else held
         held += saved
         return Priced(steps, rep.step_time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late, r.gradients)
 
@@ -964,7 +961,7 @@ def _infeasible(s: _Search, best: _Tried) -> str:
             who = _who(cls)
             per += [(n * w, f"parameters and optimizer state of {who}"),
                     (n * (p.held - w), f"values saved for the backward pass in {who}"),
-                    (n * (p.late - w), f"gradients of {who} waiting for their sums"),
+                    (n * (p.late - w), f"gradients of {who} (laid out as their parameters)"),
                     (p.transient, f"temporaries while one instance of {who} runs")]
         by = {k: v for v, k in per}
     kinds = sorted(by.items(), key=lambda kv: -kv[1])[:3]
