@@ -158,7 +158,10 @@ def _astype_kernel(arrays, local):
 
 def astype(x: ArrayLike, dtype: Any) -> Tensor:
     from .creation import _dtype_arg  # "bfloat16" and the float8 names through ml_dtypes, as creation takes them
-    return _call(_ASTYPE, (x,), (_dtype_arg(dtype, "astype"),))
+    dt = _dtype_arg(dtype, "astype")
+    if isinstance(x, Tensor) and x._dtype == dt:
+        return x  # nothing to convert (tensors are immutable: no copy needed), and a pending sum stays pending
+    return _call(_ASTYPE, (x,), (dt,))
 
 
 _ASTYPE = register(OpDef("astype", lambda shapes, dt: R.elementwise_rule(tuple(shapes)), _astype_kernel,

@@ -50,17 +50,34 @@ def assert_hlo_is_the_log(lowered):
     hlo = hlo_collectives(lowered.as_text(), with_groups=True)
     events = lowered.comm_log.events
     assert sorted((k, b) for k, b, _ in hlo) == sorted((e.kind, e.bytes) for e in events), (hlo, events)
-    left = list(hlo)
-    for e in sorted(events, key=lambda e: e.kind != "collective_permute"):  # permutes: most constrained last
+    def fits(e, c) -> bool:
+        kind, nbytes, got = c
+        if (kind, nbytes) != (e.kind, e.bytes):
+            return False
         groups = axis_groups(mesh, e.axes)
+        if kind != "collective_permute":
+            return got == groups
         where = {p: g for g in groups for p in g}
-        for j, (kind, nbytes, got) in enumerate(left):
-            if (kind, nbytes) != (e.kind, e.bytes):
+        return all(where[u] == where[v] for u, v in got)
+
+    # a perfect matching of log events to HLO collectives (augmenting paths: a permute over more axes fits more
+    # of the HLO's permutes, so a greedy pass could take one a narrower permute needs)
+    owner: dict[int, int] = {}
+
+    def place(i: int, seen: set) -> bool:
+        for j, c in enumerate(hlo):
+            if j in seen or not fits(events[i], c):
                 continue
-            if kind == "collective_permute" and all(where[u] == where[v] for u, v in got) or got == groups:
-                del left[j]
-                break
-        else:
+            seen.add(j)
+            if j not in owner or place(owner[j], seen):
+                owner[j] = i
+                return True
+        return False
+
+    for i, e in enumerate(events):
+        if not place(i, set()):
+            groups = axis_groups(mesh, e.axes)
+            left = [c for j, c in enumerate(hlo) if j not in owner]
             raise AssertionError(f"no collective of the HLO matches {e!r} over {e.axes} (groups "
                                  f"{sorted(map(sorted, groups))}); unmatched: {left}")
 

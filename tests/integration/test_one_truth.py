@@ -81,3 +81,51 @@ def test_eager_abstract_explain_and_jit_read_one_recorded_program(prog, dtype, g
     assert sorted(kept + removed) == sorted(want)
     assert {r.reason for r in lowered.comm_log.removed} <= {"repeated", "duplicate", "dead", "folded"}
     assert_hlo_is_the_log(lowered)
+
+
+# ---- what the thorough run (3,333 programs) found, kept as cases ----------------------------------------------
+
+M412 = nb.DeviceMesh("m", (4, 1, 2), ("x", "y", "z"))
+
+
+def _rand(seed, shape=(5, 3, 6)):
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def test_astype_to_its_own_dtype_keeps_a_pending_sum_pending():
+    """x.astype(x.dtype) of a value partial over z made the sum there (an all_reduce of 120 B) before a
+    with_sharding that cuts the summed dim over z anyway: XLA turned all_reduce + slice into a reduce_scatter of
+    60 B. Converting nothing sums nothing: the with_sharding's reduce_scatter, the log and the HLO agree."""
+    x = nb.tensor(_rand(0)).shard(M412, [["y"], [], ["x"]], partial_axes=["z"])
+
+    def fn(x):
+        return -nb.expand_dims(x.astype("float32"), 0).with_sharding(M412, [["y"], [], [], ["x", "z"]])
+
+    with nb.comm_log() as log:
+        fn(x)
+    assert [(e.kind, e.axes, e.bytes) for e in log.events] == [("reduce_scatter", ("z",), 60)]
+    assert_hlo_is_the_log(nb.jit(fn).lower(x))
+
+
+def test_permutes_over_sub_axes_and_their_transposes_match_the_hlo():
+    """A gradient through a with_sharding that reorders x's sub-axes on a dim (x:(2)2 before x:(1)2) with z
+    replicated: permutes over x and over (x, z) of the same bytes; each HLO permute is matched to a log event
+    whose groups hold its pairs (a perfect matching, not a greedy one)."""
+    x = nb.tensor(_rand(1)).shard(M412, [nb.DimSpec([], is_open=True), [], nb.DimSpec(["x"], is_open=True)],
+                                  partial_axes=["y", "z"])
+    o = nb.tensor(_rand(2)).shard(M412, [[], nb.DimSpec(["z", "y"], is_open=True), nb.DimSpec([], is_open=True)])
+    w = np.random.default_rng(0).standard_normal((1, 3, 6))
+
+    def loss(x, o):
+        y = (x * o).astype("float64").sum(axis=0)
+        y = y.with_sharding(M412, [["x:(2)2", "x:(1)2"], ["y"]], replicated_axes=["z"])
+        return (nb.expand_dims(nb.reshape(nb.transpose(y, (0, 1)), (3, 6)), 0) * w).sum()
+
+    fn = nb.grad(loss, argnums=(0, 1))
+    with nb.comm_log() as log:
+        gx, go = fn(x, o)
+    assert {e.axes for e in log.events if e.kind == "collective_permute"} == {("x",), ("x", "z")}
+    xv, ov = x.numpy(), o.numpy()
+    np.testing.assert_allclose(gx.numpy(), ov * w[0], rtol=1e-5)
+    np.testing.assert_allclose(go.numpy(), xv * w[0], rtol=1e-5)
+    assert_hlo_is_the_log(nb.jit(fn).lower(x, o))
