@@ -292,6 +292,11 @@ def avg_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 
              dilation: Any = 1) -> Tensor:
     """Mean over each window; with ``count_include_pad=False`` padding is left out of the divisor."""
     params = _pool_params(x, kernel_size, stride, padding, dilation, "avg_pool") + (bool(count_include_pad),)
+    kernel, _, pads, dil, _ = params
+    if all(k == n and p == (0, 0) and (d == 1 or k == 1) for k, n, p, d in zip(kernel, _shape(x)[2:], pads, dil)):
+        # one window covering every spatial dim (ResNet's final 7 x 7 pool): a mean, so a sharded spatial dim
+        # leaves partial sums (one all_reduce of the (N, C) result where it is needed), not a halo exchange
+        return mean(x, tuple(range(2, _ndim(x))), keepdims=True)
     return _call(_AVG_POOL, (x,), params)
 
 _AVG_POOL = register(OpDef("avg_pool", lambda shapes, kernel, stride, padding, dilation, include: R.pool_rule(
