@@ -228,16 +228,21 @@ def train(layout_name: str = "dp_tp", steps: int = 60, bf16: bool = False, lr: f
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layout", default="dp_tp_sp", choices=["single", "dp_tp", "dp_tp_sp", "fsdp"])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--show-log", action="store_true")
+    ap.add_argument("--layout", default="dp_tp_sp", choices=["single", "dp_tp", "dp_tp_sp", "fsdp"],
+                    help="single: one device; dp_tp: batch over dp, Megatron tensor parallelism over tp; dp_tp_sp: "
+                         "and sequence parallelism around the norms; fsdp: every parameter split over dp (ZeRO-3) "
+                         "(default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=60, help="training steps (default: %(default)s)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bfloat16 parameters and activations, Adam with a float32 master copy")
+    ap.add_argument("--show-log", action="store_true", help="print the first step's comm log summary")
     args = ap.parse_args()
     losses = train(args.layout, args.steps, args.bf16, show_log=args.show_log)
-    for i in range(0, len(losses), max(1, len(losses) // 10)):
+    shown = list(range(0, len(losses), max(1, len(losses) // 10)))
+    if losses and shown[-1] != len(losses) - 1:
+        shown.append(len(losses) - 1)
+    for i in shown:
         print(f"step {i:4d}  loss {losses[i]:.4f}")
-    print(f"step {len(losses) - 1:4d}  loss {losses[-1]:.4f}")
-
 
 if __name__ == "__main__":
     main()

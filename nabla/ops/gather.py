@@ -370,8 +370,33 @@ def take(a: ArrayLike, indices: ArrayLike, axis: int | None = None, mode: str | 
         elif mode not in (None, "raise", "clip"):
             raise ShardingError(f"take: mode must be 'raise' or 'clip', got {mode!r}")
         _check_range(ids, n, ax, "take")
-        ids = _free(ids, _gathered_refs(a, ax))
+        a, ids = _one_side_gives_way(a, ids, ax)
         return _call(_TAKE, (a, ids, _row_numbers(n)), (ax, n))
+
+
+def _one_side_gives_way(a: Any, ids: Any, ax: int) -> tuple:
+    """Table rows and indices cut over the same mesh axes (FSDP: the embedding's rows and the batch both on
+    ``dp``): one side gives those axes up, whichever sends fewer bytes per device. Gathering the table's rows
+    sends ``(k-1)/k`` of its block with them (ZeRO-3 gathering a weight while it is used); gathering the indices
+    sends ``(k-1)/k`` of theirs and leaves the lookup a pending sum over those axes, ``2(k-1)/k`` of it when it
+    is summed (Megatron's vocabulary-parallel embedding, the better plan for a large vocabulary)."""
+    refs = _gathered_refs(a, ax)
+    ispec = ids._spec if isinstance(ids, Value) else None
+    if not refs or ispec is None:
+        return a, ids
+    shared = tuple(r for r in refs if any(r.overlaps(q) for rs in ispec.dim_refs for q in rs))
+    if not shared:
+        return a, ids
+    aspec, shape = a._spec, _shape(a)
+    k = prod(r.size for r in shared)
+    a_cuts = prod(aspec.num_shards(d) for d in range(len(shape)))
+    table = prod(shape) * a._dtype.itemsize * k / a_cuts  # the table's block once the rows are gathered
+    ids_after = prod(_shape(ids)) * k / prod(ispec.num_shards(d) for d in range(len(ispec.dim_specs)))
+    row = prod(shape) / max(shape[ax], 1) * aspec.num_shards(ax) / a_cuts  # one row's elements on a device
+    lookup = ids_after * ids._dtype.itemsize + 2 * ids_after * row * a._dtype.itemsize
+    if table <= lookup:
+        return _free(a, shared), ids
+    return a, _free(ids, refs)
 
 
 def _clipped(ids: Any, n: int) -> Any:

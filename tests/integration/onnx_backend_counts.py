@@ -88,7 +88,8 @@ def main() -> int:
     args = ap.parse_args()
     rec = _Recorder()
     start = time.perf_counter()
-    code = pytest.main([str(TEST_FILE), "-q", "-p", "no:cacheprovider"], plugins=[rec])
+    # in this process (-n 0: not in xdist workers), where the recorder reads the test module
+    code = pytest.main([str(TEST_FILE), "-q", "-n", "0", "-p", "no:cacheprovider"], plugins=[rec])
     seconds = time.perf_counter() - start
     module = next(m for m in list(sys.modules.values())
                   if getattr(m, "__file__", None) and Path(m.__file__).resolve() == TEST_FILE)

@@ -163,3 +163,21 @@ def test_no_more_bytes_than_jax_jit_sends_for_the_same_shardings():
     ours = log.total_bytes
     print(f"nabla {ours:,} B per device, XLA {xla:,}")
     assert ours <= xla, (ours, xla, log.summary())
+
+
+def test_fsdp_gathers_weights_and_reduce_scatters_gradients_only():
+    """ZeRO-3 (Rajbhandari et al. 2020): each parameter's block is all_gathered over dp while it is used, forward
+    and again in the backward pass, and its gradient reduce_scattered to the block. The embedding is a weight
+    like the others: with its rows and the batch both on dp, gathering the 64 x 64 table (12 KiB a device)
+    is cheaper than gathering the token ids and summing the whole batch's embeddings (the vocabulary-parallel
+    plan, 3.7 MB a step)."""
+    log, params, specs, layout = _step_log("fsdp")
+    k = layout.mesh.shape[layout.mesh.axis_names.index("dp")]
+    kinds = {(e.phase, e.kind, e.axes) for e in log.events}
+    assert kinds == {("forward", "all_gather", ("dp",)), ("backward", "all_gather", ("dp",)),
+                     ("backward", "reduce_scatter", ("dp",))}, kinds
+    blocks = _param_blocks(params, specs, layout.mesh)
+    gathered = sum(e.bytes for e in log.events if e.phase == "forward")
+    assert gathered == sum(_ring("all_gather", b, k) for b in blocks)  # every weight once, nothing else
+    scattered = sum(e.bytes for e in log.events if e.kind == "reduce_scatter")
+    assert scattered == sum(_ring("reduce_scatter", b * k, k) for b in blocks)

@@ -237,17 +237,27 @@ def test_embedding_gradient_is_local_to_the_table_rows():
     assert log.events == []
 
 
-def test_ids_on_the_tables_axis_are_gathered_never_the_table():
-    """ids sharded on tp, the axis of the table's rows: the small ids are all_gathered over tp, the table is not."""
-    e = nb.tensor(TABLE).shard(MESH, ["tp", None])
-    for dims in (["tp", None], [nb.DimSpec(["tp"], is_open=True), None]):
-        i = nb.tensor(IDS).shard(MESH, dims)
-        with nb.comm_log() as log:
-            h = nb.take(e, i, 0)
-        assert [(e.kind, e.axes, e.bytes) for e in log.events] == [
-            ("all_gather", ("tp",), ring("all_gather", 2 * S * 8, 4))]
-        assert h.sharding.partial_axes == ("tp",)
-        assert_sharded_allclose(h, TABLE[IDS])
+def test_ids_on_the_tables_axis_the_side_that_sends_less_gives_way():
+    """ids sharded on tp, the axis of the table's rows. A large table (4,096 rows) keeps its rows: the small ids
+    are all_gathered over tp and the lookup is a pending sum over tp (vocabulary parallelism). A small one
+    (64 x 16) is gathered instead, 3 x 1,024 B, less than the ids' 192 B plus summing the (8, 4, 16) lookup
+    later (3,072 B), and the lookup stays cut as the ids are, with no sum pending (ZeRO-3's weight gather)."""
+    big = R.standard_normal((4096, D)).astype(np.float32)
+    for table, gathered in ((big, "ids"), (TABLE, "table")):
+        e = nb.tensor(table).shard(MESH, ["tp", None])
+        for dims in (["tp", None], [nb.DimSpec(["tp"], is_open=True), None]):
+            i = nb.tensor(IDS).shard(MESH, dims)
+            with nb.comm_log() as log:
+                h = nb.take(e, i, 0)
+            if gathered == "ids":
+                assert [(e.kind, e.axes, e.bytes) for e in log.events] == [
+                    ("all_gather", ("tp",), ring("all_gather", 2 * S * 8, 4))]
+                assert h.sharding.partial_axes == ("tp",)
+            else:
+                assert [(e.kind, e.axes, e.bytes) for e in log.events] == [
+                    ("all_gather", ("tp",), ring("all_gather", V // 4 * D * 4, 4))]
+                assert h.sharding.partial_axes == () and h.sharding.dim_specs[0].axes == ("tp",)
+            assert_sharded_allclose(h, table[IDS])
 
 
 def test_take_along_axis_on_a_sharded_dim_picks_locally():
