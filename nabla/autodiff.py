@@ -262,7 +262,7 @@ def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
     """A cotangent still a pending sum, entering a VJP that makes it into the cotangents of two operands or more,
     is summed first, once: each derived cotangent would otherwise carry the sum pending and need its own (the
     backward of a norm's scale, as Megatron's plan has it: the activation gradient summed over tp once, the
-    scale's gradient summed over dp only). The backward's own `_sum_repeated`."""
+    scale's gradient summed over dp only). The backward's own `pending.repeated_partials`."""
     spec = g.sharding
     if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes or \
             getattr(node.op, "name", "") in _PASS_THROUGH:

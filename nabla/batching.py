@@ -15,7 +15,7 @@ from . import collectives as C
 from .backends import xp as _xp
 from .pytree import flatten, unflatten
 from .errors import ShardingError
-from .executor import Value
+from .value import Value
 from .factors import Window
 from .opdef import Local, OpDef
 from .ops import broadcast_to, expand_dims, sum as _sum, tensor, transpose

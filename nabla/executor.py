@@ -1,11 +1,11 @@
 """Eager SPMD dispatch: propagate, reshard operands where the factors demand, let each factor kind prepare
 its dims, run one local kernel over all devices at once, wrap the result. Everything that depends only on
 (op, params, signatures, strategy, cost model) is decided once and cached as a ``Program``; when nothing
-moves and the op is a plain numpy function, the cached program calls it directly (the fast path)."""
+moves and the op is a plain numpy function, the cached program calls it directly (the fast path). What a value
+is made of is ``value``'s; when a pending sum is made, ``pending`` decides (the executor carries it out)."""
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from functools import lru_cache
 from math import prod
@@ -13,20 +13,21 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .dtypes import is_inexact
 from . import backends, reshard, storage
 from . import collectives as C
 from .cost import current as current_cost_model
 from .errors import ShardingError
 from .factors import LocalStep, OperandContext
 from .layout import chunks, grid, merge_cuts, spec_cuts
-from .mesh import AxisRef
 from .opdef import Local, OpDef
+from .pending import (KEEPS, STRICT, breaks_linearity, cheaper_to_sum_now, mask_zero, overflowed, repeated_partials,
+                      reused_sum, surviving_partials, survival_checks)
 from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
 from .trace import PLACE, RELAYOUT, Node, _remat, tracked
+from .value import Value
 
 SCALARS = (bool, int, float, complex, np.generic)
 MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
@@ -37,26 +38,6 @@ _MANUAL: list = [None]
 def register_manual(fn: Callable) -> None:
     """Install the runner of ops on per-device values (``fn(op, args, params, make)``)."""
     _MANUAL[0] = fn
-
-
-class Value:
-    """What a Tensor is made of: stored blocks (or a host array, or None if abstract), spec, shape, dtype;
-    the layouts a partial value was already summed to (made once, reused by every later use); the id of
-    its signature (kind, shape, dtype, spec), the program cache's key, computed once per value; and its serial
-    in recorded steps (given on first need; values sharing their blocks share it)."""
-
-    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial", "__weakref__")
-
-    def __init__(self, data: Any, spec: ShardingSpec | None, shape: tuple[int, ...], dtype: np.dtype,
-                 sid: int = -1) -> None:
-        self._data = data
-        self._spec = spec
-        self._shape = shape
-        self._dtype = dtype
-        self._moved: dict | None = None
-        self._sid = sid
-        self._node: Node | None = None  # how it was made, when it depends on a traced value
-        self._serial = 0
 
 
 # The signature intern table: signature -> id and back. Ids are never reused; when the table holds
@@ -159,11 +140,12 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
             return _replayed(r, op, params, args, make)
     rec = C.logging()
     if op.linear == "mul" and len(args) > 1:
-        _sum_repeated(op, args)
-    used = [_settled(a) for a in args]
+        for a in repeated_partials(args):
+            _sum_now(op, a)
+    used = [reused_sum(a) for a in args]
     sink = [None] * (len(used) + 1) if rec else None  # per operand (events, reused), then the result's moves
     out, prog = _run(op, used, params, make, sink)
-    if type(prog) is Program and prog.checks and prog.checks[-1] is _KEEPS and _overflowed(out._data, prog):
+    if type(prog) is Program and prog.checks and prog.checks[-1] is KEEPS and overflowed(out._data, prog):
         sink = [None] * (len(used) + 1) if rec else None
         out, prog = _rerun_strict(op, used, params, make, sink)
     if tracked(args):
@@ -216,16 +198,13 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
                    C.step_user(user), C.current_phase(), int(flops), C.current_scope()), [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
 
 
-def _sum_repeated(op: OpDef, args: Sequence[Any]) -> None:
-    """A pending sum that is more than one factor of a product (``x * x``) is made first: the product is not
-    linear in it, and keeping one factor's summands would only defer a second sum of the result."""
-    partial = [a for a in args if isinstance(a, Value) and a._spec is not None and a._spec.partial_axes]
-    for a in {id(a): a for a in partial if sum(b is a for b in partial) > 1}.values():
-        target = ShardingSpec(a._spec.mesh, a._spec.dim_specs, a._spec.replicated_axes)
-        plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
-        _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
-        if not reused:  # (a sum made before is only read: no step)
-            publish_move(a, target, plan.events, False, op.name)
+def _sum_now(op: OpDef, a: Value) -> None:
+    """Make ``a``'s pending sum before ``op`` (remembered on ``a``: later uses reuse it), and log the move."""
+    target = _strip_partial(a._spec)
+    plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
+    _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
+    if not reused:  # (a sum made before is only read: no step)
+        publish_move(a, target, plan.events, False, op.name)
 
 
 def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None
@@ -257,36 +236,24 @@ def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) ->
               [(s, v)])
 
 
-def _settled(a: Any) -> Any:
-    """A partial value that an earlier use already summed is used summed: it is the same value (the same
-    serial), and its sum has been paid for (tensors are immutable)."""
-    if isinstance(a, Value) and a._moved:
-        for spec, data in a._moved.items():
-            if not spec.partial_axes:
-                v = Value(data, spec, a._shape, a._dtype)
-                v._serial = serial(a)
-                return v
-    return a
-
-
 def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None
          ) -> tuple[Any, Program | None]:
     sids = tuple([a._sid if isinstance(a, Value) and a._sid >= 0 else sid_of(a) for a in args])
     strat, model = current_strategy(), current_cost_model()
     epoch = C.epoch()
     try:
-        prog = _program(op, sids, params, strat, model, _STRICT.get(), epoch)
+        prog = _program(op, sids, params, strat, model, STRICT.get(), epoch)
     except _StaleSignature:  # the intern table was emptied since these values got their ids
         for a in args:
             if isinstance(a, Value):
                 a._sid = -1
         sids = tuple(sid_of(a) for a in args)
-        prog = _program(op, sids, params, strat, model, _STRICT.get(), epoch)
+        prog = _program(op, sids, params, strat, model, STRICT.get(), epoch)
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
         return _MANUAL[0](op, args, params, make), MANUAL
-    if prog.checks and _breaks_linearity(prog.checks, args):
+    if prog.checks and breaks_linearity(prog.checks, args):
         prog = _program(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY:
         arrays = []
@@ -453,57 +420,14 @@ def _view_chain(stored: tuple[int, ...], plan: reshard.Plan, gshape: tuple[int, 
     return tuple(chain) if out.shape == gshape else None
 
 
-def _breaks_linearity(checks: tuple, args: Sequence[Any]) -> bool:
-    """Whether scaling a pending sum summand by summand would not give the scaled sum. The factor is taken as
-    cast to the result's dtype (``1e300`` is inf in float32): an infinite factor meets the zeros other devices
-    hold (0 * inf); a factor <= 0 (or -0.0) flips the sign of an exact zero sum (-(+0) is -0, but the negated
-    summands add to +0); a divisor must be positive with a finite reciprocal; ``a - sum`` needs an ``a`` with
-    no -0.0. ``_KEEPS`` marks a program that keeps a pending sum: it breaks when a retry asks for the strict
-    program (see ``_rerun_strict``)."""
-    for check in checks:
-        if check is _KEEPS:
-            continue
-        j, kind, dtype = check
-        a = args[j]
-        data = a._data if isinstance(a, Value) else a
-        if data is None:
-            continue
-        xp = backends.xp(data)
-        with np.errstate(all="ignore"):
-            c = xp.asarray(data).astype(dtype)
-            ok = xp.isfinite(c)
-            if kind == "divisor":
-                ok = ok & (c != 0) & xp.isfinite(dtype.type(1) / c)
-        if not bool(xp.all(ok)):
-            return True
-    return False
-
-
-_KEEPS = (-1, "keeps", None)  # the last check of a program that keeps a pending sum of floats
-#: set while a program is redone with its pending sums made first (per thread and task: a context variable)
-_STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_strict", default=False)
-
-
-def _overflowed(data: Any, prog: "Program") -> bool:
-    """Whether a result that keeps a pending sum holds a non-finite summand (ignoring padding): then the sum
-    of the summands may differ from the op on the sum (finite summands that overflow, inf - inf)."""
-    if data is None:
-        return False
-    xp = backends.xp(data)
-    if prog.padded:
-        for d in range(len(prog.result_shape)):
-            data = storage.fill(data, storage.pad_regions(prog.result, prog.result_shape, d), 0)
-    return not bool(xp.all(xp.isfinite(data)))
-
-
 def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None
                   ) -> tuple[Any, Any]:
     """Redo an op with every pending sum made first (the strict program); what it gives is numpy's value."""
-    token = _STRICT.set(True)
+    token = STRICT.set(True)
     try:
         return _run(op, args, params, make, sink)
     finally:
-        _STRICT.reset(token)
+        STRICT.reset(token)
 
 
 @lru_cache(maxsize=4096)
@@ -535,7 +459,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     mesh = meshes.pop()
     rule = op.rule(shapes, *params)
     dtype = _dtype(op, sigs, params)
-    keep, keep_by = _surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
+    keep, keep_by = surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
     linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
     reserved = tuple(sorted(keep))
     prop_specs = tuple(_strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
@@ -564,7 +488,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     preps = []
     for i, (s, t) in enumerate(zip(sigs, targets)):
         add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
-        zero = 0 if i in _NEGATED.get(op.name, ()) else None  # s - (+0) is s for every s, -0 included
+        zero = mask_zero(op, i)
         if s[0] == "c":
             if not add_once:
                 preps.append(Prep("scalar", None, None, (), ()))
@@ -594,38 +518,21 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     padded = any(_padded(t, shp) for t, shp in zip(targets, shapes) if t is not None) or _padded(kspec, result_shape)
     result_sid = _sig_id(("s", result_shape, dtype, result))
     aux = op.aux(kspec, cuts, shapes, params) if op.aux is not None else ()
-    checks = _checks(op, sigs, keep_by, dtype) if keep else ()
+    checks = survival_checks(op, sigs, keep_by, dtype) if keep else ()
     local = Local(G, chunks(kspec, result_shape), params, True, aux)
     final = grid(kspec).shape + chunks(kspec, result_shape)
     fold = _fold(op, post, G, out_grid) if not padded else ()
     if fold:  # the kernel does the all_reduce; the plan is still carried out for the log (on no data)
         out_grid = final = post.segments[0].end_grid + out_grid[G:]
         local = local._replace(fold=fold)
-    if keep and op.linear == "mul" and op.fast is None and _cheaper_to_sum(mesh, sigs, shapes, keep_by, result,
-                                                                             result_shape, dtype):
+    if keep and op.linear == "mul" and op.fast is None and cheaper_to_sum_now(mesh, sigs, shapes, keep_by, result,
+                                                                                 result_shape, dtype):
         return _program(op, sids, params, strat, model, "cost", epoch)
     blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
     flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
                    result_sid, padded, None, checks, final, bool(fold), int(flops), (rule, dec, reserved, strict))
     return prog._replace(fast=_fast_views(op, prog, sigs))
-
-
-def _cheaper_to_sum(mesh, sigs: tuple, shapes: tuple, keep_by: list, result: ShardingSpec,
-                    result_shape: tuple[int, ...], dtype: np.dtype) -> bool:
-    """Whether a contraction should make its operands' pending sums now rather than pass them to its result:
-    kept, they are paid later on the result, at least a reduce_scatter of its block; made now, an all_reduce
-    of each operand's block. (The gradient of an embedding table: summing the small incoming gradient beats
-    summing the table-sized product; Megatron's activations keep theirs.)"""
-    def ring(k: int, nbytes: int, factor: int) -> float:
-        return factor * (k - 1) / k * nbytes
-
-    kept = set().union(*keep_by)
-    k_keep = prod(mesh.axis_ref(a).size for a in kept)
-    later = ring(k_keep, prod(chunks(result, result_shape)) * dtype.itemsize, 1)
-    now = sum(ring(prod(mesh.axis_ref(a).size for a in atoms), prod(chunks(s[3], shp)) * s[2].itemsize, 2)
-              for s, shp, atoms in zip(sigs, shapes, keep_by) if atoms)
-    return later > now
 
 
 def _fold(op: OpDef, post: reshard.Plan | None, G: int, out_grid: tuple[int, ...]) -> tuple[int, ...]:
@@ -697,79 +604,6 @@ def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ..
         if step is not None:
             steps.append(step)
     return tuple(steps)
-
-
-#: Ops that negate an operand: the devices that hold no summand of it hold +0.0 there, so that after the
-#: negation they hold -0.0, the identity of the sum.
-_NEGATED = {"subtract": (1,), "negative": (0,)}
-
-
-def _checks(op: OpDef, sigs: tuple, keep_by: list, dtype: np.dtype) -> tuple:
-    """What must hold at run time for the pending sums ``keep_by`` keeps to survive ``op`` (see
-    ``_breaks_linearity``), plus ``_KEEPS`` for floats (a non-finite result is redone strictly)."""
-    if not is_inexact(dtype):
-        return ()  # integers wrap and bools or, as numpy's sums do: every product distributes
-    checks = []
-    if op.linear == "mul":
-        for j, s in enumerate(sigs):
-            if not keep_by[j]:
-                checks.append((j, "divisor" if op.linear_args == (0,) else "finite", dtype))
-    return tuple(checks) + (_KEEPS,)
-
-
-def _surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tuple[set[str], list[set[str]]]:
-    """Which partial axes stay partial through ``op`` (all of them, and per operand), as atoms (sub-axes cut
-    where any operand's partial axes start or end, so that ``y`` and ``y:(1)2`` meet as ``y:(1)2, y:(2)2``); the
-    rest are summed while the operands are resharded. Design decision 4: linear uses keep the sum pending,
-    unless another operand's dims use the axis (then one reduce_scatter beats gathering that operand); an
-    addition keeps every operand's axes (an operand partial over fewer is added once over the others, no
-    communication); a product keeps each atom on one operand (the largest), as a product of two sums needs one
-    of them summed. A sum is kept only in the result's dtype (an int8 sum wraps, a float16 one rounds and
-    overflows in float16, as numpy's would). What a pending sum does not promise is the sign of an exact zero:
-    -(x + -x) is -0.0, the sum of the negated summands +0.0 (and likewise for a negative or zero factor)."""
-    n = len(sigs)
-    linear_args = range(n) if op.linear_args is None else op.linear_args
-    refs = [list(s[3].partial_refs) if s[0] == "s" and i in linear_args else [] for i, s in enumerate(sigs)]
-    in_dims = [[r for rs in s[3].dim_refs for r in rs] if s[0] == "s" else [] for s in sigs]
-    if op.linear is None:
-        refs = [[] for _ in sigs]
-    flt = is_inexact(dtype)
-    elementwise_mul = op.linear == "mul" and op.fast is not None
-    for i, s in enumerate(sigs):
-        if refs[i] and s[2] != dtype:
-            refs[i] = []
-        refs[i] = [r for r in refs[i] if not any(r.overlaps(b) for j in range(n) if j != i for b in in_dims[j])]
-    order = sorted(range(n), key=lambda i: -prod(shapes[i]))
-    if elementwise_mul and flt:
-        # one operand keeps its sums; the others' values are checked at run time (finite factors, nonzero
-        # divisors), and a non-finite result is redone with the sums made first
-        first = next((i for i in order if refs[i]), None)
-        refs = [r if i == first else [] for i, r in enumerate(refs)]
-    # Cut every kept axis where any operand's kept axes start or end; where the cuts do not nest (x:(1)2 and
-    # x:(1)3 on x=6) only the largest operand's pieces of that axis are kept.
-    cuts: dict[str, set[int]] = {}
-    for i in order:
-        for r in refs[i]:
-            pts = cuts.setdefault(r.name, set())
-            new = sorted(pts | {r.pre, r.pre * r.size})
-            if any(b % a for a, b in zip(new, new[1:])):
-                refs[i] = [q for q in refs[i] if q.name != r.name]
-                break
-            pts.update((r.pre, r.pre * r.size))
-    atoms = [set() for _ in range(n)]
-    for i in range(n):
-        for r in refs[i]:
-            pts = sorted(p for p in cuts[r.name] if r.pre <= p <= r.pre * r.size)
-            atoms[i] |= {str(AxisRef(r.name, a, b // a, r.full)) for a, b in zip(pts, pts[1:])}
-    keep: set[str] = set().union(*atoms) if atoms else set()
-    keep_by = atoms
-    if op.linear == "mul":
-        owner: dict[str, int] = {}
-        for i in order:
-            for a in sorted(atoms[i]):
-                owner.setdefault(a, i)
-        keep_by = [{a for a in atoms[i] if owner[a] == i} for i in range(n)]
-    return keep, keep_by
 
 
 def _strip_partial(spec: ShardingSpec) -> ShardingSpec:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .dtypes import is_inexact
 from .errors import ShardingError
-from .executor import Value
+from .value import Value
 from .mesh import DeviceMesh
 from .spec import ShardingSpec
 from . import collectives as C
@@ -45,15 +45,7 @@ class Tensor(Value):
     def zeros(shape: Sequence[int] | int, dtype: Any = "float32") -> "Tensor":
         return _ops().zeros(shape, dtype)
 
-    # ---- reading ---------------------------------------------------------------------------------
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
-
+    # ---- reading (shape, dtype, sharding, is_abstract and blocks are Value's) ---------------------------
     @property
     def ndim(self) -> int:
         return len(self._shape)
@@ -63,16 +55,8 @@ class Tensor(Value):
         return prod(self._shape)
 
     @property
-    def sharding(self) -> ShardingSpec | None:
-        return self._spec
-
-    @property
     def mesh(self) -> DeviceMesh | None:
         return self._spec.mesh if self._spec is not None else None
-
-    @property
-    def is_abstract(self) -> bool:
-        return self._data is None
 
     def _need_data(self, what: str) -> np.ndarray:
         if self._data is None:

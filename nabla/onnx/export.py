@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 
 from ..pytree import flatten
 from ..errors import ShardingError
-from ..executor import Value
+from ..value import Value
 from ..mesh import DeviceMesh
 from ..ops import registry
 from ..spec import ShardingSpec

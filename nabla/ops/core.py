@@ -11,7 +11,8 @@ import numpy as np
 from ..dtypes import is_float, is_inexact
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError
-from ..executor import SCALARS, Value, run
+from ..executor import SCALARS, run
+from ..value import Value
 from ..mesh import _show
 from ..opdef import Local, OpDef
 from ..tensor import Tensor

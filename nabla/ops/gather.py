@@ -17,7 +17,7 @@ from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError, ShardingIndexError
-from ..executor import Value
+from ..value import Value
 from ..opdef import OpDef
 from ..spec import DimSpec
 from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape

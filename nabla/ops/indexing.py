@@ -12,7 +12,7 @@ import numpy as np
 from .. import rules as R
 from ..errors import ShardingError, ShardingIndexError
 from ..opdef import OpDef
-from ..executor import Value
+from ..value import Value
 from .core import ArrayLike, Tensor, _call, _is_diff, _shape
 from .gather import take
 from .registry import onnx_export, register

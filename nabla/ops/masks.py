@@ -12,7 +12,7 @@ from .. import rules as R
 from ..backends import xp as _xp
 from ..dtypes import is_inexact
 from ..errors import ShardingError
-from ..executor import Value
+from ..value import Value
 from ..layout import global_rows
 from ..opdef import OpDef
 from .core import ArrayLike, Tensor, _call, _is_diff, _ndim, _shape

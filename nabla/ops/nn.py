@@ -15,7 +15,7 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..dtypes import is_inexact
 from ..errors import ShardingError
-from ..executor import Value
+from ..value import Value
 from ..layout import global_rows
 from ..opdef import OpDef
 from ..step import serial

@@ -13,7 +13,7 @@ from ..dtypes import is_float
 from .. import rules as R
 from ..backends import xp as _xp
 from ..errors import ShardingError
-from ..executor import Value
+from ..value import Value
 from ..opdef import OpDef
 from .core import ArrayLike, Tensor, _call, _is_diff, _mask, _unbroadcast
 from .registry import elementwise, onnx_export, register

@@ -14,7 +14,7 @@ import numpy as np
 from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
-from ..executor import Value
+from ..value import Value
 from ..opdef import OpDef
 from .core import _laid_like, ArrayLike, Tensor, _axes, _call, _is_diff, _mask, _named, _ndim, _shape
 from ..errors import ShardingError

@@ -12,7 +12,7 @@ from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..layout import global_rows
 from ..opdef import OpDef
-from ..executor import Value
+from ..value import Value
 from .core import ArrayLike, Tensor, _align, _axes, _call, _is_diff, _ndim, _shape, _unbroadcast
 from .creation import tensor, zeros
 from .registry import onnx_export, register
