@@ -7,8 +7,9 @@ embedding and cross-entropy) at ``CONFIG``; a step is the loss, its gradients (`
 Adam update, the loss reduced to a host float. Three parts:
 
 * eager: the step sharded on 8 simulated devices (2 x 4 mesh; DP x TP and DP x TP + SP) against the same
-  step unsharded (host arrays, no mesh). Every side runs nabla eagerly on numpy; a sharded value holds all
-  eight devices' blocks (materialised, one numpy array of blocks), collectives are summed over them.
+  step unsharded (host arrays, no mesh). Every side runs nabla eagerly on numpy; a sharded value holds its
+  distinct blocks materialised in one numpy array (grid x block, replicas held once), each op is one numpy
+  call over all blocks, and collectives are summed over the grid.
   Target: sharded / unsharded <= 1.3x.
 * jit: ``nb.jit`` of the step against ``jax.jit`` of the same step in ``jax.numpy`` (``NamedSharding`` in and
   out, ``with_sharding_constraint`` where nabla's sequence-parallel layout moves the residual stream), both
