@@ -502,6 +502,9 @@ def main() -> None:
         notes.append(f"the Llama step skipped: {err}")
     res["cases"] = assemble_cases(ours, peer)
     res["training"] = assemble_training(train, peer)
+    if args.out.exists():  # what other scripts wrote there (megatron_table1.py: megatron, estimate_scale) stays
+        for k, v in json.loads(args.out.read_text()).items():
+            res.setdefault(k, v)
     res["env"]["load_average_at_end"] = load_average()
     res["env"]["seconds"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(res, indent=1, default=str) + "\n")
