@@ -6,8 +6,8 @@ Why: "no target gets slower by more than 10%" across a change is a ratio between
 shared machine only fine alternation makes it fair. Two long-lived worker processes, one per tree, each import
 their tree's nabla and the same benchmark code (OLD_TREE's ``benchmarks/run.py``, copied aside; its ``dispatch``
 and ``training`` build the operands, and the calls they would time are taken from them). The parent then asks
-the workers in turn for one sample of one call (about 30 ms of repeated calls): old, new, new, old, ... so load
-from other processes lands on both alike. Each row: the median per call on each side, new / old, and the
+the workers in turn for one sample of one call (about 30 ms of repeated calls): old, new, new, old, ... on one
+pinned CPU, so load from other processes lands on both alike. Each row: the median per call on each side, new / old, and the
 quartiles of the per-sample-pair ratios.
 """
 
@@ -54,10 +54,11 @@ for line in sys.stdin:
 class Worker:
     """One tree's nabla in its own process, timing one named call on request."""
 
-    def __init__(self, tree: str, bench: str) -> None:
+    def __init__(self, tree: str, bench: str, cpu: int | None) -> None:
         env = dict(os.environ, PYTHONPATH=tree, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
         self.p = subprocess.Popen([sys.executable, "-c", WORKER.format(tree=tree, bench=bench)], env=env, cwd=tree,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pin)
         self.names = json.loads(self.p.stdout.readline())
 
     def sample(self, name: str, calls: int) -> float:
@@ -76,13 +77,16 @@ def main() -> dict:
     ap.add_argument("new")
     ap.add_argument("--samples", type=int, default=15, help="samples of each call on each side")
     ap.add_argument("--budget", type=float, default=0.03, help="seconds per sample")
+    ap.add_argument("--cpu", type=int, default=0, help="pin both workers to this CPU (-1: no pinning), so "
+                    "they share one core's load from other processes rather than each getting a core of its own")
     ap.add_argument("--only", default="", help="only the calls whose names contain this")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    a.cpu = None if a.cpu < 0 else a.cpu
     old, new = str(Path(a.old).resolve()), str(Path(a.new).resolve())
     with tempfile.TemporaryDirectory() as d:  # no nabla beside the copy: each worker imports its tree's
         bench = str(shutil.copytree(Path(old) / "benchmarks", Path(d) / "benchmarks"))
-        w = {"old": Worker(old, bench), "new": Worker(new, bench)}
+        w = {"old": Worker(old, bench, a.cpu), "new": Worker(new, bench, a.cpu)}
         rows = {}
         try:
             for name in [n for n in w["old"].names if a.only in n]:
