@@ -257,7 +257,8 @@ def llama(res: dict) -> Table | None:
         out.append("Per-device memory of one DP x TP step (`nb.memory_log()`, the most bytes of each kind a device "
                    "holds at once), float32 against bf16 (Adam with a float32 master copy): " + "; ".join(
                        f"{k} {m['bytes']['float32'][k]:,} B against {m['bytes']['bfloat16'][k]:,} B "
-                       f"({m['ratio'][k]:.2f}x)" for k in kinds) + ".")
+                       f"({m['ratio'][k]:.2f}x)" for k in kinds) + ". The optimizer's state grows: in bf16 Adam "
+                   "keeps a float32 master copy of the parameters beside its float32 moments.")
     return Table("Language-model step (Llama)", [
         f"`examples/train_llama.py`'s model (RMSNorm, rotary attention with a causal mask, SwiGLU, "
         f"vocabulary-parallel embedding and cross-entropy) at vocabulary {c['vocab']}, dim {c['dim']}, "
