@@ -57,6 +57,7 @@ class Spread(NamedTuple):
     q1: float
     q3: float
     repeats: int
+    samples: tuple = ()  # in the order taken: sample i of every side was taken in the same round
 
     def as_dict(self, scale: float = 1.0) -> dict:
         return {"median": self.median * scale, "q1": self.q1 * scale, "q3": self.q3 * scale, "repeats": self.repeats}
@@ -89,4 +90,10 @@ def alternating(fns: dict[str, Callable[[], object]], repeats: int, calls: int |
 
 def _spread(v: list[float]) -> Spread:
     q = quantiles(v, n=4, method="inclusive") if len(v) > 1 else [v[0]] * 3
-    return Spread(median(v), q[0], q[2], len(v))
+    return Spread(median(v), q[0], q[2], len(v), tuple(v))
+
+
+def paired(a: Spread, b: Spread) -> list[float]:
+    """The quartiles of a / b taken round by round: load that hit one round hit both sides of it."""
+    q = quantiles([x / y for x, y in zip(a.samples, b.samples)], n=4, method="inclusive")
+    return [q[0], q[2]]

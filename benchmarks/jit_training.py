@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import nabla as nb  # noqa: E402
 import xla_harness as H  # noqa: E402
-from _timing import alternating  # noqa: E402
+from _timing import alternating, paired  # noqa: E402
 
 BATCH, DIN, HIDDEN, DOUT = 256, 512, 2048, 512
 LR = 0.01
@@ -107,6 +107,7 @@ def main() -> dict:
            "nabla_jit_ms": t["nabla"].median * 1e3, "jax_jit_ms": t["jax"].median * 1e3,
            "ratio": t["nabla"].median / t["jax"].median,
            "spread_ms": {k: [v.q1 * 1e3, v.q3 * 1e3] for k, v in t.items()}, "repeats": t["nabla"].repeats,
+           "ratio_spread": paired(t["nabla"], t["jax"]),
            "nabla_bytes": sum(c.bytes for c in nabla_hlo), "xla_bytes": sum(c.bytes for c in jax_hlo),
            "nabla_collectives": [f"{c.kind}:{c.bytes}" for c in nabla_hlo],
            "xla_collectives": [f"{c.kind}:{c.bytes}" for c in jax_hlo]}

@@ -44,7 +44,7 @@ for _p in (HERE.parent / "tests" / "integration", HERE.parent / "examples", HERE
 
 import nabla as nb  # noqa: E402
 import train_llama as L  # noqa: E402
-from _timing import alternating  # noqa: E402
+from _timing import alternating, paired  # noqa: E402
 
 # about 0.2 s per eager step on this machine (the example's own config takes 40 ms: mostly dispatch)
 CONFIG = dict(vocab=64, dim=128, heads=4, layers=2, hidden=352, seq=64, batch=16)
@@ -102,14 +102,9 @@ def eager(repeats: int) -> dict:
     t = alternating(steps, repeats, calls=1)
     base = t["single"].median
     rows = {name: dict(t[name].as_dict(1e3), loss=losses[name]) for name in steps}
-    ratios = {name: _ratio_spread(t[name], t["single"]) for name in LAYOUTS}
+    ratios = {name: paired(t[name], t["single"]) for name in LAYOUTS}
     return {"unit": "ms", "rows": rows, "ratio": {k: t[k].median / base for k in LAYOUTS}, "ratio_spread": ratios,
             "comm": comm, "target": EAGER_TARGET}
-
-
-def _ratio_spread(a, b) -> list[float]:
-    """The ratio's range from the quartiles: (a's q1 / b's q3, a's q3 / b's q1)."""
-    return [a.q1 / b.q3, a.q3 / b.q1]
 
 
 # ---- jit: nb.jit against jax.jit -------------------------------------------------------------------------
@@ -221,7 +216,7 @@ def jit_layout(layout_name: str, repeats: int) -> dict:
     t = alternating({"nabla": lambda: host_loss(compiled(*arrays)), "jax": lambda: host_loss(jc(jp, js, ids, targets))},
                     repeats)
     return {"nabla": t["nabla"].as_dict(1e3), "jax": t["jax"].as_dict(1e3),
-            "ratio": t["nabla"].median / t["jax"].median, "ratio_spread": _ratio_spread(t["nabla"], t["jax"]),
+            "ratio": t["nabla"].median / t["jax"].median, "ratio_spread": paired(t["nabla"], t["jax"]),
             "nabla_bytes": H.bytes_per_device(ours), "xla_bytes": H.bytes_per_device(xla),
             "nabla_collectives": _kinds(ours), "xla_collectives": _kinds(xla), "loss": float(v_nb)}
 

@@ -164,13 +164,12 @@ def targets(res: dict) -> Table:
 
 
 def _range(lo: float, hi: float) -> str:
-    return f" (quartiles {lo:.2f}-{hi:.2f}x)"
+    return f" (round-by-round quartiles {lo:.2f}-{hi:.2f}x)"
 
 
 def _jit_spread(j: dict) -> str:
-    """The range of nb.jit / jax.jit from each side's quartiles, where the run recorded them."""
-    s = j.get("spread_ms")
-    return _range(s["nabla"][0] / s["jax"][1], s["nabla"][1] / s["jax"][0]) if s else ""
+    """The quartiles of nb.jit / jax.jit round by round, where the run recorded them."""
+    return _range(*j["ratio_spread"]) if "ratio_spread" in j else ""
 
 
 def _round_spread(rn: dict, k: str) -> str:
