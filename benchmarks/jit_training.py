@@ -6,8 +6,8 @@ Both sides run one compiled XLA program per step on the same 8 devices with the 
 (x, y [dp,-], w1 [-,tp], w2 [tp,-] on a 2x4 mesh, batch 256, 512 -> 2048 -> 512, float32, SGD):
 nabla's is nabla's trace lowered through shard_map (nb.jit), JAX's is the same step written in jax.numpy
 under jax.jit with NamedSharding in/out shardings (XLA's SPMD partitioner chooses its collectives). Timed:
-calling the compiled step on arguments already on the devices (medians of calibrated repeats,
-interleaved rounds, best round kept; ``_timing.interleaved``). Also reported: bytes per device each
+calling the compiled step on arguments already on the devices and reading the loss on the host, the
+same number of samples of each side taken alternately (``_timing.alternating``): medians with quartiles. Also reported: bytes per device each
 program's HLO sends. ``run.py`` runs this in a child process and folds it into ``results.json``.
 """
 
@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import nabla as nb  # noqa: E402
 import xla_harness as H  # noqa: E402
-from _timing import interleaved  # noqa: E402
+from _timing import alternating, paired  # noqa: E402
 
 BATCH, DIN, HIDDEN, DOUT = 256, 512, 2048, 512
 LR = 0.01
@@ -95,14 +95,19 @@ def main() -> dict:
     np.testing.assert_allclose(float(v_nb), float(v_jax), rtol=1e-4)
     np.testing.assert_allclose(p_nb["w1"].numpy(), np.asarray(p_jax["w1"]), rtol=1e-4, atol=1e-5)
 
-    # each call waited for: queued asynchronous collectives on 2 cores can starve XLA's CPU rendezvous
-    t = interleaved({"nabla": lambda: jax.block_until_ready(compiled(*arrays)),
-                     "jax": lambda: jax.block_until_ready(jcompiled(jp, jx, jy))}, args.quick,
-                    rounds=3 if args.quick else 7)
+    def host_loss(out):
+        """Each call waited for (queued asynchronous collectives on 2 cores can starve XLA's CPU rendezvous),
+        then device 0's copy of the loss read on the host: the same work after the step on both sides."""
+        return float(np.asarray(jax.block_until_ready(out)[0].addressable_data(0)).reshape(-1)[0])
+
+    t = alternating({"nabla": lambda: host_loss(compiled(*arrays)), "jax": lambda: host_loss(jcompiled(jp, jx, jy))},
+                    repeats=7 if args.quick else 31)
     res = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "numpy": np.__version__,
            "shape": [BATCH, DIN, HIDDEN, DOUT], "devices": 8, "optimizer": f"SGD({LR})",
-           "nabla_jit_ms": t["nabla"] * 1e3, "jax_jit_ms": t["jax"] * 1e3,
-           "ratio": t["nabla"] / t["jax"],
+           "nabla_jit_ms": t["nabla"].median * 1e3, "jax_jit_ms": t["jax"].median * 1e3,
+           "ratio": t["nabla"].median / t["jax"].median,
+           "spread_ms": {k: [v.q1 * 1e3, v.q3 * 1e3] for k, v in t.items()}, "repeats": t["nabla"].repeats,
+           "ratio_spread": paired(t["nabla"], t["jax"]),
            "nabla_bytes": sum(c.bytes for c in nabla_hlo), "xla_bytes": sum(c.bytes for c in jax_hlo),
            "nabla_collectives": [f"{c.kind}:{c.bytes}" for c in nabla_hlo],
            "xla_collectives": [f"{c.kind}:{c.bytes}" for c in jax_hlo]}

@@ -28,6 +28,7 @@ BACKWARD_FORWARD, SHARDED_UNSHARDED = 2.5, 1.3  # issue 12
 JIT_JAX = 1.1  # issue 15
 AUTOSHARD_SECONDS = 10.0  # nb.autoshard: a choice in under 10 s, never slower than the standard layouts
 RESNET_ORT = 2.0  # issue 14
+LLAMA_EAGER, LLAMA_JIT, LLAMA_MEMORY = 1.3, 1.1, 0.5  # issue 23: sharded/unsharded, nb.jit/jax.jit, bf16/float32
 MATMUL_NUMPY, SCALING_256_8 = 1.1, 3.0  # the README's earlier targets
 
 
@@ -61,7 +62,7 @@ def x(a: float | None, b: float | None) -> str:
 
 
 def met(ok: bool | None) -> str:
-    return "-" if ok is None else "yes" if ok else "**no**"
+    return "-" if ok is None else "yes" if ok else "**missed**"
 
 
 def _div(a, b):
@@ -106,8 +107,8 @@ def targets(res: dict) -> Table:
                 f"{q:.2f}x", q <= SHARDED_UNSHARDED)
     j = res.get("jit")
     if j:
-        add("training step: nb.jit / jax.jit (8 CPU devices)", f"≤ {JIT_JAX:g}x", f"{j['ratio']:.2f}x",
-            j["ratio"] <= JIT_JAX)
+        add("training step: nb.jit / jax.jit (8 CPU devices)", f"≤ {JIT_JAX:g}x",
+            f"{j['ratio']:.2f}x{_jit_spread(j)}", j["ratio"] <= JIT_JAX)
         add("training step: bytes per device, nb.jit against XLA's own plan", "≤ XLA's",
             f"{j['nabla_bytes']:,} vs {j['xla_bytes']:,}", j["nabla_bytes"] <= j["xla_bytes"])
     o = res.get("onnx")
@@ -116,7 +117,10 @@ def targets(res: dict) -> Table:
         for k, q in rn["ratio_to_onnxruntime"].items():
             if k.startswith("nabla 8"):
                 add(f"ResNet-50 batch {rn['batch']}, {k[6:]}, against onnxruntime",
-                    f"≤ {RESNET_ORT:g}x", f"{q:.2f}x", q <= RESNET_ORT)
+                    f"≤ {RESNET_ORT:g}x", f"{q:.2f}x{_round_spread(rn, k)}", q <= RESNET_ORT)
+    lm = res.get("llama")
+    if lm:
+        rows += llama_targets(lm)
     a = res.get("autoshard")
     if a:
         rows_a = [dict(r.get("unlimited", r), model=r["model"], devices=r["devices"]) for r in a["rows"]]
@@ -157,6 +161,125 @@ def targets(res: dict) -> Table:
         add("add 1024^2: 256 devices against 8", f"≤ {SCALING_256_8:g}x", f"{q:.2f}x",
             q <= SCALING_256_8)
     return Table("Targets", [], ["target", "goal", "measured", "met"], rows, [])
+
+
+def _range(lo: float, hi: float) -> str:
+    return f" (round-by-round quartiles {lo:.2f}-{hi:.2f}x)"
+
+
+def _jit_spread(j: dict) -> str:
+    """The quartiles of nb.jit / jax.jit round by round, where the run recorded them."""
+    return _range(*j["ratio_spread"]) if "ratio_spread" in j else ""
+
+
+def _round_spread(rn: dict, k: str) -> str:
+    """The quartiles of the per-round ratios (rounds interleave the runs, so round i of each is comparable)."""
+    rounds = rn.get("all_s", {})
+    if k not in rounds or len(rounds[k]) < 2:
+        return ""
+    q = _quartiles([a / b for a, b in zip(rounds[k], rounds["onnxruntime"])])
+    return f" (per-round quartiles {q[0]:.2f}-{q[1]:.2f}x over {len(rounds[k])} rounds)"
+
+
+def _quartiles(v: list[float]) -> tuple[float, float]:
+    from statistics import quantiles
+    q = quantiles(v, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+LAYOUT_NAMES = {"dp_tp": "DP x TP", "dp_tp_sp": "DP x TP + SP"}
+
+
+def llama_targets(lm: dict) -> list[list[str]]:
+    """Issue 23's rows: eager sharded / unsharded, nb.jit / jax.jit (time and HLO bytes), bf16 / float32 memory."""
+    rows = []
+    e, j, m = lm.get("eager"), lm.get("jit"), lm.get("memory")
+    for k, name in LAYOUT_NAMES.items():
+        if e and k in e["ratio"]:
+            q, (lo, hi) = e["ratio"][k], e["ratio_spread"][k]
+            rows.append([f"Llama step, eager: {name} on 8 simulated devices / unsharded (1 device)",
+                         f"≤ {LLAMA_EAGER:g}x", f"{q:.2f}x{_range(lo, hi)}", met(q <= LLAMA_EAGER)])
+    for k, name in LAYOUT_NAMES.items():
+        r = j and j["layouts"].get(k)
+        if r:
+            rows.append([f"Llama step: nb.jit / jax.jit, {name} (8 XLA host devices)", f"≤ {LLAMA_JIT:g}x",
+                         f"{r['ratio']:.2f}x{_range(*r['ratio_spread'])}", met(r["ratio"] <= LLAMA_JIT)])
+            rows.append([f"Llama step, {name}: collective bytes per device in the compiled HLO, nb.jit against "
+                         "jax.jit", "≤ XLA's", f"{r['nabla_bytes']:,} vs {r['xla_bytes']:,}",
+                         met(r["nabla_bytes"] <= r["xla_bytes"])])
+    if m:
+        for kind in ("params", "activations"):
+            q = m["ratio"][kind]
+            rows.append([f"Llama step, DP x TP: {kind} per device, bf16 / float32 (`nb.memory_log`)",
+                         f"≤ {LLAMA_MEMORY:g}x", f"{q:.2f}x ({m['bytes']['bfloat16'][kind]:,} vs "
+                         f"{m['bytes']['float32'][kind]:,} B)", met(q <= LLAMA_MEMORY + 1e-9)])
+    return rows
+
+
+def llama(res: dict) -> Table | None:
+    lm = res.get("llama")
+    if not lm:
+        return None
+    c = lm["config"]
+    rows = []
+    e, j, m = lm.get("eager"), lm.get("jit"), lm.get("memory")
+    if e:
+        base = e["rows"]["single"]["median"]
+        what = {"single": ("nabla eager, unsharded (host arrays, no mesh)", "1", "-"),
+                "dp_tp": ("nabla eager, DP x TP: each value's distinct blocks materialised in one numpy "
+                          "array (grid x block; a replicated value's grid axis is 1: held once), each op one numpy "
+                          "call over all blocks, collectives summed over the grid", "8 (2x4)",
+                          e["comm"]["dp_tp"]["summary"]),
+                "dp_tp_sp": ("nabla eager, DP x TP + SP (the same, the residual stream's sequence over tp)",
+                             "8 (2x4)", e["comm"]["dp_tp_sp"]["summary"])}
+        for k, (side, dev, comm) in what.items():
+            r = e["rows"][k]
+            rows.append([side, dev, _ms_q(r),
+                         f"{r['median'] / base:.2f}x", comm])
+    if j:
+        for k, name in LAYOUT_NAMES.items():
+            r = j["layouts"].get(k)
+            if not r:
+                continue
+            for side, label, coll in (("nabla", f"nb.jit, {name}: nabla's trace lowered through shard_map",
+                                       r["nabla_collectives"]),
+                                      ("jax", f"jax.jit, {name}: the step in jax.numpy, NamedSharding in and out"
+                                       + (", with_sharding_constraint on the residual stream" if k == "dp_tp_sp"
+                                          else ""), r["xla_collectives"])):
+                t = r[side]
+                rows.append([label, f"{j['devices']} XLA host", _ms_q(t),
+                             f"{r['ratio']:.2f}x" if side == "nabla" else "1.00x", f"HLO: {coll}"])
+    out = []
+    if m:
+        kinds = [k for k in ("params", "grads", "optimizer", "activations", "temporaries", "comm", "peak")
+                 if k in m["bytes"]["float32"]]
+        out.append("Per-device memory of one DP x TP step (`nb.memory_log()`, the most bytes of each kind a device "
+                   "holds at once), float32 against bf16 (Adam with a float32 master copy): " + "; ".join(
+                       f"{k} {m['bytes']['float32'][k]:,} B against {m['bytes']['bfloat16'][k]:,} B "
+                       f"({m['ratio'][k]:.2f}x)" for k in kinds) + ". The optimizer's state grows: in bf16 Adam "
+                   "keeps a float32 master copy of the parameters beside its float32 moments.")
+    return Table("Language-model step (Llama)", [
+        f"`examples/train_llama.py`'s model (RMSNorm, rotary attention with a causal mask, SwiGLU, "
+        f"vocabulary-parallel embedding and cross-entropy) at vocabulary {c['vocab']}, dim {c['dim']}, "
+        f"{c['heads']} heads, {c['layers']} layers, SwiGLU {c['hidden']}, sequence {c['seq']}, batch "
+        f"{c['batch']}, float32; a step is the loss, its gradients and {lm['optimizer']}, the loss read on the "
+        f"host each step; mesh {lm['mesh']}. Sides alternate sample by sample; medians (quartiles) of "
+        f"{_repeats(lm)} samples "
+        "each. The ratio divides by the unsharded eager step (eager rows) or by jax.jit's (compiled rows). "
+        "`benchmarks/llama.py`."],
+        ["side", "devices", "time per step", "ratio", "communication per device"], rows, out)
+
+
+def _ms_q(t: dict) -> str:
+    """A median in ms with its quartiles."""
+    return f"{t['median']:.1f} ms ({t['q1']:.1f}-{t['q3']:.1f})"
+
+
+def _repeats(lm: dict) -> int:
+    e = lm.get("eager")
+    if e:
+        return e["rows"]["single"]["repeats"]
+    return lm["jit"]["layouts"]["dp_tp"]["nabla"]["repeats"]
 
 
 def overhead(r: dict) -> float:
@@ -232,7 +355,8 @@ def training(res: dict) -> Table | None:
         "every side. **forward** is the loss, **forward+backward** the loss and gradients (`nb.value_and_grad`, "
         "`jax.value_and_grad`, `loss.backward()`), **step** adds the update (`nabla.optim.SGD`, `p - lr * g`, "
         "`p.sub_`). backward / forward = (forward+backward − forward) / forward. The last column divides each "
-        "sharded step by the same framework's unsharded step. Sides run interleaved, best round kept."],
+        "sharded step by the same framework's unsharded step. Each framework's sides alternate sample by sample, "
+        "the same number of samples each; medians."],
         ["side", "forward", "forward+backward", "step", "backward / forward", "step / unsharded"], rows,
         [f"nabla's communication per step: {c.get('summary', '-')}."] if c else [])
 
@@ -246,11 +370,21 @@ def jit(res: dict) -> Table | None:
         f"The same training step (batch {B}, {I} -> {H} -> {O}, float32, {j.get('optimizer', 'SGD')}) compiled on "
         f"both sides on {j['devices']} forced CPU devices: nabla's trace lowered through `jax.shard_map` "
         "(`nb.jit`) against the step written in `jax.numpy` under `jax.jit` with `NamedSharding`s (XLA's "
-        "partitioner picks the collectives). Bytes are read from each compiled HLO."],
+        "partitioner picks the collectives). Each call is waited for and its loss read on the host; the sides "
+        "alternate sample by sample" + (f", {j['repeats']} samples each, medians (quartiles)" if "repeats" in j
+                                        else "") + ". Bytes are read from each compiled HLO."],
         ["side", "time per step", "bytes per device (HLO)", "collectives"],
-        [["nb.jit", ms(j["nabla_jit_ms"]), f"{j['nabla_bytes']:,}", ", ".join(j["nabla_collectives"])],
-         ["jax.jit + NamedSharding", ms(j["jax_jit_ms"]), f"{j['xla_bytes']:,}", ", ".join(j["xla_collectives"])]],
-        [f"nb.jit / jax.jit: {j['ratio']:.2f}x."])
+        [["nb.jit", ms(j["nabla_jit_ms"]) + _quartile_ms(j, "nabla"), f"{j['nabla_bytes']:,}",
+          ", ".join(j["nabla_collectives"])],
+         ["jax.jit + NamedSharding", ms(j["jax_jit_ms"]) + _quartile_ms(j, "jax"), f"{j['xla_bytes']:,}",
+          ", ".join(j["xla_collectives"])]],
+        [f"nb.jit / jax.jit: {j['ratio']:.2f}x{_jit_spread(j)}" + ("" if j["ratio"] <= JIT_JAX else
+                                                                   f": target ≤ {JIT_JAX:g}x **missed**") + "."])
+
+
+def _quartile_ms(j: dict, side: str) -> str:
+    s = j.get("spread_ms", {}).get(side)
+    return f" ({ms(s[0])}-{ms(s[1])})" if s else ""
 
 
 def onnx(res: dict) -> Table | None:
@@ -259,15 +393,16 @@ def onnx(res: dict) -> Table | None:
         return None
     r = o["resnet50"]
     env = o.get("env", {})
-    rows = [[k, f"{r['median_s'][k]:.3f} s", f"{r['ratio_to_onnxruntime'][k]:.2f}x", f"{r['max_rel_error'][k]:.1e}",
+    rows = [[k, f"{r['median_s'][k]:.3f} s", f"{r['ratio_to_onnxruntime'][k]:.2f}x" +
+             (_round_spread(r, k) if k != "onnxruntime" else ""), f"{r['max_rel_error'][k]:.1e}",
              r["collectives"][k] or "-", r.get("conv_outputs_split", {}).get(k, "-")] for k in r["median_s"]]
     return Table("ResNet-50 through nabla.onnx", [
         f"onnx's light ResNet-50 (the real architecture, seeded random weights), batch {r['batch']}, "
         f"3x224x224 float32, one forward pass, warm; onnxruntime on the CPU provider with "
         f"{env.get('threads') or 'default'} intra-op thread(s), nabla with numpy's BLAS on as many; nabla's 8 "
         f"devices are the mesh {r.get('mesh', '(8,)')} with the batch or the image rows sharded (rows: halo "
-        f"exchange only). Median of {r['rounds']} interleaved round(s); error relative to onnxruntime's output "
-        "scale."],
+        f"exchange only). Median of {r['rounds']} interleaved round(s), the ratio's spread from the per-round "
+        "ratios (round i of every run taken together); error relative to onnxruntime's output scale."],
         ["run", "median", "vs onnxruntime", "max rel. error", "nabla sends", "devices used"], rows, [])
 
 
@@ -366,8 +501,8 @@ def estimate_scale(res: dict) -> list[str]:
 
 
 def tables(res: dict) -> list[Table]:
-    return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), onnx(res), autoshard(res),
-                        megatron(res)) if t]
+    return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), llama(res), onnx(res),
+                        autoshard(res), megatron(res)) if t]
 
 
 # ---- output ---------------------------------------------------------------------------------------------

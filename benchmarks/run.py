@@ -13,12 +13,15 @@ Sections (each row is the same work on every side, labelled with what each side 
   unsharded, JAX eager and jitted, DTensor and plain torch;
 * jit: ``jit_training.py`` (nb.jit against jax.jit, compiled on both sides);
 * onnx: ``onnx_models.py`` (ResNet-50 batch 8 on 8 simulated devices against onnxruntime);
+* llama: ``llama.py`` (the Llama step of examples/train_llama.py: eager sharded against unsharded, nb.jit
+  against jax.jit, bf16 against float32 memory);
 * plan: a 24-layer transformer's communication planned on 1,024 abstract devices;
 * autoshard: ``autoshard.py`` (nb.autoshard on Llama 1B/8B/70B shapes, 8 to 512 H100s, against the standard
   layouts).
 
 Peers, jit and onnx run in child processes; a missing one is skipped with a note. Timings are medians of
-calibrated repeats (``_timing.py``); where a ratio is a target, its sides run interleaved, best round kept.
+calibrated repeats (``_timing.py``); where a ratio is a target, its sides run interleaved, best round kept
+(training steps, nb.jit and the Llama step: sides alternate sample by sample, medians of as many samples each).
 """
 
 from __future__ import annotations
@@ -61,13 +64,14 @@ sys.path.insert(0, str(HERE))
 import nabla as nb  # noqa: E402
 from nabla import DeviceMesh  # noqa: E402
 from _env import environment, load_average  # noqa: E402
-from _timing import interleaved, measure  # noqa: E402
+from _timing import alternating, interleaved, measure  # noqa: E402
 import report  # noqa: E402
 
 SCALING = (8, 64, 256)
 JAX_DEVICES = (1, 8) + SCALING[1:]
 # the training step (issue 12): batch, in, hidden, out; float32; SGD
 TRAIN = dict(batch=256, din=512, hidden=2048, dout=512, lr=0.01)
+TRAIN_REPEATS = {False: 21, True: 5}  # samples of every side of the training step (quick or not); peers alike
 
 
 def rnd(*shape, seed=0):
@@ -252,8 +256,8 @@ def training(quick: bool) -> dict:
 
     vg = nb.value_and_grad(loss)
 
-    def replicated(v):  # the loss as a plain replicated scalar on every side (peers: jax P(), DTensor Replicate)
-        return v.with_sharding(mesh, []) if v.sharding is not None else v
+    def replicated(v):  # the loss as a host float on every side (peers: jax P() then float, DTensor Replicate)
+        return float((v.with_sharding(mesh, []) if v.sharding is not None else v).numpy())
 
     fns, comms = {}, {}
     for name, sharded in (("sharded", True), ("unsharded", False)):
@@ -283,8 +287,8 @@ def training(quick: bool) -> dict:
             comms = {"summary": summarize(log),
                      "by_phase": {ph: sum(e.bytes for e in log.events if e.phase == ph)
                                   for ph in sorted({e.phase for e in log.events})}}
-    t = interleaved({f"{k[0]}/{k[1]}": f for k, f in fns.items()}, quick, rounds=2 if quick else 5)
-    rows = {name: {part: t[f"{name}/{part}"] * 1e3 for part in ("forward", "forward_backward", "step")}
+    t = alternating({f"{k[0]}/{k[1]}": f for k, f in fns.items()}, TRAIN_REPEATS[quick])
+    rows = {name: {part: t[f"{name}/{part}"].median * 1e3 for part in ("forward", "forward_backward", "step")}
             for name in ("sharded", "unsharded")}
     return {"nabla_sharded": rows["sharded"], "nabla_unsharded": rows["unsharded"], "nabla_comm": comms}
 
@@ -425,7 +429,7 @@ def assemble_training(ours: dict, peer: dict) -> dict:
          **d8.get("train_torch", {})},
     ]
     return {"setup": dict(TRAIN, dtype="float32", mesh="2x4 (dp, tp)", layout="x, y [dp,-]; w1 [-,tp]; w2 [tp,-]",
-                          optimizer="SGD", loss="mean squared error, reduced to a replicated scalar"),
+                          optimizer="SGD", loss="mean squared error, read on the host each step (DTensor: replicated)"),
             "rows": rows, "nabla_comm": ours["nabla_comm"]}
 
 
@@ -490,8 +494,17 @@ def main() -> None:
                                       "--threads", str(THREADS)])
             if err:
                 notes.append(f"ResNet-50 skipped: {err}")
+    parts = ["eager", "memory"] + ([] if args.no_peers or have("jax") else ["jit"])
+    log(f"the Llama step ({', '.join(parts)})")
+    res["llama"], err = child([str(HERE / "llama.py"), "--parts", ",".join(parts)] +
+                              (["--quick"] if args.quick else []), jax_env(8))
+    if err:
+        notes.append(f"the Llama step skipped: {err}")
     res["cases"] = assemble_cases(ours, peer)
     res["training"] = assemble_training(train, peer)
+    if args.out.exists():  # what other scripts wrote there (megatron_table1.py: megatron, estimate_scale) stays
+        for k, v in json.loads(args.out.read_text()).items():
+            res.setdefault(k, v)
     res["env"]["load_average_at_end"] = load_average()
     res["env"]["seconds"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(res, indent=1, default=str) + "\n")

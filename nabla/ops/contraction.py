@@ -35,6 +35,8 @@ def _matmul_kernel(arrays, local):
 def _wide(*arrays):
     """bfloat16 and float8 operands (numpy has no loops for them) in float32: the result is rounded back to the
     operands' dtype, as XLA accumulates them (JAX's matmul of two bfloat16 arrays is bfloat16)."""
+    if all(getattr(getattr(a, "dtype", None), "kind", "V") != "V" for a in arrays):  # the usual case, cheaply:
+        return arrays  # those dtypes are all of kind V (numpy's own floats are f)
     if any(is_float(a.dtype) and a.dtype.kind == "V" or a.dtype.itemsize == 1 and is_float(a.dtype)
            for a in arrays if hasattr(a, "dtype")) and all(isinstance(a, np.ndarray) for a in arrays):
         return tuple(a.astype(np.float32) if is_float(a.dtype) and a.dtype.itemsize < 4 and a.dtype != np.float16

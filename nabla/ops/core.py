@@ -62,7 +62,7 @@ def _weak(vals: list) -> list:
     ``float16 * 1.5`` float16 and ints beside bfloat16 bfloat16, but (ml_dtypes registering no weak promotion)
     makes ``bfloat16 * 1.5`` float32 and ``where(c, bfloat16, 0.0)`` float64; jax.numpy keeps bfloat16."""
     dts = [v._dtype for v in vals if isinstance(v, Value)]
-    if not dts:
+    if all(d.kind != "V" for d in dts):  # no bfloat16 or float8 (kind V) operand: numpy's promotion is NEP 50's
         return vals
     common = np.result_type(*dts)
     if common.kind != "V" or not is_float(common):

@@ -165,6 +165,7 @@ def _normalize_key(key, shape: tuple[int, ...]) -> tuple[tuple, ...]:
 
 
 _KEYS: dict = {}  # (hashable form of an index, shape) -> its normalized form
+_ARRAYISH = (Value, np.ndarray, list)  # what _array_entry may take for an array
 
 
 def _array_entry(k: Any) -> bool:
@@ -245,7 +246,7 @@ def getitem(x: ArrayLike, key: Any) -> Tensor:
     selects)."""
     shape = _shape(x)
     parts = key if type(key) is tuple else (key,)
-    if any(_array_entry(k) for k in parts):
+    if any(isinstance(k, _ARRAYISH) for k in parts) and any(_array_entry(k) for k in parts):  # (cheap check first)
         return _advanced(x, parts)
     try:
         hk = (tuple((k.start, k.stop, k.step) if type(k) is slice else (type(k), k) for k in parts), shape)
