@@ -142,7 +142,11 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     if op.linear == "mul" and len(args) > 1:
         for a in repeated_partials(args):
             _sum_now(op, a)
-    used = [reused_sum(a) for a in args]
+    used = args
+    for a in args:  # (the common case, no operand summed by an earlier use, costs one attribute test each)
+        if getattr(a, "_moved", None):
+            used = [reused_sum(a) for a in args]
+            break
     sink = [None] * (len(used) + 1) if rec else None  # per operand (events, reused), then the result's moves
     out, prog = _run(op, used, params, make, sink)
     if type(prog) is Program and prog.checks and prog.checks[-1] is KEEPS and overflowed(out._data, prog):

@@ -48,6 +48,8 @@ def repeated_partials(args: Sequence[Any]) -> list:
     The product is not linear in them, and keeping one factor's summands would only defer a second sum of the
     result."""
     partial = [a for a in args if isinstance(a, Value) and a._spec is not None and a._spec.partial_axes]
+    if len(partial) < 2:  # the common case: at most one pending factor
+        return []
     return list({id(a): a for a in partial if sum(b is a for b in partial) > 1}.values())
 
 

@@ -48,7 +48,7 @@ def _named(fn):
 
 
 def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
-    vals = [_arg(a, op.name, i) for i, a in enumerate(args)]
+    vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
     if len(vals) > 1:
         for v in vals:
             if type(v) is float:
@@ -61,10 +61,12 @@ def _weak(vals: list) -> list:
     """A Python float beside a bfloat16 or float8 tensor takes its dtype, as NEP 50's weak scalars do: numpy keeps
     ``float16 * 1.5`` float16 and ints beside bfloat16 bfloat16, but (ml_dtypes registering no weak promotion)
     makes ``bfloat16 * 1.5`` float32 and ``where(c, bfloat16, 0.0)`` float64; jax.numpy keeps bfloat16."""
-    dts = [v._dtype for v in vals if isinstance(v, Value)]
-    if all(d.kind != "V" for d in dts):  # no bfloat16 or float8 (kind V) operand: numpy's promotion is NEP 50's
+    for v in vals:
+        if isinstance(v, Value) and v._dtype.kind == "V":
+            break
+    else:  # no bfloat16 or float8 (kind V) operand: numpy's promotion is NEP 50's
         return vals
-    common = np.result_type(*dts)
+    common = np.result_type(*[v._dtype for v in vals if isinstance(v, Value)])
     if common.kind != "V" or not is_float(common):
         return vals
     return [common.type(v) if type(v) is float else v for v in vals]
