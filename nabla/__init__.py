@@ -14,7 +14,7 @@ from .errors import ShardingError
 from .jit import jit  # (jax is imported when a function is first traced, not here)
 from .mesh import DeviceMesh
 from .ops import (abstract, arange, ones, tensor, zeros,  # making tensors
-                  batch_norm, cross_entropy, global_avg_pool, layer_norm, mean, split, stack, std, swapaxes,
+                  batch_norm, clip, cross_entropy, global_avg_pool, layer_norm, mean, split, stack, std, swapaxes,
                   var,  # built from registered ops
                   argwhere, flatnonzero, nonzero)  # refused: their shape depends on data (use nb.where)
 from .ops import registry as _registry
@@ -63,6 +63,6 @@ __all__ = [
     "from_jax", "from_local", "device_put", "with_sharding_constraint", "NamedSharding", "parallel", "explain", "grad", "value_and_grad",
     "vjp", "vmap", "jit", "distributed", "from_process_local", "shard_map", "lax",
     "tensor", "ones", "zeros", "arange", "abstract", "mean", "split", "stack", "std", "swapaxes", "var", "global_avg_pool", "batch_norm", "layer_norm",
-    "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope", "autoshard",
+    "clip", "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope", "autoshard",
     "cross_entropy", "nonzero", "argwhere", "flatnonzero",
 ] + [n for n in _registry.names() if not hasattr(_builtins, n)]

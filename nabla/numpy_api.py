@@ -209,13 +209,7 @@ def _np_dot(a, b, out=None):
 
 def _np_clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue, max=np._NoValue, **kw):
     _reject("clip", out=out, **kw)
-    lo, hi = _np_default(a_min, _np_default(min)), _np_default(a_max, _np_default(max))
-    r = a
-    if lo is not None:
-        r = ops.maximum(r, lo)
-    if hi is not None:
-        r = ops.minimum(r, hi)
-    return r if isinstance(r, Tensor) else ops.tensor(r)
+    return ops.clip(a, _np_default(a_min, _np_default(min)), _np_default(a_max, _np_default(max)))
 
 
 def _np_moveaxis(a, source, destination):

@@ -233,6 +233,10 @@ class Tensor(Value):
     def __rmul__(self, o): return _ops().multiply(o, self)
     def __truediv__(self, o): return _ops().divide(self, o)
     def __rtruediv__(self, o): return _ops().divide(o, self)
+    def __floordiv__(self, o): return _ops().floor_divide(self, o)
+    def __rfloordiv__(self, o): return _ops().floor_divide(o, self)
+    def __mod__(self, o): return _ops().remainder(self, o)
+    def __rmod__(self, o): return _ops().remainder(o, self)
     def __pow__(self, o):
         # numpy's ** on a float or complex array: a Python 0.5 is sqrt, -1 reciprocal, 2 square (its
         # fast_scalar_power); np.power(-0.0, 0.5) is +0.0 in float16 where sqrt gives -0.0

@@ -13,7 +13,7 @@ from .core import ArrayLike, _align, _arg, _axes, _call, _is_diff, _mask, _named
 from .registry import REGISTRY, by_numpy, by_onnx, elementwise, function, lookup, onnx_export, register, unregister
 from .creation import (_ML_DTYPE_NAMES, _MAX_DIM, _allocate, _dtype_arg, _int_like, _is_ml_dtype, _numeric_array,
                        _shape_arg, abstract, arange, full, ones, tensor, zeros)
-from .pointwise import (_ASTYPE, _BINARY, _RECIPROCAL, _UNARY, _WHERE, abs, add, astype, cos, divide, equal, exp,
+from .pointwise import (_ASTYPE, _BINARY, _RECIPROCAL, _UNARY, _WHERE, abs, add, astype, clip, cos, divide, equal, exp,
                         greater, greater_equal, less, less_equal, log, maximum, minimum, multiply, negative, not_equal,
                         power, relu, sigmoid, sin, sqrt, subtract, tanh, where)
 from .shape import (_BROADCAST, _CONCAT, _EXPAND, _RESHAPE, _SQUEEZE, _TRANSPOSE, _pad_dim, _scatter_slice,

@@ -135,6 +135,53 @@ sqrt = elementwise("sqrt", numpy="sqrt", onnx="Sqrt", vjp=lambda g, x, o: g / (o
 abs = elementwise("abs", numpy="absolute", onnx="Abs", vjp=_abs_dx)  # noqa: A001 - numpy's name
 relu = elementwise("relu", _relu, onnx="Relu", vjp=lambda g, x, o: g * _mask(greater(x, 0), g))
 sigmoid = elementwise("sigmoid", _sigmoid, onnx="Sigmoid", vjp=lambda g, x, o: g * (o * (1.0 - o)))
+@onnx_export("Mul")
+def _square_onnx(ex):
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("Mul", [x, x]), [(x, 0)])
+
+
+def _wide(ex) -> np.dtype:
+    """The dtype a floored quotient is computed in: the result's float dtype, float64 for integers."""
+    return ex.dtype if is_float(ex.dtype) else np.dtype(np.float64)
+
+
+@onnx_export("Div", "Floor", "Cast")
+def _floor_divide_onnx(ex):
+    """``Floor(Div(a, b))`` (ONNX's integer Div truncates toward zero, numpy's floor_divide floors), in float64
+    for integers, cast back."""
+    wide = _wide(ex)
+    a, b = ex.operand(0, wide), ex.operand(1, wide)
+    q = ex.emit("Div", [a, b], "q")
+    if wide == ex.dtype:
+        return ex.finish(ex.out("Floor", [q]), [(a, 0), (b, 1)])
+    return ex.finish(ex.out("Cast", [ex.emit("Floor", [q], "fq")], to=ex.onnx_type(ex.dtype, "floor_divide")),
+                     [(a, 0), (b, 1)])
+
+
+@onnx_export("Div", "Floor", "Mul", "Sub", "Cast")
+def _remainder_onnx(ex):
+    """``a - floor(a / b) * b``: numpy's remainder takes the divisor's sign (ONNX's float Mod needs fmod=1, the
+    dividend's sign)."""
+    wide = _wide(ex)
+    a, b = ex.operand(0, wide), ex.operand(1, wide)
+    fq = ex.emit("Floor", [ex.emit("Div", [a, b], "q")], "fq")
+    r_in = [a, ex.emit("Mul", [fq, b], "m")]
+    if wide == ex.dtype:
+        return ex.finish(ex.out("Sub", r_in), [(a, 0), (b, 1)])
+    return ex.finish(ex.out("Cast", [ex.emit("Sub", r_in, "r")], to=ex.onnx_type(ex.dtype, "remainder")),
+                     [(a, 0), (b, 1)])
+
+
+floor = elementwise("floor", numpy="floor", onnx="Floor", vjp=lambda g, x, o: g * 0.0)  # as jax: zero
+ceil = elementwise("ceil", numpy="ceil", onnx="Ceil", vjp=lambda g, x, o: g * 0.0)
+sign = elementwise("sign", numpy="sign", onnx="Sign", vjp=lambda g, x, o: g * 0.0)
+square = elementwise("square", numpy="square", onnx=_square_onnx, vjp=lambda g, x, o: g * (x * 2.0))
+floor_divide = elementwise("floor_divide", numpy="floor_divide", onnx=_floor_divide_onnx, vjp=(lambda g, a, b, o: g * 0.0,
+                                                                      lambda g, a, b, o: g * 0.0),
+                           domain=(0.5, 2.0))
+remainder = elementwise("remainder", numpy="remainder", onnx=_remainder_onnx, domain=(0.5, 2.0),  # numpy's %: the sign of the divisor
+                        vjp=(lambda g, a, b, o: g, lambda g, a, b, o: -(g * floor_divide(a, b))))
 where = elementwise("where", numpy="where", onnx=_where_onnx, linear="add", linear_args=(1, 2),
                     arity=3, operands=("cond", "a", "b"))
 # numpy's ``x ** -1`` on float arrays (see Tensor.__pow__; for complex numbers 1 / x differs in the signs of
@@ -154,6 +201,19 @@ where.op.vjp = _where_vjp
 
 def _astype_kernel(arrays, local):
     return arrays[0].astype(local.params[0])
+
+
+def clip(x: ArrayLike, a_min: ArrayLike | None = None, a_max: ArrayLike | None = None) -> Tensor:
+    """numpy's ``clip``: ``minimum(maximum(x, a_min), a_max)`` (a bound left None is not applied; NaN passes
+    through, as numpy's); elementwise, so every sharding is kept and nothing moves."""
+    from ..collectives import user_op
+    with user_op("clip"):
+        r = x if isinstance(x, Tensor) else _call(_ASTYPE, (x,), (np.asarray(x).dtype,))
+        if a_min is not None:
+            r = maximum(r, a_min)
+        if a_max is not None:
+            r = minimum(r, a_max)
+    return r
 
 
 def astype(x: ArrayLike, dtype: Any) -> Tensor:

@@ -371,3 +371,17 @@ def test_an_op_without_onnx_form_raises_naming_it():
         nox.export(f, sharded(X, ["dp", None]))
     with pytest.raises(ShardingError, match="must return tensors"):
         nox.export(lambda a: 3, sharded(X, ["dp", None]))
+
+
+@pytest.mark.parametrize("dtype, c", [("float32", 0.3), ("int32", 3)])
+def test_floor_divide_remainder_and_square_export_to_onnxruntime_s_values(dtype, c):
+    """numpy floors a quotient and gives a remainder the divisor's sign; ONNX's integer Div truncates and its
+    float Mod takes the dividend's sign, so they export as Floor(Div) and a - Floor(Div) * b (in float64 for
+    integers, cast back); onnxruntime's values and dtypes are numpy's."""
+    v = np.array([[-7, -2, 5, 8], [1, 0, -1, 9]]).astype(dtype)
+    t = nb.tensor(v).shard(DeviceMesh("fd", (2,), ("x",)), ["x", None])
+    for f, want in ((lambda a: a // c, v // c), (lambda a: a % c, v % c), (nb.square, np.square(v))):
+        sess = ort.InferenceSession(nox.export(f, t).SerializeToString())
+        got = sess.run(None, {sess.get_inputs()[0].name: v})[0]
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

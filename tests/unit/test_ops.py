@@ -342,3 +342,38 @@ def test_an_index_out_of_range_is_an_index_error_too():
             bad(t)
         assert isinstance(ours.value, nb.ShardingError) and type(numpy_error.value) is IndexError
     assert "dim 1 of size 2" in str(pytest.raises(IndexError, lambda: t[:, -3]).value)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_floor_divide_remainder_clip_and_friends_equal_numpy_and_jax_grad(dtype):
+    """``//``, ``%`` (numpy's remainder: the divisor's sign), ``nb.clip``, floor, ceil, sign and square on a
+    sharded value equal numpy, dtypes included (NaN and a zero divisor as numpy gives them); gradients as
+    jax.grad's (zero for floor, floor_divide and sign; d(a % b)/db = -floor(a / b))."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    m = nb.DeviceMesh("fd", (2, 2), ("x", "y"))
+    v = np.array([[-2.5, -0.3, 0.0, 0.3], [1.7, -1.7, 2.2, 7.0]]).astype(dtype)
+    if dtype != "int32":
+        v[1, 3] = np.nan
+    t = nb.tensor(v).shard(m, ["x", "y"])
+    two = 2 if dtype == "int32" else 0.3
+    cases = [(lambda a: a // two, lambda a: a // two), (lambda a: a % two, lambda a: a % two),
+             (lambda a: nb.clip(a, -1, 1), lambda a: np.clip(a, -1, 1)),
+             (lambda a: np.clip(a, None, 0.5), lambda a: np.clip(a, None, 0.5)),
+             (nb.floor, np.floor), (nb.ceil, np.ceil), (nb.sign, np.sign), (nb.square, np.square),
+             (lambda a: 7 % a, lambda a: 7 % a), (lambda a: 7 // a, lambda a: 7 // a)]
+    with np.errstate(all="ignore"):
+        for f, g in cases:
+            got, want = f(t), g(v)
+            assert got.dtype == want.dtype, (got.dtype, want.dtype)
+            np.testing.assert_array_equal(got.numpy(), want)
+    if dtype != "float32":
+        return
+    w = np.array([[0.7, 1.3], [2.9, -0.4]], np.float32)
+    tw = nb.tensor(w).shard(m, ["x", None])
+    for f, jf in ((lambda a: (a % 0.5).sum(), lambda a: (a % 0.5).sum()),
+                  (lambda a: (1.3 % a + a // 0.3 + nb.floor(a) + nb.sign(a)).sum(),
+                   lambda a: (1.3 % a + a // 0.3 + jnp.floor(a) + jnp.sign(a)).sum()),
+                  (lambda a: (nb.square(a) * nb.clip(a, 0.0, 1.0)).sum(),
+                   lambda a: (jnp.square(a) * jnp.clip(a, 0.0, 1.0)).sum())):
+        np.testing.assert_allclose(nb.grad(f)(tw).numpy(), np.asarray(jax.grad(jf)(jnp.asarray(w))), rtol=1e-6)
