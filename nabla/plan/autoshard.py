@@ -909,6 +909,15 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
             chosen = ran[-1]
             break
         short = max(short, mem / max(t.memory, 1.0))
+    if chosen is None:  # the model fell short on the fastest: the others that fit, in order, each run in full
+        for t in fits:
+            if any(r.specs == t.specs for r in ran):
+                continue
+            rep, mem, extra = (t.report, t.memory, t.extra) if exact else s.measure(t.specs)
+            ran.append(t._replace(report=rep, memory=mem, extra=extra, choice=()))
+            if mem <= s.limit:
+                chosen = ran[-1]
+                break
     if chosen is None:
         raise ShardingError(_infeasible(s, min(ran, key=lambda t: t.memory)))
     if not exact:  # a close second (stitched estimates err by a few percent) runs in full too: the faster wins
