@@ -11,6 +11,7 @@ from .. import collectives as C
 from .. import reshard
 from ..errors import ShardingError
 from ..executor import MANUAL, Program, Value
+from ..spec import DimSpec, ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step
 
 #: ``Step.op`` of a compiled call's results (published when a jitted function runs)
@@ -22,7 +23,17 @@ Key = tuple  # (serial, layout): a value in one layout (layout None: a host valu
 
 
 def layout(spec: Any) -> Any:
-    return None if spec is None else spec.layout()
+    """A value's placement as a key: the spec's layout, without mesh axes of size 1 (``[{"y"}, {}]`` on a mesh
+    whose ``y`` has one device places the blocks as ``[{}, {}]`` does: moving a value to both is one move)."""
+    if spec is None:
+        return None
+    lay = spec.layout()
+    if not isinstance(lay, ShardingSpec) or not any(r.size == 1 for refs in lay.dim_refs for r in refs) and \
+            not any(r.size == 1 for r in lay.partial_refs):
+        return lay
+    dims = [DimSpec(tuple(str(r) for r in refs if r.size > 1)) for refs in lay.dim_refs]
+    partial = [a for a, r in zip(lay.partial_axes, lay.partial_refs) if r.size > 1]
+    return ShardingSpec(lay.mesh, dims, (), partial)
 
 
 class Instr(NamedTuple):

@@ -129,3 +129,20 @@ def test_permutes_over_sub_axes_and_their_transposes_match_the_hlo():
     np.testing.assert_allclose(gx.numpy(), ov * w[0], rtol=1e-5)
     np.testing.assert_allclose(go.numpy(), xv * w[0], rtol=1e-5)
     assert_hlo_is_the_log(nb.jit(fn).lower(x, o))
+
+
+def test_a_move_to_a_layout_differing_by_a_size_one_axis_is_the_same_move():
+    """o gathered to [{}, {}] in the forward pass and to [{"y"}, {}] in the backward (y has one device): one
+    placement, so nb.jit makes the move once (the second is logged as removed, "repeated"), as XLA's CSE does."""
+    m = nb.DeviceMesh("m", (4, 1), ("x", "y"))
+    x = nb.tensor(np.array([[0.125], [-0.25]], np.float32)).shard(m, [["x", "y"], []])
+    o = nb.tensor(np.array([[0.625], [0.125]], np.float32)).shard(m, [["y"], ["x"]])
+    w = np.array([[0.5], [-1.5]], np.float32)
+    fn = nb.grad(lambda x, o: (nb.exp(x * o) * w).sum(), argnums=(0, 1))
+    lowered = nb.jit(fn).lower(x, o)
+    assert [(r.event.kind, r.event.bytes, r.reason) for r in lowered.comm_log.removed] == [("all_gather", 24, "repeated")]
+    assert_hlo_is_the_log(lowered)
+    gx, go = nb.jit(fn)(x, o)
+    e = np.exp(x.numpy() * o.numpy()) * w
+    np.testing.assert_allclose(gx.numpy(), e * o.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(go.numpy(), e * x.numpy(), rtol=1e-6)
