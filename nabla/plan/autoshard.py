@@ -894,6 +894,12 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
             break
     fits = sorted((t for t in found + list(baselines.values()) if t.memory <= s.limit),
                   key=lambda t: (t.report.step_time, t.memory, t.name != "search"))
+    if not fits and not exact:  # the stitched model can err either way: the standard layouts, run in full
+        for t in sorted(baselines.values(), key=lambda t: t.report.step_time):
+            rep, mem, extra = s.measure(t.specs)
+            if mem <= s.limit:
+                fits = [t._replace(report=rep, memory=mem, extra=extra)]
+                break
     if not fits:
         least = milp.least_memory(s.groups, s.edges)
         least_t = price("the least-memory layout", least.choice)
