@@ -176,10 +176,8 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     def leaf_done(v) -> None:
         finished.add(id(v))
         g = total(v)
-        if g is not None:
-            leaves[id(v)] = g
-            if ready is not None:
-                ready(id(v), g)
+        if g is not None and not (ready is not None and ready(id(v), g)):
+            leaves[id(v)] = g  # (a gradient the finisher took is not kept: its raw sum dies once finished)
 
     def used(node) -> None:
         for a in node.args:
@@ -326,17 +324,18 @@ class _Finisher:
     def _label(self, i: int) -> str:
         return self.labels.get(id(self.traced[i]), "grad of a traced tensor")
 
-    def __call__(self, leaf: int, g: Tensor | None) -> None:
+    def __call__(self, leaf: int, g: Tensor | None) -> bool:
+        """Finish (or bucket) the gradient of ``leaf``; whether it was taken."""
         i = self.index.get(leaf)
         if i is None or self.out[i] is not None:
-            return
+            return False
         x = self.primals[i]
         spec = x.sharding if self.specs is None or self.specs[i] is None else self.specs[i]
         with (contextlib.nullcontext() if self.live else paused()), C.user_op(self._label(i)):
             target = _bucketable(g, x, spec) if self.bucket_bytes is not None else None
             if target is None:
                 self.out[i] = _finish(g, x, spec)
-                return
+                return True
             g = g if g.dtype == x.dtype else g.astype(x.dtype)
         nbytes = prod(chunks(target, g.shape)) * g.dtype.itemsize  # each device's block, as DDP's buffers
         key = (target.mesh, g.sharding.partial_axes)
@@ -344,6 +343,7 @@ class _Finisher:
             self.flush()
         self.bucket.append((i, g, target))
         self._key, self.size = key, self.size + nbytes
+        return True
 
     def flush(self) -> None:
         if not self.bucket:
