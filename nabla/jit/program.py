@@ -72,7 +72,7 @@ def instructions(steps: Sequence[Step]) -> list[Instr]:
             src, dst = (u.value, layout(u.src)), (u.value, layout(u.dst))
             if not u.reused and src != dst:
                 plan = s.prog if s.op == RELAYOUT else reshard.plan(u.shape, u.dtype.itemsize, u.src, u.dst)
-                out.append(Instr("move", s, (src,), dst, u.events, plan, 0))
+                out += _hops(s, u, u.src, u.dst, plan, 0)
             if s.op == RELAYOUT:
                 out.append(Instr("alias", s, (dst,), (s.out, layout(s.out_spec))))
         elif s.op == BUCKET:
@@ -105,12 +105,38 @@ def instructions(steps: Sequence[Step]) -> list[Instr]:
                     continue
                 src, dst = (u.value, layout(u.src)), (u.value, layout(p.target))
                 if not u.reused and src != dst:
-                    out.append(Instr("move", s, (src,), dst, u.events, p.plan, i))
+                    out += _hops(s, u, u.src, p.target, p.plan, i)
                 reads.append(dst)
             out.append(Instr("kernel", s, tuple(reads), (s.out, layout(s.out_spec)),
                              tuple(e for u in s.uses for e in u.inside) + tuple(s.post)))
         else:
             raise ShardingError(f"internal: jit cannot lower the recorded step {s.name!r}")
+    return out
+
+
+def _hops(s: Step, u: Any, src: Any, dst: Any, plan: Any, i: int) -> list[Instr]:
+    """A move of several collectives as one move per collective, each writing the layout it reaches, when
+    planning each hop anew sends what the whole plan sends: a later move to one of those layouts is then made
+    once (XLA's CSE merges a collective a later move repeats). Otherwise the move as one instruction."""
+    whole = [Instr("move", s, ((u.value, layout(src)),), (u.value, layout(dst)), u.events, plan, i)]
+    steps = [(st, seg) for seg in plan.segments for st in seg.steps if st.kind != "slice"]
+    if len(steps) < 2 or not isinstance(src, ShardingSpec) or len(u.events) != len(plan.events):
+        return whole
+    mesh = src.mesh
+    try:
+        mids = [reshard._spec_of(st.after, seg.atoms, mesh) for st, seg in steps[:-1]]
+    except Exception:  # noqa: BLE001 - a state that names no spec: the move stays whole
+        return whole
+    specs = [src] + mids + [dst]
+    plans = [reshard.plan(u.shape, u.dtype.itemsize, a, b) for a, b in zip(specs, specs[1:])]
+    got = [(e.kind, tuple(e.axes), e.bytes) for p in plans for e in p.events]
+    if got != [(e.kind, tuple(e.axes), e.bytes) for e in plan.events]:
+        return whole
+    out, k = [], 0
+    for a, b, p in zip(specs, specs[1:], plans):
+        n = len(p.events)
+        out.append(Instr("move", s, ((u.value, layout(a)),), (u.value, layout(b)), u.events[k:k + n], p, i))
+        k += n
     return out
 
 
