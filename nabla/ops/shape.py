@@ -88,7 +88,9 @@ def _reshape_onnx(ex):
 
 def reshape(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
     """Keeps the sharding wherever the dims split or merge into common factors (sub-axes where needed)."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
+    if not shape or min(shape) >= 0:  # the common call: every dim given
+        return _call(_RESHAPE, (x,), (shape,))
     src = _shape(x)
     total = 1
     for s in src:
