@@ -6,6 +6,7 @@ exactly the pieces it lacks (collective_permute rounds); ``lower_bound`` is what
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from functools import lru_cache
 from itertools import combinations, count
@@ -688,13 +689,21 @@ def exchange_detail(shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec
         for r, i in enumerate(holders):
             replica[i] = r
     starts = [sorted({(int(sb[i, j, 0]), int(sb[i, j, 1])) for i in range(len(devs))}) for j in range(len(shape))]
+    ends = [[s1 for _, s1 in st] for st in starts]  # source blocks along a dim do not overlap: sorted by end too
     edges, boxes = [], []
     load: dict[int, int] = {}  # elements each holder sends so far: pick the least loaded replica
     for i in range(len(devs)):
         per_dim = []
         for j in range(len(shape)):
-            a, b = tb[i, j]
-            per_dim.append([(s0, s1, max(a, s0), min(b, s1)) for s0, s1 in starts[j] if min(b, s1) > max(a, s0)])
+            a, b = int(tb[i, j, 0]), int(tb[i, j, 1])
+            got, st = [], starts[j]
+            for k in range(bisect.bisect_right(ends[j], a), len(st)):  # the first block ending past a, onwards
+                s0, s1 = st[k]
+                if s0 >= b:
+                    break
+                if min(b, s1) > max(a, s0):
+                    got.append((s0, s1, max(a, s0), min(b, s1)))
+            per_dim.append(got)
         if any(not p for p in per_dim):
             continue
         for combo in np.ndindex(*[len(p) for p in per_dim]):
