@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from functools import lru_cache
 from itertools import combinations, count
 from math import prod
@@ -706,30 +707,37 @@ def exchange_detail(shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec
             per_dim.append(got)
         if any(not p for p in per_dim):
             continue
-        for combo in np.ndindex(*[len(p) for p in per_dim]):
-            pieces = [per_dim[j][c] for j, c in enumerate(combo)]
-            key = (tuple(p[0] for p in pieces), tuple(p[1] for p in pieces), pcoords[i])
+        pc = pcoords[i]
+        for pieces in itertools.product(*per_dim):
+            key = (tuple([p[0] for p in pieces]), tuple([p[1] for p in pieces]), pc)
             holders = pos.get(key)
             if holders is None:
                 raise ShardingError(f"internal: no device holds block {key} of {src!r}")
             if i in holders:
                 continue
             size = prod(p[3] - p[2] for p in pieces)
-            preferred = holders[replica.get(i, 0) % len(holders)]
-            sender = min(holders, key=lambda h: (load.get(h, 0), h != preferred))
+            if len(holders) == 1:
+                sender = holders[0]
+            else:
+                preferred = holders[replica.get(i, 0) % len(holders)]
+                sender = min(holders, key=lambda h: (load.get(h, 0), h != preferred))
             load[sender] = load.get(sender, 0) + size
             edges.append((sender, i, int(size)))
-            boxes.append(tuple((int(p[2]), int(p[3])) for p in pieces))
+            boxes.append(tuple((p[2], p[3]) for p in pieces))
     colours = _edge_colouring(edges)
     by_colour: dict[int, list] = {}
     for edge, box, c in zip(edges, boxes, colours):
         by_colour.setdefault(c, []).append((edge[0], edge[1], box))
     rounds = []
+    coords = _grid_coords(mesh.shape)  # edges name devices by mesh position
     for c in sorted(by_colour):
         es = tuple(by_colour[c])
-        slab = tuple(max(box[j][1] - box[j][0] for _, _, box in es) for j in range(len(shape)))
-        crossed = tuple(n for k, n in enumerate(mesh.axis_names)
-                        if any(mesh.coords(devs[u])[k] != mesh.coords(devs[v])[k] for u, v, _ in es))
+        ends = np.array([[b - a for a, b in box] for _, _, box in es], dtype=np.int64).reshape(len(es), len(shape))
+        slab = tuple(int(x) for x in ends.max(axis=0)) if len(es) else (0,) * len(shape)
+        u = np.fromiter((e[0] for e in es), dtype=np.int64, count=len(es))
+        v = np.fromiter((e[1] for e in es), dtype=np.int64, count=len(es))
+        moved = (coords[u] != coords[v]).any(axis=0)
+        crossed = tuple(n for n, m in zip(mesh.axis_names, moved) if m)
         rounds.append(Round(es, slab, crossed))
     return tuple(rounds)
 
