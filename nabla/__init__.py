@@ -29,6 +29,7 @@ from .plan import Cluster, Hardware, pipeline_estimate
 from .plan.estimate import estimate, flops
 from .plan.memory import memory_log
 from .plan.autoshard import autoshard  # (scipy is imported when a plan is solved, not here)
+from .interop.arrays import from_jax as _from
 
 __version__ = "0.1.0"
 
@@ -36,7 +37,6 @@ __version__ = "0.1.0"
 def from_jax(array, mesh: DeviceMesh | None = None) -> Tensor:
     """A jax.Array back as a tensor with its NamedSharding (onto ``mesh`` when given; by default onto the nabla
     mesh it came from, when it went to jax with ``t.to_jax()``)."""
-    from .interop.arrays import from_jax as _from
     return _from(array, mesh)
 
 

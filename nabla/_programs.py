@@ -11,6 +11,9 @@ import numpy as np
 from .mesh import DeviceMesh
 from .ops import registry
 from .opdef import OpDef
+from .tensor import Tensor
+
+import nabla as nb  # (nabla.testing is imported after the package, never by it)
 
 
 @dataclass
@@ -22,7 +25,6 @@ class Program:
     steps: list = field(default_factory=list)  # (description, fn(lib, x, others) -> x)
 
     def run(self, lib: Any):
-        import nabla as nb
         xs = [t if lib is nb else v for t, v in self.inputs]
         x = xs[0]
         for _, fn in self.steps:
@@ -72,13 +74,11 @@ def programs(mesh: DeviceMesh | None, max_ops: int, meshes: Any, shapes: Any, sp
     """The strategy (``nabla.testing.programs``), drawing meshes, shapes and specs with the strategies given."""
     import hypothesis.strategies as st
 
-    from .tensor import Tensor
 
     unary, binary = _drawable(1), _drawable(2)
 
     @st.composite
     def build(draw):
-        import nabla as nb
         m = mesh if mesh is not None else draw(meshes(max_devices=8))
         shape = draw(shapes(max_rank=3, max_dim=6, min_rank=1))
         seed = draw(st.integers(0, 1000))

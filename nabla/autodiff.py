@@ -30,6 +30,13 @@ from .step import serial
 from .tensor import Tensor
 from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, Watch, differentiating, outer_live, paused, recorded,
                     recording, remat, swapped, topological, tracing_for_replay, tracing_whole, watching)
+from .ops import getitem
+from .ops import add
+from .ops import tensor
+from .ops.creation import zeros, zeros_as
+from .reshard import plan
+from .ops import ones
+from .ops import abstract
 
 # ---- the engine ----------------------------------------------------------------------------------------
 
@@ -38,7 +45,6 @@ def _as_tensor(x: Any, what: str) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (np.ndarray, float, int, np.generic)):
-        from .ops import tensor
         return tensor(x)
     raise ShardingError(f"{what}: expected a Tensor (or an array), got {type(x).__name__}")
 
@@ -66,7 +72,6 @@ def differentiated(t: Tensor) -> bool:
 def _from_local_vjp(g, node, out):
     """Each block that the value was assembled from gets its block of the cotangent: the device holding it
     (a replica that was only checked against it gets none; every summand of a partial value gets it)."""
-    from .ops import getitem
     spec, devices, holders = node.params
     return tuple(getitem(g, spec.shard_slices(out.shape, d)) if d in holders else None for d in devices)
 
@@ -127,7 +132,6 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     and the sums of cotangents under the value they are for (``grad of p['w1']`` for a leaf in ``labels``).
     ``ready(leaf id, cotangent)`` is called as each leaf's cotangent is complete, in the order the pass completes
     them (so a gradient is summed while the pass goes on, as DDP's hooks do, not held raw to the end)."""
-    from .ops import add
     stop = None if wrt is None else set(wrt)
     order = topological(outputs, stop)
     is_leaf = (lambda v: v._node.op == LEAF) if stop is None else (lambda v: id(v) in stop)
@@ -274,7 +278,6 @@ def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
 
 def _to_host(g: Tensor) -> Tensor:
     """A sharded gradient as a host tensor (a host read), still differentiable when it is being recorded."""
-    from .ops import tensor
     out = Tensor(None, None, g.shape, g.dtype) if g.is_abstract else tensor(g.numpy())
     if g._node is not None and recording() and not tracing_whole():
         out._node = Node(_TO_HOST, (), (g,))
@@ -283,7 +286,6 @@ def _to_host(g: Tensor) -> Tensor:
 
 def _finish(g: Tensor | None, primal: Tensor, spec: Any = "primal") -> Tensor:
     """A gradient as its primal is laid out (or as ``spec``): same shape, dtype and dim specs, no pending sums."""
-    from .ops.creation import zeros, zeros_as
     spec = primal.sharding if spec == "primal" else spec
     with C.phase("backward"):
         if isinstance(spec, ManualSpec):  # a per-device value (differentiated inside nb.shard_map)
@@ -368,7 +370,6 @@ class _Finisher:
 
 def _bucketable(g: Tensor | None, primal: Tensor, spec: Any) -> Any:
     """The layout ``g`` is summed into when that is exactly one all_reduce (a data-parallel gradient), else None."""
-    from .reshard import plan
     if g is None or spec is None or isinstance(spec, ManualSpec) or g.sharding is None or \
             not g.sharding.partial_axes:
         return None
@@ -378,12 +379,10 @@ def _bucketable(g: Tensor | None, primal: Tensor, spec: Any) -> Any:
 
 
 def _ones_like(t: Tensor) -> Tensor:
-    from .ops import ones
     if isinstance(t.sharding, ManualSpec):
         return manual_constant(1.0, t)
     if t._data is None and not tracing_for_replay():  # an abstract run (not a trace nb.jit or nb.vmap runs
         # again, whose constants hold data): the seed is abstract too, or the whole backward pass would hold data
-        from .ops import abstract
         one = abstract(t.shape, t.dtype)
     else:
         one = ones(t.shape, t.dtype)

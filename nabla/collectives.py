@@ -16,6 +16,7 @@ import numpy as np
 from .backends import xp
 from .cost import current as current_cost_model
 from .errors import ShardingError
+from .storage import sum_summands
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,6 @@ def _moveaxis_perm(ndim: int, source: Sequence[int], destination: Sequence[int])
 def reduce_over(x: Any, atoms: Sequence[int], op: str = "sum") -> Any:
     """Sum (or max/min) the partial summands held along grid ``atoms``, keeping the dtype."""
     if op == "sum":
-        from .storage import sum_summands
         return sum_summands(x, tuple(atoms))  # from the additive identity: -0.0 + -0.0 is -0.0
     if type(x) is np.ndarray:  # what np.max/np.min call, without their Python wrapper
         if len(atoms) == 1 and x.shape[atoms[0]] == 2:  # two devices: one elementwise call, half the time

@@ -13,6 +13,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .errors import ShardingError
+from .tensor import Tensor
+from . import collectives as C
+from .propagation import project_dim
+from .rules.core import _names
+from .spec import ShardingSpec
+from .cost import current as current_cost_model
+from .executor import Program
+from .propagation import current_strategy
+from .step import MOVE, PLACE, RELAYOUT, serial
+from .jit import inlined
 
 # ---- notation -------------------------------------------------------------------------------------------
 
@@ -267,7 +277,6 @@ def visualize_sharding(t: Any, plain: bool | None = None, max_width: int = 80, f
     installed and the output is a terminal, in plain text otherwise (``plain=True`` forces it). ``max_width``
     bounds the picture: plain text puts as many columns of cells side by side as fit (a single wider cell
     stays whole) and leaves out the middle rows and columns of a grid of more than 8 x 8 blocks. Returns None."""
-    from .tensor import Tensor
     if not isinstance(t, Tensor):
         raise ShardingError(f"visualize_sharding: expected a nabla Tensor, got {type(t).__name__} (place an array "
                             f"first: nb.tensor(a).shard(mesh, dim_specs))")
@@ -347,7 +356,6 @@ def _type_of(shape: tuple[int, ...], dtype: Any) -> str:
 
 
 def _events_cost(events, model) -> list:
-    from . import collectives as C
     return [(e, model.time(C.REGISTRY[e.kind].ring_steps(e.group), e.bytes, e.axes)) for e in events]
 
 
@@ -358,9 +366,6 @@ def _ev_text(e: Any, seconds: float) -> str:
 def _factor_lines(step: Any, strat: str) -> tuple[list[str], Any, Any, list]:
     """The op's factors: each one's size, kind, what every operand says, and what propagation decided (read from
     the recorded program: nothing is propagated again)."""
-    from .propagation import project_dim
-    from .rules.core import _names
-    from .spec import ShardingSpec
 
     rule, dec, keep, _ = step.prog.decision
     names = _names(len(rule.sizes))
@@ -396,7 +401,6 @@ def _tensor_size(rule: Any, k: int) -> int:
 
 def _why_dim(f: int, rule: Any, dec: Any, opinions: list, strat: str) -> str:
     """A reason for factor ``f``'s decided axes, following the order in which propagation resolves conflicts."""
-    from .rules.core import _names
     names = _names(len(rule.sizes))
     got = tuple(str(r) for r in dec.factors[f])
     ops = opinions[f]
@@ -440,7 +444,6 @@ def _why_dim(f: int, rule: Any, dec: Any, opinions: list, strat: str) -> str:
 
 def _operand_reasons(i: int, src: Any, tgt: Any, op: Any, rule: Any, dec: Any, opinions: list,
                      strat: str, strict: Any = False) -> list[str]:
-    from .rules.core import _names
     names = _names(len(rule.sizes))
     out = []
     if src.partial_axes and set(src.partial_axes) - set(tgt.partial_axes):
@@ -467,12 +470,6 @@ def _operand_reasons(i: int, src: Any, tgt: Any, op: Any, rule: Any, dec: Any, o
 def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any, Any, str, Any]:
     """Run ``fn`` as eager code runs it and read back its recorded steps: per step, what was decided and moved.
     The moves shown are the steps' own, so the totals are the comm log's."""
-    from . import collectives as C
-    from .cost import current as current_cost_model
-    from .executor import Program
-    from .propagation import current_strategy
-    from .step import MOVE, PLACE, RELAYOUT, serial
-    from .tensor import Tensor
 
     strat, model = current_strategy(), current_cost_model()
     leaves = _named_leaves(fn, args, kwargs)
@@ -484,7 +481,6 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
             tw = table[id(v)] = Tensor(v._data, v._spec, v._shape, v._dtype, v._sid)
             tw._node = v._node
             names[serial(tw)] = name
-    from .jit import inlined  # a jitted function's ops are explained one by one
     with C.comm_log() as log, inlined():
         out = fn(*_replace_leaves(args, table), **_replace_leaves(kwargs, table))
     steps: list[_Step] = []

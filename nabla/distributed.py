@@ -14,6 +14,9 @@ from .errors import ShardingError
 from .mesh import DeviceMesh
 from .spec import ShardingSpec
 from .tensor import Tensor
+from .layout import chunks, grid, grid_index
+from .layout import grid, grid_index
+from .backends.jax import atom_sharding
 
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int,
@@ -55,8 +58,6 @@ def from_process_local(local: Any, mesh: DeviceMesh, dim_specs: Sequence[Any], g
     global value that covers the blocks of this process's devices (each process loads only its data, as
     ``jax.make_array_from_process_local_data``). Its blocks go straight to this process's devices."""
     jax = require_jax("from_process_local")
-    from .backends.jax import atom_sharding
-    from .layout import chunks, grid, grid_index
 
     spec = ShardingSpec(mesh, dim_specs)
     shape = tuple(int(n) for n in global_shape)
@@ -100,7 +101,6 @@ def local_blocks(t: Tensor) -> dict[int, np.ndarray]:
     jax = require_jax("nb.distributed.local_blocks")
     if t.sharding is None:
         return {0: t.numpy()}
-    from .layout import grid, grid_index
     data = t._data
     g = grid(t.sharding)
     devices = jax.devices()

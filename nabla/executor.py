@@ -6,6 +6,7 @@ is made of is ``value``'s; when a pending sum is made, ``pending`` decides (the 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from functools import lru_cache
 from math import prod
@@ -13,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from . import backends, reshard, storage
+from . import backends, reshard, services, storage
 from . import collectives as C
 from .cost import current as current_cost_model
 from .errors import ShardingError
@@ -31,13 +32,12 @@ from .value import Value
 
 SCALARS = (bool, int, float, complex, np.generic)
 MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
-#: how an op on per-device values runs (``nb.shard_map`` registers it: the executor does not import it)
-_MANUAL: list = [None]
 
 
 def register_manual(fn: Callable) -> None:
-    """Install the runner of ops on per-device values (``fn(op, args, params, make)``)."""
-    _MANUAL[0] = fn
+    """Install the runner of ops on per-device values (``fn(op, args, params, make)``): ``nb.shard_map``
+    registers it, so the executor does not import it."""
+    services.provide("manual", fn)
 
 
 # The signature intern table: signature -> id and back. Ids are never reused; when the table holds
@@ -47,7 +47,7 @@ _SIG_IDS: dict[tuple, int] = {}
 _SIGS: dict[int, tuple] = {}
 _SCALAR_IDS: dict[type, int] = {}
 _SIG_LIMIT = 1 << 15
-_NEXT_SID = [0]
+_NEXT_SID = itertools.count()  # (taken under _SIG_LOCK)
 _SIG_LOCK = threading.Lock()
 
 
@@ -65,8 +65,7 @@ def _sig_id(sig: tuple) -> int:
                     _SIG_IDS.clear()
                     _SIGS.clear()
                     _SCALAR_IDS.clear()
-                i = _NEXT_SID[0]
-                _NEXT_SID[0] += 1
+                i = next(_NEXT_SID)
                 _SIG_IDS[sig] = i
                 _SIGS[i] = sig
     return i
@@ -256,7 +255,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
-        return _MANUAL[0](op, args, params, make), MANUAL
+        return services.get("manual")(op, args, params, make), MANUAL
     if prog.checks and breaks_linearity(prog.checks, args):
         prog = _program(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY:

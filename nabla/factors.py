@@ -13,6 +13,12 @@ import numpy as np
 
 from .dtypes import is_inexact
 from .mesh import AxisRef
+from . import windows as W
+from .storage import fill, pad_regions
+from .collectives import CommEvent
+from .layout import chunks, grid
+from .backends import xp
+from .layout import chunks
 
 
 class OperandContext(NamedTuple):
@@ -70,7 +76,6 @@ class Reduce(FactorKind):
     contracting: ClassVar[bool] = True
 
     def prepare(self, ctx: OperandContext, dims: tuple[int, ...]) -> LocalStep | None:
-        from .storage import fill, pad_regions
 
         regions = tuple(r for d in dims for r in pad_regions(ctx.spec, ctx.shape, d, ctx.cuts))
         if not regions:
@@ -79,7 +84,6 @@ class Reduce(FactorKind):
         spec, shape = ctx.spec, ctx.shape
 
         def lower(x, dev):
-            from .layout import chunks
             c = chunks(spec, shape)
             for d in dims:
                 k, n = spec.num_shards(d), shape[d]
@@ -112,9 +116,6 @@ class Permute(FactorKind):
         return divisible_prefix(axes, size)  # only even shards map onto each other
 
     def prepare(self, ctx: OperandContext, dims: tuple[int, ...]) -> LocalStep | None:
-        from .collectives import CommEvent
-        from .layout import chunks, grid
-        from .backends import xp
 
         g = grid(ctx.spec, ctx.cuts)
         dims = tuple(d for d in dims if ctx.spec.dim_specs[d].axes)
@@ -164,9 +165,6 @@ class Window(FactorKind):
     before: tuple = ()  # per operand: (dim, n_out, WindowSpec) of its windowed dims extended before this one
 
     def prepare(self, ctx: OperandContext, dims: tuple[int, ...]) -> LocalStep | None:
-        from .collectives import CommEvent
-        from .layout import chunks, grid
-        from . import windows as W
 
         win = self.windows[ctx.operand]
         if win is None:
@@ -278,7 +276,6 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
     of its window, and for each round of ``halo_rounds`` receive (one ppermute) the rows its windows read from
     the device its part of the round names; every sender sends the same number of rows, the most any receiver
     of the round needs."""
-    from . import windows as W
 
     xp, lax = dev.xp, dev.lax
     k, ci, width = h.k, h.ci, h.width

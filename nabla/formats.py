@@ -4,7 +4,6 @@ JAX ``PartitionSpec`` (jax is imported only when one is asked for)."""
 
 from __future__ import annotations
 
-import sys
 import re
 import sys
 from math import prod
@@ -15,7 +14,7 @@ import numpy as np
 from .errors import ShardingError
 from .layout import dim_position
 from .mesh import MAX_DEVICE_ID, MAX_RANK, AxisRef, DeviceMesh, _bounded_tuple, _show, merge_adjacent
-from . import spec as _spec_module
+from . import services
 from .spec import DimSpec, ShardingSpec, _mhlo_args, check_rank_arg, is_unconstrained
 
 
@@ -368,4 +367,4 @@ def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> ShardingSpec:
         raise ShardingError(f"from_partition_spec: {_show(pspec)}: {e}") from None
 
 
-_spec_module._FORMATS[0] = sys.modules[__name__]  # ShardingSpec's format methods call these
+services.provide("formats", sys.modules[__name__])  # ShardingSpec's format methods call these

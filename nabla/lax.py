@@ -20,6 +20,8 @@ from .shard_map import SM_IN, SM_OUT, ManualSpec, _axes_of, _to_manual
 from .spec import ShardingSpec
 from .tensor import Tensor
 from .trace import Node, recording, tracked, tracing_whole
+from .shard_map import current_mesh
+from .ops import arange, equal, reshape, sum as nsum
 
 
 class LaxOp:
@@ -289,7 +291,6 @@ def ppermute(x: Tensor, axes: Any, perm: Sequence[tuple[int, int]]) -> Tensor:
 
 def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:
     """Each device's index along ``axes`` (several axes: JAX's linear index, major first), as an int32."""
-    from .shard_map import current_mesh
     mesh = current_mesh() if like is None else like.sharding.mesh
     names = (axes,) if isinstance(axes, str) else tuple(axes)
     probe = Tensor(np.zeros((1,) * mesh.ndim, np.int32), ManualSpec(mesh, ()), (), np.dtype(np.int32))
@@ -326,7 +327,6 @@ def _psum_vjp(g, node, out):
 def _own_block(g: Tensor, axes: tuple[str, ...], axis: int, tiled: bool) -> Tensor:
     """Each device's own piece of ``g`` (the same on every device of ``axes``) along ``axis``: picked with a
     one-hot of its index, no communication."""
-    from .ops import arange, equal, reshape, sum as nsum
     mesh = g.sharding.mesh
     k = prod(mesh.axis_size(a) for a in axes)
     shape = list(g.shape)

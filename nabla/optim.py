@@ -15,6 +15,9 @@ from .sharding import specs_like
 from .tensor import Tensor
 from .errors import ShardingError
 from .ops.creation import zeros_as
+from .ops import tensor
+from .ops import sqrt
+from .ops.creation import _dtype_arg
 
 
 def _to(x: Tensor, spec: Any, dtype: Any) -> Tensor:
@@ -101,7 +104,6 @@ class Adam:
                  master_dtype: Any = None) -> None:
         self.lr, self.b1, self.b2, self.eps = float(lr), float(b1), float(b2), float(eps)
         if master_dtype is not None:
-            from .ops.creation import _dtype_arg
             master_dtype = _dtype_arg(master_dtype, "Adam", kinds="f")
         self.master_dtype = master_dtype
 
@@ -114,11 +116,9 @@ class Adam:
         master = None
         if self.master_dtype is not None:
             master = unflatten(tree, [_to(p, s, d) for p, s, d in zip(leaves, layouts, dt)])
-        from .ops import tensor
         return _state(AdamState(tensor(np.int32(0)), unflatten(tree, mu), unflatten(tree, nu), master))
 
     def update(self, grads: Any, state: AdamState, params: Any) -> tuple[Any, AdamState]:
-        from .ops import sqrt
         gl, pl, tree = _check(grads, params, "Adam.update", state, AdamState)
         ml, _ = flatten(state.mu)
         vl, _ = flatten(state.nu)

@@ -14,6 +14,7 @@ import numpy as np
 from .errors import ShardingError
 from .mesh import DeviceMesh
 from .tensor import Tensor
+from . import ops
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,6 @@ def parallelize(params: Mapping[str, Any], mesh: DeviceMesh, plan: Mapping[str, 
 
 def linear(x: Any, params: Mapping[str, Any], layout: str = "in_out") -> Tensor:
     """``x @ weight + bias`` (``x @ weight.T`` for the ``"out_in"`` layout); ``bias`` is optional."""
-    from . import ops
     w = params["weight"]
     y = ops.matmul(x, w if layout == "in_out" else ops.swapaxes(w, -1, -2))
     b = params.get("bias")

@@ -17,6 +17,11 @@ from .spec import ShardingSpec
 from .executor import record_step, register_manual
 from .tensor import Tensor
 from .trace import Node, tracked
+from .sharding import _is_pspec
+from .layout import grid
+from .executor import Local, Value, _dtype
+from .backends import xp
+from .ops import tensor
 
 SM_IN, SM_OUT = "shard_map_in", "shard_map_out"
 _mesh: contextvars.ContextVar = contextvars.ContextVar("nabla_shard_map_mesh", default=None)
@@ -98,7 +103,6 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
         raise ShardingError(f"shard_map: mesh must be a DeviceMesh, got {type(mesh).__name__}")
 
     def wrapped(*args: Tensor):
-        from .ops import tensor
         specs = _per_item(in_specs, len(args), "in_specs", "argument", share=True)
         manual = []
         for i, (a, s) in enumerate(zip(args, specs)):
@@ -121,7 +125,6 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
         outs = [out] if single else list(out)
         # one output takes out_specs as one spec first (a bare [("dp", "tp")] is a spec, not a list of one); as in
         # JAX (a pytree prefix), one PartitionSpec or ShardingSpec serves every output
-        from .sharding import _is_pspec
         ospecs = [out_specs] if single and _one_spec(out_specs) else \
             _per_item(out_specs, len(outs), "out_specs", "output",
                       share=_is_pspec(out_specs) or isinstance(out_specs, ShardingSpec) or out_specs is None)
@@ -133,7 +136,6 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
 
 def _spec_like(s: Any) -> bool:
     """Whether ``s`` spells a whole value's layout (not one dim's entry)."""
-    from .sharding import _is_pspec
     return s is None or isinstance(s, (list, tuple, ShardingSpec)) or _is_pspec(s)
 
 
@@ -144,7 +146,6 @@ def _dim_like(e: Any) -> bool:
 
 def _one_spec(s: Any) -> bool:
     """Whether ``s`` is one value's spec: a PartitionSpec, a ShardingSpec, None, or a bare list of dim entries."""
-    from .sharding import _is_pspec
     return isinstance(s, ShardingSpec) or _is_pspec(s) or s is None or (
         isinstance(s, (list, tuple)) and all(_dim_like(e) for e in s))
 
@@ -152,7 +153,6 @@ def _one_spec(s: Any) -> bool:
 def _per_item(specs: Any, n: int, what: str, item: str, share: bool) -> list:
     """One spec per argument or output: ``specs`` lists one each; or, where ``share`` (in_specs, a prefix of the
     arguments as in JAX), one spec serves them all. Otherwise the error says how many of each there are."""
-    from .sharding import _is_pspec
     listed = isinstance(specs, (list, tuple)) and not _is_pspec(specs) and all(_spec_like(e) for e in specs)
     if listed and len(specs) == n:
         return list(specs)
@@ -189,11 +189,9 @@ def _from_manual(o: Any, mesh: DeviceMesh, s: Any, i: int) -> Tensor:
         raise ShardingError(f"shard_map: output {i} differs across mesh axes {extra} but out_specs[{i}] {spec!r} "
                             f"does not split it over them (reduce it, e.g. with nb.lax.psum, or name the axes)")
     shape = tuple(n * spec.num_shards(d) for d, n in enumerate(o.shape))
-    from .layout import grid
     g = grid(spec).shape
     data = None
     if o._data is not None:
-        from .backends import xp
         data = xp(o._data).broadcast_to(o._data, ManualSpec(mesh, axes).grid() + o.shape).reshape(g + o.shape)
     out = Tensor(data, spec, shape, o.dtype)
     if tracked((o,)):
@@ -204,7 +202,6 @@ def _from_manual(o: Any, mesh: DeviceMesh, s: Any, i: int) -> Tensor:
 
 def manual_run(op, args: Sequence[Any], params: tuple, make: Callable):
     """An op on per-device values: the same kernel on every device's block (no propagation, no movement)."""
-    from .executor import Local, Value, _dtype
     mesh = None
     varying: set[str] = set()
     arrays = []
@@ -242,7 +239,6 @@ def manual_run(op, args: Sequence[Any], params: tuple, make: Callable):
         return make(None, spec, shape, dtype)
     with np.errstate(all="ignore"):
         out = op.kernel(arrays, Local(G, shape, params))
-    from .backends import xp
     x = xp(out)
     out = x.asarray(out)
     if out.dtype != dtype:

@@ -11,6 +11,7 @@ from .pytree import _outline, flatten
 from .formats import _jax_pspec, from_partition_spec
 from .mesh import DeviceMesh, _show
 from .spec import DimSpec, ShardingSpec
+from .interop.jax import jax_sharding
 
 
 class NamedSharding:
@@ -75,7 +76,6 @@ class NamedSharding:
 
     def to_jax(self):
         """The equivalent ``jax.sharding.NamedSharding`` (device ``d`` is ``jax.devices()[d]``)."""
-        from .interop.jax import jax_sharding
         return jax_sharding(self.spec.layout())
 
 

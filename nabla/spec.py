@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from . import services
 from .errors import ShardingError
 from .layout import shard_slices
 from .mesh import MAX_RANK, AxisRef, DeviceMesh, _bounded_tuple, _is_int, _show, merge_adjacent
@@ -247,15 +248,9 @@ class ShardingSpec:
         return ShardingSpec(mesh, [DimSpec((), is_open)] * check_rank_arg(rank, "ShardingSpec.replicated"))
 
 
-#: the module of the text and JAX formats, which builds on this one and registers itself here on import
-_FORMATS: list = [None]
-
-
 def _formats() -> Any:
-    mod = _FORMATS[0]
-    if mod is None:
-        raise ShardingError("internal: nabla.formats was not imported (import nabla, not nabla.spec alone)")
-    return mod
+    """The module of the text and JAX formats, which builds on this one and registers itself on import."""
+    return services.get("formats")
 
 
 def _global_shape(spec: "ShardingSpec", shape: Any, who: str) -> tuple[int, ...]:

@@ -17,6 +17,16 @@ from .spec import ShardingSpec
 from . import collectives as C
 from . import services
 from . import storage
+from .layout import chunks, grid, grid_index
+from .sharding import to_spec
+from . import backends
+from .layout import dim_position
+from .executor import place
+from .executor import place, relayout
+from .propagation import keep_open
+from .trace import tracing_whole
+from .collectives import user_op
+from .interop.jax import to_jax
 
 
 class Tensor(Value):
@@ -60,7 +70,6 @@ class Tensor(Value):
 
     def _need_data(self, what: str) -> np.ndarray:
         if self._data is None:
-            from .trace import tracing_whole
             if tracing_whole():
                 raise ShardingError(
                     f"{what}: inside nb.jit a tensor (here of shape {self._shape}) is traced without its values, so "
@@ -154,7 +163,6 @@ class Tensor(Value):
         spec = self._target(mesh, dim_specs, replicated_axes, partial_axes, "shard")
         if self._spec is not None:
             return self._with_spec(spec)
-        from .executor import place
         return place(self, spec, Tensor)
 
     def with_sharding(self, mesh: Any, dim_specs: Any = None, replicated_axes: Sequence[str] = (),
@@ -171,14 +179,11 @@ class Tensor(Value):
         if type(mesh) is DeviceMesh and type(dim_specs) is list and not replicated_axes and not partial_axes:
             spec = ShardingSpec(mesh, dim_specs)  # the common spelling, kept cheap
         else:
-            from .sharding import to_spec
             spec = to_spec(mesh, dim_specs, len(self._shape), replicated_axes, partial_axes, op)
         spec.check_rank(self._shape, op)
         return spec
 
     def _with_spec(self, spec: ShardingSpec) -> "Tensor":
-        from .executor import place, relayout
-        from .propagation import keep_open
 
         spec = keep_open(self._spec, spec)
         if self._spec is None:
@@ -242,7 +247,6 @@ class Tensor(Value):
         # fast_scalar_power); np.power(-0.0, 0.5) is +0.0 in float16 where sqrt gives -0.0
         if is_inexact(self._dtype) and (type(o) is float and o == 0.5 or type(o) is int and o in (-1, 2)):
             ops = _ops()
-            from .collectives import user_op
             with user_op("power"):  # the comm log names what the user wrote
                 if o == 2:  # numpy's square is x * x (a pending sum is made first: it is two factors of it)
                     return ops.multiply(self, self)
@@ -313,7 +317,6 @@ class Tensor(Value):
         return _numpy_api().function(func, types, args, kwargs)
 
     def to_jax(self) -> Any:
-        from .interop.jax import to_jax
         return to_jax(self)
 
 
@@ -325,9 +328,6 @@ def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: S
     shape follows from the blocks (or is given as ``shape``); every block must have its ceil-rule shape, and
     devices holding the same block (replicas; not the summands of partial axes) must agree, else
     ``ShardingError`` naming the device."""
-    from .layout import chunks, grid, grid_index
-    from .sharding import to_spec
-    from . import backends
 
     m = mesh.mesh if hasattr(mesh, "spec") and not isinstance(mesh, DeviceMesh) else mesh
     if not isinstance(m, DeviceMesh):
@@ -438,7 +438,6 @@ def with_sharding_constraint(x: Any, shardings: Any) -> Any:
 
 
 def _position(spec: ShardingSpec, dim: int, device: int) -> int:
-    from .layout import dim_position
     return dim_position(spec.dim_refs[dim], spec.mesh, spec.mesh.coords(device))
 
 

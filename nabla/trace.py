@@ -82,47 +82,34 @@ _remat: contextvars.ContextVar[Remat | None] = contextvars.ContextVar("nabla_rem
 
 
 @contextlib.contextmanager
-def remat(r: Remat | None) -> Iterator[None]:
-    token = _remat.set(r)
+def _setting(var: contextvars.ContextVar, value: Any, result: Any = None) -> Iterator[Any]:
+    """``var`` set to ``value`` inside the block (yielding ``result``), restored after it."""
+    token = var.set(value)
     try:
-        yield
+        yield result
     finally:
-        _remat.reset(token)
+        var.reset(token)
 
 
-@contextlib.contextmanager
-def recorded() -> Iterator[None]:
+def remat(r: Remat | None) -> Any:
+    return _setting(_remat, r)
+
+
+def recorded() -> Any:
     """Ops inside leave nodes, even inside a backward pass (a recompute differentiates what it runs)."""
-    token = _recording.set(True)
-    try:
-        yield
-    finally:
-        _recording.reset(token)
+    return _setting(_recording, True)
 
 
-@contextlib.contextmanager
-def paused() -> Iterator[None]:
+def paused() -> Any:
     """Ops inside leave no nodes (a backward pass that does not need its own gradients), unless a whole
     program is being traced (``nb.jit`` compiles the backward pass too)."""
-    if _whole.get():
-        yield
-        return
-    token = _recording.set(False)
-    try:
-        yield
-    finally:
-        _recording.reset(token)
+    return contextlib.nullcontext() if _whole.get() else _setting(_recording, False)
 
 
-@contextlib.contextmanager
-def differentiating() -> Iterator[None]:
+def differentiating() -> Any:
     """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
     inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate."""
-    token = _depth.set(_depth.get() + 1)
-    try:
-        yield
-    finally:
-        _depth.reset(token)
+    return _setting(_depth, _depth.get() + 1)
 
 
 def outer_live() -> bool:
@@ -143,24 +130,14 @@ def tracing_for_replay() -> bool:
     return _whole.get() or _replay.get()
 
 
-@contextlib.contextmanager
-def replay_trace() -> Iterator[None]:
+def replay_trace() -> Any:
     """Mark a trace whose constants are replayed with data (``nb.vmap``'s)."""
-    token = _replay.set(True)
-    try:
-        yield
-    finally:
-        _replay.reset(token)
+    return _setting(_replay, True)
 
 
-@contextlib.contextmanager
-def whole() -> Iterator[None]:
+def whole() -> Any:
     """Record everything inside, backward passes included."""
-    token = _whole.set(True)
-    try:
-        yield
-    finally:
-        _whole.reset(token)
+    return _setting(_whole, True)
 
 
 def tracked(args) -> bool:
@@ -194,27 +171,14 @@ class Watch:
         return False
 
 
-@contextlib.contextmanager
-def watching(watch: Watch) -> Iterator[Watch]:
+def watching(watch: Watch) -> Any:
     """Ops inside leave no nodes; ``watch`` notes the differentiated values they read from outside."""
-    if _whole.get():
-        yield watch
-        return
-    token = _recording.set(watch)
-    try:
-        yield watch
-    finally:
-        _recording.reset(token)
+    return contextlib.nullcontext(watch) if _whole.get() else _setting(_recording, watch, watch)
 
 
-@contextlib.contextmanager
-def swapped(swap: dict) -> Iterator[None]:
+def swapped(swap: dict) -> Any:
     """Nodes made inside read the value ``swap[id(v)]`` wherever an operand is ``v``."""
-    token = _swap.set(swap or None)
-    try:
-        yield
-    finally:
-        _swap.reset(token)
+    return _setting(_swap, swap or None)
 
 
 def topological(outputs, stop=None) -> list:

@@ -13,6 +13,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 from .dtypes import is_inexact
 from numpy.lib.stride_tricks import sliding_window_view
+from .backends import xp
 
 
 def _ceil_div(n: int, k: int) -> int:
@@ -331,7 +332,6 @@ def extend_many(x: np.ndarray, G: int, dims: Sequence[tuple], fill: float = 0) -
 
 
 def _xp(*arrays):
-    from .backends import xp
     return xp(*arrays)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardingError
-from . import Backend
+from .base import Backend
+from ..layout import grid
 
 
 class JaxBackend(Backend):
@@ -56,7 +57,6 @@ class JaxBackend(Backend):
 
 
 def _grid(spec):
-    from ..layout import grid
     return grid(spec)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import Backend
+from .base import Backend
 
 
 class NumpyBackend(Backend):

@@ -15,6 +15,8 @@ from ..errors import ShardingError
 from ..formats import to_partition_spec
 from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
+from ..layout import grid
+from ..backends.jax import atom_mesh
 
 # Meshes seen crossing to or from jax, by (shape, axis names, device ids): a jax mesh equal to one of them comes
 # back as that nabla mesh (DeviceMesh equality includes the name, which jax's Mesh does not carry).
@@ -72,8 +74,6 @@ def jax_sharding(spec: ShardingSpec):
         return NamedSharding(jax_mesh(spec.mesh, bool(spec.partial_axes)), to_partition_spec(spec))
     from jax.sharding import AxisType, Mesh
 
-    from ..backends.jax import atom_mesh
-    from ..layout import grid
     atoms = grid(spec).atoms
     jmesh = atom_mesh(spec.mesh, atoms)
     if spec.partial_axes:  # unreduced axes must be Explicit

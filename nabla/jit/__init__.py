@@ -26,6 +26,11 @@ from ..tensor import Tensor
 from ..trace import LEAF_NODE, Node, tracked, tracing_whole, whole
 from . import program as P
 from .lower import _DEVICE_COPIES, CompiledProgram  # noqa: F401 - the device copies are read by tests
+from ..sharding import NamedSharding, _is_pspec
+from ..sharding import NamedSharding, to_spec
+from ..autodiff import vjp
+from ..ops import tensor
+from ..interop.arrays import from_jax
 
 
 def jit(fn: Callable | None = None, in_shardings: Any = None, out_shardings: Any = None,
@@ -141,7 +146,6 @@ class _JitCall:
         return tuple(by_leaf.get(i) for i in self.lowered._inputs)
 
     def _backward_fn(self, k: int) -> Callable:
-        from ..autodiff import vjp
         lowered, consts, diff, inputs = self.lowered, self.consts, self.diff, self.lowered._inputs
 
         def backward(tensors: list, g: Tensor) -> tuple:
@@ -163,7 +167,6 @@ class _JitCall:
 
 
 def _is_sharding(x: Any) -> bool:
-    from ..sharding import NamedSharding, _is_pspec
     return x is None or isinstance(x, (NamedSharding, ShardingSpec)) or _is_pspec(x)
 
 
@@ -195,7 +198,6 @@ def _constrain(tree: Any, shardings: Any, what: str, meshes: set, inputs: bool, 
 
 
 def _lay_out(x: Any, sharding: Any, what: str, meshes: set, inputs: bool, path: str) -> Any:
-    from ..sharding import NamedSharding, to_spec
     if not isinstance(x, Tensor):
         if inputs:
             return x  # a constant of the trace
@@ -223,10 +225,8 @@ def _as_input(x: Any) -> Any:
     if isinstance(x, Tensor):
         return x
     if isinstance(x, np.ndarray):  # an input (as jax.jit traces numpy arrays), not a constant
-        from ..ops import tensor
         return tensor(x)
     if type(x).__module__.startswith(("jax", "jaxlib")) and hasattr(x, "sharding") and hasattr(x, "shape"):
-        from ..interop.arrays import from_jax
         return from_jax(x)
     return x
 

@@ -19,6 +19,8 @@ from ..mesh import AxisRef, DeviceMesh
 from ..spec import ShardingSpec
 from ..tensor import Tensor
 from .program import Key, Rewritten, layout
+from ..layout import dim_position
+from ..backends.jax import atom_mesh, atom_name
 
 
 class CompiledProgram:
@@ -47,7 +49,6 @@ class CompiledProgram:
             pts = sorted(set(c) | {1, n})
             atoms += [AxisRef(name, a, b // a, n) for a, b in zip(pts, pts[1:])]
         self.atoms = tuple(atoms)
-        from ..backends.jax import atom_mesh, atom_name
         self.jmesh = atom_mesh(self.mesh, self.atoms)
         self.names = tuple(atom_name(a) for a in self.atoms)
 
@@ -538,7 +539,6 @@ def _lower_exchange(x, src: ShardingSpec, dst: ShardingSpec, shape, dev):
 
 def _origin(spec: ShardingSpec, shape, p: int, j: int) -> int:
     """Global index of local row 0 of dim ``j`` on the device at mesh position ``p`` (the ceil rule, unclipped)."""
-    from ..layout import dim_position
     mesh = spec.mesh
     coords = mesh.coords(mesh.devices[p])
     return dim_position(spec.dim_refs[j], mesh, coords) * chunk(shape[j], spec.num_shards(j))

@@ -13,6 +13,8 @@ from ..errors import ShardingError
 from ..executor import MANUAL, Program, Value
 from ..spec import DimSpec, ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step
+from .. import executor
+from .. import storage
 
 #: ``Step.op`` of a compiled call's results (published when a jitted function runs)
 CALL = "jit_call"
@@ -265,7 +267,6 @@ def _fold(instrs: list[Instr], inputs: set, values: dict, removed: list) -> tupl
 
 def _evaluate(ins: Instr, args: list) -> Value:
     """An instruction run eagerly on (zero-filled) values."""
-    from .. import executor
     s = ins.step
     if ins.kind == "move":
         return executor.relayout(args[0], ins.step.uses[ins.use].dst if ins.use >= 0 else s.out_spec)
@@ -281,7 +282,6 @@ def _zeros_as(v: Value, lay: Any) -> Value:
     """A value of ``v``'s shape and dtype, laid out ``lay``, holding zeros (what a tensor without elements holds)."""
     import numpy as np
 
-    from .. import storage
     data = np.zeros(v._shape, v._dtype)
     if lay is None:
         return Value(data, None, v._shape, v._dtype)

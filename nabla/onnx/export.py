@@ -32,6 +32,8 @@ from ..spec import ShardingSpec
 from ..tensor import Tensor
 from ..trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, topological
 from .specs import spec_to_onnx
+from ..pytree import unflatten
+from ..jit import inlined
 
 OPSET = 21
 IR_VERSION = 10  # device configurations arrived in IR version 10
@@ -99,7 +101,6 @@ def _traced(t: Tensor) -> Tensor:
 
 
 def _rebuild(tree: Any, leaves: list) -> Any:
-    from ..pytree import unflatten
     return unflatten(flatten(tree)[1], leaves)
 
 
@@ -211,7 +212,6 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
             else:
                 new_leaves.append(leaf)
         traced_args.append(_rebuild(a, new_leaves) if isinstance(a, (dict, list, tuple)) else new_leaves[0])
-    from ..jit import inlined  # a jitted function exports as its ops
     with inlined():
         result = fn(*traced_args)
     out_leaves, _ = flatten(result)

@@ -25,6 +25,7 @@ from ..opdef import OpDef
 from ..ops import elementwise, onnx_export, register
 from ..ops.windowed import _onnx_pads
 from ..rules import conv as _conv_rules
+from ..layout import grid
 
 
 class Fold(NamedTuple):
@@ -111,7 +112,6 @@ def _conv_act_kernel(arrays, local):
 def _conv_act_aux(spec, cuts, shapes, params):
     """Per spatial dim sharded on one grid axis: how many of its blocks hold real output rows (with the ceil
     rule, 28 rows over 8 devices leave the last one only padding), so the kernel skips the rest."""
-    from ..layout import grid
     stride, padding, dilation, _, _ = params
     x, w = shapes[0], shapes[1]
     g = grid(spec, cuts)

@@ -16,6 +16,7 @@ from ..value import Value
 from ..mesh import _show
 from ..opdef import Local, OpDef
 from ..tensor import Tensor
+from ..spec import DimSpec, ShardingSpec
 
 ArrayLike = Any  # a Tensor, a numpy array, or a Python scalar
 
@@ -139,7 +140,6 @@ def _laid_like(t: Tensor, x: Any) -> Tensor:
     used = {r for refs in own.dim_refs for r in refs}
     if any(r.overlaps(u) for r in spec.partial_refs for u in used):
         return t  # its pending sum lies on the axes x's dims use: summing it here would be a reduce_scatter
-    from ..spec import DimSpec, ShardingSpec
     dims = [DimSpec(d.axes, is_open=True) for d in own.dim_specs]
     return t.with_sharding(ShardingSpec(own.mesh, dims, partial_axes=spec.partial_axes))
 

@@ -11,6 +11,8 @@ import numpy as np
 from ..errors import ShardingError
 from ..mesh import MAX_RANK, _bounded_tuple, _show
 from ..tensor import Tensor
+from .. import backends
+from ..layout import chunks, grid
 
 #: dtype names that numpy knows only through the ``ml_dtypes`` package (it comes with jax).
 _ML_DTYPE_NAMES = frozenset({
@@ -216,8 +218,6 @@ def zeros_as(p: Tensor, spec: Any = "same", dtype: Any = None) -> Tensor:
     spec = type(spec)(spec.mesh, spec.dim_specs, spec.replicated_axes)  # no pending sums in a fresh state
     if p.is_abstract:
         return Tensor(None, spec, p.shape, dtype)
-    from .. import backends
-    from ..layout import chunks, grid
     data = backends.active().commit(np.zeros(grid(spec).shape + chunks(spec, p.shape), dtype=dtype), spec)
     if isinstance(data, np.ndarray):
         data.flags.writeable = False

@@ -17,6 +17,8 @@ from ..value import Value
 from ..opdef import OpDef
 from .core import ArrayLike, Tensor, _call, _is_diff, _mask, _unbroadcast
 from .registry import elementwise, onnx_export, register
+from ..collectives import user_op
+from .creation import _dtype_arg
 
 
 # ---- ONNX export of the elementwise group -----------------------------------------------------------------------
@@ -206,7 +208,6 @@ def _astype_kernel(arrays, local):
 def clip(x: ArrayLike, a_min: ArrayLike | None = None, a_max: ArrayLike | None = None) -> Tensor:
     """numpy's ``clip``: ``minimum(maximum(x, a_min), a_max)`` (a bound left None is not applied; NaN passes
     through, as numpy's); elementwise, so every sharding is kept and nothing moves."""
-    from ..collectives import user_op
     with user_op("clip"):
         r = x if isinstance(x, Tensor) else _call(_ASTYPE, (x,), (np.asarray(x).dtype,))
         if a_min is not None:
@@ -217,7 +218,6 @@ def clip(x: ArrayLike, a_min: ArrayLike | None = None, a_max: ArrayLike | None =
 
 
 def astype(x: ArrayLike, dtype: Any) -> Tensor:
-    from .creation import _dtype_arg  # "bfloat16" and the float8 names through ml_dtypes, as creation takes them
     dt = _dtype_arg(dtype, "astype")
     if isinstance(x, Tensor) and x._dtype == dt:
         return x  # nothing to convert (tensors are immutable: no copy needed), and a pending sum stays pending

@@ -894,50 +894,44 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
             break
     fits = sorted((t for t in found + list(baselines.values()) if t.memory <= s.limit),
                   key=lambda t: (t.report.step_time, t.memory, t.name != "search"))
-    if not fits and not exact:  # the stitched model can err either way: the standard layouts, run in full
-        for t in sorted(baselines.values(), key=lambda t: t.report.step_time):
-            rep, mem, extra = s.measure(t.specs)
-            if mem <= s.limit:
-                fits = [t._replace(report=rep, memory=mem, extra=extra)]
-                break
-    if not fits:
-        least = milp.least_memory(s.groups, s.edges)
-        least_t = price("the least-memory layout", least.choice)
-        raise ShardingError(_infeasible(s, min([least_t] + found + list(baselines.values()), key=lambda t: t.memory)))
-    chosen, ran, short = None, [], 1.0
+    ran: list = []
+
+    def in_full(t: _Tried) -> _Tried | None:
+        """``t`` run through the estimator (as priced, when every layout ran in full), once; itself if it fits."""
+        for r in ran:
+            if r.specs == t.specs:
+                return r if r.memory <= s.limit else None
+        rep, mem, extra = (t.report, t.memory, t.extra) if exact else s.measure(t.specs)
+        ran.append(t._replace(report=rep, memory=mem, extra=extra, choice=()))
+        return ran[-1] if mem <= s.limit else None
+
+    chosen, short = None, 1.0
     for t in fits[:3]:  # run the winner in full (a stitched estimate is checked), the next if it does not fit;
         # where the model fell short, the others are taken as short by as much
         if t.memory * short > s.limit:
             continue
-        rep, mem, extra = (t.report, t.memory, t.extra) if exact else s.measure(t.specs)
-        ran.append(t._replace(report=rep, memory=mem, extra=extra, choice=()))
-        if mem <= s.limit:
-            chosen = ran[-1]
+        chosen = in_full(t)
+        if chosen is not None:
             break
-        short = max(short, mem / max(t.memory, 1.0))
-    if chosen is None:  # the model fell short on the fastest: the others that fit, in order, each run in full
-        for t in fits:
-            if any(r.specs == t.specs for r in ran):
-                continue
-            rep, mem, extra = (t.report, t.memory, t.extra) if exact else s.measure(t.specs)
-            ran.append(t._replace(report=rep, memory=mem, extra=extra, choice=()))
-            if mem <= s.limit:
-                chosen = ran[-1]
-                break
-    if chosen is None:
-        raise ShardingError(_infeasible(s, min(ran, key=lambda t: t.memory)))
+        short = max(short, ran[-1].memory / max(t.memory, 1.0))
+    pool = fits + sorted((t for t in baselines.values() if all(t is not f for f in fits)),
+                         key=lambda t: t.report.step_time)
+    if chosen is None:  # the model can err either way: the others that fit by it, then the standard layouts
+        chosen = next((c for c in map(in_full, pool) if c is not None), None)
+    if chosen is None:  # the least memory: as the model counts it where nothing fits by it, else as run in full
+        least = [price("the least-memory layout", milp.least_memory(s.groups, s.edges).choice)] + found + \
+            list(baselines.values()) if not fits else ran
+        raise ShardingError(_infeasible(s, min(least, key=lambda t: t.memory)))
     if not exact:  # a close second (stitched estimates err by a few percent) runs in full too: the faster wins
-        ahead = next(t for t in fits if t.specs == chosen.specs).report.step_time
+        ahead = next(t for t in pool if t.specs == chosen.specs).report.step_time
         close = [t for t in fits if t.specs != chosen.specs and t.report.step_time <= ahead * (1 + CLOSE)
                  and all(r.specs != t.specs for r in ran)]
-        if close:
-            t = close[0]
-            rep, mem, extra = s.measure(t.specs)
-            if mem <= s.limit and (rep.step_time, mem) < (chosen.report.step_time, chosen.memory):
-                chosen = t._replace(report=rep, memory=mem, extra=extra, choice=())
+        second = in_full(close[0]) if close else None
+        if second is not None and (second.report.step_time, second.memory) < (chosen.report.step_time, chosen.memory):
+            chosen = second
     source = "search" if any(f.specs == chosen.specs for f in found) else chosen.name
     same = [n for n, t in baselines.items() if t.specs == chosen.specs]
-    compared = next(t for t in fits if t.specs == chosen.specs).report  # as the baselines were priced
+    compared = next(t for t in pool if t.specs == chosen.specs).report  # as the baselines were priced
     report = _with_baselines(chosen.report, {n: t.report for n, t in baselines.items()})
     words = _words(s, chosen.specs, chosen.report)
     out_specs = unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, chosen.specs)])

@@ -16,6 +16,7 @@ import numpy as np
 from .. import collectives as C
 from ..spec import ShardingSpec
 from ..step import BUCKET, RELAYOUT
+from ..step import serial
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "comm")
 
@@ -121,7 +122,6 @@ class MemoryLog:
     # -- what the program does --
     def tag(self, value: Any, kind: str) -> None:
         """Say what ``value`` is (``params``, ``grads``, ``optimizer``); a value seen before changes account."""
-        from ..step import serial
         s = serial(value)
         self._tags[s] = kind
         own = self._owned.get(s)

@@ -16,6 +16,7 @@ import nabla as nb
 
 from ...tensor import Tensor
 from .registry import Node, _axis, _c, _cast, _hi, _take, op
+from ..fuse import conv_act as fused
 
 
 def _moments(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor]:
@@ -142,7 +143,6 @@ def conv_act(n: Node, x: Tensor, w: Tensor, b: Tensor | None, relu: bool) -> Ten
     """The Conv node with its bias (and a following Relu) as one op (``fuse.CONV_ACT``), or None when that
     does not apply: input channels sharded (their partial sums must be added before any bias or relu), or
     operands that are not a plain conv's."""
-    from ..fuse import conv_act as fused
 
     def whole_channels(t: Tensor) -> bool:
         sp = t.sharding
