@@ -44,11 +44,21 @@ class OpDef:
     (random programs and tests compare with it); ``domain``, the ``(low, high)`` interval random programs
     keep its operands in (None: any value); ``arity``, how many operands it takes (None: a varying number);
     ``public``, the user-facing function (``nb.<name>``; None for an op that is not called directly).
+
+    What the VJP reads (its residuals, as JAX and PyTorch keep them): ``saves`` is ``"all"`` (every operand and
+    the output; the default, right for any VJP), ``"none"`` (an add, a reshape), ``"operands"``, ``"output"``
+    (exp, tanh, softmax), ``"cross"`` (each operand for the others' cotangents: multiply, matmul), or a function
+    ``saves(diff, params) -> (operand indices, output kept)`` of which operands need cotangents. Autodiff keeps
+    only these alive for the backward pass and the memory log counts exactly them. ``saved_extra(operand block
+    shapes, result block shape, params)``: bytes per device the VJP keeps beyond them (FlashAttention's float32
+    log-sum-exp per query row). ``view``: the result shares its operand's storage when nothing moves (reshape,
+    transpose): no new bytes.
     Ops hash by identity: each is defined once.
     """
 
     __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp",
-                 "folds", "flops", "numpy", "onnx", "reference", "domain", "arity", "public")
+                 "folds", "flops", "numpy", "onnx", "reference", "domain", "arity", "public", "saves",
+                 "saved_extra", "view")
 
     def __init__(self, name: str, rule: Callable[..., Rule], kernel: Callable[[list, Local], Any],
                  linear: str | None = None, linear_args: tuple[int, ...] | None = None, reduction: str = "sum",
@@ -56,12 +66,14 @@ class OpDef:
                  vjp: Callable | None = None, folds: bool = False, flops: Callable | None = None, *,
                  numpy: str | None = None, onnx: str | Callable | None = None, reference: Callable | None = None,
                  domain: tuple[float, float] | None = None, arity: int | None = None,
-                 public: Callable | None = None) -> None:
+                 public: Callable | None = None, saves: str | Callable = "all",
+                 saved_extra: Callable | None = None, view: bool = False) -> None:
         self.name, self.rule, self.kernel, self.linear = name, rule, kernel, linear
         self.linear_args, self.reduction, self.dtype, self.fast = linear_args, reduction, dtype, fast
         self.aux, self.vjp, self.folds, self.flops = aux, vjp, folds, flops
         self.numpy, self.onnx, self.reference, self.domain = numpy, onnx, reference, domain
         self.arity, self.public = arity, public
+        self.saves, self.saved_extra, self.view = saves, saved_extra, view
 
     def __repr__(self) -> str:
         return f"OpDef({self.name})"
