@@ -471,8 +471,8 @@ def in_scope(scope: str) -> Iterator[None]:
 def step_user(user: str) -> str:
     """The name a recorded step gives the public op it ran for: in a backward pass, ``gradient of <op>``
     (the sums of a gradient keep their own name, ``grad of p['w']``)."""
-    if user and _phase.get() == "backward" and not user.startswith("grad of"):
-        return f"gradient of {user}"
+    if user and _phase.get() == "backward" and not user.startswith("grad of") and (_op.get() or user != "shard"):
+        return f"gradient of {user}"  # (a value placed outside any op, the backward pass's seed, is itself)
     return user
 
 

@@ -73,6 +73,7 @@ class SGD:
 
     def update(self, grads: Any, state: SGDState, params: Any) -> tuple[Any, SGDState]:
         gl, pl, tree = _check(grads, params, "SGD.update", state, SGDState)
+        _given(gl, state, pl)
         if self.momentum:
             vl, _ = flatten(state.momentum)
             vl = [_like(v * self.momentum + _to(g, v.sharding, v.dtype), v) for v, g in zip(vl, gl)]
@@ -120,6 +121,7 @@ class Adam:
 
     def update(self, grads: Any, state: AdamState, params: Any) -> tuple[Any, AdamState]:
         gl, pl, tree = _check(grads, params, "Adam.update", state, AdamState)
+        _given(gl, state, pl)
         ml, _ = flatten(state.mu)
         vl, _ = flatten(state.nu)
         xl = flatten(state.master)[0] if state.master is not None else [_to(p, m.sharding, m.dtype)
@@ -135,6 +137,13 @@ class Adam:
         new = [_to(x, p.sharding, p.dtype) for x, p in zip(xl, pl)]  # back to the parameters' layout and dtype
         master = unflatten(tree, xl) if state.master is not None else None
         return _params(unflatten(tree, new)), _state(AdamState(t, unflatten(tree, ml), unflatten(tree, vl), master))
+
+
+def _given(grads: list, state: Any, params: list) -> None:
+    """What an update reads, so told to an open memory log (made outside it, they are known from here on)."""
+    C.tag([g for g in grads if isinstance(g, Tensor)], "grads")
+    C.tag([p for p in params if isinstance(p, Tensor)], "params")
+    _state(state)
 
 
 def _state(state: Any) -> Any:

@@ -44,7 +44,7 @@ def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor])
         out = run()
     res = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid)
     res._serial = serial(out)  # the same value
-    res._node = Node(op, params, tuple(args))
+    res._node = Node(op, params, tuple(args), result=res)
     return res
 
 
@@ -69,7 +69,7 @@ def stop_gradient(x: ArrayLike) -> Tensor:
 _STOP = register(OpDef("stop_gradient", lambda shapes: R.elementwise_rule((shapes[0],), op="stop_gradient"),
                        lambda arrays, local: arrays[0], "add", dtype="same", fast=lambda x: x,
                        vjp=lambda g, node, out: (None,), onnx="Identity", reference=lambda x: x, arity=1,
-                       public=stop_gradient, flops=lambda blocks, out, params: 0))
+                       public=stop_gradient, flops=lambda blocks, out, params: 0, saves="none"))
 
 
 # ---- one_hot ---------------------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def one_hot(x: ArrayLike, num_classes: int, dtype: Any = "float32", axis: int = 
 
 _ONE_HOT = register(OpDef("one_hot", lambda shapes, n, axis, dtype: R.one_hot_rule(shapes[0], n, axis),
                           _one_hot_kernel, aux=_one_hot_aux, vjp=lambda g, node, out: (None,), onnx=_one_hot_onnx,
-                          arity=1, public=one_hot, flops=lambda blocks, out, params: prod(out)))
+                          arity=1, public=one_hot, flops=lambda blocks, out, params: prod(out), saves="none"))
 
 
 # ---- log_softmax -----------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
 _LOG_SOFTMAX = register(OpDef("log_softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,),
                                                                                      "log_softmax"),
                               _log_softmax_kernel, vjp=_log_softmax_vjp, onnx=_log_softmax_onnx,
-                              reference=_log_softmax_np, arity=1, public=log_softmax,
+                              reference=_log_softmax_np, arity=1, public=log_softmax, saves="output",
                               flops=lambda blocks, out, params: 5 * prod(out)))  # max, subtract, exp, sum, log
 
 

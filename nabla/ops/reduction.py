@@ -67,7 +67,7 @@ def _per_input(blocks, out, params) -> int:
     return _product(blocks[0])
 
 
-def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replicate=False) -> OpDef:
+def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replicate=False, saves="none") -> OpDef:
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}[name]
 
     def kernel(arrays, local):
@@ -95,7 +95,7 @@ def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replic
 
     return register(OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, replicate),
                           kernel, linear, None, reduction, folds=reduction != "sum", vjp=vjp, numpy=name, onnx=export,
-                          arity=1, public=public, flops=_per_input))
+                          arity=1, public=public, flops=_per_input, saves=saves))
 
 
 def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
@@ -131,8 +131,8 @@ def _chooser_vjp(g, node, out):
 
 
 _SUM = _reduction("sum", "add", "sum", "ReduceSum", _sum_vjp, sum)
-_MAX = _reduction("max", None, "max", "ReduceMax", _chooser_vjp, max)
-_MIN = _reduction("min", None, "min", "ReduceMin", _chooser_vjp, min)
+_MAX = _reduction("max", None, "max", "ReduceMax", _chooser_vjp, max, saves="all")  # x == max, where it won
+_MIN = _reduction("min", None, "min", "ReduceMin", _chooser_vjp, min, saves="all")
 
 
 @_named
@@ -202,7 +202,7 @@ def _search_op(name: str, chooser) -> OpDef:
                       f"all_reduce of one value per remaining element), then the smallest index holding it (another).")
     op = register(OpDef(name, lambda shapes, axis: R.reduce_rule(
         shapes[0], tuple(range(len(shapes[0]))) if axis is None else (axis,), False, True), kernel,
-        reduction="sum", dtype=np.intp, vjp=lambda g, node, out: (None,),  # an index: no gradient
+        reduction="sum", dtype=np.intp, vjp=lambda g, node, out: (None,), saves="none",  # an index: no gradient
         numpy=name, onnx=export, arity=1, public=_named(search), flops=_per_input))
     return op
 
@@ -257,7 +257,7 @@ def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
 
 
 _SOFTMAX = register(OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "softmax"),
-                          _softmax_kernel, vjp=_softmax_vjp, onnx=_softmax_onnx, arity=1, public=softmax,
+                          _softmax_kernel, vjp=_softmax_vjp, onnx=_softmax_onnx, arity=1, public=softmax, saves="output",
                           flops=lambda blocks, out, params: 5 * _product(out)))  # max, subtract, exp, sum, divide
 
 
@@ -381,7 +381,8 @@ def _truth(name: str, reduction: str):
         return ex.finish(ex.out("Cast", [red], to=ex.onnx_type(np.dtype(np.bool_), name)), [(x, 0)])
 
     return OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims), kernel,
-                 reduction=reduction, dtype=np.bool_, vjp=lambda g, node, out: (None,), numpy=name, onnx=export,
+                 reduction=reduction, dtype=np.bool_, vjp=lambda g, node, out: (None,), saves="none", numpy=name,
+                 onnx=export,
                  arity=1, flops=_per_input)
 
 
@@ -474,5 +475,5 @@ def cumsum(x: ArrayLike, axis: int | None = None, dtype=None) -> Tensor:
 
 
 _CUMSUM = register(OpDef("cumsum", lambda shapes, axis, exclusive, reverse: R.elementwise_rule(
-    (shapes[0],), (axis,), "cumsum"), _cumsum_kernel, "add", vjp=_cumsum_vjp, numpy="cumsum", onnx=_cumsum_onnx,
+    (shapes[0],), (axis,), "cumsum"), _cumsum_kernel, "add", vjp=_cumsum_vjp, saves="none", numpy="cumsum", onnx=_cumsum_onnx,
     arity=1, public=cumsum))

@@ -4,7 +4,7 @@ layer, exported as a Chrome trace and plotted. The schedule behind it is schedul
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -27,6 +27,7 @@ class MemoryReport:
     capacity: int
     live: tuple[int, ...] = ()  # bytes live after each step, one device's (for plots), when recorded
     recorded: bool = False
+    kept: Mapping[int, int] = field(default_factory=dict)  # kept for the backward pass as it starts (a microbatch's)
 
     @property
     def fits(self) -> bool | None:
@@ -48,7 +49,8 @@ class MemoryReport:
             raise ShardingError(f"estimate: memory must have .peak (device -> bytes) and .by_kind (kind -> device "
                                 f"-> bytes), got {type(record).__name__}") from None
         live = tuple(int(b) for b in getattr(record, "timeline", ()) or ())
-        return cls(MappingProxyType(peak), MappingProxyType(by_kind), capacity, live, True)
+        kept = {int(d): int(b) for d, b in dict(getattr(record, "kept", {}) or {}).items()}
+        return cls(MappingProxyType(peak), MappingProxyType(by_kind), capacity, live, True, MappingProxyType(kept))
 
 
 @dataclass(frozen=True)

@@ -551,7 +551,7 @@ def test_checkpoint_outside_differentiation_is_a_plain_call():
     with nb.comm_log() as log:
         y = f(x, w1)
     assert all(s.phase == "forward" for s in log.steps) and y.shape == (8, 32)
-    with pytest.raises(nb.ShardingError, match="policy must be 'full' or 'save_matmuls'"):
+    with pytest.raises(nb.ShardingError, match="policy must be 'full', 'save_matmuls' or 'regather'"):
         nb.checkpoint(lambda x: x, policy="dots")
 
 
