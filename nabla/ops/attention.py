@@ -15,8 +15,10 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..dtypes import is_float, is_inexact
 from ..errors import ShardingError
+from ..executor import Program
 from ..mesh import _show
 from ..opdef import OpDef
+from ..spec import DimSpec, ShardingSpec
 from ..value import Value
 from .core import ArrayLike, Tensor, _call, _is_diff, _ndim, _shape
 from .registry import onnx_export, register
@@ -231,12 +233,26 @@ def _lse_bytes(blocks: tuple, out: tuple, params: tuple) -> int:
 # ---- the VJP -----------------------------------------------------------------------------------------------------
 
 
+def _as_read(x: Any, node: Any, i: int) -> Any:
+    """Operand ``i`` laid out as the forward kernel read it (keys and values gathered over a cut query sequence),
+    moved once for both backward ops, as FlashAttention-2's backward reads them in one pass."""
+    prog = node.prog
+    if type(prog) is not Program or not isinstance(x, Tensor) or x._spec is None:
+        return x
+    p = prog.preps[i]
+    if p.kind != "sharded" or p.plan is None or not p.plan.collectives:
+        return x
+    t = p.target
+    return x.with_sharding(ShardingSpec(t.mesh, [DimSpec(d.axes) for d in t.dim_specs], t.replicated_axes))
+
+
 def _vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
     """dq, dk and dv (and dbias) from q, k, v, the output and ``g``, by the fused backward ops (nothing of shape
     (B, N, T, S) is kept or made outside them)."""
     q, k, v, *extra = node.args
     _, causal, has_bias, _, _ = node.params
-    args = (q, k, v, out, g, *extra)
+    read = [_as_read(x, node, i) for i, x in enumerate(node.args)]
+    args = (*read[:3], out, g, *read[3:])
     grads: list = [None] * len(node.args)
     if _is_diff(q):
         grads[0] = _call(_DQ, args, node.params)
@@ -249,54 +265,141 @@ def _vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
     return tuple(grads)
 
 
-# ---- ONNX: the opset has no Attention op: MatMul, Softmax, Where, Add -------------------------------------------
+# ---- ONNX: opset 21 has no Attention op: MatMul, Softmax, Where, Add ------------------------------------------
 
 
-@onnx_export("Reshape", "Transpose", "Unsqueeze", "MatMul", "Mul", "Add", "Where", "And", "GreaterOrEqual",
-             "Softmax")
+class _Graph:
+    """The nodes every attention op's export shares, named after its result: operands in the heads layout
+    (B, K, G|1, T|S, H) in the compute dtype, and the probabilities P (with the kept scores)."""
+
+    def __init__(self, ex: Any, backward: bool) -> None:
+        self.ex = ex
+        scale, causal, has_bias, has_mask, _ = ex.params
+        args = ex.node.args
+        B, T, N, H = _shape(args[0])
+        S, K = _shape(args[1])[1], _shape(args[1])[2]
+        self.B, self.T, self.N, self.H, self.S, self.K, self.G = B, T, N, H, S, K, N // K
+        self.dt = dt = _compute_dtype(_dtype_of(args[0]))
+        self.annotated: list[tuple[str, int]] = []
+        self.scale = ex.b.constant(np.array(scale, dt), base="scale")
+        self.q, self.k, self.v = self.heads(0, "q"), self.kv(1, "k"), self.kv(2, "v")
+        s = self.mul(ex.emit("MatMul", [self.q, self.swap(self.k, "kT")], "qk"), self.scale, "scaled")
+        i = 5 if backward else 3
+        if has_bias:
+            s = ex.emit("Add", [s, self.grouped(i, dt, "bias")], "biased")
+            i += 1
+        self.keep = None
+        if has_mask:
+            self.keep = self.grouped(i, None, "mask")
+            i += 1
+        if causal:  # key position <= query position
+            rows = ex.emit("Unsqueeze", [self.operand(i, np.int64), ex.ints([1], "axes")], "rows")
+            keys = ex.b.constant(np.arange(S, dtype=np.int64), base="keys")
+            c = ex.emit("GreaterOrEqual", [rows, keys], "causal")
+            self.keep = c if self.keep is None else ex.emit("And", [self.keep, c], "keep")
+        if self.keep is not None:
+            big = ex.b.constant(np.array(-0.7 * min(float(np.finfo(dt).max), _F32_MAX), dt), base="masked")
+            s = ex.emit("Where", [self.keep, s, big], "masked")
+        self.p = ex.emit("Softmax", [s], "probs", axis=-1)
+
+    def operand(self, i: int, dtype: Any = None) -> str:
+        name = self.ex.operand(i, dtype)
+        self.annotated.append((name, i))
+        return name
+
+    def heads(self, i: int, what: str) -> str:
+        """Operand ``i`` (B, T, N, H) as (B, K, G, T, H)."""
+        x = self.ex.emit("Reshape", [self.operand(i, self.dt), self.ex.ints((self.B, self.T, self.K, self.G,
+                                                                             self.H))], f"{what}_split")
+        return self.ex.emit("Transpose", [x], what, perm=[0, 2, 3, 1, 4])
+
+    def unheads(self, x: str, what: str) -> str:
+        """(B, K, G, T, H) back to (B, T, N, H)."""
+        x = self.ex.emit("Transpose", [x], f"{what}_t", perm=[0, 3, 1, 2, 4])
+        return self.ex.emit("Reshape", [x, self.ex.ints((self.B, self.T, self.N, self.H))], what)
+
+    def kv(self, i: int, what: str) -> str:
+        """Operand ``i`` (B, S, K, H) as (B, K, 1, S, H)."""
+        x = self.ex.emit("Transpose", [self.operand(i, self.dt)], f"{what}_t", perm=[0, 2, 1, 3])
+        return self.ex.emit("Unsqueeze", [x, self.ex.ints([2], "axes")], what)
+
+    def swap(self, x: str, what: str) -> str:
+        return self.ex.emit("Transpose", [x], what, perm=[0, 1, 2, 4, 3])
+
+    def mul(self, a: str, b: str, what: str) -> str:
+        return self.ex.emit("Mul", [a, b], what)
+
+    def grouped(self, i: int, dtype: Any, what: str) -> str:
+        """A bias or mask (b, n, t, s) as (b, K|1, G|1, t, s)."""
+        b, n, t, s = _shape(self.ex.node.args[i])
+        shape = (b, 1, 1, t, s) if n == 1 else (b, self.K, self.G, t, s)
+        return self.ex.emit("Reshape", [self.operand(i, dtype), self.ex.ints(shape)], what)
+
+    def d_scores(self) -> tuple[str, str]:
+        """dO in the heads layout and dS = P ∘ (dO·Vᵀ − rowsum(dO ∘ O)), zero where masked."""
+        ex = self.ex
+        o, do = self.heads(3, "o"), self.heads(4, "do")
+        dp = ex.emit("MatMul", [do, self.swap(self.v, "vT")], "dp")
+        rowsum = ex.emit("ReduceSum", [self.mul(do, o, "do_o"), ex.ints([-1], "axes")], "rowsum", keepdims=1)
+        ds = self.mul(self.p, ex.emit("Sub", [dp, rowsum], "dp_d"), "ds")
+        if self.keep is not None:
+            ds = ex.emit("Where", [self.keep, ds, ex.b.constant(np.array(0, self.dt), base="zero")], "ds_kept")
+        return do, ds
+
+    def finish(self, x: str) -> tuple:
+        """``x`` as the op's result (cast to its dtype), annotated with the operands."""
+        ex = self.ex
+        if np.dtype(ex.dtype) == self.dt:
+            name = ex.out("Identity", [x])
+        else:
+            name = ex.out("Cast", [x], to=ex.onnx_type(ex.dtype, f"{ex.name}'s result"))
+        return ex.finish(name, self.annotated)
+
+
+_ONNX_TYPES = ("Reshape", "Transpose", "Unsqueeze", "MatMul", "Mul", "Add", "Where", "And", "GreaterOrEqual",
+               "Softmax", "Identity")
+_ONNX_BACKWARD = _ONNX_TYPES + ("Sub", "ReduceSum", "Concat")
+
+
+@onnx_export(*_ONNX_TYPES)
 def _attention_onnx(ex: Any) -> tuple:
-    scale, causal, has_bias, has_mask, _ = ex.params
-    args = ex.node.args
-    B, T, N, H = _shape(args[0])
-    S, K = _shape(args[1])[1], _shape(args[1])[2]
-    G = N // K
-    dt = _compute_dtype(ex.dtype)
-    q, k, v = (ex.operand(i, dt) for i in range(3))
-    q5 = ex.emit("Transpose", [ex.emit("Reshape", [q, ex.ints((B, T, K, G, H))], "q_heads")], "q",
-                 perm=[0, 2, 3, 1, 4])  # (B, K, G, T, H)
-    kt = ex.emit("Unsqueeze", [ex.emit("Transpose", [k], "kt", perm=[0, 2, 3, 1]), ex.ints([2], "axes")], "k")
-    s = ex.emit("MatMul", [q5, kt], "qk")  # (B, K, G, T, S)
-    s = ex.emit("Mul", [s, ex.b.constant(np.array(scale, dt), base="scale")], "scaled")
-    i = 3
+    g = _Graph(ex, False)
+    return g.finish(g.unheads(ex.emit("MatMul", [g.p, g.v], "pv"), "heads_out"))
 
-    def grouped(name: str, shape: tuple[int, ...], what: str) -> str:
-        b, n, t, s_ = shape
-        return ex.emit("Reshape", [name, ex.ints((b, 1, 1, t, s_) if n == 1 else (b, K, G, t, s_))], what)
 
-    if has_bias:
-        s = ex.emit("Add", [s, grouped(ex.operand(i, dt), _shape(args[i]), "bias")], "biased")
-        i += 1
-    keep = None
-    if has_mask:
-        keep = grouped(ex.operand(i), _shape(args[i]), "mask")
-        i += 1
-    if causal:
-        rows = ex.emit("Unsqueeze", [ex.operand(i, np.int64), ex.ints([1], "axes")], "rows")
-        keep_c = ex.emit("GreaterOrEqual", [rows, ex.b.constant(np.arange(S, dtype=np.int64), base="keys")],
-                         "causal")
-        keep = keep_c if keep is None else ex.emit("And", [keep, keep_c], "keep")
-    if keep is not None:
-        big = np.array(-0.7 * min(float(np.finfo(dt).max), _F32_MAX), dt)
-        s = ex.emit("Where", [keep, s, ex.b.constant(big, base="masked")], "masked")
-    p = ex.emit("Softmax", [s], "probs", axis=-1)
-    vt = ex.emit("Unsqueeze", [ex.emit("Transpose", [v], "vt", perm=[0, 2, 1, 3]), ex.ints([2], "axes")], "v")
-    o = ex.emit("Transpose", [ex.emit("MatMul", [p, vt], "pv")], "heads_out", perm=[0, 3, 1, 2, 4])
-    if np.dtype(ex.dtype) == dt:
-        name = ex.out("Reshape", [o, ex.ints((B, T, N, H))])
-    else:
-        name = ex.out("Cast", [ex.emit("Reshape", [o, ex.ints((B, T, N, H))], "wide")],
-                      to=ex.onnx_type(ex.dtype, "dot_product_attention's result"))
-    return ex.finish(name, [(q, 0), (k, 1), (v, 2)])
+@onnx_export(*_ONNX_BACKWARD)
+def _dq_onnx(ex: Any) -> tuple:
+    g = _Graph(ex, True)
+    _, ds = g.d_scores()
+    return g.finish(g.unheads(g.mul(ex.emit("MatMul", [ds, g.k], "ds_k"), g.scale, "dq5"), "dq"))
+
+
+@onnx_export(*_ONNX_BACKWARD)
+def _dkv_onnx(ex: Any) -> tuple:
+    g = _Graph(ex, True)
+    do, ds = g.d_scores()
+
+    def summed(a: str, b: str, what: str) -> str:  # (aᵀ·b) summed over the group: (B, K, S, H) -> (B, S, K, H)
+        x = ex.emit("ReduceSum", [ex.emit("MatMul", [g.swap(a, f"{what}_t"), b], f"{what}_g"), ex.ints([2], "axes")],
+                    f"{what}_sum", keepdims=0)
+        return ex.emit("Unsqueeze", [ex.emit("Transpose", [x], what, perm=[0, 2, 1, 3]), ex.ints([0], "axes")],
+                       f"{what}_1")
+
+    dk = summed(ds, g.q, "dk")
+    dk = ex.emit("Mul", [dk, g.scale], "dk_scaled")
+    return g.finish(ex.emit("Concat", [dk, summed(g.p, do, "dv")], "dkv", axis=0))
+
+
+@onnx_export(*_ONNX_BACKWARD)
+def _dbias_onnx(ex: Any) -> tuple:
+    g = _Graph(ex, True)
+    _, ds = g.d_scores()
+    ds = ex.emit("Reshape", [ds, ex.ints((g.B, g.N, g.T, g.S))], "ds_scores")
+    shape = _shape(ex.node.args[5])
+    axes = [d for d, (n, m) in enumerate(zip(shape, (g.B, g.N, g.T, g.S))) if n == 1 and m != 1]
+    if axes:
+        ds = ex.emit("ReduceSum", [ds, ex.ints(axes, "axes")], "ds_summed", keepdims=1)
+    return g.finish(ds)
 
 
 # ---- the public function -----------------------------------------------------------------------------------------
@@ -319,6 +422,8 @@ def _check(q: tuple, k: tuple, v: tuple, dts: tuple, bias: Any, mask: Any) -> No
     if len(set(dts)) != 1:
         raise ShardingError(f"{_OP}: query, key and value have dtypes {dts[0]}, {dts[1]}, {dts[2]}; they must be "
                             f"one dtype (as jax requires)")
+    if ranks[0] == 3:  # unbatched: checked as a batch of one
+        q, k, v = ((1,) + q, (1,) + k, (1,) + v)
     for d, what in enumerate(("B", "S", "K", "H")):
         if v[d] != k[d]:
             raise ShardingError(f"{_OP}: value dim {d} ({what}) has size {v[d]} but key's has {k[d]}; value must "
@@ -401,9 +506,10 @@ def _rule(part: str):
 _ATTENTION = register(OpDef(_OP, _rule("forward"), _forward_kernel, dtype=lambda *dts: dts[0], vjp=_vjp,
                             flops=_forward_flops, onnx=_attention_onnx, public=dot_product_attention,
                             saves="all", saved_extra=_lse_bytes))
+dot_product_attention.op = _ATTENTION  # as the registry's other public functions carry their op
 _DQ = register(OpDef("dot_product_attention_dq", _rule("dq"), _dq_kernel, dtype=lambda *dts: dts[0],
-                     flops=_dq_flops))
+                     flops=_dq_flops, onnx=_dq_onnx))
 _DKV = register(OpDef("dot_product_attention_dkv", _rule("dkv"), _dkv_kernel, dtype=lambda *dts: dts[1],
-                      flops=_dkv_flops))
+                      flops=_dkv_flops, onnx=_dkv_onnx))
 _DBIAS = register(OpDef("dot_product_attention_dbias", _rule("dbias"), _dbias_kernel, dtype=lambda *dts: dts[5],
-                        flops=_dbias_flops))
+                        flops=_dbias_flops, onnx=_dbias_onnx))
