@@ -13,7 +13,7 @@ import numpy as np
 from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
-from ..dtypes import is_float, is_inexact
+from ..dtypes import is_float
 from ..errors import ShardingError
 from ..executor import Program
 from ..mesh import _show
@@ -110,13 +110,12 @@ def _probabilities(s: Any, xp: Any) -> Any:
 def _forward_kernel(arrays: list, local) -> Any:
     scale, causal, _, _, T = local.params
     blocks = _operands(arrays, local.params, False)
-    q, k, v = blocks["q"], blocks["k"], blocks["v"]
     xp, G = _xp(*arrays), local.G
     if xp is not np and G == 0:  # inside nb.jit's shard_map: jax's own, on this device's blocks
         return _jax_forward(blocks, scale, causal, T)
     s, _, dt = _logits(blocks, G, scale, xp)
-    out = xp.matmul(_probabilities(s, xp), _kv(v, G, xp, dt))
-    return _unheads(out, G, xp).astype(q.dtype)
+    out = xp.matmul(_probabilities(s, xp), _kv(blocks["v"], G, xp, dt))
+    return _unheads(out, G, xp).astype(blocks["q"].dtype)
 
 
 def _jax_forward(blocks: dict, scale: float, causal: bool, T: int) -> Any:
@@ -464,7 +463,8 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, bi
     (grouped-query attention: query head ``n`` reads kv head ``n // (N // K)``). ``scale`` defaults to
     ``1/sqrt(H)``; ``bias`` (float) and ``mask`` (bool, True keeps) broadcast to the scores ``(B, N, T, S)``;
     ``is_causal`` keeps keys ``s <= t`` (``jnp.tril`` of the scores). A row with nothing kept attends uniformly,
-    as jax's. bfloat16 and float16 are computed in float32 and rounded once.
+    as jax's. bfloat16 and float16 are computed in float32 and rounded once (jax also rounds the probabilities);
+    float64 stays float64 (jax's softmax is float32). Under ``nb.jit`` each device runs jax's own.
 
     One op, as FlashAttention runs it: its backward keeps ``query``, ``key``, ``value``, the output and one
     float32 log-sum-exp per query row, and recomputes the scores (FLOPs: ``4·B·N·T·S·H`` forward, causal only
@@ -491,8 +491,9 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, bi
                 r = _ndim(x)
                 args.append(x if r == 4 else reshape(x, (1,) * (4 - r) + tuple(_shape(x))))
         T = q_s[1]
-        if is_causal:
-            args.append(np.arange(T, dtype=np.int32))  # the query positions, cut as the queries are
+        if is_causal:  # the query positions, an operand cut as the queries are: the backward ops sum over the
+            # queries, so their result's layout (what an ``aux`` hook sees) cannot tell which rows a device holds
+            args.append(np.arange(T, dtype=np.int32))
         out = _call(_ATTENTION, tuple(args), (float(scale), bool(is_causal), bias is not None, mask is not None, T))
         return squeeze(out, 0) if unbatched else out
 
