@@ -508,18 +508,17 @@ def _rotate(x, cos, sin):
     return x * cos + nb.concatenate([-x[..., half:], x[..., :half]], -1) * sin
 
 
-def llama_block(x, p: dict, heads: int, kv: int, mask, cos, sin):
+def llama_block(x, p: dict, heads: int, kv: int, cos, sin):
     """A Llama 2 block: RMSNorm, rotary grouped-query attention (``kv`` key/value heads, each shared by
-    ``heads / kv`` query heads: an einsum over a (kv, group) split of the query heads), causal softmax, RMSNorm,
-    SwiGLU MLP, residuals."""
+    ``heads / kv`` query heads) as FlashAttention runs it (``nb.dot_product_attention``, causal: no scores kept),
+    RMSNorm, SwiGLU MLP, residuals."""
     b, s, h = x.shape
-    d, g = h // heads, heads // kv
+    d = h // heads
     y = _rms(x, p["attn_norm"])
-    q = _rotate((y @ p["wq"]).reshape(b, s, kv, g, d), cos[:, None], sin[:, None])
+    q = _rotate((y @ p["wq"]).reshape(b, s, heads, d), cos, sin)
     k = _rotate((y @ p["wk"]).reshape(b, s, kv, d), cos, sin)
     v = (y @ p["wv"]).reshape(b, s, kv, d)
-    scores = nb.einsum("bqkgd,bskd->bkgqs", q, k) * np.array(1 / np.sqrt(d), x.dtype) + mask
-    o = nb.einsum("bkgqs,bskd->bqkgd", nb.softmax(scores, -1), v).reshape(b, s, h)
+    o = nb.dot_product_attention(q, k, v, is_causal=True).reshape(b, s, h)
     x = x + o @ p["wo"]
     y = _rms(x, p["mlp_norm"])
     return x + (nb.silu(y @ p["w1"]) * (y @ p["w3"])) @ p["w2"]
@@ -546,13 +545,13 @@ def llama70b_program(tp: int = LLAMA_TP, dp: int = LLAMA_DP, layers: int | None 
     params = {"embed": w((V, h), ["tp", None]), "layers": [layer() for _ in range(layers or c["layers"])],
               "norm": w((h,), [None]), "head": w((h, V), [None, "tp"])}
     ids, targets = w((dp, S), ["dp", None], "int32"), w((dp, S), ["dp", None], "int32")
-    mask, cos, sin = w((S, S), [None, None]), w((S, 1, d), [None, None, None]), w((S, 1, d), [None, None, None])
+    cos, sin = w((S, 1, d), [None, None, None]), w((S, 1, d), [None, None, None])
 
     def loss(params, ids, targets):
         x = nb.take(params["embed"], ids, axis=0)
         for i, p in enumerate(params["layers"]):
             with nb.named_scope(f"layer {i}"):
-                x = llama_block(x, p, heads, kv, mask, cos, sin)
+                x = llama_block(x, p, heads, kv, cos, sin)
         logits = _rms(x, params["norm"]) @ params["head"]
         return nb.cross_entropy(logits.astype("float32"), targets)
 

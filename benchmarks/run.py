@@ -316,8 +316,7 @@ def transformer_plan(layers: int = 24) -> dict:
             q = (x @ p["wq"]).reshape(Bt, S, H, Dh)
             k = (x @ p["wk"]).reshape(Bt, S, H, Dh)
             v = (x @ p["wv"]).reshape(Bt, S, H, Dh)
-            s = nb.softmax(nb.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / Dh ** 0.5), axis=-1)
-            o = nb.einsum("bhqk,bkhd->bqhd", s, v).reshape(Bt, S, D) @ p["wo"]
+            o = nb.dot_product_attention(q, k, v).reshape(Bt, S, D) @ p["wo"]
             y = (o + x).with_sharding(mesh, ["dp", None, None])
             h = nb.relu(y @ p["w1"]) @ p["w2"]
             x = (h + y).with_sharding(mesh, ["dp", None, None])
