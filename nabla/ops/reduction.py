@@ -314,9 +314,17 @@ def var(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, ddof:
     float16 and bfloat16 (in or as ``dtype``) are computed in float32 and rounded once, as jax.numpy's. Over a
     sharded dim nothing is gathered: the sum for the mean and the sum of squares are each reduced across
     devices (one value per remaining element)."""
-    axes = _axes(axis, _ndim(x), "var")
+    return _var(x, axis, dtype, ddof, keepdims, "var")
+
+
+def _var(x: ArrayLike, axis: int | Sequence[int] | None, dtype: Any, ddof: Any, keepdims: bool, name: str
+         ) -> Tensor:
+    """``var``, its errors naming ``name`` (the call the user made: ``var`` or ``std``)."""
+    axes = _axes(axis, _ndim(x), name)
+    if not isinstance(ddof, (int, float, np.integer, np.floating)):
+        raise ShardingError(f"{name}: ddof must be a number, got {ddof!r}")
     dt = _dt(x)
-    out_dt = _dtype_arg(dtype, "var") if dtype is not None else np.dtype(np.float64) if dt.kind in "iub" else dt
+    out_dt = _dtype_arg(dtype, name) if dtype is not None else np.dtype(np.float64) if dt.kind in "iub" else dt
     comp = accumulation(out_dt)
     if comp != dt:
         x = astype(x, comp)
@@ -332,7 +340,7 @@ def var(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, ddof:
 def std(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, ddof: int = 0,
         keepdims: bool = False) -> Tensor:
     """numpy's ``std``: the square root of ``var`` (same dtypes, ``ddof`` and sharding: no gather)."""
-    return sqrt(var(x, axis, dtype, ddof, keepdims))
+    return sqrt(_var(x, axis, dtype, ddof, keepdims, "std"))
 
 
 # ---- a sharded dim reduced or scanned per block, then across blocks ----------------------------------------------
