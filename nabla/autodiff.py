@@ -264,16 +264,36 @@ def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
     """A cotangent still a pending sum, entering a VJP that makes it into the cotangents of two operands or more,
     is summed first, once: each derived cotangent would otherwise carry the sum pending and need its own (the
     backward of a norm's scale, as Megatron's plan has it: the activation gradient summed over tp once, the
-    scale's gradient summed over dp only). The backward's own `pending.repeated_partials`."""
+    scale's gradient summed over dp only). The backward's own `pending.repeated_partials`.
+
+    A pass-through op's operands share the cotangent itself, one pending sum made at most once, except an operand
+    it broadcast (a norm's bias): that one's cotangent is ``g`` summed over the broadcast dims, a second value
+    with a pending sum of its own. The sum is then made here when an operand that shares ``g`` would make it at
+    its own VJP anyway (the norm's scale product fans it out next): one op earlier, it serves the bias too, as
+    Megatron's does. Otherwise the bias's own small sum is the cheaper one."""
     spec = g.sharding
-    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes or \
-            getattr(node.op, "name", "") in _PASS_THROUGH:
+    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes:
         return g
-    takers = sum(1 for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff
-                 and id(a) in needed)
-    if takers < 2:
+    takers = _takers(node, needed)
+    if len(takers) < 2:
         return g
+    if getattr(node.op, "name", "") in _PASS_THROUGH:
+        shared = [a for a in takers if a.shape == g.shape]
+        if len(shared) == len(takers) or not any(_fans_out(a._node, needed) for a in shared):
+            return g
     return g.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
+
+
+def _takers(node: Any, needed: set) -> list:
+    """The operands of ``node`` that a cotangent flows to."""
+    return [a for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff and id(a) in needed]
+
+
+def _fans_out(node: Any, needed: set) -> bool:
+    """Whether ``node``'s VJP sums a pending cotangent before it runs (``_summed_before_fan_out``'s first rule)."""
+    op = getattr(node.op, "name", None)
+    return op is not None and op not in _PASS_THROUGH and getattr(node.op, "vjp", None) is not None and \
+        len(_takers(node, needed)) >= 2
 
 
 def _to_host(g: Tensor) -> Tensor:
