@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..collectives import abbreviate
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from .cluster import Cluster
@@ -158,7 +159,7 @@ class Report:
             for d in self.devices:
                 tl = self.device_timeline(d)
                 groups.setdefault(id(tl), (tl, []))[1].append(d)
-            tracks = [(f"devices {_ranges(ds)}" if len(ds) > 1 else f"device {ds[0]}", min(ds), ds, tl)
+            tracks = [(f"devices {abbreviate(_runs(ds))}" if len(ds) > 1 else f"device {ds[0]}", min(ds), ds, tl)
                       for tl, ds in groups.values()]
         else:
             tracks = [(f"device {d}", d, [d], self.device_timeline(d)) for d in dict.fromkeys(devices)]
@@ -166,7 +167,7 @@ class Report:
         events: list[dict] = []
         for name, pid, ds, tl in tracks:
             events.append({"name": "process_name", "ph": "M", "pid": pid,
-                           "args": {"name": _short(name), "devices": _ranges(ds), "count": len(ds)}})
+                           "args": {"name": name, "devices": ", ".join(_runs(ds)), "count": len(ds)}})
             events.extend({"name": "thread_name", "ph": "M", "pid": pid, "tid": t, "args": {"name": n}}
                           for n, t in tid.items())
             events.extend({"name": iv.name, "cat": iv.stream, "ph": "X", "pid": pid, "tid": tid[iv.stream],
@@ -215,30 +216,15 @@ class Report:
         return fig
 
 
-def _ranges(ids: Sequence[int]) -> str:
-    """Device ids as runs: ``0-3, 8-11`` (sorted)."""
+def _runs(ids: Sequence[int]) -> list[str]:
+    """Device ids as runs: ``["0-3", "8-11"]`` (sorted)."""
     runs: list[list[int]] = []
     for d in sorted(ids):
         if runs and d == runs[-1][1] + 1:
             runs[-1][1] = d
         else:
             runs.append([d, d])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
-
-
-def _short(name: str, width: int = 60) -> str:
-    """A track name of at most about ``width`` characters: the first runs, then how many more (the full list is
-    in the track's ``args``)."""
-    if len(name) <= width:
-        return name
-    runs = name.split(", ")
-    kept: list[str] = []
-    for r in runs:
-        if len(", ".join(kept + [r])) > width - 16:
-            break
-        kept.append(r)
-    kept = kept or runs[:1]
-    return f"{', '.join(kept)} and {len(runs) - len(kept)} more runs"
+    return [f"{a}-{b}" if b > a else f"{a}" for a, b in runs]
 
 
 def _step_ends(timeline: Timeline) -> list[float]:
