@@ -287,16 +287,41 @@ def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
     """A cotangent still a pending sum, entering a VJP that makes it into the cotangents of two operands or more,
     is summed first, once: each derived cotangent would otherwise carry the sum pending and need its own (the
     backward of a norm's scale, as Megatron's plan has it: the activation gradient summed over tp once, the
-    scale's gradient summed over dp only). The backward's own `pending.repeated_partials`."""
+    scale's gradient summed over dp only). The backward's own `pending.repeated_partials`.
+
+    A pass-through op's operands share the cotangent itself, one pending sum made at most once, except an operand
+    it broadcast (a norm's bias): that one's cotangent is ``g`` summed over the broadcast dims, a second value
+    with a pending sum of its own. The sum is then made here when an operand that shares ``g`` would make it at
+    its own VJP anyway (the norm's scale product fans it out next): one op earlier, it serves the bias too, as
+    Megatron's does. Otherwise the bias's own small sum is the cheaper one. Likewise when the operands' cotangents
+    together are smaller than ``g`` (a norm whose input needs none: its scale's and bias's are reductions of
+    ``g``), each is summed on its own, two (D,) vectors rather than the activation."""
     spec = g.sharding
-    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes or \
-            getattr(node.op, "name", "") in _PASS_THROUGH:
+    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes:
         return g
-    takers = sum(1 for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff
-                 and by_node(a) in needed)
-    if takers < 2:
+    takers = _takers(node, needed)
+    if len(takers) < 2:
+        return g
+    if getattr(node.op, "name", "") in _PASS_THROUGH:
+        shared = [a for a in takers if a.shape == g.shape]
+        if len(shared) == len(takers) or not any(_fans_out(a._node, needed) for a in shared):
+            return g
+    elif sum(prod(a.shape) for a in takers) < prod(g.shape):
         return g
     return g.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
+
+
+def _takers(node: Any, needed: set) -> list:
+    """The operands of ``node`` that a cotangent flows to."""
+    return [a for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff and
+            by_node(a) in needed]
+
+
+def _fans_out(node: Any, needed: set) -> bool:
+    """Whether ``node``'s VJP sums a pending cotangent before it runs (``_summed_before_fan_out``'s first rule)."""
+    op = getattr(node.op, "name", None)
+    return op is not None and op not in _PASS_THROUGH and getattr(node.op, "vjp", None) is not None and \
+        len(_takers(node, needed)) >= 2
 
 
 def _to_host(g: Tensor) -> Tensor:
@@ -441,17 +466,18 @@ def _paths(tree: Any, prefix: str) -> list[str]:
 
 
 def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool = True,
-         bucket_bytes: int | None = None, grad_specs: Sequence[Any] | None = None, raw: bool = False):
+         bucket_bytes: int | None = None, grad_specs: Sequence[Any] | None = None, raw: bool = False,
+         who: str = "vjp"):
     """``raw``: the cotangents as the pass leaves them (pending sums pending, None where none reached), for a pass
     nested in another's backward (``nb.checkpoint``'s recompute): the enclosing pass sums each gradient once, at
-    its own leaf, under its parameter's name."""
+    its own leaf, under its parameter's name. ``who``: the call the user made, which errors name."""
     flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
-        leaves = [_as_tensor(x, "vjp") for x in leaves]
+        leaves = [_as_tensor(x, who) for x in leaves]
         flat.append(leaves)
         trees.append(tree)
-        traced.append([_leaf(x, "vjp") for x in leaves])
+        traced.append([_leaf(x, who) for x in leaves])
         if params:  # to a memory log: the values being differentiated are the parameters
             C.tag(traced[-1], "params")
         for t, path in zip(traced[-1], _paths(p, names[i])):
@@ -460,7 +486,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
     if has_aux:
         if not (isinstance(res, tuple) and len(res) == 2):
-            raise ShardingError("vjp: with has_aux=True, f must return (output, aux)")
+            raise ShardingError(f"{who}: with has_aux=True, f must return (output, aux)")
         res, aux = res
         if not outer_live():  # returned as values: no record keeps f's activations alive
             aux_leaves, aux_tree = flatten(aux)
@@ -468,7 +494,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
     out_leaves, out_tree = flatten(res)
     for o in out_leaves:
         if not isinstance(o, Tensor):
-            raise ShardingError(f"vjp: f must return tensors, got {type(o).__name__}")
+            raise ShardingError(f"{who}: f must return tensors, got {type(o).__name__}")
 
     def vjp_fn(cotangent: Any):
         cts, ct_tree = flatten(cotangent)
@@ -525,9 +551,15 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
     differentiated arguments, or a tuple of them for several ``argnums``; ShardingSpecs or dim-spec lists): the
     layouts the gradients are summed into instead of their parameters' (ZeRO stage 2: gradients
     reduce_scattered over the data-parallel axis, never whole on any device)."""
+    return _value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs, "value_and_grad")
+
+
+def _value_and_grad(f: Callable, argnums: int | Sequence[int], has_aux: bool, bucket_bytes: int | None,
+                    grad_specs: Any, name: str) -> Callable:
+    """``value_and_grad``, its errors naming ``name``: the call the user made (``grad`` or ``value_and_grad``)."""
     if bucket_bytes is not None and (not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or
                                      bucket_bytes <= 0):
-        raise ShardingError(f"grad: bucket_bytes must be a positive int (bytes per device) or None, got "
+        raise ShardingError(f"{name}: bucket_bytes must be a positive int (bytes per device) or None, got "
                             f"{bucket_bytes!r}")
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
@@ -535,11 +567,11 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
     def wrapped(*args, **kwargs):
         for n in nums:
             if not -len(args) <= n < len(args):
-                raise ShardingError(f"grad: argnums {argnums} out of range for {len(args)} positional arguments")
+                raise ShardingError(f"{name}: argnums {argnums} out of range for {len(args)} positional arguments")
         seen = [n % len(args) for n in nums]
         if len(set(seen)) != len(seen):  # each would get a separate copy and only one of them the gradient
             dup = next(n for n in seen if seen.count(n) > 1)
-            raise ShardingError(f"grad: argnums {argnums} names argument {dup} more than once; name each argument "
+            raise ShardingError(f"{name}: argnums {argnums} names argument {dup} more than once; name each argument "
                                 f"once (jax.grad fails on repeated argnums too)")
 
         def g(*diff):
@@ -550,17 +582,17 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
 
         res = _vjp(g, [args[n] for n in nums], has_aux, [_arg_name(f, n % len(args)) for n in nums],
                    bucket_bytes=bucket_bytes, grad_specs=None if grad_specs is None else
-                   ((grad_specs,) if single else tuple(grad_specs)))
+                   ((grad_specs,) if single else tuple(grad_specs)), who=name)
         out, fn = res[0], res[1]
         if not isinstance(out, Tensor) or out.shape != ():
             shape = getattr(out, "shape", None)
-            raise ShardingError(f"grad: f must return a scalar (0-d) tensor, got {type(out).__name__}"
+            raise ShardingError(f"{name}: f must return a scalar (0-d) tensor, got {type(out).__name__}"
                                 + (f" of shape {shape}" if shape is not None else ""))
         if not is_float(out.dtype):  # jax.grad's rule, with its reasons
             why = ("For holomorphic differentiation of a complex function, or a non-holomorphic one with complex "
                    "outputs, use nb.vjp directly" if out.dtype.kind == "c" else
                    "For differentiation of functions with integer outputs, use nb.vjp directly")
-            raise ShardingError(f"grad: requires real-valued outputs (a floating dtype), but got {out.dtype} "
+            raise ShardingError(f"{name}: requires real-valued outputs (a floating dtype), but got {out.dtype} "
                                 f"(nb.grad is not holomorphic). {why}.")
         with C.phase("backward"):  # the seed is the backward pass's first value, not one kept for it
             seed = _ones_like(out)
@@ -575,7 +607,7 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
          bucket_bytes: int | None = None, grad_specs: Any = None) -> Callable:
     """``nb.grad(f)(*args)``: the gradient of scalar ``f`` with respect to ``args[argnums]`` (``bucket_bytes`` and
     ``grad_specs``: as ``value_and_grad``'s)."""
-    vg = value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs)
+    vg = _value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs, "grad")
 
     def wrapped(*args, **kwargs):
         (value, grads) = vg(*args, **kwargs)

@@ -303,6 +303,25 @@ def event(kind: str, axes: tuple[str, ...], block_bytes: int, group: int) -> Com
     return CommEvent(kind, axes, REGISTRY[kind].ring_bytes(block_bytes, group), group)
 
 
+#: how wide a list of op names may print (the comm log's "during" column, ``nb.explain``'s users)
+NAMES_WIDTH = 60
+
+
+def abbreviate(names: Sequence[str], width: int = NAMES_WIDTH) -> str:
+    """``names`` joined by commas in at most ``width`` characters: the first names that fit, then "and N more" (a
+    2-layer model's step listed 21 gradients on one line of 670 characters). A single name too long to fit is
+    cut, ending in "..."."""
+    names = list(dict.fromkeys(names))
+    if len(", ".join(names)) <= width:
+        return ", ".join(names)
+    for k in range(len(names) - 1, 0, -1):
+        text = f"{', '.join(names[:k])} and {len(names) - k} more"
+        if len(text) <= width:
+            return text
+    tail = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    return names[0][:max(1, width - len(tail) - 3)] + "..." + tail
+
+
 class CommLog:
     """Every simulated collective run while the log is active (``with nb.comm_log() as log:``): ``steps``, the
     recorded ops (``nabla.step.Step``: operands, layouts, moves, FLOPs), and ``events``, their moves in order.
@@ -336,7 +355,8 @@ class CommLog:
         return out
 
     def summary(self) -> str:
-        """One row per (phase, kind, axes): count, bytes per device, estimated time, and the ops involved."""
+        """One row per (phase, kind, axes): count, bytes per device, estimated time, and the ops involved (the
+        first that fit in ``NAMES_WIDTH`` characters, then how many more)."""
         groups: dict[tuple, list[CommEvent]] = {}
         for e in self.events:
             groups.setdefault((e.phase, e.kind, e.axes), []).append(e)
@@ -344,7 +364,7 @@ class CommLog:
         head = (("phase",) if len(phases) > 1 else ()) + ("kind", "axes", "count", "bytes/device", "est. us", "during")
         rows = [head]
         for (phase, kind, axes), evs in groups.items():
-            ops = ", ".join(dict.fromkeys(e.op for e in evs if e.op))
+            ops = abbreviate([e.op for e in evs if e.op])
             rows.append(((phase,) if len(phases) > 1 else ()) + (
                 kind, ",".join(axes), str(len(evs)), f"{sum(e.bytes for e in evs):,}",
                 f"{sum(e.seconds for e in evs) * 1e6:,.1f}", ops))

@@ -23,7 +23,7 @@ from .gather import (_SCATTER, _SCATTER_ALONG, _TAKE, _TAKE_ALONG, argwhere, fla
                      take_along_axis)
 from .indexing import _INDEX, _KEYS, _normalize_key, getitem
 from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, all, any, argmax,
-                        argmin, cumsum, max, mean, min, prod, softmax, std, sum, var)
+                        argmin, cumsum, max, mean, min, prod, reduce_cotangent, softmax, std, sum, var)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
 from .masks import dropout, tril, triu
 from .sorting import argsort, sort, top_k

@@ -13,7 +13,7 @@ import numpy as np
 from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
-from ..dtypes import is_inexact
+from ..dtypes import accumulation, is_inexact
 from ..errors import ShardingError
 from ..value import Value
 from ..layout import global_rows
@@ -24,7 +24,7 @@ from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
 from .creation import _dtype_arg
 from .gather import _indices, take_along_axis
 from .pointwise import astype, equal, exp, log, where
-from .reduction import max, mean, sum  # noqa: A004 - numpy's names
+from .reduction import _wide_sum, max, mean, sum  # noqa: A004 - numpy's names
 from .registry import onnx_export, register
 from .shape import expand_dims, squeeze
 
@@ -136,7 +136,11 @@ def _log_softmax_kernel(arrays, local):
         return x
     ax = local.G + local.params[0]
     s = x - xp.max(x, axis=ax, keepdims=True)
-    return s - xp.log(xp.sum(xp.exp(s), axis=ax, keepdims=True))
+    acc = accumulation(s.dtype)
+    if acc == s.dtype:
+        return s - xp.log(xp.sum(xp.exp(s), axis=ax, keepdims=True))
+    # float16 and bfloat16: the exponentials and their sum in float32, the sum rounded once
+    return s - xp.log(xp.sum(xp.exp(s.astype(acc)), axis=ax, keepdims=True).astype(s.dtype))
 
 
 def _log_softmax_vjp(g, node, out):
@@ -163,7 +167,9 @@ def _log_softmax_np(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     """``jax.nn.log_softmax``: ``x - max - log(sum(exp(x - max)))`` along ``axis`` (the max shifts nothing
-    mathematically and its gradient is stopped, as jax's).
+    mathematically and its gradient is stopped, as jax's). For float16 and bfloat16 the shifted values are in
+    that dtype, their exponentials and the sum in float32, the sum rounded once: what jax's log_softmax (jitted
+    by jax) computes, read from its compiled HLO.
 
     Sharding: other dims pass through. When ``axis`` is sharded it is not gathered: the row max and the row sum
     of exponentials are reduced across devices (two all_reduces of one value per row), and the gradient
@@ -178,7 +184,10 @@ def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     def run():
         y = x if is_inexact(x._dtype) else astype(x, _float(x._dtype))
         s = y - stop_gradient(max(y, ax, keepdims=True))
-        return s - log(sum(exp(s), ax, keepdims=True))
+        acc = accumulation(s._dtype)
+        if acc == s._dtype:
+            return s - log(sum(exp(s), ax, keepdims=True))
+        return s - log(astype(sum(exp(astype(s, acc)), ax, keepdims=True), s._dtype))
 
     with _user_op("log_softmax"):
         return _composite(_LOG_SOFTMAX, (ax,), (x,), run)
@@ -205,7 +214,7 @@ def _logsumexp_kernel(arrays, local):
         return xp.full(shape, -np.inf, x.dtype)
     m = xp.max(x, axis=ax, keepdims=True)
     m = xp.where(xp.isfinite(m), m, xp.zeros((), m.dtype))
-    out = xp.log(xp.sum(xp.exp(x - m), axis=ax, keepdims=True)) + m
+    out = xp.log(_wide_sum(xp.exp(x - m), ax)) + m
     return out if keepdims else out.reshape(tuple(n for d, n in enumerate(out.shape) if d not in ax))
 
 

@@ -228,3 +228,50 @@ def test_strategy_backend_and_cost_model_are_per_thread_and_per_task():
         return results
 
     assert asyncio.run(both()) == {"a": "basic", "b": "aggressive"}
+
+
+def test_abbreviate_keeps_the_first_names_that_fit_then_counts_the_rest():
+    names = [f"grad of p['layers'][{i}]['w{j}']" for i in range(2) for j in range(5)]
+    text = C.abbreviate(names, 60)
+    assert len(text) <= 60
+    kept = text.split(" and ")[0].split(", ")
+    assert kept == names[:len(kept)] and len(kept) >= 1
+    assert text.endswith(f" and {len(names) - len(kept)} more")
+    assert C.abbreviate(["a", "b", "a"], 60) == "a, b"  # each name once, in order
+    assert C.abbreviate(["x" * 100], 20) == "x" * 17 + "..."
+    long = C.abbreviate(["x" * 100, "y"], 30)
+    assert len(long) <= 30 and long.endswith(" and 1 more")
+
+
+def test_the_during_column_of_a_two_layer_step_is_bounded():
+    """examples/train_llama.py's 2-layer step (DP x TP x SP): 21 gradients share one dp all_reduce row, which
+    printed 670 characters; every "during" cell now fits in NAMES_WIDTH and counts the names it leaves out, in
+    log.summary() and in nb.explain's copy of it."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import train_llama as L
+
+    layout = L.Layout("dp_tp_sp")
+    params = L.init(L.CONFIG)
+    placed = L._tree_map2(lambda a, s: nb.abstract(a.shape).shard(layout.mesh, s), params,
+                          layout.param_specs(params))
+    ids = nb.abstract((L.CONFIG["batch"], L.CONFIG["seq"]), "int64").shard(layout.mesh, ["dp", None])
+    step = nb.value_and_grad(lambda p, x, y: L.loss_fn(p, x, y, L.CONFIG, layout))
+    with nb.comm_log() as log:
+        step(placed, ids, ids)
+    lines = log.summary().splitlines()
+    start = lines[0].index("during")
+    cells = [line[start:] for line in lines[2:-1]]
+    assert max(len(c) for c in cells) <= C.NAMES_WIDTH, cells
+    assert max(len(line) for line in lines) <= start + C.NAMES_WIDTH
+    grads = [e for e in log.events if e.phase == "backward" and e.kind == "all_reduce" and e.axes == ("dp",)]
+    users = list(dict.fromkeys(e.op for e in grads))
+    assert len(users) > 10
+    row = next(c for line, c in zip(lines[2:], cells) if line.startswith("backward  all_reduce") and " dp " in line)
+    shown = row.split(" and ")[0].split(", ")
+    assert shown == users[:len(shown)] and row.endswith(f" and {len(users) - len(shown)} more")
+    with contextlib.redirect_stdout(None):
+        text = nb.explain(step, placed, ids, ids)
+    table = text[text.index("comm log of the run:"):].splitlines()[1:]
+    assert max(len(line) for line in table) <= start + C.NAMES_WIDTH
