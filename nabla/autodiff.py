@@ -478,8 +478,8 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         flat.append(leaves)
         trees.append(tree)
         traced.append([_leaf(x, who) for x in leaves])
-        if params:  # to a memory log: the values being differentiated are the parameters
-            C.tag(traced[-1], "params")
+        if params:  # to a memory log: the values being differentiated are the parameters (the caller holds them)
+            C.tag(leaves + traced[-1], "params")
         for t, path in zip(traced[-1], _paths(p, names[i])):
             labels[by_node(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
     with differentiating():

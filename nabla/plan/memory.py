@@ -271,10 +271,12 @@ class MemoryLog:
             return
         self._tags[s] = kind
         self._cache = None
-        if s not in self._refs and getattr(value, "_shape", None) is not None:  # made without a step
+        if getattr(value, "_shape", None) is None:
+            return
+        if s not in self._refs:  # made without a step
             at = len(self.steps) if self.steps else -1  # (before any step: it was there from the start)
             self._made_at[s] = (at, value._spec, value._shape, value._dtype)
-            self._watch(s, value)
+        self._watch(s, value)  # (whoever holds this object holds the value)
 
     def hold(self, values: Iterable[Any]) -> None:
         """Count ``values`` from the start, read or not (the arguments of the function being measured)."""
@@ -284,6 +286,20 @@ class MemoryLog:
                 self._start[s] = None
                 self._watch(s, v)
         self._cache = None
+
+    @classmethod
+    def of(cls, steps: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any]) -> "MemoryLog":
+        """The accounts of a recorded program run on its own: ``inputs`` alive from its start, ``outputs`` held at
+        its end, every other value until its last reader (``nb.jit``'s compiled program: what XLA keeps)."""
+        log = cls()
+        log.steps = list(steps)
+        for v in inputs:
+            s = serial(v)
+            if s and getattr(v, "_shape", None) is not None:
+                log._first[s] = (v._spec, v._shape, v._dtype)
+                log._start[s] = None
+        log._held = {serial(o) for o in outputs} | set(log._start)
+        return log
 
     def close(self) -> None:
         """Fix what the program holds at the end: the values some object still carries."""

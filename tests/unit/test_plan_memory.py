@@ -293,3 +293,54 @@ def test_kinds_are_what_a_value_is_not_the_phase_it_was_made_in():
     assert by["grads"][0] == whole + quarter  # g, and g2 while both are held
     assert by["optimizer"][0] == 4 * quarter  # mu and nu, passed in and made
     assert w2.shape == w.shape and state2 is not None
+
+
+def _fsdp_mlp(ck: bool):
+    mesh = nb.DeviceMesh("m", (4,), ("dp",))
+    rng = np.random.default_rng(0)
+    ws = [nb.tensor((rng.standard_normal((16, 16)) * 0.3).astype(np.float32)).shard(mesh, ["dp", None])
+          for _ in range(3)]
+    x = nb.tensor(rng.standard_normal((256, 16)).astype(np.float32)).shard(mesh, ["dp", None])
+
+    def loss(ws):
+        h = x
+        for w in ws:
+            h = nb.checkpoint(lambda h, w: nb.tanh(h @ w))(h, w) if ck else nb.tanh(h @ w)
+        return (h * h).sum()
+
+    return loss, ws
+
+
+def test_fsdp_under_checkpoint_gathers_each_weight_twice():
+    """FSDP gathers a weight for the forward pass and once more for its layer's backward (its pre-backward hook);
+    under activation checkpointing the recompute runs on that second gather (PyTorch FSDP's order), so each weight
+    is gathered twice, not three times; the gradients are the same."""
+    grads, gathers = {}, {}
+    for ck in (False, True):
+        loss, ws = _fsdp_mlp(ck)
+        with nb.comm_log() as log:
+            grads[ck] = nb.grad(loss)(ws)
+        weight = 3 * 4 * 16 * 4  # (k - 1) x a (4, 16) float32 block: a whole weight gathered
+        gathers[ck] = [e.phase for e in log.events if e.kind == "all_gather" and e.bytes == weight]
+    assert gathers[True] == ["forward"] * 3 + ["recompute"] * 3  # the backward reads the recompute's gathers
+    assert len(gathers[False]) == 5  # forward 3; the two layers whose input gradient is needed gather again
+    for a, b in zip(grads[False], grads[True]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+
+
+def test_jit_program_holds_what_eager_holds():
+    """nb.jit's program is read by the same liveness pass (``Lowered.memory``): inputs from the start, outputs to
+    the end, every other value until its last reader."""
+    mesh = nb.DeviceMesh("m", (4,), ("dp",))
+    w = nb.tensor(np.ones((64, 32), np.float32)).shard(mesh, ["dp", None])
+    x = nb.tensor(np.ones((16, 64), np.float32)).shard(mesh, ["dp", None])
+
+    def step(w, x):
+        return nb.grad(lambda w: nb.relu(x @ w).sum())(w)
+
+    lowered = nb.jit(step).lower(w, x)
+    with nb.memory_log() as mem:
+        g = step(w, x)
+    assert lowered.memory.peak == mem.peak and lowered.memory.kept == mem.kept
+    assert lowered.memory.by_kind["comm"][0] == 64 * 32 * F32  # the gathered weight while the matmul runs
+    assert g.shape == w.shape
