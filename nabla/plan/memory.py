@@ -80,9 +80,19 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
     source: dict[int, int] = {}  # serial -> the serial it was moved from
     transient: dict[tuple, list] = {}  # (mesh, kind) -> [(step, bytes)]
     late = sorted(((i, s) for s, (i, *_) in made_at.items()), reverse=True)
+    sized: dict[tuple, tuple] = {}  # (id(layout), shape, dtype) -> (mesh, bytes): the program's few hundred layouts
+    keep_alive = []  # (the layouts whose ids key ``sized``)
+
+    def size(layout: Any, shape: Any, dtype: Any) -> tuple[Any, int]:
+        key = (id(layout), shape, dtype)
+        got = sized.get(key)
+        if got is None:
+            got = sized[key] = _bytes(layout, shape, dtype)
+            keep_alive.append(layout)
+        return got
 
     def alloc(s: int, at: int, layout: Any, shape: Any, dtype: Any, extra: int = 0, tied: int | None = None) -> None:
-        mesh, b = _bytes(layout, shape, dtype)
+        mesh, b = size(layout, shape, dtype)
         if mesh is None:
             return
         buf.append([mesh, b + extra, at, at, s, tied])
@@ -121,7 +131,7 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
                 if summands:
                     alloc(s, i, u.dst, u.shape, u.dtype, tied=s)  # a summed copy, kept on the value for later uses
                 else:
-                    mesh, b = _bytes(u.dst, u.shape, u.dtype)
+                    mesh, b = size(u.dst, u.shape, u.dtype)
                     if mesh is not None:
                         transient.setdefault((mesh, "comm"), []).append((i, b))
         if st.op == MOVE:  # a pending sum made once for later uses: a copy kept as long as it is read
@@ -317,6 +327,9 @@ class MemoryLog:
         return self._cache[0]
 
     def _per_id(self, per_mesh: dict) -> dict[int, int]:
+        if len(per_mesh) == 1:  # one mesh (most programs): every device holds as much
+            (mesh, b), = per_mesh.items()
+            return dict.fromkeys(mesh.devices, int(b))
         out: dict[int, int] = {}
         for mesh, b in per_mesh.items():
             for d in mesh.devices:

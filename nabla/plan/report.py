@@ -43,9 +43,8 @@ class MemoryReport:
         if record is None:
             return cls(MappingProxyType({}), MappingProxyType({}), capacity)
         try:
-            peak = {int(d): int(b) for d, b in dict(record.peak).items()}
-            by_kind = {str(k): MappingProxyType({int(d): int(b) for d, b in dict(v).items()})
-                       for k, v in dict(getattr(record, "by_kind", {})).items()}
+            peak = dict(record.peak)
+            by_kind = {str(k): MappingProxyType(dict(v)) for k, v in dict(getattr(record, "by_kind", {})).items()}
         except (AttributeError, TypeError, ValueError):
             raise ShardingError(f"estimate: memory must have .peak (device -> bytes) and .by_kind (kind -> device "
                                 f"-> bytes), got {type(record).__name__}") from None

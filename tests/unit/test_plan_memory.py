@@ -344,3 +344,31 @@ def test_jit_program_holds_what_eager_holds():
     assert lowered.memory.peak == mem.peak and lowered.memory.kept == mem.kept
     assert lowered.memory.by_kind["comm"][0] == 64 * 32 * F32  # the gathered weight while the matmul runs
     assert g.shape == w.shape
+
+
+def test_dot_product_attention_keeps_bytes_linear_in_the_sequence():
+    """FlashAttention keeps q, k, v, the output and a float32 log-sum-exp per query row (Dao et al. 2022): bytes
+    linear in the sequence; attention written with a softmax over materialised scores keeps (B, N, S, S)."""
+    B, N, H, D = 2, 4, 16, 64
+
+    def kept(S: int, flash: bool) -> int:
+        x = nb.abstract((B, S, D), "bfloat16").shard(ONE, [None, None, None])
+        ws = [nb.abstract((D, N * H), "bfloat16").shard(ONE, [None, None]) for _ in range(3)]
+
+        def loss(ws):
+            q, k, v = ((x @ w).reshape(B, S, N, H) for w in ws)
+            if flash:
+                o = nb.dot_product_attention(q, k, v, is_causal=True)
+            else:
+                s = nb.einsum("btnh,bsnh->bnts", q, k) * H ** -0.5
+                o = nb.einsum("bnts,bsnh->btnh", nb.softmax(s, -1), v)
+            return o.astype("float32").sum()
+
+        with nb.memory_log() as mem:
+            nb.grad(loss)(ws)
+        return mem.kept[0]
+
+    act = B * 128 * N * H * 2  # one (B, S, N, H) bf16 value at S = 128
+    assert kept(128, True) == B * 128 * D * 2 + 4 * act + B * N * 128 * 4  # x (for dw), q, k, v, out; lse
+    assert kept(256, True) == 2 * kept(128, True) and kept(512, True) == 4 * kept(128, True)
+    assert kept(512, False) - kept(256, False) > 2 * (kept(256, False) - kept(128, False))  # quadratic
