@@ -512,6 +512,16 @@ def tag(values: Sequence[Any], kind: str) -> None:
                 t(v, kind)
 
 
+def replaces(new: Sequence[Any], old: Sequence[Any]) -> None:
+    """Tell the open recorders that keep accounts that each of ``new`` is written over the matching ``old`` (an
+    optimizer's update, in place)."""
+    for log in _logs.get():
+        r = getattr(log, "replace", None)
+        if r is not None:
+            for a, b in zip(new, old):
+                r(a, b)
+
+
 def publish(step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
     """Hand a recorded step to every open log: the one place moves enter a comm log. ``values``: (serial,
     value) pairs a log that keeps values takes."""

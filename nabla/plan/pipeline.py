@@ -31,8 +31,9 @@ def in_flight(stages: int, microbatches: int, schedule: str = "1f1b", virtual_st
 
 @dataclass(frozen=True)
 class PipelineMemory:
-    """Per device id of a stage: ``peak`` (the stage's own peak for one microbatch, plus the activations the
-    schedule keeps of the other microbatches in flight: ``(in_flight - 1) * kept``) and ``by_kind`` (params,
+    """Per device id of a stage: ``peak`` (the stage's own peak for one microbatch's forward and backward passes,
+    plus the activations the schedule keeps of the other microbatches in flight, ``(in_flight - 1) * kept``; or
+    its optimizer update's, which runs once when none is in flight) and ``by_kind`` (params,
     grads and optimizer state as the stage holds them; activations with the microbatches in flight), against
     ``capacity``. ``fits``: every device's peak within it."""
 
@@ -102,6 +103,14 @@ class PipelineReport:
         n = in_flight(self.stages, self.microbatches, self.schedule, self.virtual_stages)
         extra = {d: int(round((n - 1) * mem.kept.get(d, 0))) for d in mem.peak}
         peak = {d: b + extra[d] for d, b in mem.peak.items()}
+        costs = self.stage_report.timeline.costs
+        if mem.live and len(mem.live) == len(costs):
+            # the other microbatches are in flight during the forward and backward passes, not during an update
+            # the stage program runs after them (once per step, when no activation is alive)
+            last = max((i for i, c in enumerate(costs) if c.phase in ("backward", "recompute")), default=len(costs) - 1)
+            passes, after = max(mem.live[:last + 1], default=0), max(mem.live[last + 1:], default=0)
+            top = max(mem.peak.values(), default=0)
+            peak = {d: (max(passes + extra[d], after) if b == top else b + extra[d]) for d, b in mem.peak.items()}
         by_kind = {k: MappingProxyType({d: b + (extra.get(d, 0) if k == "activations" else 0) for d, b in v.items()})
                    for k, v in mem.by_kind.items()}
         return PipelineMemory(MappingProxyType(peak), MappingProxyType(by_kind), mem.capacity, n, mem.kept)
