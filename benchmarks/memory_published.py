@@ -96,7 +96,7 @@ from nabla.plan import Cluster, Hardware, gpt_params, pipeline_estimate  # noqa:
 from nabla.pytree import flatten, unflatten  # noqa: E402
 
 import megatron_table1 as mt  # noqa: E402
-from _env import write_results  # noqa: E402
+from _env import environment, write_results  # noqa: E402
 
 GiB, MiB, GB = 2**30, 2**20, 10**9
 RESEARCH = "/work/shared_research/published_runs.md"
@@ -663,7 +663,9 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here (default: update benchmarks/results.json)")
     ap.add_argument("--no-diagnostics", action="store_true", help="only nb.estimate (no second recording)")
     a = ap.parse_args()
-    res = {"memory_published": run_all(a.runs.split(",") if a.runs else None, not a.no_diagnostics)}
+    env = environment(HERE.parent)
+    res = {"memory_published": dict(run_all(a.runs.split(",") if a.runs else None, not a.no_diagnostics),
+                                    date=env["date"], commit=env["commit"])}
     write_results(res, a.json)
 
 
