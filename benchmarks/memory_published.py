@@ -3,7 +3,7 @@ its authors say did not fit does not?
 
     python benchmarks/memory_published.py [--runs K-22B,X-K-22B] [--json PATH]
 
-Every configuration, its numbers and its quotes come from ``/work/shared_research/published_runs.md`` (a
+Every configuration, its numbers and its quotes come from ``benchmarks/published_runs.md`` (a
 literature file: each fact quoted from a paper, a config file in the authors' repository at a stated commit, or
 plain arithmetic on them); the quotes are repeated in ``RUNS`` below. A run is *validated* when nabla's
 ``fits`` equals the source's verdict (ran / out of memory). Where the source states a memory figure it is shown
@@ -59,21 +59,9 @@ Source figures are compared as GiB: Korthikanti et al.'s Fig. 1 bars equal their
 nvidia-smi, PyTorch and DeepSpeed's memory reports count MiB and GiB. Were a figure 10^9 bytes, its ratio would be
 7% lower.
 
-Diagnostics (a second recording of the same program, and one of its in-place variant; the headline and the
-verdict are ``nb.estimate``'s and ``nb.pipeline_estimate``'s alone): the peaks of the forward and backward passes
-and of the update apart, the model state live when the backward pass ends (ZeRO's count), the optimizer state
-held at once against the state passed in, and ``corrected``: the peak read with four modelling issues removed,
-each reproduced in docs/planning.md's account of this check:
-(A) ``kept`` is read at the first step whose phase is "backward", after the last layer's recompute when the
-backward pass starts with one (here: read at the first step of the backward pass, a recompute included);
-(B) the microbatches in flight are added to the stage's peak even when that peak is the optimizer's update,
-which runs once after every microbatch (here: added to the forward and backward passes' peak only);
-(C) the update makes its new state while the old one, an argument, stays held, where PyTorch's optimizers,
-apex's FusedAdam and JAX with ``donate_argnums`` update in place (here: the in-place variant of ``gpt_step``);
-(D) ``kept`` counts arguments the backward pass reads, such as the gradient the next stage sends (it arrives when
-that backward pass starts), and misses the activation a middle or last stage received (filed under params, its
-gradient being taken) (here: per microbatch in flight, what the forward pass made and the backward pass reads,
-plus the received activation).
+The modelling issues this check first found in nabla's pipeline and optimizer memory (``kept`` read after a
+recompute, the microbatches in flight added to the update's peak, no update in place, a cotangent handed in
+counted as kept) are fixed in nabla itself; docs/planning.md tells what they were.
 """
 
 from __future__ import annotations
@@ -99,7 +87,7 @@ import megatron_table1 as mt  # noqa: E402
 from _env import environment, write_results  # noqa: E402
 
 GiB, MiB, GB = 2**30, 2**20, 10**9
-RESEARCH = "/work/shared_research/published_runs.md"
+RESEARCH = "benchmarks/published_runs.md"
 
 # ---- hardware ------------------------------------------------------------------------------------------------
 
@@ -387,12 +375,9 @@ class Program(NamedTuple):
     received: Any = None
 
 
-def gpt_step(run: Run, kind: str, layers: int, mesh, in_place: bool = False) -> Program:
+def gpt_step(run: Run, kind: str, layers: int, mesh) -> Program:
     """``run``'s ``kind`` stage (``layers`` blocks) for one microbatch followed by mixed-precision Adam's update
-    of its parameters, the state made outside and passed in (laid out as ``run.zero`` says). ``in_place`` (a
-    diagnostic): the optimizer state (and BLOOM's float32 buffer) made inside the measured function instead, so
-    that nabla frees each old buffer once the update has read it, as an update in place does (PyTorch's
-    optimizers, apex's FusedAdam, JAX with ``donate_argnums``)."""
+    of its parameters, the state made outside and passed in (laid out as ``run.zero`` says)."""
     zero = run.zero in ("zero1", "zero2")
     probe = mt.stage_program(run.model, kind, mesh, run.microbatch, layers, run.variant)
     specs = split_over(probe.args[0], "dp", run.dp) if zero and run.dp > 1 else None
@@ -414,18 +399,7 @@ def gpt_step(run: Run, kind: str, layers: int, mesh, in_place: bool = False) -> 
             grads = unflatten(gtree, [a + g.astype("float32") for a, g in zip(flatten(acc)[0], gl)])
         return opt.update(grads, state, params)
 
-    if in_place:
-        def made_inside(params, *rest):
-            extra = (buffer(),) if run.fp32_accumulation else ()
-            return step(params, opt.init(params, specs=specs), *extra, *rest)
-
     received = batch[0] if kind in ("middle", "last") else None
-    if in_place:
-        def made_inside(params, *rest):
-            extra = (buffer(),) if run.fp32_accumulation else ()
-            return step(params, opt.init(params, specs=specs), *extra, *rest)
-
-        return Program(made_inside, (params, *batch), mesh, params, opt.init(params, specs=specs), received)
     state = opt.init(params, specs=specs)
     extra = (buffer(),) if run.fp32_accumulation else ()
     return Program(step, (params, state) + extra + tuple(batch), mesh, params, state, received)
@@ -435,7 +409,7 @@ def gpt_step(run: Run, kind: str, layers: int, mesh, in_place: bool = False) -> 
 LLAMA7B = dict(vocab=32000, mlp=11008, kv_heads=32)
 
 
-def maxtext_step(run: Run, mesh, in_place: bool = False) -> Program:
+def maxtext_step(run: Run, mesh) -> Program:
     """MaxText's Llama-2-7B training step as ``1vm.sh``/``16vm.sh`` run it: float32 weights
     (``weight_dtype: float32``) split over ``fsdp`` (ZeRO-3: gathered while used), cast to bfloat16 for compute
     (``dtype: bfloat16``); the batch over ``dp`` x ``fsdp``; each layer ``megatron_table1.llama_block``
@@ -486,9 +460,6 @@ def maxtext_step(run: Run, mesh, in_place: bool = False) -> Program:
     def step(params, state, ids, targets):
         return opt.update(vg(params, ids, targets)[1], state, params)
 
-    if in_place:  # (the diagnostic of gpt_step)
-        return Program(lambda params, ids, targets: step(params, opt.init(params), ids, targets),
-                       (params, ids, targets), mesh, params, opt.init(params))
     state = opt.init(params)
     return Program(step, (params, state, ids, targets), mesh, params, state)
 
@@ -541,46 +512,18 @@ def phases(mem: Any) -> tuple[int, int, int]:
     return back[0], back[-1], len(mem.steps) - 1
 
 
-def diagnose(prog: Program, in_place: Program) -> dict:
-    """What the record says besides ``nb.estimate``'s peak (a second recording of the same program, and one of
-    its ``in_place`` variant): the peaks of the forward and backward passes and of the update apart; the model
-    state live when the backward pass ends (params, grads, optimizer: ZeRO's count); the optimizer state held at
-    once against the state passed in; ``kept`` read at the first step of the backward pass counting a recompute
-    as its start; and the update's peak when the state is updated in place."""
-    mem = record(prog)
-    tl, bufs = mem.timeline, mem.buffers()
-    start, end, _ = phases(mem)
-    kept = sum(b.bytes for b in bufs if b.kind == "activations" and b.made < start <= b.freed)
-    # per microbatch in flight: what its forward pass made and its backward pass reads (not an argument such as
-    # the gradient the next stage sends, which arrives when the backward pass starts), plus the activation a
-    # middle or last stage received (its first layer's input: an argument nabla files under params)
-    own = sum(b.bytes for b in bufs if b.kind == "activations" and 0 <= b.made < start <= b.freed)
-    own += per_device_bytes(prog.received) if prog.received is not None else 0
-    state = {k: sum(b.bytes for b in bufs if b.kind == k and b.made <= end <= b.freed)
-             for k in ("params", "grads", "optimizer")}
-    inp = record(in_place)
-    itl = inp.timeline
-    _, iend, _ = phases(inp)
-    return {"peak": max(tl), "fwd_bwd_peak": max(tl[:end + 1]), "update_peak": max(tl[end + 1:], default=0),
-            "in_place_fwd_bwd_peak": max(itl[:iend + 1]), "in_place_update_peak": max(itl[iend + 1:], default=0),
-            "kept_from_backward_start": kept, "kept_per_microbatch": own, "model_state_at_backward_end": state,
-            "optimizer_held_max": max(mem.by_kind["optimizer"].values()),
-            "optimizer_state_passed": per_device_bytes(prog.state), "steps": len(mem.steps)}
-
-
-def price_stage(run: Run, kind: str, layers: int, rank: int, diagnostics: bool = True) -> dict:
-    """One stage of ``run``: ``nb.estimate`` of its training step on its ``dp x tp`` devices, the microbatches
-    in flight at its rank, and the diagnostics."""
+def price_stage(run: Run, kind: str, layers: int, rank: int) -> dict:
+    """One stage of ``run``: ``nb.estimate`` of its training step on its ``dp x tp`` devices and the microbatches
+    in flight at its rank."""
     t0 = time.perf_counter()
     n = run.dp * run.tp * (8 if kind == "fsdp" else 1)
     cluster = Cluster(run.hardware, max(1, n // run.per_node), min(run.per_node, n))
     if kind == "fsdp":
         mesh = cluster.mesh("stage", (run.dp, 8), ("dp", "fsdp"))
-        build = lambda in_place=False: maxtext_step(run, mesh, in_place)  # noqa: E731
+        prog = maxtext_step(run, mesh)
     else:
         mesh = cluster.mesh("stage", (run.dp, run.tp), ("dp", "tp"))
-        build = lambda in_place=False: gpt_step(run, kind, layers, mesh, in_place)  # noqa: E731
-    prog = build()
+        prog = gpt_step(run, kind, layers, mesh)
     report = nb.estimate(prog.fn, cluster)(*prog.args)
     mem = report.memory
     peak0, kept = max(mem.peak.values()), max(mem.kept.values())
@@ -601,25 +544,14 @@ def price_stage(run: Run, kind: str, layers: int, rank: int, diagnostics: bool =
     out = {"kind": kind, "layers": layers, "rank": rank, "devices": n, "params_per_device": per_device_params(
         prog.params), "stage_peak": peak0, "kept": kept, "in_flight": n_flight, "peak": peak, "fits": bool(fits),
         "by_kind": by_kind, "capacity": mem.capacity}
-    if diagnostics:
-        d = diagnose(prog, build(True))
-        assert d["peak"] == peak0, (d["peak"], peak0)  # the same record, read twice
-        more = max(n_flight - 1, 0)
-        # issues A (kept read after the last layer's recompute) and B (the microbatches in flight added to the
-        # update's peak); then also C (the update not in place) and D (arguments counted as kept per microbatch)
-        d["phase_aware_peak"] = max(d["fwd_bwd_peak"] + int(round(more * d["kept_from_backward_start"])),
-                                    d["update_peak"])
-        d["corrected_peak"] = max(d["in_place_fwd_bwd_peak"] + int(round(more * d["kept_per_microbatch"])),
-                                  d["in_place_update_peak"])
-        out["diagnostics"] = d
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
-def price(run: Run, diagnostics: bool = True) -> dict:
+def price(run: Run) -> dict:
     """Every priced stage of ``run``; the configuration's peak is its worst stage's."""
     t0 = time.perf_counter()
-    stages = [price_stage(run, k, n, r, diagnostics) for k, n, r in run.stages]
+    stages = [price_stage(run, k, n, r) for k, n, r in run.stages]
     worst = max(stages, key=lambda s: s["peak"])
     fits = all(s["fits"] for s in stages)
     ratio = worst["peak"] / (run.stated_gib * GiB) if run.stated_gib else None
@@ -633,27 +565,21 @@ def price(run: Run, diagnostics: bool = True) -> dict:
                k: v / GiB for k, v in worst["by_kind"].items()}, "fits": fits,
            "validated": fits == (run.verdict == "ran"), "ratio_to_stated": ratio, "note": run.note,
            "stages": stages, "seconds": time.perf_counter() - t0}
-    if diagnostics:
-        for k in ("phase_aware_peak", "corrected_peak"):
-            res[f"{k}_gib"] = max(s["diagnostics"][k] for s in stages) / GiB
-        res["corrected_fits"] = res["corrected_peak_gib"] * GiB <= run.hardware.hbm_bytes
     return res
 
 
-def run_all(ids: list[str] | None = None, diagnostics: bool = True) -> dict:
+def run_all(ids: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     rows = []
     for run in RUNS:
         if ids and run.id not in ids:
             continue
-        r = price(run, diagnostics)
+        r = price(run)
         rows.append(r)
         stated = f"{r['stated_gib']:.0f} GiB" if r["stated_gib"] else "-"
-        extra = (f" | phase-aware {r['phase_aware_peak_gib']:6.1f} corrected {r['corrected_peak_gib']:6.1f}"
-                 if diagnostics else "")
         print(f"{r['id']:<14} {r['source']:<15} peak {r['peak_gib']:6.1f} GiB of {r['hbm_gib']:.0f} "
               f"({r['worst_stage']:<6}) fits {str(r['fits']):<5} source {r['verdict']:<4} stated {stated:>6} "
-              f"{'validated' if r['validated'] else 'MISMATCH'}{extra} | {r['seconds']:.1f} s", flush=True)
+              f"{'validated' if r['validated'] else 'MISMATCH'} | {r['seconds']:.1f} s", flush=True)
     return {"sources": SOURCES, "research": RESEARCH, "rows": rows, "seconds": time.perf_counter() - t0}
 
 
@@ -661,10 +587,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", help="ids, e.g. K-22B,X-K-22B (default: every run)")
     ap.add_argument("--json", help="write the results here (default: update benchmarks/results.json)")
-    ap.add_argument("--no-diagnostics", action="store_true", help="only nb.estimate (no second recording)")
     a = ap.parse_args()
     env = environment(HERE.parent)
-    res = {"memory_published": dict(run_all(a.runs.split(",") if a.runs else None, not a.no_diagnostics),
+    res = {"memory_published": dict(run_all(a.runs.split(",") if a.runs else None),
                                     date=env["date"], commit=env["commit"])}
     write_results(res, a.json)
 

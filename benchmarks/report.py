@@ -525,16 +525,6 @@ def _kinds(r: dict) -> str:
     return " ".join(f"{short} {k[kind]:.1f}" for kind, short in KIND_SHORT if k.get(kind, 0) >= 0.05)
 
 
-def _why(r: dict) -> str:
-    """Whether the verdict survives the corrected reading of the record (the diagnostic), in words."""
-    if "corrected_fits" not in r:
-        return "-"
-    same = r["corrected_fits"] == r["fits"]
-    if r["validated"]:
-        return "same verdict" if same else "**verdict rests on issues A-D**"
-    return "**corrected: matches**" if r["corrected_fits"] == (r["verdict"] == "ran") else "**still wrong**"
-
-
 def memory_published(res: dict) -> Table | None:
     m = res.get("memory_published")
     if not m:
@@ -544,8 +534,7 @@ def memory_published(res: dict) -> Table | None:
         ratio = f"{r['ratio_to_stated']:.2f}" if r.get("ratio_to_stated") else "-"
         rows.append([f"{r['id']}", r["source"], f"{r['model']}, {r['hardware']}", _layout(r), r["recompute"],
                      f"{r['peak_gib']:.1f} of {r['hbm_gib']:.0f}", _kinds(r), "yes" if r["fits"] else "no",
-                     r["stated"], ratio, r["verdict"], "yes" if r["validated"] else "**no**",
-                     _gib(r.get("corrected_peak_gib")), _why(r)])
+                     r["stated"], ratio, r["verdict"], "yes" if r["validated"] else "**no**"])
     ok = sum(r["validated"] for r in m["rows"])
     sources = sorted({r["source"] for r in m["rows"]})
     ran = sum(r["verdict"] == "ran" for r in m["rows"])
@@ -561,16 +550,10 @@ def memory_published(res: dict) -> Table | None:
         "**peak**: GiB per device, the worst stage's (p params, g grads, o optimizer state, a activations, t "
         "temporaries, c collective buffers, each its own maximum). **source figure**: as the source gives it "
         "(chart readings ±2 GB; nvidia-smi figures include the CUDA context and the allocator's reserve), "
-        "compared as GiB. Layout: TP / PP (v) / DP, micro-batch x microbatches.",
-        "**corrected** (a diagnostic, not the estimate): the same record read with four modelling issues "
-        "removed: (A) `kept` is read after the last layer's recompute when a stage's backward pass starts "
-        "with one; (B) the microbatches in flight are added to the stage's peak even when that peak is the "
-        "optimizer's update, run after every microbatch; (C) the update makes its new state while the old "
-        "(an argument) stays held, where frameworks update in place; (D) an argument the backward pass reads "
-        "(the gradient the next stage sends) counts as kept per microbatch in flight. See docs/planning.md, "
-        "\"Checking against published runs\"."],
+        "compared as GiB. Layout: TP / PP (v) / DP, micro-batch x microbatches."],
+
         ["run", "source", "model, device", "layout", "recompute", "peak (GiB)", "by kind (GiB)", "fits",
-         "source figure", "ratio", "source", "match", "corrected", "corrected verdict"], rows,
+         "source figure", "ratio", "source", "match"], rows,
         [f"{r['id']}: {r['note']}." for r in m["rows"] if r.get("note")])
 
 
