@@ -203,7 +203,7 @@ class Window(FactorKind):
                 if isinstance(h, int):
                     shape = list(x.shape)
                     shape[G + d] = h
-                    x = np.full(shape, W._fill_value(self.fill, x.dtype), dtype=x.dtype)
+                    x = np.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                     continue
                 x = W.extend(x, d, G, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
                              win.pad_lo, self.fill)
@@ -216,7 +216,7 @@ class Window(FactorKind):
                 if isinstance(h, int):
                     shape = list(x.shape)
                     shape[d] = h
-                    x = dev.xp.full(shape, W._fill_value(self.fill, x.dtype), dtype=x.dtype)
+                    x = dev.xp.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                 elif h.k == 1:
                     x = W.extend(x, d, 0, (), win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
                                  win.pad_lo, self.fill)
@@ -280,7 +280,7 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
     xp, lax = dev.xp, dev.lax
     k, ci, width = h.k, h.ci, h.width
     rank = x.ndim
-    value = W._fill_value(fill, x.dtype)
+    value = W.fill_value(fill, x.dtype)
     lo = np.asarray(h.lo)
     pos = np.arange(k)
     slab = np.asarray(h.slabs).reshape(k, k, 2)  # [p, s]: the rows p receives from s
