@@ -48,8 +48,8 @@ class Move(NamedTuple):
         if self.kind == "slice":
             return ()
         if self.rounds:
-            return tuple(C.CommEvent("collective_permute", axes, b, k) for b, axes, k in self.rounds)
-        return (C.CommEvent(self.kind, self.axes, self.bytes, self.group),)
+            return tuple(C.sent_event("collective_permute", axes, b, k) for b, axes, k in self.rounds)
+        return (C.sent_event(self.kind, self.axes, self.bytes, self.group),)
 
 
 class Segment(NamedTuple):
