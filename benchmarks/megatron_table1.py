@@ -46,6 +46,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import nabla as nb  # noqa: E402
 from nabla.collectives import CommEvent  # noqa: E402
+from nabla.pytree import flatten, unflatten  # noqa: E402
 from nabla.plan import (MATMUL_OPS, Cluster, Hardware, PipelineReport, Report, Step, estimate_steps,  # noqa: E402
                         gpt_flops, pipeline_estimate, priced_step)
 
@@ -249,6 +250,28 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> St
     return Stage(kind, forward_backward, (params, inp, cotangent), mesh, layers)
 
 
+def accumulating(stage: Stage) -> Stage:
+    """``stage`` with its parameters' gradients added into a running sum, as each microbatch after the first does:
+    PyTorch's ``AccumulateGrad`` adds a new gradient into ``param.grad`` in place (one elementwise kernel per
+    parameter, reading both, writing the sum), and Megatron-LM's local DDP of the runs (``megatron/model/
+    distributed.py`` at 6985e58, without ``--use-contiguous-buffers-in-ddp``, which CONFIG.sh does not set) keeps
+    the fp16 gradients in ``param.grad`` until the all_reduce after the flush. The sum's arguments are abstract
+    tensors laid out as the parameters."""
+    params = stage.args[0]
+    leaves, tree = flatten(params)
+    acc = unflatten(tree, [nb.abstract(x.shape, x.dtype).shard(x.sharding) for x in leaves])
+
+    def fn(acc, *args):
+        out = stage.fn(*args)
+        grads = out[1] if stage.kind in ("last", "whole") else out  # value_and_grad: (loss, grads)
+        if isinstance(grads, tuple):  # the gradients of (params, activation)
+            grads = grads[0]
+        a, t = flatten(acc)
+        return unflatten(t, [x + g for x, g in zip(a, flatten(grads)[0])])
+
+    return stage._replace(fn=fn, args=(acc,) + tuple(stage.args))
+
+
 # ---- pricing ------------------------------------------------------------------------------------------------
 
 
@@ -382,7 +405,8 @@ def predict_row(row: Row, hw: Hardware | None = None, kinds: tuple[str, ...] | N
     per_stage = row.layers // lay.pp
     fusion = (True, False) if compare else (True,)
     programs = {k: stage_program(row, k, mesh, lay.microbatch, per_stage) for k in (kinds or stage_kinds(lay.pp))}
-    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fusion) for k, s in programs.items()}
+    runs = {k: accumulating(s) if lay.microbatches > 1 else s for k, s in programs.items()}
+    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fusion) for k, s in runs.items()}
     job = Cluster(hw, row.gpus // NODE, NODE)
     p2p = lay.microbatch * SEQ * row.hidden * 2 // lay.tp if lay.pp > 1 else None
 

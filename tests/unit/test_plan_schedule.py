@@ -119,8 +119,10 @@ def test_plot(tmp_path):
 
 
 def test_bad_inputs():
-    with pytest.raises(ShardingError, match="overlap must be one of"):
-        simulate(PROGRAM, CL, MESH, "all")
+    with pytest.raises(ShardingError, match="overlap must be 'none', 'grads', 'all' or a tuple"):
+        simulate(PROGRAM, CL, MESH, "everything")
+    with pytest.raises(ShardingError, match="overlap must be"):
+        simulate(PROGRAM, CL, MESH, ("grads", "pipeline"))
     with pytest.raises(ShardingError, match="device 7 but the cluster has devices 0..3"):
         estimate_steps(PROGRAM, CL, DeviceMesh("m", (8,), ("dp",)))
     with pytest.raises(ShardingError, match="model_flops"):
