@@ -1,8 +1,9 @@
 """Where and with what a benchmark ran: date, machine, CPU, load, and every peer's version (read from the
-installed distributions, so nothing heavy is imported)."""
+installed distributions, so nothing heavy is imported); and where its results go."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -59,3 +60,14 @@ def environment(where: Path) -> dict:
             "nabla": version("nabla-spmd"), "commit": git_commit(where),
             "versions": {p: version(p) for p in PACKAGES},
             "load_average_at_start": load_average()}
+
+
+def save_results(res: dict, path: str | None = None) -> None:
+    """``res`` written to ``path``, or merged key by key into ``benchmarks/results.json`` (the report's input)."""
+    if path:
+        Path(path).write_text(json.dumps(res, indent=1, default=str) + "\n")
+        return
+    where = Path(__file__).resolve().parent / "results.json"
+    data = json.loads(where.read_text()) if where.exists() else {}
+    data.update(res)
+    where.write_text(json.dumps(data, indent=1, default=str) + "\n")

@@ -43,10 +43,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 import nabla as nb  # noqa: E402
 from nabla.collectives import CommEvent  # noqa: E402
 from nabla.pytree import flatten, unflatten  # noqa: E402
+from _env import save_results  # noqa: E402
 from nabla.plan import (MATMUL_OPS, Cluster, Hardware, PipelineReport, Report, Step, estimate_steps,  # noqa: E402
                         gpt_flops, pipeline_estimate, priced_step)
 
@@ -240,30 +242,36 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> St
 
     cotangent = w((B, SEQ, h), ["dp", None, None])  # the gradient the next stage sends back
 
+    return Stage(kind, through(body, starts), (params, inp, cotangent), mesh, layers)
+
+
+def through(body: Any, starts: bool) -> Any:
+    """The program of a stage that does not end in the loss: ``body`` forward, then backward from the gradient the
+    next stage sends back, to the parameters' gradients (and the incoming activation's, unless it ``starts``)."""
     def forward_backward(params, x, cotangent):
         if starts:
-            out, back = nb.vjp(lambda params: body(params, x), params)
+            _, back = nb.vjp(lambda params: body(params, x), params)
         else:
-            out, back = nb.vjp(body, params, x)
+            _, back = nb.vjp(body, params, x)
         return back(cotangent)
 
-    return Stage(kind, forward_backward, (params, inp, cotangent), mesh, layers)
+    return forward_backward
 
 
-def accumulating(stage: Stage) -> Stage:
-    """``stage`` with its parameters' gradients added into a running sum, as each microbatch after the first does:
-    PyTorch's ``AccumulateGrad`` adds a new gradient into ``param.grad`` in place (one elementwise kernel per
-    parameter, reading both, writing the sum), and Megatron-LM's local DDP of the runs (``megatron/model/
-    distributed.py`` at 6985e58, without ``--use-contiguous-buffers-in-ddp``, which CONFIG.sh does not set) keeps
-    the fp16 gradients in ``param.grad`` until the all_reduce after the flush. The sum's arguments are abstract
-    tensors laid out as the parameters."""
-    params = stage.args[0]
-    leaves, tree = flatten(params)
-    acc = unflatten(tree, [nb.abstract(x.shape, x.dtype).shard(x.sharding) for x in leaves])
+def accumulating(stage: Any, fp32: bool = False) -> Any:
+    """``stage`` (a NamedTuple with ``fn`` and ``args``, the parameters first) with its parameters' gradients added
+    into a running sum, as each microbatch after the first does: PyTorch's ``AccumulateGrad`` adds a new gradient
+    into ``param.grad`` in place (one elementwise kernel per parameter, reading both, writing the sum), and
+    Megatron-LM's local DDP of the runs (``megatron/model/distributed.py`` at 6985e58, without
+    ``--use-contiguous-buffers-in-ddp``, which CONFIG.sh does not set) keeps the fp16 gradients in ``param.grad``
+    until the all_reduce after the flush; ``fp32``: the sum kept in float32 (DeepSpeed's BF16_Optimizer). The sum's
+    arguments are abstract tensors laid out as the parameters."""
+    leaves, tree = flatten(stage.args[0])
+    acc = unflatten(tree, [nb.abstract(x.shape, "float32" if fp32 else x.dtype).shard(x.sharding) for x in leaves])
 
     def fn(acc, *args):
         out = stage.fn(*args)
-        grads = out[1] if stage.kind in ("last", "whole") else out  # value_and_grad: (loss, grads)
+        grads = out[1] if len(out) == 2 and not isinstance(out[0], dict) else out  # value_and_grad: (loss, grads)
         if isinstance(grads, tuple):  # the gradients of (params, activation)
             grads = grads[0]
         a, t = flatten(acc)
@@ -702,13 +710,7 @@ def main() -> None:
         if a.profile:
             print(subprocess.run([sys.executable, __file__, "--llama-child", "--profile"], capture_output=True,
                                  text=True, env=env, check=True).stdout)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str) + "\n")
-    else:
-        path = HERE / "results.json"
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data.update(res)
-        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    save_results(res, a.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from ..mesh import DeviceMesh
 from .cluster import Cluster
 from .comm import event_time
 from .compute import kernel_times
-from .fusion import kind as fusion_kind
+from .fusion import EXECUTOR_OPS, kind as fusion_kind
 from .steps import MATMUL_OPS, StepLike, is_grad_reduction
 
 #: What ``overlap`` may name (api.md): gradient sums, parameter gathers, tensor-parallel collectives, pipeline sends
@@ -100,7 +100,8 @@ def simulate(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, over
     - ``"grads"``: gradient sums (backward steps run for ``"grad of ..."``, and what an optimizer update sums
       after the backward pass) start when their data is ready and the comm stream is free; nothing waits for
       them until the step ends (DDP, FSDP, Megatron's ``--overlap-grad-reduce``).
-    - ``"params"``: an all_gather of a parameter (a value no step made: an argument) starts as soon as the compute
+    - ``"params"``: an all_gather of a parameter (a value no step made: an argument; or a cast or view of one
+      alone, as float8 or bf16 copies of weights are gathered) starts as soon as the compute
       reaches the layer (``nb.named_scope`` run of steps) before its own: prefetched one layer ahead, as FSDP
       does; the step that reads it waits for it. The parameter all_gathers after the backward pass (a distributed
       optimizer's, of the updated parameters) run at the start of the step, under the next forward pass, which
@@ -111,9 +112,10 @@ def simulate(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, over
       elementwise steps only) in ``PIPELINE_SPLITS`` chunks; any other starts when its data is ready, no earlier
       than the kernel before its reader, and its reader waits.
 
-    A pipelined pair of collective ``c`` and GEMM ``g`` in ``n`` chunks takes ``c/n + (n-1) max(c/n, g/(n(1-f)))
-    + g/n``, ``f`` the fraction of SMs the collective occupies; a collective beside compute slows that compute to
-    ``1 - f`` of its speed (``NCCL_SMS``, ``RING_SMS``, ``PIPELINE_SMS``, ``BULK_SMS`` over ``hardware.sms``; none
+    A pipelined pair of collective ``c`` and GEMM ``g`` in ``n`` chunks takes ``pair_time``: ``c/n + (n-1)
+    max(c/n, g/n + f/(1-f) min(c/n, g/n)) + g/n``, ``f`` the fraction of SMs the collective occupies (several
+    collectives feeding one matmul, keys and values, are one pipeline); a collective beside compute slows that
+    compute to ``1 - f`` of its speed (``NCCL_SMS``, ``RING_SMS``, ``PIPELINE_SMS``, ``BULK_SMS`` over ``hardware.sms``; none
     when ``sms`` is 0). ``drop_grad_comm`` leaves gradient sums out (to measure them). ``fusion``: chains of
     elementwise steps priced as one kernel (``compute.kernel_times``); ``kernels``: the ``kernel_times`` of
     ``steps`` already computed (it then wins over ``fusion``); ``durations``: collectives' times by ``(kind,
@@ -134,11 +136,12 @@ def step_end(steps: Sequence[StepLike], kernels: tuple[Sequence[float], Sequence
 
 def pair_time(comm: float, gemm: float, chunks: int, stolen: float) -> float:
     """A collective of ``comm`` seconds pipelined with a GEMM of ``gemm`` seconds in ``chunks`` chunks, the
-    collective occupying a fraction ``stolen`` of the SMs: the first chunk's transfer (or the last one's), then
-    ``chunks - 1`` rounds of the slower of a transfer and a slowed GEMM chunk, then the last GEMM chunk."""
+    collective occupying a fraction ``stolen`` of the SMs while it moves: the first chunk's transfer (or the
+    last one's), then ``chunks - 1`` rounds each as long as the slower of a transfer and a GEMM chunk (slowed
+    while the transfer beside it runs), then the last GEMM chunk."""
     n = max(1, int(chunks))
     c, g = comm / n, gemm / n
-    return c + (n - 1) * max(c, g / (1 - stolen)) + g
+    return c + (n - 1) * max(c, g + stolen / (1 - stolen) * min(c, g)) + g
 
 
 # event classes (a blocking gradient sum is told apart from other blocking collectives, for ``drop_grad_comm``)
@@ -147,7 +150,11 @@ _BLOCK, _GRADS, _PARAMS, _WRAP, _RING, _PIPE, _BULK, _BLOCK_GRAD = range(8)
 
 def _classes(steps: Sequence[StepLike], modes: frozenset[str]) -> tuple[list, dict[int, int], int]:
     """Per step, per event, how the schedule runs it (``_BLOCK`` ... ``_BULK``) and, for a pipelined one, the
-    matmul step it is paired with; the producer of each value; where the optimizer's tail starts."""
+    matmul step it is paired with; the producer of each value; where the optimizer's tail starts.
+
+    A gradient sum is a collective of a backward step run for ``"grad of ..."``, or one in the backward pass that
+    moves a value only elementwise steps separate from such a step (a gradient that a cast or a scale forced to
+    be summed on its way to its parameter), or one after the backward pass that is not an all_gather."""
     made: dict[int, int] = {}
     last_bwd = -1
     for i, s in enumerate(steps):
@@ -157,7 +164,27 @@ def _classes(steps: Sequence[StepLike], modes: frozenset[str]) -> tuple[list, di
         if s.phase in ("backward", "recompute"):
             last_bwd = i
     tail = last_bwd + 1 if last_bwd >= 0 else len(steps)
-    kinds: list[str] | None = None
+    kinds = [fusion_kind(t) for t in steps] if any(s.events for s in steps) else []
+    # parameters: values no step made that a forward step reads first (arguments; a pipeline stage's incoming
+    # gradient is read first in the backward pass), and what casts and views make of them alone
+    params: set[int] = set()
+    seen: set[int] = set()
+    for i, s in enumerate(steps):
+        r = getattr(s, "reads", ())
+        for v, _ in r:
+            if v not in made and v not in seen:
+                seen.add(v)
+                if s.phase == "forward":
+                    params.add(v)
+        if kinds and kinds[i] in ("loop", "alias") and r and all(v in params for v, _ in r):
+            params.add(getattr(s, "out", 0))
+    grad_values: set[int] = set()  # values on their way to a parameter's gradient through elementwise steps only
+    for i in range(last_bwd if kinds else -1, -1, -1):
+        s = steps[i]
+        if s.phase != "backward":
+            continue
+        if is_grad_reduction(s) or (kinds[i] in ("loop", "alias") and getattr(s, "out", 0) in grad_values):
+            grad_values.update(v for v, _ in getattr(s, "reads", ()))
     out: list = []
     for i, s in enumerate(steps):
         evs = s.events
@@ -169,17 +196,15 @@ def _classes(steps: Sequence[StepLike], modes: frozenset[str]) -> tuple[list, di
         row = []
         for j, e in enumerate(evs):
             v = moves[j] if j < len(moves) else 0
-            if grad or (i >= tail and e.kind != "all_gather"):
+            if grad or (i >= tail and e.kind != "all_gather") or (s.phase == "backward" and v in grad_values):
                 row.append((_GRADS if "grads" in modes else _BLOCK_GRAD, -1))
             elif i >= tail:
                 row.append((_WRAP if "params" in modes else _BLOCK, -1))
-            elif e.kind == "all_gather" and v and v not in made:
+            elif e.kind == "all_gather" and v in params:
                 row.append((_PARAMS if "params" in modes else _BLOCK, -1))
             elif "tp" not in modes:
                 row.append((_BLOCK, -1))
             else:
-                if kinds is None:
-                    kinds = [fusion_kind(t) for t in steps]
                 row.append(_tp_class(steps, kinds, made, i, v))
         out.append(tuple(row))
     return out, made, tail
@@ -187,25 +212,51 @@ def _classes(steps: Sequence[StepLike], modes: frozenset[str]) -> tuple[list, di
 
 def _tp_class(steps: Sequence[StepLike], kinds: list[str], made: dict[int, int], i: int, v: int) -> tuple[int, int]:
     """A tensor-parallel collective at step ``i`` moving value ``v``: a ring exchange with the matmul that reads
-    it, a pipeline with the matmul that made it (directly or through elementwise steps, nothing opaque between
-    them), or a bulk overlap."""
+    it (this step, or the first kernel reading what this relayout made), a pipeline with the matmul that made it
+    (directly or through elementwise steps, nothing opaque between them), or a bulk overlap."""
     s = steps[i]
     if s.op in MATMUL_OPS and v != getattr(s, "out", 0):
         return _RING, i
-    p = made.get(v, -1) if v else -1
-    if p < 0:
-        return _BULK, -1
-    m = -1
-    if steps[p].op in MATMUL_OPS:
-        m = p
-    elif kinds[p] in ("loop", "alias"):
-        for r, _ in getattr(steps[p], "reads", ()):
-            q = made.get(r, -1)
-            if q >= 0 and steps[q].op in MATMUL_OPS:
-                m = max(m, q)
+    if kinds[i] == "opaque" and s.op in EXECUTOR_OPS and getattr(s, "out", 0):  # a relayout: who reads it?
+        j = _reader(steps, kinds, i)
+        if j >= 0 and steps[j].op in MATMUL_OPS:
+            return _RING, j
+    m = _maker(steps, kinds, made, v)
     if m < 0 or any(kinds[t] == "opaque" for t in range(m + 1, i)):
         return _BULK, -1
     return _PIPE, m
+
+
+def _reader(steps: Sequence[StepLike], kinds: list[str], i: int, depth: int = 8) -> int:
+    """The first step after ``i`` with a kernel that reads ``i``'s value (through views), or -1."""
+    vals = {steps[i].out}
+    for j in range(i + 1, min(len(steps), i + 1 + depth)):
+        r = {v for v, _ in getattr(steps[j], "reads", ())}
+        if r & vals:
+            if kinds[j] == "alias":
+                vals.add(steps[j].out)
+                continue
+            return j
+    return -1
+
+
+def _maker(steps: Sequence[StepLike], kinds: list[str], made: dict[int, int], v: int, depth: int = 6) -> int:
+    """The latest matmul-class step whose result reaches ``v`` through elementwise steps only, or -1."""
+    frontier, best = [v], -1
+    for _ in range(depth):
+        nxt = []
+        for w in frontier:
+            p = made.get(w, -1) if w else -1
+            if p < 0:
+                continue
+            if steps[p].op in MATMUL_OPS:
+                best = max(best, p)
+            elif kinds[p] in ("loop", "alias"):
+                nxt.extend(r for r, _ in getattr(steps[p], "reads", ()))
+        if not nxt:
+            break
+        frontier = nxt
+    return best
 
 
 def _lay_out(steps: Sequence[StepLike], kernels: tuple[Sequence[float], Sequence[int]], cluster: Cluster,
@@ -250,6 +301,7 @@ def _lay_out(steps: Sequence[StepLike], kernels: tuple[Sequence[float], Sequence
     layer = object()
     run_start = prev_run_start = 0.0  # when the compute reached the current layer's run, and the one before it
     last_kernel = -1  # the last step with a kernel
+    ring = None  # the open ring exchange: (its matmul, start, seconds so far, the last kernel when it opened)
     for i, s in enumerate(steps):
         before = comp
         if s.layer != layer:
@@ -270,12 +322,17 @@ def _lay_out(steps: Sequence[StepLike], kernels: tuple[Sequence[float], Sequence
             if cls in (_BLOCK, _BLOCK_GRAD):
                 start = max(comp, comm)
                 end = comm = comp = start + d
-            elif cls == _RING:  # an all_gather (or any collective) feeding the matmul of this step, chunked
-                start = max(comp, comm, at)
-                span = pair_time(d, times[i], e.group, f_ring) - times[i]
-                end = start + d
-                comm = max(start + d, start + span)
-                comp = start + span
+            elif cls == _RING:  # an all_gather (or any collective) feeding a matmul (``pair``), chunked
+                if ring is not None and ring[0] == pair and ring[3] == last_kernel:  # joins the same pipeline
+                    start, total = ring[1], ring[2] + d
+                else:
+                    start, total = max(comp, comm, at), d
+                ring = (pair, start, total, last_kernel)
+                span = pair_time(total, times[pair], e.group, f_ring) - times[pair]
+                end = start + total
+                comm = max(start + total, start + span)
+                comp = max(comp, start + span)
+                start = end - d
             elif cls == _PIPE:  # a collective of a matmul's result, chunked with it as the matmul produces it
                 g = times[pair]
                 span = pair_time(d, g, PIPELINE_SPLITS, f_pipe) - g
