@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .fusion import groups
+from .fusion import groups, kind
 from .hardware import Hardware, dtype_key
 from .steps import MATMUL_OPS, Step, StepLike
 
@@ -69,7 +69,7 @@ def kernel_times(steps: Sequence[StepLike], hw: Hardware, fusion: bool = True) -
         op = s.op if len(members) == 1 or s.op in MATMUL_OPS else "fused"  # a GEMM with its folded sum: a GEMM
         total = kernel_time(Step(op, out_dtype=s.out_dtype, flops=g.flops, bytes_in=g.bytes_in,
                                  bytes_out=g.bytes_out, in_dtype=getattr(s, "in_dtype", None)), hw)
-        alone = [kernel_time(m, hw) for m in members]
+        alone = [0.0 if kind(m) == "alias" else kernel_time(m, hw) for m in members]  # a view runs no kernel
         whole = sum(alone)
         times.extend(total * a / whole if whole else total / len(members) for a in alone)
         first.extend([g.start] * len(members))
