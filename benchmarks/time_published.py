@@ -91,7 +91,7 @@ class Layout(NamedTuple):
 
 class Run(NamedTuple):
     """One published measurement: what ran, how, and what was measured (``measured`` in ``unit``, quoted in
-    ``quote`` from ``source``)."""
+    ``quote`` from ``source``, ``SHORT[source]`` for tables)."""
 
     id: str
     source: str
@@ -664,12 +664,17 @@ RUNS: tuple[Run, ...] = (
 )
 
 
+#: each source's name in tables
+SHORT = {KORTHIKANTI: "Korthikanti et al. 2022", BLOOM: "BigScience BLOOM", MB: "Megatron-Bridge", NEMO_LONG: "NeMo",
+         NEMO_SUMMARY: "NeMo", MAXTEXT: "MaxText"}
+
+
 # ---- output ----------------------------------------------------------------------------------------------------
 
 
 def result(p: Prediction) -> dict:
     r = p.run
-    return {"id": r.id, "source": r.source, "quote": r.quote, "hardware": r.hardware, "gpus": r.gpus,
+    return {"id": r.id, "source": r.source, "short": SHORT[r.source], "quote": r.quote, "hardware": r.hardware, "gpus": r.gpus,
             "model": r.model.name, "seq": r.model.seq, "layout": {k: v for k, v in r.layout._asdict().items()
                                                                   if k != "stages"},
             "stages": [list(s) for s in r.layout.stages], "slowest_stage": list(p.slowest),
