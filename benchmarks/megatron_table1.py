@@ -25,7 +25,10 @@ embedding, the last the final LayerNorm, the output layer and the vocabulary-par
 with Megatron's tensor parallelism over ``tp`` and the batch over ``dp`` on ``cluster.mesh``; its forward and
 backward for one microbatch are recorded and priced (``stage_estimate``), the slowest stage type is taken, and
 ``nb.pipeline_estimate`` turns it into the step (``p`` stages, ``m = B / (dp * microbatch)`` microbatches).
-TFLOP/s per GPU are counted as the paper counts them: eq. (3) over the predicted step time.
+TFLOP/s per GPU are counted as the paper counts them: eq. (3) over the predicted step time. Two things the runs'
+PyTorch did are written into the program: dropout writes a one-byte mask that its backward pass reads
+(``torch_dropout``), and each microbatch after the first adds its weight gradients into ``param.grad``
+(``accumulating``).
 The analytic per-layer model an earlier version of this file used (``megatron_layer``, ``predict``) is kept
 below it (``analytic_row``) for comparison.
 """
@@ -139,6 +142,18 @@ def layout(row: Row) -> Layout:
 # ---- the GPT program -----------------------------------------------------------------------------------------
 
 
+def torch_dropout(x, rate: float, key: int, like=None):
+    """Dropout as Megatron-LM of 2021 ran it: PyTorch's ``torch.nn.Dropout`` (and ``F.dropout`` in its
+    bias-dropout-add) is one kernel that writes the output and a one-byte mask, which the backward pass reads.
+    Written here as that mask (``nb.dropout`` of ones, compared: made from the key in the same pass as the output)
+    and ``nb.where``, whose gradient reads the mask; ``nb.dropout`` alone keeps no mask (it makes it again from the
+    key, as JAX and FlashAttention do). ``like``: a tensor of ``x``'s shape and layout the mask is shaped after
+    (where ``x`` is a pending sum over tp, a comparison of it would sum it first)."""
+    like = x if like is None else like
+    keep = nb.dropout(like * np.array(0, x.dtype) + np.array(1, x.dtype), rate, key) > np.array(0, x.dtype)
+    return nb.where(keep, x * np.array(1 / (1 - rate), x.dtype), np.array(0, x.dtype))
+
+
 def gpt_block(x, p: dict, heads: int, mask, key: int):
     """One GPT layer as Megatron-LM computes it: pre-LayerNorm, self-attention (one QKV projection, causal
     softmax, attention dropout, output projection), residual with dropout, pre-LayerNorm, the 4h MLP with GeLU,
@@ -151,12 +166,12 @@ def gpt_block(x, p: dict, heads: int, mask, key: int):
     q = qkv[..., :d] * np.array(1 / np.sqrt(d), x.dtype)
     k, v = qkv[..., d:2 * d], qkv[..., 2 * d:]
     scores = nb.einsum("bqnd,bknd->bnqk", q, k) + mask  # mask: 0 on and below the diagonal, -10000 above
-    probs = nb.dropout(nb.softmax(scores, -1), DROPOUT, key)
+    probs = torch_dropout(nb.softmax(scores, -1), DROPOUT, key)
     ctx = nb.einsum("bnqk,bknd->bqnd", probs, v).reshape(b, s, h)
-    x = x + nb.dropout(ctx @ p["w_o"] + p["b_o"], DROPOUT, key + 1)  # row-parallel: summed over tp here
+    x = x + torch_dropout(ctx @ p["w_o"] + p["b_o"], DROPOUT, key + 1, x)  # row-parallel: summed over tp here
     y = nb.layer_norm(x, p["ln2_g"], p["ln2_b"], eps=eps)
     u = nb.gelu(y @ p["w_1"] + p["b_1"])
-    return x + nb.dropout(u @ p["w_2"] + p["b_2"], DROPOUT, key + 2)
+    return x + torch_dropout(u @ p["w_2"] + p["b_2"], DROPOUT, key + 2, x)
 
 
 def layer_params(mesh, h: int) -> dict:
@@ -217,7 +232,7 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> St
         if starts:
             e = params["embed"]
             with nb.named_scope("embedding"):
-                x = nb.dropout(nb.take(e["wte"], x, axis=0) + e["wpe"], DROPOUT, 1)
+                x = torch_dropout(nb.take(e["wte"], x, axis=0) + e["wpe"], DROPOUT, 1)
         for i, p in enumerate(params["layers"]):
             with nb.named_scope(f"layer {i}"):
                 x = nb.checkpoint(lambda x, p, i=i: gpt_block(x, p, heads, mask, 10 + 3 * i))(x, p)
