@@ -152,25 +152,25 @@ class Ctx(NamedTuple):
         """The sequence's axes between blocks (cut over cp, and over tp too with sequence parallelism)."""
         return ("cp", "tp") if (self.layout.sp if sp is None else sp) else ("cp",)
 
-    def act(self, x, sp: bool | None = None):
+    def act(self, x: Any, sp: bool | None = None) -> Any:
         """``x`` (b, s, h) laid out as between blocks: a pending sum over tp reduce-scattered (sp) or all_reduced."""
         return x.with_sharding(self.mesh, [self.batch, self.seq(sp), None])
 
-    def gathered(self, x):
+    def gathered(self, x: Any) -> Any:
         """``x`` with its sequence whole over tp (sequence parallelism's all_gather before a column-parallel GEMM);
         in float8 first when the GEMM takes float8 (Transformer Engine gathers the cast activation)."""
         if self.layout.fp8:
             x = _f8(x)
         return x.with_sharding(self.mesh, [self.batch, ("cp",), None])
 
-    def linear(self, x, w):
+    def linear(self, x: Any, w: Any) -> Any:
         """``x @ w`` of a column-parallel weight: in float8 when the run trains in FP8 (the product returned as
         bf16, as TE's GEMMs give it)."""
         if self.layout.fp8:
             return (_f8(x) @ w.astype(F8)).astype(BF16)
         return x @ w
 
-    def out_proj(self, x, w):
+    def out_proj(self, x: Any, w: Any) -> Any:
         """``x @ w`` of a row-parallel weight, its partial sums over tp reduce-scattered (sp) or all_reduced. In
         FP8 the sum is made in float8 before the product goes back to bf16 (nabla sums a pending sum before a
         cast: the reduce_scatter moves 1 byte per value where TE's moves the bf16 product's 2)."""
@@ -178,7 +178,7 @@ class Ctx(NamedTuple):
             return self.act(_f8(x) @ w.astype(F8)).astype(BF16)
         return self.act(x @ w)
 
-    def weight(self, w):
+    def weight(self, w: Any) -> Any:
         """A parameter as the step computes with it (MaxText keeps float32 weights and computes in bf16)."""
         return w.astype(BF16) if w.dtype != np.dtype(ml_dtypes.bfloat16) else w
 
@@ -535,7 +535,8 @@ KORTHIKANTI_ASSUMED = (
     "with the weight-gradient GEMM, which overlap 'tp' (TE userbuffers' forward pipelining too) overstates")
 
 
-def korthikanti(name: str, model: Model, pp: int, vp: int, gbs: int, mbs: int, present: float, full: float):
+def korthikanti(name: str, model: Model, pp: int, vp: int, gbs: int, mbs: int, present: float,
+                full: float) -> tuple[Run, Run]:
     """The two rows of Table 5 for one Table 3 model: 'present work' and 'full recompute'."""
     per = model.layers // pp
     lay = Layout(tp=8, pp=pp, dp=1, mbs=mbs, gbs=gbs, vp=vp,

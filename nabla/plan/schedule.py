@@ -1,8 +1,6 @@
-"""A device's timeline for a program of steps: a compute stream and a communication stream. Collectives block the
-compute, or, under an ``overlap`` mode, run beside it as the fastest stacks schedule them: gradient sums behind the
-backward pass, FSDP and distributed-optimizer gathers prefetched, tensor-parallel collectives pipelined with the
-GEMMs beside them. An overlapped collective still occupies some of the GPU's SMs, and the compute beside it slows
-by that fraction."""
+"""A device's timeline for a program of steps: a compute stream and a comm stream, collectives blocking or, under
+``overlap``, scheduled as the fastest stacks run them (gradient sums, prefetched parameter gathers, TP collectives
+pipelined with their GEMMs), each still taking the SMs its kernels occupy from the compute beside it."""
 
 from __future__ import annotations
 
