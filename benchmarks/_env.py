@@ -1,5 +1,5 @@
 """Where and with what a benchmark ran: date, machine, CPU, load, and every peer's version (read from the
-installed distributions, so nothing heavy is imported)."""
+installed distributions, so nothing heavy is imported); and where its results go."""
 
 from __future__ import annotations
 

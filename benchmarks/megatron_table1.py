@@ -25,7 +25,10 @@ embedding, the last the final LayerNorm, the output layer and the vocabulary-par
 with Megatron's tensor parallelism over ``tp`` and the batch over ``dp`` on ``cluster.mesh``; its forward and
 backward for one microbatch are recorded and priced (``stage_estimate``), the slowest stage type is taken, and
 ``nb.pipeline_estimate`` turns it into the step (``p`` stages, ``m = B / (dp * microbatch)`` microbatches).
-TFLOP/s per GPU are counted as the paper counts them: eq. (3) over the predicted step time.
+TFLOP/s per GPU are counted as the paper counts them: eq. (3) over the predicted step time. Two things the runs'
+PyTorch did are written into the program: dropout writes a one-byte mask that its backward pass reads
+(``torch_dropout``), and each microbatch after the first adds its weight gradients into ``param.grad``
+(``accumulating``).
 The analytic per-layer model an earlier version of this file used (``megatron_layer``, ``predict``) is kept
 below it (``analytic_row``) for comparison.
 """
@@ -43,9 +46,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 import nabla as nb  # noqa: E402
 from nabla.collectives import CommEvent  # noqa: E402
+from nabla.pytree import flatten, unflatten  # noqa: E402
+from _env import write_results  # noqa: E402
 from nabla.plan import (MATMUL_OPS, Cluster, Hardware, PipelineReport, Report, Step, estimate_steps,  # noqa: E402
                         gpt_flops, pipeline_estimate, priced_step)
 
@@ -146,7 +152,8 @@ class Variant(NamedTuple):
     dtype: str = DTYPE
     recompute: str = "full"  # "full": each layer under nb.checkpoint; "selective": the attention core only; "none"
     sequence_parallel: bool = False  # Megatron-LM's SP: norms and dropouts on sequence shards over tp, regathered
-    dropout: str = "key"  # "key": nb.dropout (its mask made again from the key); "mask": a kept 1-byte mask; "none"
+    dropout: str = "torch"  # "torch": PyTorch's (torch_dropout: Table 1's); "key": nb.dropout (its mask made again
+    # from the key); "mask": a kept 1-byte mask laid out as the value; "none"
     summed: bool = False  # row-parallel outputs summed over tp where Megatron-LM sums them (before bias and dropout)
     tied: bool = False  # a whole model's output layer is its embedding's transpose (False: a weight of its own)
     positions: bool = True  # learned position embeddings (False: rotary or ALiBi, no parameters)
@@ -158,19 +165,33 @@ class Variant(NamedTuple):
 
 TABLE1 = Variant()
 RECOMPUTE = ("full", "selective", "none")
-DROPOUTS = ("key", "mask", "none")
+DROPOUTS = ("torch", "key", "mask", "none")
 
 
-def _dropout(v, key: int, variant: Variant, mesh, spec):
-    """Dropout as the run's framework does it: ``nb.dropout`` keeps nothing (the mask is made again from the key);
-    Megatron-LM's fused kernels keep a 1-byte mask per element (a bool laid out as ``spec``), as
-    tests/integration/test_memory_megatron.py writes it."""
+def _dropout(v, key: int, variant: Variant, mesh, spec, like=None):
+    """Dropout as the run's framework does it: PyTorch's (``torch_dropout``, ``like`` shaping its mask);
+    ``nb.dropout`` keeps nothing (the mask is made again from the key); Megatron-LM's fused kernels keep a 1-byte
+    mask per element (a bool laid out as ``spec``), as tests/integration/test_memory_megatron.py writes it."""
     if variant.dropout == "none":
         return v
+    if variant.dropout == "torch":
+        return torch_dropout(v, DROPOUT, key, like)
     if variant.dropout == "key":
         return nb.dropout(v, DROPOUT, key)
     keep = nb.abstract(v.shape, "bool").shard(mesh, spec)
     return v * keep * np.array(1 / (1 - DROPOUT), v.dtype)
+
+
+def torch_dropout(x, rate: float, key: int, like=None):
+    """Dropout as Megatron-LM of 2021 ran it: PyTorch's ``torch.nn.Dropout`` (and ``F.dropout`` in its
+    bias-dropout-add) is one kernel that writes the output and a one-byte mask, which the backward pass reads.
+    Written here as that mask (``nb.dropout`` of ones, compared: made from the key in the same pass as the output)
+    and ``nb.where``, whose gradient reads the mask; ``nb.dropout`` alone keeps no mask (it makes it again from the
+    key, as JAX and FlashAttention do). ``like``: a tensor of ``x``'s shape and layout the mask is shaped after
+    (where ``x`` is a pending sum over tp, a comparison of it would sum it first)."""
+    like = x if like is None else like
+    keep = nb.dropout(like * np.array(0, x.dtype) + np.array(1, x.dtype), rate, key) > np.array(0, x.dtype)
+    return nb.where(keep, x * np.array(1 / (1 - rate), x.dtype), np.array(0, x.dtype))
 
 
 def gpt_block(x, p: dict, heads: int, mask, key: int, variant: Variant = TABLE1, mesh=None):
@@ -206,12 +227,12 @@ def gpt_block(x, p: dict, heads: int, mask, key: int, variant: Variant = TABLE1,
         q = qkv[..., :d] * np.array(1 / np.sqrt(d), dt)
         k, v = qkv[..., d:2 * d], qkv[..., 2 * d:]
         ctx = nb.checkpoint(core)(q, k, v) if variant.recompute == "selective" else core(q, k, v)
-        return _dropout(summed(ctx @ p["w_o"]) + p["b_o"], key + 1, variant, mesh, hidden_spec)
+        return _dropout(summed(ctx @ p["w_o"]) + p["b_o"], key + 1, variant, mesh, hidden_spec, x)
 
     def mlp(x):
         y = gathered(nb.layer_norm(x, p["ln2_g"], p["ln2_b"], eps=eps))
         u = nb.gelu(y @ p["w_1"] + p["b_1"])
-        return _dropout(summed(u @ p["w_2"]) + p["b_2"], key + 2, variant, mesh, hidden_spec)
+        return _dropout(summed(u @ p["w_2"]) + p["b_2"], key + 2, variant, mesh, hidden_spec, x)
 
     if variant.parallel_residual:
         return x + attention(x) + mlp(x)
@@ -337,14 +358,42 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int, varia
 
     cotangent = w((B, S, h), between)  # the gradient the next stage sends back
 
+    return Stage(kind, through(body, starts), (params, inp, cotangent), mesh, layers)
+
+
+def through(body: Any, starts: bool) -> Any:
+    """The program of a stage that does not end in the loss: ``body`` forward, then backward from the gradient the
+    next stage sends back, to the parameters' gradients (and the incoming activation's, unless it ``starts``)."""
     def forward_backward(params, x, cotangent):
         if starts:
-            out, back = nb.vjp(lambda params: body(params, x), params)
+            _, back = nb.vjp(lambda params: body(params, x), params)
         else:
-            out, back = nb.vjp(body, params, x)
+            _, back = nb.vjp(body, params, x)
         return back(cotangent)
 
-    return Stage(kind, forward_backward, (params, inp, cotangent), mesh, layers)
+    return forward_backward
+
+
+def accumulating(stage: Any, fp32: bool = False) -> Any:
+    """``stage`` (a NamedTuple with ``fn`` and ``args``, the parameters first) with its parameters' gradients added
+    into a running sum, as each microbatch after the first does: PyTorch's ``AccumulateGrad`` adds a new gradient
+    into ``param.grad`` in place (one elementwise kernel per parameter, reading both, writing the sum), and
+    Megatron-LM's local DDP of the runs (``megatron/model/distributed.py`` at 6985e58, without
+    ``--use-contiguous-buffers-in-ddp``, which CONFIG.sh does not set) keeps the fp16 gradients in ``param.grad``
+    until the all_reduce after the flush; ``fp32``: the sum kept in float32 (DeepSpeed's BF16_Optimizer). The sum's
+    arguments are abstract tensors laid out as the parameters."""
+    leaves, tree = flatten(stage.args[0])
+    acc = unflatten(tree, [nb.abstract(x.shape, "float32" if fp32 else x.dtype).shard(x.sharding) for x in leaves])
+
+    def fn(acc, *args):
+        out = stage.fn(*args)
+        grads = out[1] if len(out) == 2 and not isinstance(out[0], dict) else out  # value_and_grad: (loss, grads)
+        if isinstance(grads, tuple):  # the gradients of (params, activation)
+            grads = grads[0]
+        a, t = flatten(acc)
+        return unflatten(t, [x + g for x, g in zip(a, flatten(grads)[0])])
+
+    return stage._replace(fn=fn, args=(acc,) + tuple(stage.args))
 
 
 # ---- pricing ------------------------------------------------------------------------------------------------
@@ -480,7 +529,8 @@ def predict_row(row: Row, hw: Hardware | None = None, kinds: tuple[str, ...] | N
     per_stage = row.layers // lay.pp
     fusion = (True, False) if compare else (True,)
     programs = {k: stage_program(row, k, mesh, lay.microbatch, per_stage) for k in (kinds or stage_kinds(lay.pp))}
-    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fusion) for k, s in programs.items()}
+    runs = {k: accumulating(s) if lay.microbatches > 1 else s for k, s in programs.items()}
+    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fusion) for k, s in runs.items()}
     job = Cluster(hw, row.gpus // NODE, NODE)
     p2p = lay.microbatch * SEQ * row.hidden * 2 // lay.tp if lay.pp > 1 else None
 
@@ -776,7 +826,6 @@ def main() -> None:
         if a.profile:
             print(subprocess.run([sys.executable, __file__, "--llama-child", "--profile"], capture_output=True,
                                  text=True, env=env, check=True).stdout)
-    from _env import write_results  # (benchmarks/ is the script's own directory)
     write_results(res, a.json)
 
 

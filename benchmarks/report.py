@@ -148,6 +148,17 @@ def targets(res: dict) -> Table:
                 add(f"estimate read from a GPT program against Megatron-LM's measured TFLOP/s per GPU (Table 1, rows "
                     f"{what}: {names})", f"within {m['targets'][key]:.0%}", f"{lo:.2f}x to {hi:.2f}x of measured",
                     all(r["met"] for r in rows_m))
+    tp = res.get("time_published")
+    if tp:
+        rows_t = tp["rows"]
+        within = [r for r in rows_t if r["met"]]
+        sources = {r["short"] for r in within}
+        lo, hi = min(r["ratio"] for r in rows_t), max(r["ratio"] for r in rows_t)
+        add(f"estimate read from each run's program against published measured throughput of other runs "
+            f"({len(rows_t)} runs, {len({r['short'] for r in rows_t})} sources; A100 and H100 with their overlaps, FP8, "
+            f"128K context)", f"each within {tp['target']:.0%}",
+            f"{len(within)} of {len(rows_t)} within ({len(sources)} sources); {lo:.2f}x to {hi:.2f}x of measured",
+            len(within) == len(rows_t))
     e = res.get("estimate_scale")
     if e:
         add("nb.estimate of a Llama-2-70B training step on 16,384 devices: wall time, this machine",
@@ -557,6 +568,37 @@ def memory_published(res: dict) -> Table | None:
         [f"{r['id']}: {r['note']}." for r in m["rows"] if r.get("note")])
 
 
+def time_published(res: dict) -> Table | None:
+    t = res.get("time_published")
+    if not t:
+        return None
+    rows = []
+    for r in t["rows"]:
+        lay = r["layout"]
+        dp = str(lay["dp"]) if lay["fsdp"] == 1 else f"{lay['fsdp']} FSDP" if lay["dp"] == 1 else \
+            f"{lay['dp']} x {lay['fsdp']} FSDP"
+        par = f"{lay['tp']} / {lay['pp']}" + (f" (v {lay['vp']})" if lay["vp"] > 1 else "") + f" / {dp}" + \
+            (f" / cp {lay['cp']}" if lay["cp"] > 1 else "") + (" SP" if lay["sp"] else "") + \
+            (" FP8" if lay["fp8"] else "")
+        ov = r["overlap"] if isinstance(r["overlap"], str) else "+".join(r["overlap"])
+        unit = {"tokens/s/GPU": "tok/s/GPU", "s/step": "s/step", "TFLOP/s/GPU": "TFLOP/s/GPU"}[r["unit"]]
+        rows.append([r["id"], r["short"], f"{r['gpus']:,} {r['hardware'].split('-')[0].upper()}",
+                     f"{r['model']}, seq {r['seq']:,}", par, lay["recompute"], ov, f"{r['measured']:,g} {unit}",
+                     f"{r['predicted']:,.0f}" if r["predicted"] >= 1000 else f"{r['predicted']:.3g}",
+                     f"{r['ratio']:.2f}", met(r["met"])])
+    return Table("Checking estimates against other published runs", [
+        "Measured training throughput that others published, each predicted from a program written with nabla ops "
+        "and laid out as the run was (`benchmarks/time_published.py`: the model's stage for one microbatch, its "
+        "tensor, sequence, context and data parallelism and recomputation, priced with the overlap options the run "
+        "used, through `nb.pipeline_estimate` with its schedule and microbatches, plus an Adam update). **ratio**: "
+        "predicted throughput over measured (for s/step, measured time over predicted); TFLOP/s are converted with "
+        "the source's own FLOP formula. **t / p / dp**: tensor / pipeline (interleaved chunks) / data parallelism. "
+        "Every quoted figure, setting and assumption is in the script's `RUNS`; why two rows miss: "
+        "docs/planning.md."],
+        ["run", "source", "GPUs", "model", "t / p / dp", "recompute", "overlap", "measured", "predicted", "ratio",
+         "within 15%"], rows, [])
+
+
 def estimate_scale(res: dict) -> list[str]:
     e = res.get("estimate_scale")
     if not e:
@@ -572,7 +614,7 @@ def estimate_scale(res: dict) -> list[str]:
 
 def tables(res: dict) -> list[Table]:
     return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), llama(res), onnx(res),
-                        autoshard(res), megatron(res), memory_published(res)) if t]
+                        autoshard(res), megatron(res), time_published(res), memory_published(res)) if t]
 
 
 # ---- output ---------------------------------------------------------------------------------------------
