@@ -1,0 +1,236 @@
+"""Running a jaxpr as nabla ops: each equation compiled once (its handler from the primitive table, its operands,
+where it came from) and run in order over an environment of tensors. Every op an equation runs is labelled with
+the source line of the program it came from (the comm log's "during", ``nb.explain``), runs in the scope of the
+Flax/Haiku module path JAX's name stack gives (``nb.named_scope``'s label: the estimate's layers), and in phase
+"backward" when JAX's name stack says it is a transpose (the backward pass of a ``jax.grad`` in the program)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from .. import collectives as C
+from ..errors import ShardingError
+from ..mesh import DeviceMesh
+from ..ops import astype
+from ..tensor import Tensor
+from .table import CALLS, KEYED, TABLE, as_tensor
+
+#: directories of libraries whose frames are not "the program's line" (the first frame outside them is)
+_LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
+                    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+class Site(NamedTuple):
+    """Where an equation came from: ``user`` (``file.py:12``, the label of its steps), ``where`` (for errors: the
+    program's frame, and the library frame inside it when there is one), the module path, and whether JAX's name
+    stack marks it as part of a backward pass (a transpose)."""
+
+    user: str
+    where: str
+    path: tuple[str, ...]
+    backward: bool
+
+
+ROOT = Site("", "an unknown line", (), False)
+
+
+class Lit:
+    """A literal operand: its value as a numpy scalar of the equation's dtype."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Instr:
+    """One compiled equation."""
+
+    __slots__ = ("fn", "name", "ins", "outs", "params", "out_avals", "multi", "eqn", "site", "scope", "subs", "is_call")
+
+    def __init__(self, fn, name, ins, outs, params, out_avals, multi, eqn, site, scope, is_call) -> None:
+        self.fn, self.name, self.ins, self.outs, self.params = fn, name, ins, outs, params
+        self.out_avals, self.multi, self.eqn, self.site, self.scope = out_avals, multi, eqn, site, scope
+        self.subs: dict = {}  # sub-programs the handler compiled, by key
+        self.is_call = is_call
+
+
+class Compiled:
+    """A jaxpr ready to run: its equations in order, with the site of each."""
+
+    __slots__ = ("jaxpr", "instrs", "site")
+
+    def __init__(self, jaxpr: Any, instrs: list[Instr], site: Site) -> None:
+        self.jaxpr, self.instrs, self.site = jaxpr, instrs, site
+
+
+def _frames(eqn: Any) -> list:
+    from jax._src import source_info_util as siu  # (jax is installed whenever a jaxpr exists)
+    tb = eqn.source_info.traceback
+    return list(siu.user_frames(tb)) if tb is not None else []
+
+
+def _is_library(path: str) -> bool:
+    return any(m in path for m in _LIBRARY_MARKERS)
+
+
+def site_of(eqn: Any, parent: Site) -> Site:
+    """The equation's source line (the innermost frame of the program itself, outside jax and other libraries),
+    its module path (the name stack's scopes under the parent's) and whether it is a transpose."""
+    frames = _frames(eqn)
+    own = next((f for f in frames if not _is_library(f.file_name)), None)
+    if own is None:
+        user, where = parent.user, parent.where
+    else:
+        user = f"{os.path.basename(own.file_name)}:{own.start_line}"
+        where = f"{own.file_name}:{own.start_line} (in {own.function_name})"
+        if frames and frames[0] is not own:
+            lib = frames[0]
+            where += f", at {_short(lib.file_name)}:{lib.start_line} (in {lib.function_name})"
+    path, backward = list(parent.path), parent.backward
+    for item in getattr(eqn.source_info.name_stack, "stack", ()):
+        if type(item).__name__ == "Transform":
+            backward = backward or item.name == "transpose"
+        else:
+            path.append(item.name)
+    return Site(user, where, tuple(path), backward)
+
+
+def _short(path: str) -> str:
+    """A library file as ``package/module.py``."""
+    for m in _LIBRARY_MARKERS[:2]:
+        if m in path:
+            return path.split(m, 1)[1]
+    return os.path.basename(path)
+
+
+def unsupported(name: str, site: Site, detail: str = "") -> ShardingError:
+    return ShardingError(f"import_jax: primitive {name!r} at {site.where} is not supported by nabla"
+                         f"{': ' + detail if detail else ''} (nothing was run)")
+
+
+def is_key(aval: Any) -> bool:
+    """Whether ``aval`` is a PRNG key array's (a ``key<impl>`` dtype)."""
+    return type(getattr(aval, "dtype", None)).__name__ == "KeyTy"
+
+
+def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
+    """Compile ``jaxpr`` (an open Jaxpr) and, eagerly, every sub-program its equations hold, so an unsupported
+    primitive anywhere is reported before anything runs."""
+    instrs = []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        site = site_of(eqn, parent)
+        keyed = any(is_key(v.aval) for v in eqn.invars)
+        fn = KEYED.get(name) if keyed else TABLE.get(name)
+        if fn is None:
+            raise unsupported(name, site, "no handler for PRNG key operands" if keyed and name in TABLE else "")
+        ins = tuple(Lit(_literal(v)) if _is_literal(v) else v for v in eqn.invars)
+        outs = tuple(None if type(v).__name__ == "DropVar" else v for v in eqn.outvars)
+        scope = "/".join(site.path)
+        ins_ = Instr(fn, name, ins, outs, eqn.params, tuple(v.aval for v in eqn.outvars),
+                     eqn.primitive.multiple_results, eqn, site, scope, name in CALLS)
+        prepare = getattr(fn, "prepare", None)
+        if prepare is not None:
+            prepare(ins_)  # a call compiles its sub-programs now
+        instrs.append(ins_)
+    return Compiled(jaxpr, instrs, parent)
+
+
+def _is_literal(v: Any) -> bool:
+    return type(v).__name__ == "Literal"
+
+
+def _literal(v: Any) -> Any:
+    aval = v.aval
+    if is_key(aval):
+        raise ShardingError("import_jax: a PRNG key literal is not supported")
+    val = np.asarray(v.val, dtype=aval.dtype)
+    return val[()] if val.ndim == 0 else val
+
+
+class Eval:
+    """The context of one call of an imported program: whether it runs abstractly (no data), its mesh, and the
+    scope it was called in."""
+
+    __slots__ = ("abstract", "mesh", "outer_scope")
+
+    def __init__(self, abstract: bool, mesh: DeviceMesh | None, outer_scope: str) -> None:
+        self.abstract, self.mesh, self.outer_scope = abstract, mesh, outer_scope
+
+    def scope(self, ins: Instr) -> str:
+        if not ins.scope:
+            return self.outer_scope
+        return f"{self.outer_scope}/{ins.scope}" if self.outer_scope else ins.scope
+
+    def run(self, prog: Compiled, consts: Sequence[Any], args: Sequence[Any]) -> list:
+        """Run ``prog`` on ``consts`` and ``args`` (values for its constvars and invars); its outputs."""
+        jaxpr = prog.jaxpr
+        env: dict = {}
+        for v, x in zip(jaxpr.constvars, consts):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args):
+            env[v] = x
+        for ins in prog.instrs:
+            vals = [a.value if type(a) is Lit else env[a] for a in ins.ins]
+            out = self.step(ins, vals)
+            if ins.multi:
+                for v, o, aval in zip(ins.outs, out, ins.out_avals):
+                    if v is not None:
+                        env[v] = _checked(o, aval, ins)
+            elif ins.outs[0] is not None:
+                env[ins.outs[0]] = _checked(out, ins.out_avals[0], ins)
+        return [v.value if type(v) is Lit else (_literal(v) if _is_literal(v) else env[v]) for v in
+                _outs(jaxpr)]
+
+    def step(self, ins: Instr, vals: list) -> Any:
+        site = ins.site
+        try:
+            if ins.is_call:
+                with C.in_scope(self.scope(ins)), _phase(site.backward):
+                    return ins.fn(self, ins, *vals)
+            with C.user_op(site.user or ins.name), C.in_scope(self.scope(ins)), _phase(site.backward):
+                return ins.fn(self, ins, *vals)
+        except ShardingError as e:
+            if getattr(e, "_import_jax", False):
+                raise
+            err = ShardingError(f"import_jax: primitive {ins.name!r} at {site.where}: {e}")
+            err._import_jax = True
+            raise err from e
+
+
+def _outs(jaxpr: Any) -> list:
+    return [Lit(_literal(v)) if _is_literal(v) else v for v in jaxpr.outvars]
+
+
+class _NoPhase:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_PHASE = _NoPhase()
+
+
+def _phase(backward: bool):
+    """Phase "backward" for a transpose's equations (leaving the caller's phase otherwise)."""
+    return C.phase("backward") if backward and C.current_phase() == "forward" else _NO_PHASE
+
+
+def _checked(out: Any, aval: Any, ins: Instr) -> Any:
+    """The result as JAX typed it: numpy's promotion may differ from the jaxpr's explicit types (a cast then)."""
+    if is_key(aval):
+        return out
+    if not isinstance(out, Tensor):
+        out = as_tensor(np.asarray(out, dtype=aval.dtype))
+    if out._shape != tuple(aval.shape):
+        raise ShardingError(f"import_jax: primitive {ins.name!r} at {ins.site.where} gave shape {out._shape}, "
+                            f"JAX's is {tuple(aval.shape)} (a bug in nabla's mapping of it)")
+    if out._dtype != aval.dtype:
+        out = astype(out, aval.dtype)
+    return out

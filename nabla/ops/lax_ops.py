@@ -1,0 +1,163 @@
+"""Elementwise ops JAX's ``lax`` has and nabla's public API does not: bitwise logic and shifts, a bitcast, more
+transcendental functions, ``erf_inv``, and the threefry2x32 hash behind ``jax.random``. Internal ops (no
+``nb.<name>``): ``nb.import_jax`` runs a JAX program's primitives as them, so they are recorded steps like any."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import prod
+
+import numpy as np
+
+from .. import rules as R
+from ..backends import xp as _xp
+from ..errors import ShardingError
+from ..opdef import OpDef
+from ..rules.core import PASS, build
+from .core import _call
+from .pointwise import exp, sqrt
+from .registry import register, elementwise
+
+# ---- bitwise logic and shifts (numpy's names; bools are logic) ------------------------------------------------
+
+bitwise_and = elementwise("bitwise_and", lambda xp, a, b: xp.bitwise_and(a, b), numpy="bitwise_and",
+                          onnx="BitwiseAnd", public=False)
+bitwise_or = elementwise("bitwise_or", lambda xp, a, b: xp.bitwise_or(a, b), numpy="bitwise_or", onnx="BitwiseOr",
+                         public=False)
+bitwise_xor = elementwise("bitwise_xor", lambda xp, a, b: xp.bitwise_xor(a, b), numpy="bitwise_xor",
+                          onnx="BitwiseXor", public=False)
+invert = elementwise("invert", lambda xp, x: xp.invert(x), numpy="invert", onnx="BitwiseNot", public=False)
+# a shift by the width or more gives 0 (a right shift of a negative signed value: -1), in numpy and in XLA alike
+left_shift = elementwise("left_shift", lambda xp, a, b: xp.left_shift(a, b), numpy="left_shift", public=False)
+right_shift = elementwise("right_shift", lambda xp, a, b: xp.right_shift(a, b), numpy="right_shift", public=False)
+
+
+# ---- more transcendental functions (float32 stays float32) --------------------------------------------------------
+
+log1p = elementwise("log1p", lambda xp, x: xp.log1p(x), numpy="log1p", public=False, vjp=lambda g, x, o: g / (x + 1.0))
+expm1 = elementwise("expm1", lambda xp, x: xp.expm1(x), numpy="expm1", public=False, vjp=lambda g, x, o: g * (o + 1.0))
+tan = elementwise("tan", lambda xp, x: xp.tan(x), numpy="tan", public=False, vjp=lambda g, x, o: g * (o * o + 1.0))
+arctan = elementwise("arctan", lambda xp, x: xp.arctan(x), numpy="arctan", public=False,
+                     vjp=lambda g, x, o: g / (x * x + 1.0))
+arcsin = elementwise("arcsin", lambda xp, x: xp.arcsin(x), numpy="arcsin", public=False,
+                     vjp=lambda g, x, o: g / sqrt(1.0 - x * x))
+arccos = elementwise("arccos", lambda xp, x: xp.arccos(x), numpy="arccos", public=False,
+                     vjp=lambda g, x, o: -g / sqrt(1.0 - x * x))
+sinh = elementwise("sinh", lambda xp, x: xp.sinh(x), numpy="sinh", public=False,
+                   vjp=lambda g, x, o: g * ((exp(x) + exp(-x)) * 0.5))
+cosh = elementwise("cosh", lambda xp, x: xp.cosh(x), numpy="cosh", public=False,
+                   vjp=lambda g, x, o: g * ((exp(x) - exp(-x)) * 0.5))
+arctan2 = elementwise("arctan2", lambda xp, a, b: xp.arctan2(a, b), numpy="arctan2", public=False,
+                      vjp=(lambda g, a, b, o: g * b / (a * a + b * b), lambda g, a, b, o: -g * a / (a * a + b * b)))
+rint = elementwise("rint", lambda xp, x: xp.rint(x), numpy="rint", public=False, vjp=lambda g, x, o: g * 0.0)
+cbrt = elementwise("cbrt", lambda xp, x: xp.cbrt(x), numpy="cbrt", public=False, vjp=lambda g, x, o: g / (3.0 * o * o))
+
+
+def _erf_inv(xp, x):
+    """The inverse error function in float32 as XLA computes it: Giles' single-precision polynomials ("Approximating
+    the erfinv function", GPU Computing Gems, 2011), +-inf at +-1."""
+    x = xp.asarray(x)
+    dt = x.dtype
+    w = -xp.log((1.0 - x) * (1.0 + x)).astype(dt)
+    small = w < 5.0
+    ws = (w - 2.5).astype(dt)
+    wl = (xp.sqrt(xp.where(small, 5.0, w)) - 3.0).astype(dt)
+    ps = np.asarray(2.81022636e-08, dt)
+    for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503, -0.00417768164,
+              0.246640727, 1.50140941):
+        ps = (np.asarray(c, dt) + ps * ws).astype(dt)
+    pl = np.asarray(-0.000200214257, dt)
+    for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613, 0.00943887047,
+              1.00167406, 2.83297682):
+        pl = (np.asarray(c, dt) + pl * wl).astype(dt)
+    out = xp.where(small, ps, pl) * x
+    return xp.where(xp.abs(x) == 1.0, x * np.asarray(np.inf, dt), out).astype(dt)
+
+
+erf_inv = elementwise("erf_inv", _erf_inv, public=False,
+                      vjp=lambda g, x, o: g * (0.886226925452758 * exp(o * o)))  # sqrt(pi)/2 e^(y^2)
+
+
+# ---- bitcast ------------------------------------------------------------------------------------------------------
+
+
+def _bitcast_kernel(arrays, local):
+    x = arrays[0]
+    dt = np.dtype(local.params[0])
+    return x.view(dt) if _xp(x) is np else _jax_bitcast(x, dt)
+
+
+def _jax_bitcast(x, dt):
+    import jax  # under nb.jit only
+    return jax.lax.bitcast_convert_type(x, dt)
+
+
+def bitcast(x, dtype) -> object:
+    """``x``'s bits read as ``dtype`` (of the same width): ``jax.lax.bitcast_convert_type``. Elementwise."""
+    dt = np.dtype(dtype)
+    src = getattr(x, "dtype", np.asarray(x).dtype)
+    if np.dtype(src).itemsize != dt.itemsize:
+        raise ShardingError(f"bitcast: {src} and {dt} differ in width ({np.dtype(src).itemsize} vs {dt.itemsize} "
+                            f"bytes); only a same-width bitcast is elementwise")
+    return _call(_BITCAST, (x,), (dt.str,))
+
+
+_BITCAST = register(OpDef("bitcast", lambda shapes, dtype: R.elementwise_rule(tuple(shapes), op="bitcast"),
+                          _bitcast_kernel, arity=1, flops=lambda blocks, out, params: 0, saves="none"))
+
+
+# ---- threefry2x32 ---------------------------------------------------------------------------------------------------
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32_words(xp, k1, k2, x1, x2):
+    """The Threefry-2x32 block cipher (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), 20
+    rounds, as jax.random uses it: keys ``k1, k2`` and counters ``x1, x2`` (uint32, broadcast) to two uint32 words."""
+    u = np.uint32
+    k1, k2, x1, x2 = (xp.asarray(a, dtype=u) for a in (k1, k2, x1, x2))
+    ks = (k1, k2, k1 ^ k2 ^ u(0x1BD11BDA))
+    a, b = x1 + ks[0], x2 + ks[1]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            a = a + b
+            b = (b << u(r)) | (b >> u(32 - r))
+            b = a ^ b
+        a = a + ks[(i + 1) % 3]
+        b = b + ks[(i + 2) % 3] + u(i + 1)
+    return a, b
+
+
+def _threefry_kernel(arrays, local):
+    xp = _xp(*arrays)
+    G = local.G
+    shape = local.out_chunk[:-1]
+    blocks = []
+    for a in arrays:  # each operand's block, its dims aligned to the result's trailing dims (numpy broadcasting)
+        a = xp.asarray(a)
+        rank = a.ndim - G
+        if rank < len(shape):
+            a = a.reshape(a.shape[:G] + (1,) * (len(shape) - rank) + a.shape[G:])
+        blocks.append(a)
+    w1, w2 = threefry2x32_words(xp, *blocks)
+    w1, w2 = xp.broadcast_arrays(w1, w2)
+    return xp.stack([w1, w2], axis=-1)
+
+
+@lru_cache(maxsize=1024)
+def _threefry_rule(shapes: tuple) -> R.Rule:
+    """Operands broadcast to ``S`` (numpy's rule); the result is ``(*S, 2)``: both words of each hash."""
+    rule = R.elementwise_rule(shapes, op="threefry2x32")
+    rank = len(rule.sizes)
+    return build(rule.operands, list(rule.result) + [(rank,)], list(rule.sizes) + [2], [PASS] * (rank + 1))
+
+
+def threefry2x32(k1, k2, x1, x2):
+    """Both words of ``threefry2x32`` stacked on a new last dim (uint32, ``(*broadcast shape, 2)``): one step hashes
+    every counter once; the words are read with ``[..., 0]`` and ``[..., 1]``."""
+    return _call(_THREEFRY, (k1, k2, x1, x2))
+
+
+_THREEFRY = register(OpDef("threefry2x32", lambda shapes: _threefry_rule(tuple(tuple(s) for s in shapes)),
+                           _threefry_kernel, dtype=np.dtype(np.uint32), arity=4,
+                           flops=lambda blocks, out, params: 110 * prod(out) // 2, saves="none"))
