@@ -185,3 +185,17 @@ def _iota(ev, e, *dyn):
     dt = np.dtype(e.params["dtype"])
     line = np.arange(shape[d], dtype=dt).reshape((1,) * d + (shape[d],) + (1,) * (len(shape) - d - 1))
     return const(ev, np.ascontiguousarray(np.broadcast_to(line, shape)))
+
+
+@primitive("unstack")
+def _unstack(ev, e, x):
+    x = as_tensor(x)
+    axis = int(e.params["axis"])
+    return [x[(slice(None),) * axis + (i,)] for i in range(x.shape[axis])]
+
+
+@primitive("empty", "empty2")
+def _empty(ev, e):
+    """An uninitialized buffer (a branch's unused residual): zeros."""
+    aval = e.out_avals[0]
+    return const(ev, np.zeros(aval.shape, aval.dtype))

@@ -38,12 +38,26 @@ def _constraint(ev, e, x):
     if spec is None:
         raise ShardingError(f"a sharding of type {type(sh).__name__} is not supported; use a NamedSharding or a "
                             f"PartitionSpec")
+    return _laid_out(ev, e, as_tensor(x), sh, e.params.get("unconstrained_dims") or ())
+
+
+def _laid_out(ev, e, x, sh, free) -> Any:
+    """``x`` laid out as the NamedSharding ``sh`` on the tensors' mesh; dims in ``free`` (or unconstrained) open."""
     mesh = _mesh(ev, e, getattr(sh, "mesh", None))
-    x = as_tensor(x)
-    free = set(e.params.get("unconstrained_dims") or ())
+    spec = tuple(sh.spec)
     entries = list(spec) + [None] * (x.ndim - len(spec))
     dims = [_entry(s, d in free) for d, s in enumerate(entries)]
     return x.shard(mesh, dims) if x.sharding is None else x.with_sharding(mesh, dims)
+
+
+@primitive("reshard")
+def _reshard(ev, e, x):
+    """``jax.sharding.reshard``: a layout on a mesh (a constraint), nothing on the empty mesh JAX's own
+    differentiation writes it with."""
+    sh = e.params["dst_sharding"]
+    if not tuple(getattr(getattr(sh, "mesh", None), "axis_names", ())):
+        return x
+    return _laid_out(ev, e, as_tensor(x), sh, ())
 
 
 @primitive("device_put")
@@ -51,14 +65,7 @@ def _device_put(ev, e, *xs):
     """An identity, or a constraint when a device is a sharding."""
     out = []
     for x, dev in zip(xs, e.params.get("devices") or (None,) * len(xs)):
-        spec = getattr(dev, "spec", None)
-        if spec is None:
-            out.append(x)
-            continue
-        mesh = _mesh(ev, e, getattr(dev, "mesh", None))
-        x = as_tensor(x)
-        dims = [_entry(s, False) for s in list(spec) + [None] * (x.ndim - len(spec))]
-        out.append(x.shard(mesh, dims) if x.sharding is None else x.with_sharding(mesh, dims))
+        out.append(x if getattr(dev, "spec", None) is None else _laid_out(ev, e, as_tensor(x), dev, ()))
     return out
 
 
