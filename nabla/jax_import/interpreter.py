@@ -125,7 +125,7 @@ def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
         name = eqn.primitive.name
         site = site_of(eqn, parent)
         keyed = any(is_key(v.aval) for v in eqn.invars)
-        fn = KEYED.get(name) if keyed else TABLE.get(name)
+        fn = KEYED.get(name) if keyed and name not in CALLS else TABLE.get(name)
         if fn is None:
             raise unsupported(name, site, "no handler for PRNG key operands" if keyed and name in TABLE else "")
         ins = tuple(Lit(_literal(v)) if _is_literal(v) else v for v in eqn.invars)

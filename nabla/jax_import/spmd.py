@@ -102,19 +102,16 @@ def _axes(e, key: str = "axis_name") -> tuple[str, ...]:
     return axes
 
 
-@primitive("psum", "psum_invariant")
-def _psum(ev, e, *xs):
-    return [L.psum(x, _axes(e, "axes")) for x in xs]
+def _reducing(fn):
+    def run(ev, e, *xs):
+        out = [fn(as_tensor(x), _axes(e, "axes")) for x in xs]
+        return out if e.multi else out[0]
+    return run
 
 
-@primitive("pmax")
-def _pmax(ev, e, *xs):
-    return [L.pmax(x, _axes(e, "axes")) for x in xs]
-
-
-@primitive("pmin")
-def _pmin(ev, e, *xs):
-    return [L.pmin(x, _axes(e, "axes")) for x in xs]
+primitive("psum", "psum_invariant")(_reducing(L.psum))
+primitive("pmax")(_reducing(L.pmax))
+primitive("pmin")(_reducing(L.pmin))
 
 
 @primitive("all_gather", "all_gather_invariant")

@@ -1,6 +1,7 @@
 """Elementwise ops JAX's ``lax`` has and nabla's public API does not: bitwise logic and shifts, a bitcast, more
-transcendental functions, ``erf_inv``, and the threefry2x32 hash behind ``jax.random``. Internal ops (no
-``nb.<name>``): ``nb.import_jax`` runs a JAX program's primitives as them, so they are recorded steps like any."""
+transcendental functions, ``erf_inv``, and the threefry2x32 hash behind ``jax.random``. Internal ops named
+``lax_<primitive>`` (no ``nb.<name>``, no numpy name: those stay free for users' own ops): ``nb.import_jax`` runs a
+JAX program's primitives as them, so they are recorded steps like any."""
 
 from __future__ import annotations
 
@@ -18,47 +19,47 @@ from .core import _call
 from .pointwise import exp, sqrt
 from .registry import register, elementwise
 
-# ---- bitwise logic and shifts (numpy's names; bools are logic) ------------------------------------------------
+# ---- bitwise logic and shifts (bools are logic) ------------------------------------------------
 
-bitwise_and = elementwise("bitwise_and", lambda xp, a, b: xp.bitwise_and(a, b), numpy="bitwise_and",
+bitwise_and = elementwise("lax_bitwise_and", lambda xp, a, b: xp.bitwise_and(a, b),
                           onnx="BitwiseAnd", public=False)
-bitwise_or = elementwise("bitwise_or", lambda xp, a, b: xp.bitwise_or(a, b), numpy="bitwise_or", onnx="BitwiseOr",
+bitwise_or = elementwise("lax_bitwise_or", lambda xp, a, b: xp.bitwise_or(a, b), onnx="BitwiseOr",
                          public=False)
-bitwise_xor = elementwise("bitwise_xor", lambda xp, a, b: xp.bitwise_xor(a, b), numpy="bitwise_xor",
+bitwise_xor = elementwise("lax_bitwise_xor", lambda xp, a, b: xp.bitwise_xor(a, b),
                           onnx="BitwiseXor", public=False)
-invert = elementwise("invert", lambda xp, x: xp.invert(x), numpy="invert", onnx="BitwiseNot", public=False)
+invert = elementwise("lax_invert", lambda xp, x: xp.invert(x), onnx="BitwiseNot", public=False)
 # a shift by the width or more gives 0 (a right shift of a negative signed value: -1), in numpy and in XLA alike
-left_shift = elementwise("left_shift", lambda xp, a, b: xp.left_shift(a, b), numpy="left_shift", public=False)
-right_shift = elementwise("right_shift", lambda xp, a, b: xp.right_shift(a, b), numpy="right_shift", public=False)
+left_shift = elementwise("lax_left_shift", lambda xp, a, b: xp.left_shift(a, b), public=False)
+right_shift = elementwise("lax_right_shift", lambda xp, a, b: xp.right_shift(a, b), public=False)
 
 
 # ---- more transcendental functions (float32 stays float32) --------------------------------------------------------
 
-log1p = elementwise("log1p", lambda xp, x: xp.log1p(x), numpy="log1p", public=False, vjp=lambda g, x, o: g / (x + 1.0))
-expm1 = elementwise("expm1", lambda xp, x: xp.expm1(x), numpy="expm1", public=False, vjp=lambda g, x, o: g * (o + 1.0))
-tan = elementwise("tan", lambda xp, x: xp.tan(x), numpy="tan", public=False, vjp=lambda g, x, o: g * (o * o + 1.0))
-arctan = elementwise("arctan", lambda xp, x: xp.arctan(x), numpy="arctan", public=False,
+log1p = elementwise("lax_log1p", lambda xp, x: xp.log1p(x), public=False, vjp=lambda g, x, o: g / (x + 1.0))
+expm1 = elementwise("lax_expm1", lambda xp, x: xp.expm1(x), public=False, vjp=lambda g, x, o: g * (o + 1.0))
+tan = elementwise("lax_tan", lambda xp, x: xp.tan(x), public=False, vjp=lambda g, x, o: g * (o * o + 1.0))
+arctan = elementwise("lax_arctan", lambda xp, x: xp.arctan(x), public=False,
                      vjp=lambda g, x, o: g / (x * x + 1.0))
-arcsin = elementwise("arcsin", lambda xp, x: xp.arcsin(x), numpy="arcsin", public=False,
+arcsin = elementwise("lax_arcsin", lambda xp, x: xp.arcsin(x), public=False,
                      vjp=lambda g, x, o: g / sqrt(1.0 - x * x))
-arccos = elementwise("arccos", lambda xp, x: xp.arccos(x), numpy="arccos", public=False,
+arccos = elementwise("lax_arccos", lambda xp, x: xp.arccos(x), public=False,
                      vjp=lambda g, x, o: -g / sqrt(1.0 - x * x))
-sinh = elementwise("sinh", lambda xp, x: xp.sinh(x), numpy="sinh", public=False,
+sinh = elementwise("lax_sinh", lambda xp, x: xp.sinh(x), public=False,
                    vjp=lambda g, x, o: g * ((exp(x) + exp(-x)) * 0.5))
-cosh = elementwise("cosh", lambda xp, x: xp.cosh(x), numpy="cosh", public=False,
+cosh = elementwise("lax_cosh", lambda xp, x: xp.cosh(x), public=False,
                    vjp=lambda g, x, o: g * ((exp(x) - exp(-x)) * 0.5))
-arctan2 = elementwise("arctan2", lambda xp, a, b: xp.arctan2(a, b), numpy="arctan2", public=False,
+arctan2 = elementwise("lax_arctan2", lambda xp, a, b: xp.arctan2(a, b), public=False,
                       vjp=(lambda g, a, b, o: g * b / (a * a + b * b), lambda g, a, b, o: -g * a / (a * a + b * b)))
-rint = elementwise("rint", lambda xp, x: xp.rint(x), numpy="rint", public=False, vjp=lambda g, x, o: g * 0.0)
-cbrt = elementwise("cbrt", lambda xp, x: xp.cbrt(x), numpy="cbrt", public=False, vjp=lambda g, x, o: g / (3.0 * o * o))
+rint = elementwise("lax_rint", lambda xp, x: xp.rint(x), public=False, vjp=lambda g, x, o: g * 0.0)
+cbrt = elementwise("lax_cbrt", lambda xp, x: xp.cbrt(x), public=False, vjp=lambda g, x, o: g / (3.0 * o * o))
 
 
 def _erf_inv(xp, x):
-    """The inverse error function in float32 as XLA computes it: Giles' single-precision polynomials ("Approximating
-    the erfinv function", GPU Computing Gems, 2011), +-inf at +-1."""
+    """The inverse error function by Giles' single-precision polynomials ("Approximating the erfinv function", GPU
+    Computing Gems, 2011), as XLA evaluates it (``w = -log1p(-x^2)``; within a few ulps of XLA's), +-inf at +-1."""
     x = xp.asarray(x)
     dt = x.dtype
-    w = -xp.log((1.0 - x) * (1.0 + x)).astype(dt)
+    w = -xp.log1p(-x * x).astype(dt)
     small = w < 5.0
     ws = (w - 2.5).astype(dt)
     wl = (xp.sqrt(xp.where(small, 5.0, w)) - 3.0).astype(dt)
@@ -74,7 +75,7 @@ def _erf_inv(xp, x):
     return xp.where(xp.abs(x) == 1.0, x * np.asarray(np.inf, dt), out).astype(dt)
 
 
-erf_inv = elementwise("erf_inv", _erf_inv, public=False,
+erf_inv = elementwise("lax_erf_inv", _erf_inv, public=False,
                       vjp=lambda g, x, o: g * (0.886226925452758 * exp(o * o)))  # sqrt(pi)/2 e^(y^2)
 
 
@@ -102,7 +103,8 @@ def bitcast(x, dtype) -> object:
     return _call(_BITCAST, (x,), (dt.str,))
 
 
-_BITCAST = register(OpDef("bitcast", lambda shapes, dtype: R.elementwise_rule(tuple(shapes), op="bitcast"),
+_BITCAST = register(OpDef("lax_bitcast_convert_type",
+                          lambda shapes, dtype: R.elementwise_rule(tuple(shapes), op="bitcast_convert_type"),
                           _bitcast_kernel, arity=1, flops=lambda blocks, out, params: 0, saves="none"))
 
 
@@ -158,6 +160,6 @@ def threefry2x32(k1, k2, x1, x2):
     return _call(_THREEFRY, (k1, k2, x1, x2))
 
 
-_THREEFRY = register(OpDef("threefry2x32", lambda shapes: _threefry_rule(tuple(tuple(s) for s in shapes)),
+_THREEFRY = register(OpDef("lax_threefry2x32", lambda shapes: _threefry_rule(tuple(tuple(s) for s in shapes)),
                            _threefry_kernel, dtype=np.dtype(np.uint32), arity=4,
                            flops=lambda blocks, out, params: 110 * prod(out) // 2, saves="none"))

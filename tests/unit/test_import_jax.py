@@ -215,3 +215,168 @@ def test_primitive_equals_jax_on_any_sharding(name, data):
 def test_gradient_program_equals_jax_on_any_sharding(name, data):
     _, args, _ = CASES[name]
     _compare(_imported(name, True)(*_place(data, args)), _reference(name, True), name)
+
+
+# ---- per-device code, constraints, PRNG bits ------------------------------------------------------------------------
+
+JMESH = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _per_device(a, b):
+    def body(a, b):
+        i = jax.lax.axis_index("y")
+        return (jax.lax.psum(a, "y"), jax.lax.all_gather(b, "x", axis=0, tiled=True), jax.lax.all_gather(b, "y", axis=1),
+                jax.lax.ppermute(a, "y", [(i, (i + 1) % 4) for i in range(4)]) * i,
+                jax.lax.psum_scatter(a, "y", scatter_dimension=1, tiled=True), jax.lax.all_to_all(a, "y", 1, 0, tiled=True),
+                jax.lax.all_to_all(b.reshape(2, 4, 1), "y", 1, 2), jax.lax.pmax(a, "x"))
+    return jax.shard_map(body, check_vma=False, in_specs=(P("x", "y"), P("x", "y")),
+                         out_specs=(P("x", None), P(None, "y"), P("x", None, "y"), P("x", "y"), P("x", "y"), P("x", "y"),
+                                    P("x", "y"), P(None, "y")))(a, b)
+
+
+@settings(max_examples=examples(6))
+@given(data=st.data())
+def test_shard_map_and_its_collectives_equal_jax(data):
+    a, b = f32(4, 16), f32(4, 16)
+    with jax.set_mesh(JMESH):
+        want = _flat(jax.jit(_per_device)(a, b))
+    _compare(nb.import_jax(_per_device)(*_place(data, (a, b))), want, "shard_map")
+
+
+def test_sharding_constraint_is_with_sharding_and_the_comm_log_names_its_line():
+    def f(x, w):
+        y = jnp.tanh(x @ w)
+        return jax.lax.with_sharding_constraint(y, P(None, None))  # the gather of y's columns
+    line = f.__code__.co_firstlineno + 2
+    x, w = f32(8, 16), f32(16, 32)
+    with nb.comm_log() as log:
+        out = nb.import_jax(f)(nb.tensor(x).shard(MESH, ["x", None]), nb.tensor(w).shard(MESH, [None, "y"]))
+    assert out.sharding.dim_specs[1].axes == () and out.sharding.dim_specs[0].axes == ()
+    kinds = {(e.kind, e.axes) for e in log.events}
+    assert kinds == {("all_gather", ("x",)), ("all_gather", ("y",))}, kinds
+    assert all(e.op == f"test_import_jax.py:{line}" for e in log.events), [e.op for e in log.events]
+    assert f"test_import_jax.py:{line}" in log.summary()
+    np.testing.assert_allclose(out.numpy(), np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+
+
+def _random_program(key, x):
+    k1, k2 = jax.random.split(key)
+    keep = jax.random.bernoulli(k1, 0.9, x.shape)
+    return (jnp.where(keep, x / 0.9, 0), jax.random.normal(jax.random.fold_in(k2, 3), x.shape),
+            jax.random.uniform(k2, (3, 5)), jax.random.bits(key, (7,), dtype=jnp.uint8),
+            jax.vmap(jax.vmap(lambda k: jax.random.bits(k, (2,))))(jax.random.split(key, (2, 3))),
+            jax.random.randint(k1, (4,), 0, 10), jax.random.permutation(k2, 6))
+
+
+@settings(max_examples=examples(4))
+@given(data=st.data(), seed=st.integers(0, 2 ** 31 - 1))
+def test_jax_random_bits_are_jaxs_on_any_sharding(data, seed):
+    key, x = np.asarray(jax.random.PRNGKey(seed)), f32(4, 8)
+    want = _flat(jax.jit(_random_program)(key, x))
+    got = [g.numpy() for g in nb.import_jax(_random_program)(*_place(data, (key, x)))]
+    np.testing.assert_array_equal(got[0] == 0, want[0] == 0)  # the dropped elements
+    for k, (g, w) in enumerate(zip(got, want)):
+        if w.dtype.kind == "f":  # arithmetic on the bits (x / 0.9; normal's erf_inv): within an ulp or two of XLA's
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+        else:  # the bits themselves
+            np.testing.assert_array_equal(g, w, err_msg=f"output {k}")
+
+
+def test_flax_dropout_keeps_the_elements_jax_keeps():
+    nn = pytest.importorskip("flax.linen")
+
+    class Drop(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.3, deterministic=False)(nn.Dense(16)(x))
+
+    x = f32(8, 16)
+    params = Drop().init(jax.random.PRNGKey(0), x)
+    fn = lambda p, x, k: Drop().apply(p, x, rngs={"dropout": k})  # noqa: E731
+    key = np.asarray(jax.random.PRNGKey(7))
+    want = np.asarray(jax.jit(fn)(params, x, key))
+    p = jax.tree_util.tree_map(lambda a: nb.tensor(np.asarray(a)).shard(MESH, [None] * a.ndim), params)
+    got = nb.import_jax(fn)(p, nb.tensor(x).shard(MESH, ["x", "y"]), nb.tensor(key)).numpy()
+    np.testing.assert_array_equal(got == 0, want == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---- errors, labels, the cache, composition with nabla --------------------------------------------------------------
+
+
+def test_an_unsupported_primitive_names_itself_and_the_line_and_runs_nothing():
+    def f(x):
+        y = x * 2.0
+        return jax.lax.cummax(y, axis=0)
+    line = f.__code__.co_firstlineno + 2
+    x = nb.tensor(f32(4, 8)).shard(MESH, ["x", "y"])
+    with nb.comm_log() as log, pytest.raises(nb.ShardingError) as err:
+        nb.import_jax(f)(x)
+    assert "'cummax'" in str(err.value) and f"test_import_jax.py:{line}" in str(err.value)
+    assert log.steps == []
+
+
+def test_cond_on_an_abstract_value_names_the_primitive_and_line():
+    def f(x):
+        return jax.lax.cond(x.sum() > 0, lambda a: a * 2.0, lambda a: -a, x)
+    line = f.__code__.co_firstlineno + 1
+    with pytest.raises(nb.ShardingError, match=rf"'cond' at .*test_import_jax.py:{line}.*without data"):
+        nb.import_jax(f)(nb.abstract((4, 8)).shard(MESH, ["x", "y"]))
+
+
+def test_a_flax_programs_steps_carry_its_module_path_and_its_backward_phase():
+    nn = pytest.importorskip("flax.linen")
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(jnp.tanh(nn.Dense(16)(x)))
+
+    x = f32(8, 16)
+    params = MLP().init(jax.random.PRNGKey(0), x)
+    loss = lambda p, x: (MLP().apply(p, x) ** 2).mean()  # noqa: E731
+    p = jax.tree_util.tree_map(lambda a: nb.tensor(np.asarray(a)).shard(MESH, [None] * a.ndim), params)
+    with nb.comm_log() as log:
+        nb.import_jax(jax.grad(loss))(p, nb.tensor(x).shard(MESH, ["x", None]))
+    layers = {s.layer for s in log.steps}
+    assert {"MLP/Dense_0", "MLP/Dense_1"} <= layers, layers
+    phases = {s.phase for s in log.steps if s.layer == "MLP/Dense_0"}
+    assert phases == {"forward", "backward"}
+
+
+def test_traced_once_per_signature_not_per_sharding():
+    calls = []
+
+    def f(x, k=2.0):
+        calls.append(1)
+        return x * k
+    g = nb.import_jax(f)
+    for spec in (["x", "y"], [None, "y"], [("x", "y"), None]):
+        g(nb.tensor(f32(8, 8)).shard(MESH, spec))
+    g(nb.abstract((8, 8)).shard(MESH, ["x", None]))
+    assert len(calls) == 1
+    g(nb.tensor(f32(4, 8)).shard(MESH, ["x", "y"]))
+    g(nb.tensor(f32(8, 8)), 3)  # a Python number is static: a new trace
+    assert len(calls) == 3
+
+
+def test_nabla_grad_of_an_imported_function_equals_jax_grad():
+    def loss(w, x):
+        return jnp.mean(jax.nn.softmax(jnp.tanh(x @ w) @ w.T, -1) ** 2)
+    w, x = f32(16, 8), f32(8, 16)
+    want = np.asarray(jax.jit(jax.grad(loss))(w, x))
+    got = nb.grad(nb.import_jax(loss))(nb.tensor(w).shard(MESH, [None, "y"]), nb.tensor(x).shard(MESH, ["x", None]))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
+    assert got.sharding.dim_specs[1].axes == ("y",)
+
+
+def test_abstract_inputs_plan_the_program_without_data():
+    def f(x, w):
+        return jax.nn.relu(x @ w).sum(0)
+    x, w = nb.abstract((64, 32)).shard(MESH, ["x", None]), nb.abstract((32, 128)).shard(MESH, [None, "y"])
+    with nb.comm_log() as log:
+        out = nb.import_jax(f)(x, w)
+    assert out.is_abstract and out.shape == (128,)
+    with nb.comm_log() as real:
+        nb.import_jax(f)(nb.tensor(f32(64, 32)).shard(MESH, ["x", None]), nb.tensor(f32(32, 128)).shard(MESH, [None, "y"]))
+    assert [(e.kind, e.axes, e.bytes) for e in log.events] == [(e.kind, e.axes, e.bytes) for e in real.events]
