@@ -30,7 +30,7 @@ for _name, _fn in {
     "ge": O.greater_equal, "and": X.bitwise_and, "or": X.bitwise_or, "xor": X.bitwise_xor, "atan2": X.arctan2,
     "shift_left": X.left_shift,
 }.items():
-    primitive(_name)(_binary(_fn))
+    primitive(_name, elementwise=True)(_binary(_fn))
 
 for _name, _fn in {
     "neg": O.negative, "exp": O.exp, "log": O.log, "tanh": O.tanh, "sin": O.sin, "cos": O.cos, "tan": X.tan,
@@ -39,16 +39,16 @@ for _name, _fn in {
     "atan": X.arctan, "sinh": X.sinh, "cosh": X.cosh, "cbrt": X.cbrt, "erf": erf, "erf_inv": X.erf_inv,
     "square": O.square, "not": X.invert, "stop_gradient": O.stop_gradient,
 }.items():
-    primitive(_name)(_unary(_fn))
+    primitive(_name, elementwise=True)(_unary(_fn))
 
 
-@primitive("copy", "copy_p", "optimization_barrier", "pvary", "pbroadcast", "reduce_precision_identity")
+@primitive("copy", "copy_p", "optimization_barrier", "pvary", "pbroadcast", "reduce_precision_identity", elementwise=True)
 def _identity(ev, e, *xs):
     """Identities for nabla: copies, barriers, and the varying-axes casts of shard_map code."""
     return list(xs) if e.multi else xs[0]
 
 
-@primitive("reduce_precision")
+@primitive("reduce_precision", elementwise=True)
 def _reduce_precision(ev, e, x):
     dt = np.dtype(e.out_avals[0].dtype)
     info = ml_dtypes.finfo(dt)
@@ -67,7 +67,7 @@ def _is_int(x: Any) -> bool:
     return np.dtype(dt).kind in "iu"
 
 
-@primitive("div")
+@primitive("div", elementwise=True)
 def _div(ev, e, a, b):
     """lax's integer division truncates toward zero (numpy's floors)."""
     if not _is_int(a):
@@ -80,7 +80,7 @@ def _div(ev, e, a, b):
     return O.where(X.bitwise_and(inexact, signs), q + 1, q)
 
 
-@primitive("rem")
+@primitive("rem", elementwise=True)
 def _rem(ev, e, a, b):
     """lax's remainder has the dividend's sign (C's fmod); numpy's the divisor's."""
     r = O.remainder(a, b)
@@ -88,7 +88,7 @@ def _rem(ev, e, a, b):
     return O.where(fix, r - b, r)
 
 
-@primitive("integer_pow")
+@primitive("integer_pow", elementwise=True)
 def _integer_pow(ev, e, x):
     """x**y by products for small y, as XLA expands it."""
     y = int(e.params["y"])
@@ -107,22 +107,22 @@ def _integer_pow(ev, e, x):
     return O.power(x, y)
 
 
-@primitive("rsqrt")
+@primitive("rsqrt", elementwise=True)
 def _rsqrt(ev, e, x):
     return 1.0 / O.sqrt(x)
 
 
-@primitive("exp2")
+@primitive("exp2", elementwise=True)
 def _exp2(ev, e, x):
     return O.power(np.asarray(2, dtype=e.out_avals[0].dtype)[()], x)
 
 
-@primitive("erfc")
+@primitive("erfc", elementwise=True)
 def _erfc(ev, e, x):
     return 1.0 - erf(x)
 
 
-@primitive("round")
+@primitive("round", elementwise=True)
 def _round(ev, e, x):
     """rounding_method 0: half away from zero; 1: half to even (numpy's)."""
     method = int(getattr(e.params.get("rounding_method"), "value", e.params.get("rounding_method", 0)))
@@ -142,23 +142,23 @@ def _shift_right(kind: str):
     return run
 
 
-primitive("shift_right_logical")(_shift_right("u"))
-primitive("shift_right_arithmetic")(_shift_right("i"))
+primitive("shift_right_logical", elementwise=True)(_shift_right("u"))
+primitive("shift_right_arithmetic", elementwise=True)(_shift_right("i"))
 
 
-@primitive("convert_element_type")
+@primitive("convert_element_type", elementwise=True)
 def _convert(ev, e, x):
     dt = np.dtype(e.params["new_dtype"])
     x = as_tensor(x)
     return x if x.dtype == dt else O.astype(x, dt)
 
 
-@primitive("bitcast_convert_type")
+@primitive("bitcast_convert_type", elementwise=True)
 def _bitcast(ev, e, x):
     return X.bitcast(as_tensor(x), e.params["new_dtype"])
 
 
-@primitive("select_n")
+@primitive("select_n", elementwise=True)
 def _select_n(ev, e, which, *cases):
     """``cases[which]``: a bool chooses between two; an integer among several."""
     if len(cases) == 1:
@@ -171,7 +171,7 @@ def _select_n(ev, e, which, *cases):
     return out
 
 
-@primitive("clamp")
+@primitive("clamp", elementwise=True)
 def _clamp(ev, e, lo, x, hi):
     return O.minimum(O.maximum(x, lo), hi)
 

@@ -16,6 +16,7 @@ from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..ops import astype
 from ..tensor import Tensor
+from . import gradients
 from .table import CALLS, KEYED, TABLE, as_tensor
 
 #: directories of libraries whose frames are not "the program's line" (the first frame outside them is)
@@ -49,13 +50,15 @@ class Lit:
 class Instr:
     """One compiled equation."""
 
-    __slots__ = ("fn", "name", "ins", "outs", "params", "out_avals", "multi", "eqn", "site", "scope", "subs", "is_call")
+    __slots__ = ("fn", "name", "ins", "outs", "params", "out_avals", "multi", "eqn", "site", "scope", "subs", "is_call",
+                 "settle")
 
     def __init__(self, fn, name, ins, outs, params, out_avals, multi, eqn, site, scope, is_call) -> None:
         self.fn, self.name, self.ins, self.outs, self.params = fn, name, ins, outs, params
         self.out_avals, self.multi, self.eqn, self.site, self.scope = out_avals, multi, eqn, site, scope
         self.subs: dict = {}  # sub-programs the handler compiled, by key
         self.is_call = is_call
+        self.settle: tuple = ()  # (gradient var, var whose layout it is summed into, label): see gradients.py
 
 
 class Compiled:
@@ -137,6 +140,7 @@ def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
         if prepare is not None:
             prepare(ins_)  # a call compiles its sub-programs now
         instrs.append(ins_)
+    gradients.find(instrs)
     return Compiled(jaxpr, instrs, parent)
 
 
@@ -183,6 +187,8 @@ class Eval:
                         env[v] = _checked(o, aval, ins)
             elif ins.outs[0] is not None:
                 env[ins.outs[0]] = _checked(out, ins.out_avals[0], ins)
+            for v, like, label in ins.settle:
+                env[v] = gradients.settle(env[v], env[like], label)
         return [v.value if type(v) is Lit else (_literal(v) if _is_literal(v) else env[v]) for v in
                 _outs(jaxpr)]
 

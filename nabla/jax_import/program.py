@@ -36,12 +36,14 @@ def import_jax(fn: Callable) -> "Imported":
 
 
 class Traced(NamedTuple):
-    """One signature's program: the compiled jaxpr, its constants, the output structure, and the argument leaves
-    that are inputs (the others were static)."""
+    """One signature's program: the compiled jaxpr, its constants, the output structure (with the output leaves
+    that are not arrays, e.g. an Equinox model's activation function, kept as they came), and the avals of the
+    inputs."""
 
     prog: Compiled
     consts: tuple
     out_tree: Any
+    out_static: tuple  # per output leaf: None (an array: the program's next output) or (the value,)
     in_avals: tuple
 
 
@@ -62,8 +64,9 @@ class Imported:
         ins = [_typed(x, aval) for x, aval in zip(dyn, tr.in_avals)]
         outs = ev.run(tr.prog, tr.consts, ins)
         outs = [o.value if type(o) is Lit else o for o in outs]
-        outs = [o if isinstance(o, Tensor) else _out_value(o) for o in outs]
-        return jax.tree_util.tree_unflatten(tr.out_tree, outs)
+        it = iter(o if isinstance(o, Tensor) else _out_value(o) for o in outs)
+        leaves = [next(it) if s is None else s[0] for s in tr.out_static]
+        return jax.tree_util.tree_unflatten(tr.out_tree, leaves)
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         return self._traced(_jax(), args, kwargs)[0]
@@ -94,18 +97,23 @@ class Imported:
 
     def _trace(self, jax: Any, tree: Any, mask: list, statics: list, dyn: list, mesh: DeviceMesh | None) -> Traced:
         fn = self.fn
+        result: list = []
 
         def flat(*values):
             it, st = iter(values), iter(statics)
             a, kw = jax.tree_util.tree_unflatten(tree, [next(it) if m else next(st) for m in mask])
-            return fn(*a, **kw)
+            leaves, out_tree = jax.tree_util.tree_flatten(fn(*a, **kw))
+            static = tuple(None if _array_like(jax, x) else (x,) for x in leaves)
+            result.append((out_tree, static))
+            return [x for x, s in zip(leaves, static) if s is None]
 
         structs = [jax.ShapeDtypeStruct(x._shape, x._dtype) for x in dyn]
         with _abstract_mesh(jax, mesh):
-            closed, shapes = jax.make_jaxpr(flat, return_shape=True)(*structs)
+            closed = jax.make_jaxpr(flat)(*structs)
         prog = compile_jaxpr(closed.jaxpr)
         consts = tuple(_const(c) for c in closed.consts)
-        return Traced(prog, consts, jax.tree_util.tree_structure(shapes), tuple(v.aval for v in closed.jaxpr.invars))
+        out_tree, static = result[-1]
+        return Traced(prog, consts, out_tree, static, tuple(v.aval for v in closed.jaxpr.invars))
 
 
 def _jax() -> Any:
@@ -118,6 +126,11 @@ def _jax() -> Any:
 
 def _is_jax_array(x: Any) -> bool:
     return type(x).__module__.startswith("jax") and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _array_like(jax: Any, x: Any) -> bool:
+    """An output leaf JAX makes an array of (arrays, tracers, numbers); anything else passes through as it is."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
 
 
 def _static_key(x: Any) -> Any:

@@ -35,10 +35,22 @@ def _broadcast_in_dim(ev, e, x, *dyn):
         return const(ev, np.broadcast_to(np.asarray(x), shape))
     if x.shape == shape:
         return x
+    x = _summed_before_growing(x)
     new = tuple(d for d in range(len(shape)) if d not in bdims)
     if new:
         x = O.expand_dims(x, new)
     return x if x.shape == shape else O.broadcast_to(x, shape)
+
+
+def _summed_before_growing(x: Tensor) -> Tensor:
+    """A pending sum is made before a broadcast: the broadcast value holds the same sum in more bytes (a layer
+    norm's backward broadcasts its per-row sums over the features: summing them there moves a row's worth per
+    row, summing after moves the whole activation). nabla's own ops come with their VJPs; a JAX program spells the
+    broadcast out, so the importer makes the sum where XLA does."""
+    spec = x.sharding
+    if spec is None or not getattr(spec, "partial_axes", ()):
+        return x
+    return x.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
 
 
 @primitive("transpose")

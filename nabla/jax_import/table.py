@@ -18,17 +18,22 @@ Handler = Callable[..., Any]
 TABLE: dict[str, Handler] = {}
 #: primitives whose equation runs a sub-program (jit, scan, cond, ...): their own ops carry their own labels
 CALLS: set[str] = set()
+#: primitives that act element by element (what a gradient's path into an optimizer is made of)
+ELEMENTWISE: set[str] = set()
 #: primitive name -> the handler used when an operand is a PRNG key array (shape ops on keys)
 KEYED: dict[str, Handler] = {}
 
 
-def primitive(*names: str, call: bool = False) -> Callable[[Handler], Handler]:
-    """Register ``fn`` as the handler of the primitives ``names``; ``call``: it runs a sub-program."""
+def primitive(*names: str, call: bool = False, elementwise: bool = False) -> Callable[[Handler], Handler]:
+    """Register ``fn`` as the handler of the primitives ``names``; ``call``: it runs a sub-program;
+    ``elementwise``: it acts element by element."""
     def mark(fn: Handler) -> Handler:
         for n in names:
             TABLE[n] = fn
             if call:
                 CALLS.add(n)
+            if elementwise:
+                ELEMENTWISE.add(n)
         return fn
     return mark
 
