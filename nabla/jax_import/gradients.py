@@ -25,19 +25,21 @@ def _is_var(v: Any) -> bool:
     return v is not None and type(v).__name__ not in ("Lit", "Literal", "DropVar")
 
 
-def find(instrs: list) -> None:
+def find(prog: Any) -> None:
     """Mark on each backward equation (``ins.settle``) the values it hands to forward code, with the variable whose
-    layout each is to be reduced into (available when it is made), and its label."""
+    layout each is to be reduced into (available when it is made) and its label; and in ``prog.kinds`` the inputs
+    those values meet on the way: "params" where the differentiated code reads them, else "optimizer"."""
+    instrs = prog.instrs
     made: dict = {}  # var -> index of the equation making it
+    readers: dict = {}
     for i, ins in enumerate(instrs):
         for v in ins.outs:
             if v is not None:
                 made[v] = i
-    readers: dict = {}
-    for i, ins in enumerate(instrs):
         for a in ins.ins:
             if _is_var(a):
                 readers.setdefault(a, []).append(i)
+    inputs = set(prog.jaxpr.invars) | set(prog.jaxpr.constvars)
     for i, ins in enumerate(instrs):
         if not ins.site.backward:
             continue
@@ -45,29 +47,35 @@ def find(instrs: list) -> None:
         for v in ins.outs:
             if v is None or not _shape(v) or not any(not instrs[j].site.backward for j in readers.get(v, ())):
                 continue
-            root = _partner(instrs, v, i, made, readers)
-            if root is not None:
-                out.append((v, root, f"grad of {'/'.join(ins.site.path) or ins.site.user or 'a parameter'}"))
+            met = _met(instrs, v, i, made)
+            if met:
+                out.append((v, met[0], f"grad of {'/'.join(ins.site.path) or ins.site.user or 'a parameter'}"))
+            for w in met:
+                if w in inputs and w not in prog.kinds:
+                    read = any(instrs[j].site.differentiated and not instrs[j].site.backward for j in readers[w])
+                    prog.kinds[w] = "params" if read else "optimizer"
         ins.settle = tuple(out)
 
 
-def _partner(instrs: list, v: Any, at: int, made: dict, readers: dict) -> Any:
-    """The first value of ``v``'s shape that ``v`` (or what elementwise forward code makes of it alone) meets,
-    followed back through elementwise code to a value that exists when ``v`` is made (an input: the optimizer's
-    state, the parameter)."""
+def _met(instrs: list, v: Any, at: int, made: dict) -> list:
+    """The values of ``v``'s shape that ``v``, and what elementwise forward code makes of it, meets, in order, each
+    followed back through elementwise code to one that exists when ``v`` is made (an input: the optimizer's state,
+    the parameter); the first is the one ``v`` is summed into."""
     shape = _shape(v)
-    derived = {v}
+    derived, met = {v}, []
     for j in range(at + 1, len(instrs)):
         ins = instrs[j]
         if ins.site.backward or ins.name not in ELEMENTWISE or not any(a in derived for a in ins.ins if _is_var(a)):
             continue
-        others = [a for a in ins.ins if _is_var(a) and a not in derived and _shape(a) == shape]
-        if others:
-            return _available(instrs, others[0], at, made)
+        for a in ins.ins:
+            if _is_var(a) and a not in derived and _shape(a) == shape:
+                w = _available(instrs, a, at, made)
+                if w is not None and w not in met:
+                    met.append(w)
         for o in ins.outs:
             if o is not None and _shape(o) == shape:
                 derived.add(o)
-    return None
+    return met
 
 
 def _available(instrs: list, w: Any, at: int, made: dict) -> Any:
@@ -85,9 +93,13 @@ def _available(instrs: list, w: Any, at: int, made: dict) -> Any:
 
 
 def settle(g: Any, like: Any, label: str) -> Any:
-    """``g`` with its pending sums made, laid out as ``like`` is (where ``like`` is on its mesh and of its shape)."""
-    spec = getattr(g, "sharding", None)
-    if not isinstance(g, Tensor) or spec is None or not getattr(spec, "partial_axes", ()):
+    """``g`` with its pending sums made, laid out as ``like`` is (where ``like`` is on its mesh and of its shape);
+    told to the memory log as a gradient."""
+    if not isinstance(g, Tensor):
+        return g
+    C.tag([g], "grads")
+    spec = g.sharding
+    if spec is None or not getattr(spec, "partial_axes", ()):
         return g
     own = like.sharding if isinstance(like, Tensor) else None
     if own is not None and hasattr(own, "dim_specs") and own.mesh == spec.mesh and like.shape == g.shape:
@@ -95,4 +107,6 @@ def settle(g: Any, like: Any, label: str) -> Any:
     else:
         dims = [DimSpec(d.axes) for d in spec.dim_specs]
     with C.user_op(label), C.phase("backward"):
-        return g.with_sharding(spec.mesh, dims)
+        out = g.with_sharding(spec.mesh, dims)
+    C.tag([out], "grads")
+    return out

@@ -26,13 +26,14 @@ _LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" 
 
 class Site(NamedTuple):
     """Where an equation came from: ``user`` (``file.py:12``, the label of its steps), ``where`` (for errors: the
-    program's frame, and the library frame inside it when there is one), the module path, and whether JAX's name
-    stack marks it as part of a backward pass (a transpose)."""
+    program's frame, and the library frame inside it when there is one), the module path, whether JAX's name stack
+    marks it as part of a backward pass (a transpose), and as part of a differentiated function (a jvp)."""
 
     user: str
     where: str
     path: tuple[str, ...]
     backward: bool
+    differentiated: bool = False
 
 
 ROOT = Site("", "an unknown line", (), False)
@@ -62,12 +63,14 @@ class Instr:
 
 
 class Compiled:
-    """A jaxpr ready to run: its equations in order, with the site of each."""
+    """A jaxpr ready to run: its equations in order, with the site of each, and what its inputs are to a training
+    step (``kinds``: input var -> "params" or "optimizer", see gradients.py)."""
 
-    __slots__ = ("jaxpr", "instrs", "site")
+    __slots__ = ("jaxpr", "instrs", "site", "kinds")
 
     def __init__(self, jaxpr: Any, instrs: list[Instr], site: Site) -> None:
         self.jaxpr, self.instrs, self.site = jaxpr, instrs, site
+        self.kinds: dict = {}
 
 
 def _frames(eqn: Any) -> list:
@@ -93,13 +96,14 @@ def site_of(eqn: Any, parent: Site) -> Site:
         if frames and frames[0] is not own:
             lib = frames[0]
             where += f", at {_short(lib.file_name)}:{lib.start_line} (in {lib.function_name})"
-    path, backward = list(parent.path), parent.backward
+    path, backward, diff = list(parent.path), parent.backward, parent.differentiated
     for item in getattr(eqn.source_info.name_stack, "stack", ()):
         if type(item).__name__ == "Transform":
             backward = backward or item.name == "transpose"
+            diff = diff or item.name in ("jvp", "transpose")
         else:
             path.append(item.name)
-    return Site(user, where, tuple(path), backward)
+    return Site(user, where, tuple(path), backward, diff)
 
 
 def _short(path: str) -> str:
@@ -140,8 +144,9 @@ def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
         if prepare is not None:
             prepare(ins_)  # a call compiles its sub-programs now
         instrs.append(ins_)
-    gradients.find(instrs)
-    return Compiled(jaxpr, instrs, parent)
+    prog = Compiled(jaxpr, instrs, parent)
+    gradients.find(prog)
+    return prog
 
 
 def _is_literal(v: Any) -> bool:
@@ -178,6 +183,9 @@ class Eval:
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
+        for v, kind in prog.kinds.items():
+            if isinstance(env[v], Tensor):
+                C.tag([env[v]], kind)  # a memory log (and autoshard) counts parameters and optimizer state as such
         for ins in prog.instrs:
             vals = [a.value if type(a) is Lit else env[a] for a in ins.ins]
             out = self.step(ins, vals)

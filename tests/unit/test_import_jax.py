@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nabla as nb  # noqa: E402
+from nabla.pytree import flatten  # noqa: E402
 from nabla.testing import examples, specs  # noqa: E402
 
 MESH = nb.DeviceMesh("m", (2, 4), ("x", "y"))
@@ -380,3 +381,54 @@ def test_abstract_inputs_plan_the_program_without_data():
     with nb.comm_log() as real:
         nb.import_jax(f)(nb.tensor(f32(64, 32)).shard(MESH, ["x", None]), nb.tensor(f32(32, 128)).shard(MESH, [None, "y"]))
     assert [(e.kind, e.axes, e.bytes) for e in log.events] == [(e.kind, e.axes, e.bytes) for e in real.events]
+
+
+# ---- the planners read an imported program as they read nabla code --------------------------------------------------
+
+
+def _sgd_mlp():
+    nn = pytest.importorskip("flax.linen")
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for i in range(3):
+                x = jnp.tanh(nn.Dense(256, name=f"fc{i}")(x))
+            return x
+
+    def step(p, x):
+        loss, g = jax.value_and_grad(lambda p: (MLP().apply(p, x) ** 2).mean())(p)
+        return jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, p, g), loss
+    params = jax.tree_util.tree_map(np.asarray, MLP().init(jax.random.PRNGKey(0), np.zeros((64, 256), np.float32)))
+    return step, params
+
+
+def test_memory_log_counts_an_imported_steps_parameters_and_gradients():
+    step, params = _sgd_mlp()
+    p = jax.tree_util.tree_map(lambda a: nb.abstract(a.shape).shard(MESH, [None] * a.ndim), params)
+    with nb.memory_log() as mem:
+        nb.import_jax(step)(p, nb.abstract((64, 256)).shard(MESH, [("x", "y"), None]))
+    nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(params))
+    assert mem.by_kind["params"][0] == nbytes  # replicated: every device holds them all
+    assert mem.by_kind["grads"][0] > 0 and mem.by_kind["optimizer"][0] == 0
+
+
+def test_autoshard_chooses_for_a_jax_program_and_hands_jax_the_layout():
+    step, params = _sgd_mlp()
+    cluster = nb.Cluster(nb.Hardware.preset("h100-sxm-80gb"), nodes=1, devices_per_node=8)
+    mesh = cluster.mesh("m", (2, 4), ("x", "y"))
+    free = lambda shape: nb.abstract(shape).shard(mesh, [nb.DimSpec([], is_open=True)] * len(shape))  # noqa: E731
+    g = nb.import_jax(step)
+    plan = nb.autoshard(g, cluster, jax.tree_util.tree_map(lambda a: free(a.shape), params), free((64, 256)))
+    assert plan.report.step_time <= min(r.step_time for r in plan.report.baselines.values()) * (1 + 1e-9)
+    shardings = plan.jax_shardings(JMESH)
+    for s, spec in zip(jax.tree_util.tree_leaves(shardings), flatten(plan.specs)[0]):
+        assert tuple(s.spec) == tuple(None if not d.axes else d.axes[0] if len(d.axes) == 1 else d.axes
+                                      for d in spec.dim_specs)
+    x = f32(64, 256)
+    want = jax.jit(step)(params, x)
+    got = jax.jit(step, in_shardings=shardings)(params, x)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(nb.ShardingError, match="axes"):
+        plan.jax_shardings(jax.make_mesh((8,), ("x",)))
