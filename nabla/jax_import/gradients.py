@@ -92,12 +92,14 @@ def _available(instrs: list, w: Any, at: int, made: dict) -> Any:
     return w
 
 
-def settle(g: Any, like: Any, label: str) -> Any:
-    """``g`` with its pending sums made, laid out as ``like`` is (where ``like`` is on its mesh and of its shape);
-    told to the memory log as a gradient."""
+def settle(g: Any, like: Any, label: str | None) -> Any:
+    """``g`` with its pending sums made, laid out as ``like`` is (where ``like`` is on its mesh and of its shape).
+    With a ``label``: a gradient, told to the memory log as one, summed in phase "backward" under that label;
+    without: a value summed under the running op's label."""
     if not isinstance(g, Tensor):
         return g
-    C.tag([g], "grads")
+    if label is not None:
+        C.tag([g], "grads")
     spec = g.sharding
     if spec is None or not getattr(spec, "partial_axes", ()):
         return g
@@ -106,6 +108,8 @@ def settle(g: Any, like: Any, label: str) -> Any:
         dims = [DimSpec(d.axes) for d in own.dim_specs]
     else:
         dims = [DimSpec(d.axes) for d in spec.dim_specs]
+    if label is None:
+        return g.with_sharding(spec.mesh, dims)
     with C.user_op(label), C.phase("backward"):
         out = g.with_sharding(spec.mesh, dims)
     C.tag([out], "grads")

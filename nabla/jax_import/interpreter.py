@@ -52,25 +52,40 @@ class Instr:
     """One compiled equation."""
 
     __slots__ = ("fn", "name", "ins", "outs", "params", "out_avals", "multi", "eqn", "site", "scope", "subs", "is_call",
-                 "settle")
+                 "settle", "types")
 
     def __init__(self, fn, name, ins, outs, params, out_avals, multi, eqn, site, scope, is_call) -> None:
         self.fn, self.name, self.ins, self.outs, self.params = fn, name, ins, outs, params
         self.out_avals, self.multi, self.eqn, self.site, self.scope = out_avals, multi, eqn, site, scope
+        # per result: (shape, dtype) as JAX typed it, None for a PRNG key
+        self.types = tuple(None if is_key(a) else (tuple(a.shape), np.dtype(a.dtype)) for a in out_avals)
         self.subs: dict = {}  # sub-programs the handler compiled, by key
         self.is_call = is_call
         self.settle: tuple = ()  # (gradient var, var whose layout it is summed into, label): see gradients.py
 
 
 class Compiled:
-    """A jaxpr ready to run: its equations in order, with the site of each, and what its inputs are to a training
-    step (``kinds``: input var -> "params" or "optimizer", see gradients.py)."""
+    """A jaxpr ready to run: its equations in order, with the site of each, cut into blocks that run under one label
+    (consecutive equations of one line, module path and phase: the labelling contexts are entered once per block),
+    and what its inputs are to a training step (``kinds``: input var -> "params" or "optimizer", see gradients.py)."""
 
-    __slots__ = ("jaxpr", "instrs", "site", "kinds")
+    __slots__ = ("jaxpr", "instrs", "site", "kinds", "blocks", "outs")
 
     def __init__(self, jaxpr: Any, instrs: list[Instr], site: Site) -> None:
         self.jaxpr, self.instrs, self.site = jaxpr, instrs, site
         self.kinds: dict = {}
+        self.blocks: list[tuple[tuple, list[Instr]]] = []
+        self.outs = tuple(Lit(_literal(v)) if _is_literal(v) else v for v in jaxpr.outvars)
+
+    def cut(self) -> None:
+        """The blocks: a call (its body labels its own ops) and an equation whose results are gradients to sum
+        (summed under their own label, outside the block's) end one."""
+        for ins in self.instrs:
+            key = (None if ins.is_call else (ins.site.user or ins.name), ins.scope, ins.site.backward)
+            if self.blocks and self.blocks[-1][0] == key and key[0] is not None and not self.blocks[-1][1][-1].settle:
+                self.blocks[-1][1].append(ins)
+            else:
+                self.blocks.append((key, [ins]))
 
 
 def _frames(eqn: Any) -> list:
@@ -146,6 +161,7 @@ def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
         instrs.append(ins_)
     prog = Compiled(jaxpr, instrs, parent)
     gradients.find(prog)
+    prog.cut()
     return prog
 
 
@@ -170,57 +186,46 @@ class Eval:
     def __init__(self, abstract: bool, mesh: DeviceMesh | None, outer_scope: str) -> None:
         self.abstract, self.mesh, self.outer_scope = abstract, mesh, outer_scope
 
-    def scope(self, ins: Instr) -> str:
-        if not ins.scope:
-            return self.outer_scope
-        return f"{self.outer_scope}/{ins.scope}" if self.outer_scope else ins.scope
-
     def run(self, prog: Compiled, consts: Sequence[Any], args: Sequence[Any]) -> list:
         """Run ``prog`` on ``consts`` and ``args`` (values for its constvars and invars); its outputs."""
         jaxpr = prog.jaxpr
-        env: dict = {}
-        for v, x in zip(jaxpr.constvars, consts):
-            env[v] = x
-        for v, x in zip(jaxpr.invars, args):
-            env[v] = x
+        env: dict = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
         for v, kind in prog.kinds.items():
             if isinstance(env[v], Tensor):
                 C.tag([env[v]], kind)  # a memory log (and autoshard) counts parameters and optimizer state as such
-        for ins in prog.instrs:
-            vals = [a.value if type(a) is Lit else env[a] for a in ins.ins]
-            out = self.step(ins, vals)
-            if ins.multi:
-                for v, o, aval in zip(ins.outs, out, ins.out_avals):
-                    if v is not None:
-                        env[v] = _checked(o, aval, ins)
-            elif ins.outs[0] is not None:
-                env[ins.outs[0]] = _checked(out, ins.out_avals[0], ins)
-            for v, like, label in ins.settle:
+        for (user, scope, backward), block in prog.blocks:
+            with (C.user_op(user) if user is not None else _NOTHING), C.in_scope(self.scope(scope)), \
+                    _phase(backward):
+                for ins in block:
+                    self._one(ins, env)
+            for v, like, label in block[-1].settle:
                 env[v] = gradients.settle(env[v], env[like], label)
-        return [v.value if type(v) is Lit else (_literal(v) if _is_literal(v) else env[v]) for v in
-                _outs(jaxpr)]
+        return [v.value if type(v) is Lit else env[v] for v in prog.outs]
 
-    def step(self, ins: Instr, vals: list) -> Any:
-        site = ins.site
+    def _one(self, ins: Instr, env: dict) -> None:
+        """One equation: its handler on its operands, its results checked against JAX's types."""
         try:
-            if ins.is_call:
-                with C.in_scope(self.scope(ins)), _phase(site.backward):
-                    return ins.fn(self, ins, *vals)
-            with C.user_op(site.user or ins.name), C.in_scope(self.scope(ins)), _phase(site.backward):
-                return ins.fn(self, ins, *vals)
+            out = ins.fn(self, ins, *[a.value if type(a) is Lit else env[a] for a in ins.ins])
         except ShardingError as e:
             if getattr(e, "_import_jax", False):
                 raise
-            err = ShardingError(f"import_jax: primitive {ins.name!r} at {site.where}: {e}")
+            err = ShardingError(f"import_jax: primitive {ins.name!r} at {ins.site.where}: {e}")
             err._import_jax = True
             raise err from e
+        if not ins.multi:
+            out = (out,)
+        for v, o, t in zip(ins.outs, out, ins.types):
+            if v is not None:
+                env[v] = o if t is None else _checked(o, t, ins)
+
+    def scope(self, own: str) -> str:
+        if not own:
+            return self.outer_scope
+        return f"{self.outer_scope}/{own}" if self.outer_scope else own
 
 
-def _outs(jaxpr: Any) -> list:
-    return [Lit(_literal(v)) if _is_literal(v) else v for v in jaxpr.outvars]
-
-
-class _NoPhase:
+class _Nothing:
     def __enter__(self):
         return None
 
@@ -228,23 +233,20 @@ class _NoPhase:
         return False
 
 
-_NO_PHASE = _NoPhase()
+_NOTHING = _Nothing()
 
 
 def _phase(backward: bool):
     """Phase "backward" for a transpose's equations (leaving the caller's phase otherwise)."""
-    return C.phase("backward") if backward and C.current_phase() == "forward" else _NO_PHASE
+    return C.phase("backward") if backward and C.current_phase() == "forward" else _NOTHING
 
 
-def _checked(out: Any, aval: Any, ins: Instr) -> Any:
+def _checked(out: Any, t: tuple, ins: Instr) -> Any:
     """The result as JAX typed it: numpy's promotion may differ from the jaxpr's explicit types (a cast then)."""
-    if is_key(aval):
-        return out
+    shape, dtype = t
     if not isinstance(out, Tensor):
-        out = as_tensor(np.asarray(out, dtype=aval.dtype))
-    if out._shape != tuple(aval.shape):
+        out = as_tensor(np.asarray(out, dtype=dtype))
+    if out._shape != shape:
         raise ShardingError(f"import_jax: primitive {ins.name!r} at {ins.site.where} gave shape {out._shape}, "
-                            f"JAX's is {tuple(aval.shape)} (a bug in nabla's mapping of it)")
-    if out._dtype != aval.dtype:
-        out = astype(out, aval.dtype)
-    return out
+                            f"JAX's is {shape} (a bug in nabla's mapping of it)")
+    return out if out._dtype == dtype else astype(out, dtype)
