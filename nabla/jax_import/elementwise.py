@@ -13,7 +13,7 @@ from .. import ops as O
 from ..ops import lax_ops as X
 from ..ops.pointwise import erf
 from ..errors import ShardingError
-from . import gradients
+from . import sums
 from .table import as_tensor, primitive
 
 
@@ -26,7 +26,7 @@ def _unary(fn):
 
 
 for _name, _fn in {
-    "mul": O.multiply, "max": O.maximum, "min": O.minimum,
+    "max": O.maximum, "min": O.minimum,
     "pow": O.power, "eq": O.equal, "ne": O.not_equal, "lt": O.less, "le": O.less_equal, "gt": O.greater,
     "ge": O.greater_equal, "and": X.bitwise_and, "or": X.bitwise_or, "xor": X.bitwise_xor, "atan2": X.arctan2,
     "shift_left": X.left_shift,
@@ -43,30 +43,9 @@ for _name, _fn in {
     primitive(_name, elementwise=True)(_unary(_fn))
 
 
-def _joined(fn):
-    """A sum of a pending sum and a whole value of its shape (the residual stream: a row-parallel layer's output
-    and its input; in the backward pass, the cotangents of the two paths) makes the pending sum first, into the
-    whole value's layout (a reduce_scatter where that is cut on the summed axes, else an all_reduce), as Megatron
-    and XLA do there: left pending, every op after it works on one partial block per device of the group, and each
-    weight gradient made from it is summed on its own."""
-    def run(ev, e, a, b):
-        pa, pb = _pending(a), _pending(b)
-        if pa != pb and a.shape == b.shape:
-            if pa:
-                a = gradients.settle(a, b, None)
-            else:
-                b = gradients.settle(b, a, None)
-        return fn(a, b)
-    return run
-
-
-def _pending(x) -> bool:
-    spec = getattr(x, "sharding", None)
-    return bool(spec is not None and getattr(spec, "partial_axes", ()))
-
-
-primitive("add", "add_any", elementwise=True)(_joined(O.add))
-primitive("sub", elementwise=True)(_joined(O.subtract))
+primitive("add", "add_any", elementwise=True)(sums.joined(O.add))
+primitive("sub", elementwise=True)(sums.joined(O.subtract))
+primitive("mul", elementwise=True)(sums.joined(O.multiply))
 
 
 @primitive("copy", "copy_p", "optimization_barrier", "pvary", "pbroadcast", "reduce_precision_identity", elementwise=True)
@@ -98,7 +77,7 @@ def _is_int(x: Any) -> bool:
 def _div(ev, e, a, b):
     """lax's integer division truncates toward zero (numpy's floors)."""
     if not _is_int(a):
-        return O.divide(a, b)
+        return sums.joined(O.divide)(ev, e, a, b)
     q = O.floor_divide(a, b)
     if np.dtype(e.out_avals[0].dtype).kind == "u":
         return q
@@ -190,7 +169,7 @@ def _select_n(ev, e, which, *cases):
     """``cases[which]``: a bool chooses between two; an integer among several."""
     if len(cases) == 1:
         return cases[0]
-    if np.dtype(getattr(which, "dtype", np.asarray(which).dtype)) == np.bool_ and len(cases) == 2:
+    if np.dtype(which.dtype if hasattr(which, "dtype") else np.asarray(which).dtype) == np.bool_ and len(cases) == 2:
         return O.where(which, cases[1], cases[0])
     out = cases[0]
     for i, c in enumerate(cases[1:], 1):

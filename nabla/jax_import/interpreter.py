@@ -16,7 +16,7 @@ from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..ops import astype
 from ..tensor import Tensor
-from . import gradients
+from . import sums
 from .table import CALLS, KEYED, TABLE, as_tensor
 
 #: directories of libraries whose frames are not "the program's line" (the first frame outside them is)
@@ -52,7 +52,7 @@ class Instr:
     """One compiled equation."""
 
     __slots__ = ("fn", "name", "ins", "outs", "params", "out_avals", "multi", "eqn", "site", "scope", "subs", "is_call",
-                 "settle", "types")
+                 "settle", "meets", "types")
 
     def __init__(self, fn, name, ins, outs, params, out_avals, multi, eqn, site, scope, is_call) -> None:
         self.fn, self.name, self.ins, self.outs, self.params = fn, name, ins, outs, params
@@ -61,13 +61,14 @@ class Instr:
         self.types = tuple(None if is_key(a) else (tuple(a.shape), np.dtype(a.dtype)) for a in out_avals)
         self.subs: dict = {}  # sub-programs the handler compiled, by key
         self.is_call = is_call
-        self.settle: tuple = ()  # (gradient var, var whose layout it is summed into, label): see gradients.py
+        self.settle: tuple = ()  # (gradient var, var whose layout it is summed into, label): see sums.py
+        self.meets: tuple = ()  # (result var, the vars of its shape a join meets it with): see sums.py
 
 
 class Compiled:
     """A jaxpr ready to run: its equations in order, with the site of each, cut into blocks that run under one label
     (consecutive equations of one line, module path and phase: the labelling contexts are entered once per block),
-    and what its inputs are to a training step (``kinds``: input var -> "params" or "optimizer", see gradients.py)."""
+    and what its inputs are to a training step (``kinds``: input var -> "params" or "optimizer", see sums.py)."""
 
     __slots__ = ("jaxpr", "instrs", "site", "kinds", "blocks", "outs")
 
@@ -160,7 +161,7 @@ def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
             prepare(ins_)  # a call compiles its sub-programs now
         instrs.append(ins_)
     prog = Compiled(jaxpr, instrs, parent)
-    gradients.find(prog)
+    sums.find(prog)
     prog.cut()
     return prog
 
@@ -200,7 +201,7 @@ class Eval:
                 for ins in block:
                     self._one(ins, env)
             for v, like, label in block[-1].settle:
-                env[v] = gradients.settle(env[v], env[like], label)
+                env[v] = sums.settle(env[v], env[like], label)
         return [v.value if type(v) is Lit else env[v] for v in prog.outs]
 
     def _one(self, ins: Instr, env: dict) -> None:
@@ -218,6 +219,8 @@ class Eval:
         for v, o, t in zip(ins.outs, out, ins.types):
             if v is not None:
                 env[v] = o if t is None else _checked(o, t, ins)
+        for v, partners in ins.meets:
+            env[v] = sums.early(env[v], [env.get(p) for p in partners])
 
     def scope(self, own: str) -> str:
         if not own:

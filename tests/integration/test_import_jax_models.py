@@ -247,10 +247,6 @@ _REGATHER = ("XLA gathers a value once and keeps the gathered copy for the backw
              "gathers again (ZeRO-3's own choice: less memory): {}")
 #: where nabla sends more than XLA, measured (B/device, nabla vs XLA) and why; strict: a fix turns them into passes
 MORE_THAN_XLA = {
-    ("flax_gpt_adamw", "tp"): "a layer norm's backward pass is linear in its cotangent, which the column-parallel "
-                              "matmul after it leaves a pending sum over tp: nabla sums it at the residual join and the "
-                              "norms' scale and bias gradients on their own (RS + AG, 1,920 B), where XLA sums the "
-                              "cotangent before the norm: 133,508 vs 130,628 (2.2%)",
     ("flax_gpt_adamw", "fsdp"): _REGATHER.format("259,511 vs 221,207"),
     ("flax_nnx_mlp", "fsdp"): _REGATHER.format("1,827 vs 1,211"),
     ("equinox_mlp", "fsdp"): _REGATHER.format("6,979 vs 6,363"),

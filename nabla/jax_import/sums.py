@@ -1,11 +1,16 @@
-"""Where an imported training step sums its gradients. nabla's own autodiff hands back a gradient with no pending
-sum, reduced into its parameter's layout; a JAX program's backward pass instead hands its partial sums straight
-to the code after it (an optimizer), where a sum that stays pending spreads into every value made from it and is
-made once per output (three all_reduces per gradient through AdamW, where XLA makes one). So each value the
-backward pass hands on is reduced as it leaves it, as nabla's autodiff would: into the layout of the value of its
-shape it first meets (the optimizer state or the parameter it updates: a reduce_scatter where that is sharded on
-the summed axes, an all_reduce where it is not). The steps are labelled ``grad of <module path>``, phase
-"backward", as nabla's gradient sums are (``nb.estimate``'s ``overlap="grads"`` hides them)."""
+"""Where an imported program makes its pending sums. nabla makes a sum as late as possible, and its own ops come
+with VJPs that place them well; a JAX program spells its backward pass out, and left to the rule a sum placed late
+spreads: every op after it works on one partial block per device of the group, and each value made from it is
+summed on its own. So, as XLA and Megatron place them:
+
+- a pending sum met by a whole value of its shape in ``add``/``sub``/``mul``/``div`` (the residual stream; a norm's
+  cotangent and its input) is made there, into that value's layout (``joined``), and at once where that value
+  exists already when the sum is made (``find`` marks them; ``early``), so no other reader sees it pending;
+- a gradient, a value the backward pass hands to the code after it (an optimizer), is reduced as it leaves, as
+  nabla's autodiff reduces one: into the layout of the value of its shape it first meets (the optimizer state or
+  the parameter it updates: a reduce_scatter where that is cut on the summed axes, else an all_reduce). Left
+  pending, AdamW sums it three times where XLA sums it once. These steps are labelled ``grad of <module path>``,
+  phase "backward", as nabla's gradient sums are (``nb.estimate``'s ``overlap="grads"`` hides them)."""
 
 from __future__ import annotations
 
@@ -25,10 +30,16 @@ def _is_var(v: Any) -> bool:
     return v is not None and type(v).__name__ not in ("Lit", "Literal", "DropVar")
 
 
+#: the primitives where a pending sum met by a whole value of its shape is made
+JOINS = frozenset({"add", "add_any", "sub", "mul", "div"})
+
+
 def find(prog: Any) -> None:
-    """Mark on each backward equation (``ins.settle``) the values it hands to forward code, with the variable whose
-    layout each is to be reduced into (available when it is made) and its label; and in ``prog.kinds`` the inputs
-    those values meet on the way: "params" where the differentiated code reads them, else "optimizer"."""
+    """Mark on each equation the values it makes that a join meets with another of their shape (``ins.meets``: each
+    with those others); on each backward equation the values it hands to forward code (``ins.settle``), with the
+    variable whose layout each is to be reduced into (available when it is made) and its label; and in
+    ``prog.kinds`` the inputs those values meet on the way: "params" where the differentiated code reads them,
+    else "optimizer"."""
     instrs = prog.instrs
     made: dict = {}  # var -> index of the equation making it
     readers: dict = {}
@@ -39,6 +50,15 @@ def find(prog: Any) -> None:
         for a in ins.ins:
             if _is_var(a):
                 readers.setdefault(a, []).append(i)
+    for ins in instrs:
+        meets = []
+        for v in ins.outs:
+            partners = tuple(dict.fromkeys(
+                a for j in readers.get(v, ()) if instrs[j].name in JOINS for a in instrs[j].ins
+                if _is_var(a) and a is not v and _shape(a) == _shape(v))) if v is not None and _shape(v) else ()
+            if partners:
+                meets.append((v, partners))
+        ins.meets = tuple(meets)
     inputs = set(prog.jaxpr.invars) | set(prog.jaxpr.constvars)
     for i, ins in enumerate(instrs):
         if not ins.site.backward:
@@ -90,6 +110,34 @@ def _available(instrs: list, w: Any, at: int, made: dict) -> Any:
             return None
         w = same[0]
     return w
+
+
+def _pending(x: Any) -> bool:
+    spec = getattr(x, "sharding", None)
+    return bool(spec is not None and getattr(spec, "partial_axes", ()))
+
+
+def joined(fn):
+    """``fn(a, b)`` with a pending sum met by a whole value of its shape made first, into that value's layout."""
+    def run(ev, e, a, b):
+        pa, pb = _pending(a), _pending(b)
+        if pa != pb and getattr(a, "shape", None) == getattr(b, "shape", None):
+            if pa:
+                a = settle(a, b, None)
+            else:
+                b = settle(b, a, None)
+        return fn(a, b)
+    return run
+
+
+def early(v: Any, partners: list) -> Any:
+    """``v`` summed now if it is pending and a join will meet it with a whole value that exists already."""
+    if not _pending(v):
+        return v
+    for p in partners:
+        if isinstance(p, Tensor) and p.sharding is not None and not _pending(p):
+            return settle(v, p, None)
+    return v
 
 
 def settle(g: Any, like: Any, label: str | None) -> Any:
