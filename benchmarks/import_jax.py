@@ -19,30 +19,24 @@ The machine is reported with its load (``uptime``): the numbers are from a share
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # before jax loads
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # one kernel thread (as run.py)
-    os.environ.setdefault(_v, os.environ.get("NABLA_BENCH_THREADS", "1"))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import llama as LB  # noqa: E402 - first: it sets XLA_FLAGS and one kernel thread before jax loads, and the paths
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-for _p in (HERE.parent / "tests" / "integration", HERE.parent / "examples", HERE, HERE.parent):
-    sys.path.insert(0, str(_p))
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import nabla as nb  # noqa: E402
-import llama as LB  # noqa: E402
 import train_llama as L  # noqa: E402
 from _timing import alternating, paired  # noqa: E402
 

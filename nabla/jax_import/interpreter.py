@@ -7,6 +7,7 @@ Flax/Haiku module path JAX's name stack gives (``nb.named_scope``'s label: the e
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -37,6 +38,8 @@ class Site(NamedTuple):
 
 
 ROOT = Site("", "an unknown line", (), False)
+#: a name-stack scope that names a module (Flax's ``Block_0``, a ``jax.named_scope``), not an op's detail
+_MODULE = re.compile(r"^[A-Za-z_][\w.\-]*$")
 
 
 class Lit:
@@ -117,7 +120,7 @@ def site_of(eqn: Any, parent: Site) -> Site:
         if type(item).__name__ == "Transform":
             backward = backward or item.name == "transpose"
             diff = diff or item.name in ("jvp", "transpose")
-        else:
+        elif _MODULE.match(item.name):  # (jnp.einsum scopes its equations with its subscripts: not a module)
             path.append(item.name)
     return Site(user, where, tuple(path), backward, diff)
 
