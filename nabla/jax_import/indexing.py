@@ -6,7 +6,7 @@ follow the equation's mode (clamped, or filled/dropped) exactly; they are checke
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

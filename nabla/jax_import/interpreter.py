@@ -6,6 +6,7 @@ Flax/Haiku module path JAX's name stack gives (``nb.named_scope``'s label: the e
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any, NamedTuple, Sequence
@@ -73,11 +74,12 @@ class Compiled:
     (consecutive equations of one line, module path and phase: the labelling contexts are entered once per block),
     and what its inputs are to a training step (``kinds``: input var -> "params" or "optimizer", see sums.py)."""
 
-    __slots__ = ("jaxpr", "instrs", "site", "kinds", "blocks", "outs")
+    __slots__ = ("jaxpr", "instrs", "site", "kinds", "blocks", "outs", "returned")
 
     def __init__(self, jaxpr: Any, instrs: list[Instr], site: Site) -> None:
         self.jaxpr, self.instrs, self.site = jaxpr, instrs, site
         self.kinds: dict = {}
+        self.returned: tuple = ()  # (result var, the input it is the gradient of, label): see sums.py
         self.blocks: list[tuple[tuple, list[Instr]]] = []
         self.outs = tuple(Lit(_literal(v)) if _is_literal(v) else v for v in jaxpr.outvars)
 
@@ -92,12 +94,19 @@ class Compiled:
                 self.blocks.append((key, [ins]))
 
 
-def _frames(eqn: Any) -> list:
+def _frames(eqn: Any) -> tuple:
+    """The innermost frame outside jax, and the innermost outside every library too (None where there is none)."""
     from jax._src import source_info_util as siu  # (jax is installed whenever a jaxpr exists)
     tb = eqn.source_info.traceback
-    return list(siu.user_frames(tb)) if tb is not None else []
+    first = None
+    for f in (siu.user_frames(tb) if tb is not None else ()):  # (converted one by one: stop at the program's)
+        first = first or f
+        if not _is_library(f.file_name):
+            return first, f
+    return first, None
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_library(path: str) -> bool:
     return any(m in path for m in _LIBRARY_MARKERS)
 
@@ -105,15 +114,13 @@ def _is_library(path: str) -> bool:
 def site_of(eqn: Any, parent: Site) -> Site:
     """The equation's source line (the innermost frame of the program itself, outside jax and other libraries),
     its module path (the name stack's scopes under the parent's) and whether it is a transpose."""
-    frames = _frames(eqn)
-    own = next((f for f in frames if not _is_library(f.file_name)), None)
+    lib, own = _frames(eqn)
     if own is None:
         user, where = parent.user, parent.where
     else:
         user = f"{os.path.basename(own.file_name)}:{own.start_line}"
         where = f"{own.file_name}:{own.start_line} (in {own.function_name})"
-        if frames and frames[0] is not own:
-            lib = frames[0]
+        if lib is not own:
             where += f", at {_short(lib.file_name)}:{lib.start_line} (in {lib.function_name})"
     path, backward, diff = list(parent.path), parent.backward, parent.differentiated
     for item in getattr(eqn.source_info.name_stack, "stack", ()):
@@ -143,9 +150,10 @@ def is_key(aval: Any) -> bool:
     return type(getattr(aval, "dtype", None)).__name__ == "KeyTy"
 
 
-def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
+def compile_jaxpr(jaxpr: Any, parent: Site = ROOT, top: bool = False) -> Compiled:
     """Compile ``jaxpr`` (an open Jaxpr) and, eagerly, every sub-program its equations hold, so an unsupported
-    primitive anywhere is reported before anything runs."""
+    primitive anywhere is reported before anything runs. ``top``: it is the traced function's own (the gradients
+    it returns are summed as nabla's autodiff returns them)."""
     instrs = []
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -165,6 +173,8 @@ def compile_jaxpr(jaxpr: Any, parent: Site = ROOT) -> Compiled:
         instrs.append(ins_)
     prog = Compiled(jaxpr, instrs, parent)
     sums.find(prog)
+    if top:
+        sums.find_returned(prog)
     prog.cut()
     return prog
 
@@ -205,6 +215,8 @@ class Eval:
                     self._one(ins, env)
             for v, like, label in block[-1].settle:
                 env[v] = sums.settle(env[v], env[like], label)
+        for v, like, label in prog.returned:
+            env[v] = sums.settle(env[v], env[like] if like is not None else None, label)
         return [v.value if type(v) is Lit else env[v] for v in prog.outs]
 
     def _one(self, ins: Instr, env: dict) -> None:

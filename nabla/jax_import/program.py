@@ -110,7 +110,7 @@ class Imported:
         structs = [jax.ShapeDtypeStruct(x._shape, x._dtype) for x in dyn]
         with _abstract_mesh(jax, mesh):
             closed = jax.make_jaxpr(flat)(*structs)
-        prog = compile_jaxpr(closed.jaxpr)
+        prog = compile_jaxpr(closed.jaxpr, top=True)
         consts = tuple(_const(c) for c in closed.consts)
         out_tree, static = result[-1]
         return Traced(prog, consts, out_tree, static, tuple(v.aval for v in closed.jaxpr.invars))

@@ -9,8 +9,10 @@ summed on its own. So, as XLA and Megatron place them:
 - a gradient, a value the backward pass hands to the code after it (an optimizer), is reduced as it leaves, as
   nabla's autodiff reduces one: into the layout of the value of its shape it first meets (the optimizer state or
   the parameter it updates: a reduce_scatter where that is cut on the summed axes, else an all_reduce). Left
-  pending, AdamW sums it three times where XLA sums it once. These steps are labelled ``grad of <module path>``,
-  phase "backward", as nabla's gradient sums are (``nb.estimate``'s ``overlap="grads"`` hides them)."""
+  pending, AdamW sums it three times where XLA sums it once. A gradient the program returns (``jax.grad``) is
+  reduced into the layout of the differentiated input of its shape (the k-th such result into the k-th such
+  input, as ``jax.grad`` orders them), as ``nb.grad`` returns one. These steps are labelled ``grad of <module
+  path>``, phase "backward", as nabla's gradient sums are (``nb.estimate``'s ``overlap="grads"`` hides them)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,30 @@ def _is_var(v: Any) -> bool:
 
 #: the primitives where a pending sum met by a whole value of its shape is made
 JOINS = frozenset({"add", "add_any", "sub", "mul", "div"})
+
+
+def find_returned(prog: Any) -> None:
+    """Mark in ``prog.returned`` the results of the traced function that its backward pass makes (the gradients it
+    returns), each with the differentiated input of its shape it is the gradient of, and its label."""
+    made = {v: ins for ins in prog.instrs for v in ins.outs if v is not None}
+    read = {a for ins in prog.instrs if ins.site.differentiated and not ins.site.backward for a in ins.ins
+            if _is_var(a)}
+    by_type: dict = {}
+    for v in prog.jaxpr.invars:
+        if v in read and _shape(v):
+            by_type.setdefault((_shape(v), str(v.aval.dtype)), []).append(v)
+    seen: dict = {}
+    out = []
+    for v in prog.jaxpr.outvars:
+        ins = made.get(v) if _is_var(v) else None
+        if ins is None or not ins.site.backward or not _shape(v):
+            continue
+        key = (_shape(v), str(v.aval.dtype))
+        cands = by_type.get(key, [])
+        k = seen[key] = seen.get(key, -1) + 1
+        out.append((v, cands[k % len(cands)] if cands else None,
+                    f"grad of {'/'.join(ins.site.path) or ins.site.user or 'a parameter'}"))
+    prog.returned = tuple(out)
 
 
 def find(prog: Any) -> None:
@@ -67,7 +93,7 @@ def find(prog: Any) -> None:
         for v in ins.outs:
             if v is None or not _shape(v) or not any(not instrs[j].site.backward for j in readers.get(v, ())):
                 continue
-            met = _met(instrs, v, i, made)
+            met = _met(instrs, v, i, made, readers)
             if met:
                 out.append((v, met[0], f"grad of {'/'.join(ins.site.path) or ins.site.user or 'a parameter'}"))
             for w in met:
@@ -77,15 +103,22 @@ def find(prog: Any) -> None:
         ins.settle = tuple(out)
 
 
-def _met(instrs: list, v: Any, at: int, made: dict) -> list:
+def _met(instrs: list, v: Any, at: int, made: dict, readers: dict) -> list:
     """The values of ``v``'s shape that ``v``, and what elementwise forward code makes of it, meets, in order, each
     followed back through elementwise code to one that exists when ``v`` is made (an input: the optimizer's state,
-    the parameter); the first is the one ``v`` is summed into."""
+    the parameter); the first is the one ``v`` is summed into. (Only the readers of what it has made are looked
+    at, in program order.)"""
     shape = _shape(v)
     derived, met = {v}, []
-    for j in range(at + 1, len(instrs)):
+    todo = sorted(j for j in readers.get(v, ()) if j > at)
+    done: set = set()
+    while todo:
+        j = todo.pop(0)
+        if j in done:
+            continue
+        done.add(j)
         ins = instrs[j]
-        if ins.site.backward or ins.name not in ELEMENTWISE or not any(a in derived for a in ins.ins if _is_var(a)):
+        if ins.site.backward or ins.name not in ELEMENTWISE:
             continue
         for a in ins.ins:
             if _is_var(a) and a not in derived and _shape(a) == shape:
@@ -95,6 +128,7 @@ def _met(instrs: list, v: Any, at: int, made: dict) -> list:
         for o in ins.outs:
             if o is not None and _shape(o) == shape:
                 derived.add(o)
+                todo = sorted(set(todo) | {k for k in readers.get(o, ()) if k > j})
     return met
 
 

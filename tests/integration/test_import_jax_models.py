@@ -15,7 +15,6 @@ jax = pytest.importorskip("jax")
 optax = pytest.importorskip("optax")
 nn = pytest.importorskip("flax.linen")
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nabla as nb  # noqa: E402
 import xla_harness as H  # noqa: E402

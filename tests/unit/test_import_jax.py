@@ -5,7 +5,6 @@ program holds; labels, errors, the cache and PRNG bits."""
 from __future__ import annotations
 
 import functools
-import re
 
 import numpy as np
 import pytest
