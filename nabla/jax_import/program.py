@@ -52,8 +52,9 @@ class Imported:
     (``.prog.jaxpr`` is JAX's jaxpr) without running it."""
 
     def __init__(self, fn: Callable) -> None:
-        self.fn = fn
-        self._cache: dict = {}
+        # (names no wrapper shares: functools.update_wrapper copies this __dict__ into whatever wraps it, nb.jit's)
+        self._jax_fn = fn
+        self._traces: dict = {}
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,13 +91,13 @@ class Imported:
         mesh = _mesh_of(dyn)
         key = (tree, tuple(mask), tuple((x._shape, x._dtype) for x in dyn), tuple(_static_key(s) for s in statics),
                mesh)
-        tr = self._cache.get(key)
+        tr = self._traces.get(key)
         if tr is None:
-            tr = self._cache[key] = self._trace(jax, tree, mask, statics, dyn, mesh)
+            tr = self._traces[key] = self._trace(jax, tree, mask, statics, dyn, mesh)
         return tr, dyn, mesh
 
     def _trace(self, jax: Any, tree: Any, mask: list, statics: list, dyn: list, mesh: DeviceMesh | None) -> Traced:
-        fn = self.fn
+        fn = self._jax_fn
         result: list = []
 
         def flat(*values):

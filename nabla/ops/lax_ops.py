@@ -96,7 +96,7 @@ def _jax_bitcast(x, dt):
 def bitcast(x, dtype) -> object:
     """``x``'s bits read as ``dtype`` (of the same width): ``jax.lax.bitcast_convert_type``. Elementwise."""
     dt = np.dtype(dtype)
-    src = getattr(x, "dtype", np.asarray(x).dtype)
+    src = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
     if np.dtype(src).itemsize != dt.itemsize:
         raise ShardingError(f"bitcast: {src} and {dt} differ in width ({np.dtype(src).itemsize} vs {dt.itemsize} "
                             f"bytes); only a same-width bitcast is elementwise")

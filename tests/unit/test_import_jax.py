@@ -431,3 +431,18 @@ def test_autoshard_chooses_for_a_jax_program_and_hands_jax_the_layout():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     with pytest.raises(nb.ShardingError, match="axes"):
         plan.jax_shardings(jax.make_mesh((8,), ("x",)))
+
+
+def test_nb_jit_compiles_an_imported_program_and_explain_names_its_lines():
+    def f(key, x, w):
+        h = jnp.einsum("bi,ij->bj", x, w)
+        keep = jax.random.bernoulli(key, 0.8, h.shape)
+        return jnp.where(keep, h, 0.0) + jax.lax.erf_inv(jnp.tanh(h) * 0.5)
+    key, x, w = np.asarray(jax.random.PRNGKey(3)), f32(8, 16), f32(16, 32)
+    args = (nb.tensor(key), nb.tensor(x).shard(MESH, ["x", None]), nb.tensor(w).shard(MESH, [None, "y"]))
+    want = np.asarray(jax.jit(f)(key, x, w))
+    got = nb.jit(nb.import_jax(f))(*args)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    line = f.__code__.co_firstlineno + 1
+    text = nb.explain(nb.import_jax(f), *args)
+    assert f"(in test_import_jax.py:{line})" in text
