@@ -15,6 +15,7 @@ from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..ops import astype, tensor
 from ..tensor import Tensor
+from ..trace import tracing_for_replay
 from .interpreter import Compiled, Eval, Lit, compile_jaxpr, is_key
 
 
@@ -60,7 +61,8 @@ class Imported:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         jax = _jax()
         tr, dyn, mesh = self._traced(jax, args, kwargs)
-        abstract = any(x._data is None for x in dyn)
+        # without data, large constants are made abstract too; not in a trace nb.jit replays (it needs their values)
+        abstract = any(x._data is None for x in dyn) and not tracing_for_replay()
         ev = Eval(abstract, mesh, C.current_scope())
         ins = [_typed(x, aval) for x, aval in zip(dyn, tr.in_avals)]
         outs = ev.run(tr.prog, tr.consts, ins)
