@@ -96,7 +96,9 @@ CASES = {
                                 jax.scipy.special.erfc(a), jax.nn.gelu(a), jax.nn.gelu(a, approximate=False),
                                 jax.nn.silu(a), jax.nn.relu(a), _softplus(a)), (f32(8, 4),), (0,)),
     "compare_select": (lambda a, b: (jnp.where(a < b, a, b), a == b, a != b, a <= b, a > b, a >= b,
-                                     jnp.clip(a, -0.5, 0.7), jnp.isfinite(a / b)), (f32(4, 8), f32(4, 8)), (0, 1)),
+                                     jnp.clip(a, -0.5, 0.7), jax.lax.clamp(-0.5, a, b), jnp.isfinite(a / b),
+                                     jax.lax.reduce_precision(a, 8, 7), jnp.copy(b), jax.lax.stop_gradient(a) * b),
+                       (f32(4, 8), f32(4, 8)), (0, 1)),
     "select_n_cases": (lambda a, i: jax.lax.select_n(i, a, a * 2, -a), (f32(4, 8), RNG.integers(0, 3, (4, 8)).astype(np.int32)), (0,)),
     "integer_div_rem": (lambda a, b: (jax.lax.div(a, b), jax.lax.rem(a, b), a // b, a % b),
                         (i32(4, 8), nonzero(i32(4, 8))), None),
@@ -272,7 +274,8 @@ def _random_program(key, x):
     return (jnp.where(keep, x / 0.9, 0), jax.random.normal(jax.random.fold_in(k2, 3), x.shape),
             jax.random.uniform(k2, (3, 5)), jax.random.bits(key, (7,), dtype=jnp.uint8),
             jax.vmap(jax.vmap(lambda k: jax.random.bits(k, (2,))))(jax.random.split(key, (2, 3))),
-            jax.random.randint(k1, (4,), 0, 10), jax.random.permutation(k2, 6))
+            jax.random.randint(k1, (4,), 0, 10), jax.random.permutation(k2, 6),
+            jax.random.uniform(jax.random.PRNGKey(11), (3,)), jax.random.bits(jax.random.key(5), (2, 2)))
 
 
 @settings(max_examples=examples(4))
