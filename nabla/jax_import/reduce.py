@@ -99,3 +99,45 @@ def _dot_general(ev, e, lhs, rhs):
     rfree = [rt.__setitem__(d, next(letters)) or rt[d] for d in range(rhs.ndim) if rt[d] is None]
     spec = f"{''.join(lt)},{''.join(rt)}->{''.join(batch + lfree + rfree)}"
     return O.einsum(spec, lhs, rhs)
+
+
+def _cumulative(combine, identity):
+    """A scan by an associative ``combine`` along one dim in log2(n) steps (Hillis and Steele): each step combines
+    every element with the one ``shift`` before it (``identity`` past the start), doubling ``shift``."""
+    def run(ev, e, x):
+        axis = int(e.params["axis"])
+        x = as_tensor(x)
+        if e.params.get("reverse"):
+            x = O.flip(x, axis)
+        n, shift = x.shape[axis], 1
+        fill = identity(x.dtype)
+        while shift < n:
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (shift, 0)
+            before = O.pad(x[(slice(None),) * axis + (slice(0, n - shift),)], widths, constant_values=fill)
+            x = combine(x, before)
+            shift *= 2
+        return O.flip(x, axis) if e.params.get("reverse") else x
+    return run
+
+
+def _lowest(dt):
+    dt = np.dtype(dt)
+    return -np.inf if dt.kind == "f" else np.iinfo(dt).min if dt.kind in "iu" else False
+
+
+def _highest(dt):
+    dt = np.dtype(dt)
+    return np.inf if dt.kind == "f" else np.iinfo(dt).max if dt.kind in "iu" else True
+
+
+def _logaddexp(a, b):
+    top = O.maximum(a, b)
+    safe = O.where(O.isfinite(top), top, 0.0)
+    return safe + O.log(O.exp(a - safe) + O.exp(b - safe))
+
+
+primitive("cummax")(_cumulative(O.maximum, _lowest))
+primitive("cummin")(_cumulative(O.minimum, _highest))
+primitive("cumprod")(_cumulative(O.multiply, lambda dt: 1))
+primitive("cumlogsumexp")(_cumulative(_logaddexp, lambda dt: -np.inf))

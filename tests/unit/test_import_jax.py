@@ -126,6 +126,8 @@ CASES = {
                               (a > -3).all(0), a.mean(0), jnp.var(a, 1)), (f32(4, 8),), (0,)),
     "arg_reductions": (lambda a: (jnp.argmax(a, 1), jnp.argmin(a, 0)), (f32(4, 8),), None),
     "cumsum": (lambda a: (jnp.cumsum(a, 1), jax.lax.cumsum(a, 0, reverse=True)), (f32(4, 8),), (0,)),
+    "cumulative": (lambda a, i: (jax.lax.cummax(a, 1), jax.lax.cummin(a, 0, reverse=True), jnp.cumprod(a * 0.5 + 1.0, 1),
+                                 jax.lax.cumlogsumexp(a, 1), jax.lax.cummax(i, 1)), (f32(4, 9), i32(4, 9)), (0,)),
     "sort": (lambda a, b: (jnp.sort(a, 1), jnp.argsort(a, 0), jax.lax.sort((a, b), num_keys=1),
                            jax.lax.sort((jnp.round(a), b, a), num_keys=2), jax.lax.top_k(a, 3)),
              (f32(4, 8), f32(4, 8)), (0, 1)),
@@ -316,13 +318,13 @@ def test_flax_dropout_keeps_the_elements_jax_keeps():
 
 def test_an_unsupported_primitive_names_itself_and_the_line_and_runs_nothing():
     def f(x):
-        y = x * 2.0
-        return jax.lax.cummax(y, axis=0)
+        y = x * 2
+        return jax.lax.population_count(y)
     line = f.__code__.co_firstlineno + 2
-    x = nb.tensor(f32(4, 8)).shard(MESH, ["x", "y"])
+    x = nb.tensor(i32(4, 8)).shard(MESH, ["x", "y"])
     with nb.comm_log() as log, pytest.raises(nb.ShardingError) as err:
         nb.import_jax(f)(x)
-    assert "'cummax'" in str(err.value) and f"test_import_jax.py:{line}" in str(err.value)
+    assert "'population_count'" in str(err.value) and f"test_import_jax.py:{line}" in str(err.value)
     assert log.steps == []
 
 
