@@ -108,6 +108,18 @@ def _einsum_kernel(arrays, local):
     return xp.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *_wide(*arrays))
 
 
+def _matrices(x, t: str, batch: list, rows: list, cols: list, size: dict, r: int, c: int):
+    """``x`` (letters ``t``) as a stack of ``(r, c)`` matrices over ``batch``: a view where its letters already come
+    in that order, or in the order with rows and columns swapped (a transposed view: BLAS reads it as it is);
+    else a transposed copy."""
+    lead = [size[ch] for ch in batch]
+    if list(t) == batch + rows + cols:
+        return x.reshape(lead + [r, c])
+    if list(t) == batch + cols + rows:
+        return x.reshape(lead + [c, r]).swapaxes(-1, -2)
+    return x.transpose([t.index(ch) for ch in batch + rows + cols]).reshape(lead + [r, c])
+
+
 def _as_matmul(xp, ta: str, tb: str, to: str, a, b):
     """A two-operand einsum as one batched matmul (BLAS; numpy's einsum loops in C without it): batch letters (in
     both and the result, grid axes included) stay dims that broadcast, each operand's free letters and the
@@ -124,8 +136,8 @@ def _as_matmul(xp, ta: str, tb: str, to: str, a, b):
     if any(sa[c] != sb[c] for c in contract):
         return None
     m, k, n = prod(sa[c] for c in fa), prod(sa[c] for c in contract), prod(sb[c] for c in fb)
-    a = a.transpose([ta.index(c) for c in batch + fa + contract]).reshape([sa[c] for c in batch] + [m, k])
-    b = b.transpose([tb.index(c) for c in batch + contract + fb]).reshape([sb[c] for c in batch] + [k, n])
+    a = _matrices(a, ta, batch, fa, contract, sa, m, k)
+    b = _matrices(b, tb, batch, contract, fb, sb, k, n)
     c = xp.matmul(a, b)
     sizes = dict(zip(batch, c.shape[:len(batch)]), **{x: sa[x] for x in fa}, **{x: sb[x] for x in fb})
     order = batch + fa + fb
