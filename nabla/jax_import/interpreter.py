@@ -235,7 +235,7 @@ class Eval:
             if v is not None:
                 env[v] = o if t is None else _checked(o, t, ins)
         for v, partners in ins.meets:
-            env[v] = sums.early(env[v], [env.get(p) for p in partners])
+            env[v] = sums.early(env[v], partners, env)
 
     def scope(self, own: str) -> str:
         if not own:

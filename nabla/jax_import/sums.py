@@ -164,11 +164,13 @@ def joined(fn):
     return run
 
 
-def early(v: Any, partners: list) -> Any:
-    """``v`` summed now if it is pending and a join will meet it with a whole value that exists already."""
+def early(v: Any, partners: tuple, env: dict) -> Any:
+    """``v`` summed now if it is pending and a join will meet it with a whole value that exists already (one of
+    the variables ``partners``, looked up in ``env``)."""
     if not _pending(v):
         return v
-    for p in partners:
+    for var in partners:
+        p = env.get(var)
         if isinstance(p, Tensor) and p.sharding is not None and not _pending(p):
             return settle(v, p, None)
     return v
