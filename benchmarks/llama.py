@@ -125,9 +125,9 @@ def jax_loss(jax, jnp, constrain):
         B, S, D = h.shape
         H = CONFIG["heads"]
         heads = lambda w: (h @ w).reshape(B, S, H, D // H)  # noqa: E731
-        s = jnp.einsum("bqhd,bkhd->bhqk", rotate(heads(q["wq"])), rotate(heads(q["wk"]))) * float(1 / np.sqrt(D // H))
-        s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -1e9)
-        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), heads(q["wv"])).reshape(B, S, D) @ q["wo"]
+        out = jax.nn.dot_product_attention(rotate(heads(q["wq"])), rotate(heads(q["wk"])), heads(q["wv"]),
+                                           is_causal=True)
+        return out.reshape(B, S, D) @ q["wo"]
 
     def loss(p, ids, targets):
         x = constrain(jnp.take(p["embed"], ids, axis=0), "between")

@@ -136,31 +136,94 @@ def layout(row: Row) -> Layout:
 # ---- the GPT program -----------------------------------------------------------------------------------------
 
 
-def gpt_block(x, p: dict, heads: int, mask, key: int):
+class Variant(NamedTuple):
+    """How a run writes its GPT, for the memory checks against other published runs
+    (``benchmarks/memory_published.py``). The defaults are Table 1's program as this file prices it; each option
+    is a choice a published run made, written as that run computes it."""
+
+    vocab: int = VOCAB
+    seq: int = SEQ
+    dtype: str = DTYPE
+    recompute: str = "full"  # "full": each layer under nb.checkpoint; "selective": the attention core only; "none"
+    sequence_parallel: bool = False  # Megatron-LM's SP: norms and dropouts on sequence shards over tp, regathered
+    dropout: str = "key"  # "key": nb.dropout (its mask made again from the key); "mask": a kept 1-byte mask; "none"
+    summed: bool = False  # row-parallel outputs summed over tp where Megatron-LM sums them (before bias and dropout)
+    tied: bool = False  # a whole model's output layer is its embedding's transpose (False: a weight of its own)
+    positions: bool = True  # learned position embeddings (False: rotary or ALiBi, no parameters)
+    parallel_residual: bool = False  # GPT-J / GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
+    partition_activations: bool = False  # ZeRO-R's P_a: each layer's checkpointed input kept split over tp
+    fused_mask: bool = False  # the causal mask made inside the softmax kernel (Megatron-LM's fused
+    # scale-upper-triangular-mask-softmax), not an (s, s) bias argument read again by the backward pass
+
+
+TABLE1 = Variant()
+RECOMPUTE = ("full", "selective", "none")
+DROPOUTS = ("key", "mask", "none")
+
+
+def _dropout(v, key: int, variant: Variant, mesh, spec):
+    """Dropout as the run's framework does it: ``nb.dropout`` keeps nothing (the mask is made again from the key);
+    Megatron-LM's fused kernels keep a 1-byte mask per element (a bool laid out as ``spec``), as
+    tests/integration/test_memory_megatron.py writes it."""
+    if variant.dropout == "none":
+        return v
+    if variant.dropout == "key":
+        return nb.dropout(v, DROPOUT, key)
+    keep = nb.abstract(v.shape, "bool").shard(mesh, spec)
+    return v * keep * np.array(1 / (1 - DROPOUT), v.dtype)
+
+
+def gpt_block(x, p: dict, heads: int, mask, key: int, variant: Variant = TABLE1, mesh=None):
     """One GPT layer as Megatron-LM computes it: pre-LayerNorm, self-attention (one QKV projection, causal
     softmax, attention dropout, output projection), residual with dropout, pre-LayerNorm, the 4h MLP with GeLU,
-    residual with dropout. Scalars are 0-d arrays of ``x``'s dtype so nothing is promoted to float32."""
+    residual with dropout. Scalars are 0-d arrays of ``x``'s dtype so nothing is promoted to float32.
+    ``variant`` (its defaults: this file's Table 1 program) adds Megatron-LM's sequence parallelism (``x``
+    arrives split over tp on the sequence; gathered before each column-parallel matmul, reduce-scattered after
+    each row-parallel one), the sum of each row-parallel output where Megatron makes it, selective recompute
+    (the attention core under ``nb.checkpoint``), kept dropout masks, and GPT-NeoX's parallel residual; ``mesh``
+    (axes ``dp`` and ``tp``) is needed by every option that lays a value out."""
     b, s, h = x.shape
     d = h // heads
     eps = np.array(1e-5, x.dtype)
-    y = nb.layer_norm(x, p["ln1_g"], p["ln1_b"], eps=eps)
-    qkv = (y @ p["w_qkv"] + p["b_qkv"]).reshape(b, s, heads, 3 * d)  # per head [q | k | v], heads over tp
-    q = qkv[..., :d] * np.array(1 / np.sqrt(d), x.dtype)
-    k, v = qkv[..., d:2 * d], qkv[..., 2 * d:]
-    scores = nb.einsum("bqnd,bknd->bnqk", q, k) + mask  # mask: 0 on and below the diagonal, -10000 above
-    probs = nb.dropout(nb.softmax(scores, -1), DROPOUT, key)
-    ctx = nb.einsum("bnqk,bknd->bqnd", probs, v).reshape(b, s, h)
-    x = x + nb.dropout(ctx @ p["w_o"] + p["b_o"], DROPOUT, key + 1)  # row-parallel: summed over tp here
-    y = nb.layer_norm(x, p["ln2_g"], p["ln2_b"], eps=eps)
-    u = nb.gelu(y @ p["w_1"] + p["b_1"])
-    return x + nb.dropout(u @ p["w_2"] + p["b_2"], DROPOUT, key + 2)
+    sp, dt = variant.sequence_parallel, x.dtype
+    hidden_spec = ["dp", "tp", None] if sp else ["dp", None, None]
+
+    def gathered(v):  # SP: the norm's output gathered over tp for the column-parallel matmul
+        return v.with_sharding(mesh, ["dp", None, None]) if sp else v
+
+    def summed(v):  # a row-parallel output's sum: all_reduce, or reduce_scatter onto sequence shards under SP
+        return v.with_sharding(mesh, hidden_spec) if (sp or variant.summed) else v
+
+    def core(q, k, v):  # QK^T, softmax, dropout, attention over V: what selective recompute recomputes
+        bias = nb.abstract(mask.shape, dt).shard(mesh, [None, None]) if variant.fused_mask else mask
+        scores = nb.einsum("bqnd,bknd->bnqk", q, k) + bias  # mask: 0 on and below the diagonal, -10000 above
+        probs = _dropout(nb.softmax(scores, -1), key, variant, mesh, ["dp", "tp", None, None])
+        return nb.einsum("bnqk,bknd->bqnd", probs, v).reshape(b, s, h)
+
+    def attention(x):
+        y = gathered(nb.layer_norm(x, p["ln1_g"], p["ln1_b"], eps=eps))
+        qkv = (y @ p["w_qkv"] + p["b_qkv"]).reshape(b, y.shape[1], heads, 3 * d)  # per head [q | k | v], over tp
+        q = qkv[..., :d] * np.array(1 / np.sqrt(d), dt)
+        k, v = qkv[..., d:2 * d], qkv[..., 2 * d:]
+        ctx = nb.checkpoint(core)(q, k, v) if variant.recompute == "selective" else core(q, k, v)
+        return _dropout(summed(ctx @ p["w_o"]) + p["b_o"], key + 1, variant, mesh, hidden_spec)
+
+    def mlp(x):
+        y = gathered(nb.layer_norm(x, p["ln2_g"], p["ln2_b"], eps=eps))
+        u = nb.gelu(y @ p["w_1"] + p["b_1"])
+        return _dropout(summed(u @ p["w_2"]) + p["b_2"], key + 2, variant, mesh, hidden_spec)
+
+    if variant.parallel_residual:
+        return x + attention(x) + mlp(x)
+    x = x + attention(x)  # row-parallel: summed over tp here (or where ``summed`` says)
+    return x + mlp(x)
 
 
-def layer_params(mesh, h: int) -> dict:
+def layer_params(mesh, h: int, dtype: str = DTYPE) -> dict:
     """One layer's parameters, Megatron's tensor parallelism: QKV and the MLP's first matmul column-parallel,
     the attention output and the MLP's second matmul row-parallel, norms and row-parallel biases replicated."""
     def w(shape, spec):
-        return nb.abstract(shape, DTYPE).shard(mesh, spec)
+        return nb.abstract(shape, dtype).shard(mesh, spec)
 
     return {"ln1_g": w((h,), [None]), "ln1_b": w((h,), [None]),
             "w_qkv": w((h, 3 * h), [None, "tp"]), "b_qkv": w((3 * h,), ["tp"]),
@@ -183,50 +246,84 @@ class Stage(NamedTuple):
     layers: int
 
 
-def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> Stage:
-    """The ``kind`` stage of ``row``'s GPT on ``mesh`` (axes ``dp``, ``tp``) for one microbatch: ``layers``
-    checkpointed blocks; ``first`` and ``whole`` start from token ids with the vocabulary-parallel embedding
-    (plus learned positions, embedding dropout), ``last`` and ``whole`` end in the final LayerNorm, the
-    vocabulary-parallel output layer and cross-entropy (on float32 logits, as Megatron-LM's default does);
-    ``first`` and ``middle`` end in the activation the next stage gets, and take its gradient back."""
+def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int, variant: Variant = TABLE1,
+                  grad_specs: Any = None) -> Stage:
+    """The ``kind`` stage of ``row``'s GPT (anything with ``hidden`` and ``heads``) on ``mesh`` (axes ``dp``,
+    ``tp``) for one microbatch: ``layers`` blocks; ``first`` and ``whole`` start from token ids with the
+    vocabulary-parallel embedding (plus learned positions, embedding dropout), ``last`` and ``whole`` end in the
+    final LayerNorm, the vocabulary-parallel output layer and cross-entropy (on float32 logits, as Megatron-LM's
+    default does); ``first`` and ``middle`` end in the activation the next stage gets, and take its gradient
+    back. ``variant`` (default: Table 1's program, each block under ``nb.checkpoint``) sets the vocabulary,
+    sequence, dtype, recomputation, sequence parallelism (each block under ``nb.checkpoint(policy="regather")``,
+    the activations between blocks split over tp on the sequence), dropout masks and the rest (``Variant``);
+    ``grad_specs`` (a stage that ends in the loss: the parameters' gradients, as ``nb.value_and_grad`` takes it)
+    the layouts gradients are summed into (ZeRO stage 2)."""
     if kind not in KINDS:
         raise ValueError(f"stage kind must be one of {KINDS}, got {kind!r}")
+    if variant.recompute not in RECOMPUTE or variant.dropout not in DROPOUTS:
+        raise ValueError(f"recompute must be one of {RECOMPUTE} and dropout one of {DROPOUTS}, got {variant}")
     h, heads = row.hidden, row.heads
+    V, S, dt = variant.vocab, variant.seq, variant.dtype
     dp = mesh.shape[mesh.axis_names.index("dp")]
     B = microbatch * dp
+    sp = variant.sequence_parallel
+    split = ["dp", "tp", None]  # the activations between blocks under SP (and a checkpointed input under P_a)
+    between = split if sp else ["dp", None, None]
 
-    def w(shape, spec, dtype=DTYPE):
+    def w(shape, spec, dtype=dt):
         return nb.abstract(shape, dtype).shard(mesh, spec)
 
-    params: dict = {"layers": [layer_params(mesh, h) for _ in range(layers)]}
+    params: dict = {"layers": [layer_params(mesh, h, dt) for _ in range(layers)]}
     starts = kind in ("first", "whole")
     ends = kind in ("last", "whole")
+    tied = variant.tied and kind == "whole"  # (a last stage holds its own copy of a tied embedding: ``head``)
     if starts:
-        params["embed"] = {"wte": w((VOCAB, h), ["tp", None]), "wpe": w((SEQ, h), [None, None])}
-        inp = w((B, SEQ), ["dp", None], "int32")
+        params["embed"] = {"wte": w((V, h), ["tp", None])}
+        if variant.positions:
+            params["embed"]["wpe"] = w((S, h), [None, None])
+        inp = w((B, S), ["dp", None], "int32")
     else:
-        inp = w((B, SEQ, h), ["dp", None, None])
+        inp = w((B, S, h), between)
     if ends:
-        params["head"] = {"ln_g": w((h,), [None]), "ln_b": w((h,), [None]), "w": w((h, VOCAB), [None, "tp"])}
-    mask = w((SEQ, SEQ), [None, None])  # the causal mask as an additive bias (a constant, not differentiated)
+        params["head"] = {"ln_g": w((h,), [None]), "ln_b": w((h,), [None])}
+        if not tied:
+            params["head"]["w"] = w((h, V), [None, "tp"])
+    mask = w((S, S), [None, None])  # the causal mask as an additive bias (a constant, not differentiated)
+
+    def block(i: int):  # (lambdas: the recorded steps are named "checkpoint(<lambda>)", as Table 1's always were)
+        run = lambda x, p: gpt_block(x, p, heads, mask, 10 + 3 * i, variant, mesh)  # noqa: E731
+        # P_a: the checkpointed input is a 1/tp shard, gathered to run the block
+        partitioned = lambda x, p: run(x.with_sharding(mesh, ["dp", None, None]), p).with_sharding(mesh, split)  # noqa: E731
+        if variant.recompute == "full":
+            return nb.checkpoint(partitioned if variant.partition_activations else run)
+        return nb.checkpoint(run, policy="regather") if sp else run
 
     def body(params, x):
         if starts:
             e = params["embed"]
             with nb.named_scope("embedding"):
-                x = nb.dropout(nb.take(e["wte"], x, axis=0) + e["wpe"], DROPOUT, 1)
+                x = nb.take(e["wte"], x, axis=0)
+                if sp or variant.summed:  # the vocabulary-parallel lookup summed over tp (scattered under SP)
+                    x = x.with_sharding(mesh, between)
+                if variant.positions:
+                    x = x + e["wpe"]
+                x = _dropout(x, 1, variant, mesh, between)
+                if variant.partition_activations:
+                    x = x.with_sharding(mesh, split)
         for i, p in enumerate(params["layers"]):
             with nb.named_scope(f"layer {i}"):
-                x = nb.checkpoint(lambda x, p, i=i: gpt_block(x, p, heads, mask, 10 + 3 * i))(x, p)
+                x = block(i)(x, p)
         if not ends:  # what is sent is the summed activation (nabla would leave the last row-parallel sum pending)
-            return x.with_sharding(mesh, ["dp", None, None])
+            return x.with_sharding(mesh, between)
         hd = params["head"]
         with nb.named_scope("output"):
             y = nb.layer_norm(x, hd["ln_g"], hd["ln_b"], eps=np.array(1e-5, x.dtype))
-            return y @ hd["w"]  # (B, s, V), the vocabulary over tp
+            if sp or variant.partition_activations:
+                y = y.with_sharding(mesh, ["dp", None, None])
+            return y @ (params["embed"]["wte"].T if tied else hd["w"])  # (B, s, V), the vocabulary over tp
 
     if ends:
-        targets = w((B, SEQ), ["dp", None], "int32")
+        targets = w((B, S), ["dp", None], "int32")
 
         def loss(params, x, targets):
             logits = body(params, x)
@@ -234,10 +331,11 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> St
                 return nb.cross_entropy(logits.astype("float32"), targets)
 
         # a stage that gets an activation sends its gradient back to the stage before
-        fn = nb.value_and_grad(loss, argnums=0 if starts else (0, 1))
+        specs = grad_specs if starts or grad_specs is None else (grad_specs, None)
+        fn = nb.value_and_grad(loss, argnums=0 if starts else (0, 1), grad_specs=specs)
         return Stage(kind, fn, (params, inp, targets), mesh, layers)
 
-    cotangent = w((B, SEQ, h), ["dp", None, None])  # the gradient the next stage sends back
+    cotangent = w((B, S, h), between)  # the gradient the next stage sends back
 
     def forward_backward(params, x, cotangent):
         if starts:
@@ -508,18 +606,17 @@ def _rotate(x, cos, sin):
     return x * cos + nb.concatenate([-x[..., half:], x[..., :half]], -1) * sin
 
 
-def llama_block(x, p: dict, heads: int, kv: int, mask, cos, sin):
+def llama_block(x, p: dict, heads: int, kv: int, cos, sin):
     """A Llama 2 block: RMSNorm, rotary grouped-query attention (``kv`` key/value heads, each shared by
-    ``heads / kv`` query heads: an einsum over a (kv, group) split of the query heads), causal softmax, RMSNorm,
-    SwiGLU MLP, residuals."""
+    ``heads / kv`` query heads) as FlashAttention runs it (``nb.dot_product_attention``, causal: no scores kept),
+    RMSNorm, SwiGLU MLP, residuals."""
     b, s, h = x.shape
-    d, g = h // heads, heads // kv
+    d = h // heads
     y = _rms(x, p["attn_norm"])
-    q = _rotate((y @ p["wq"]).reshape(b, s, kv, g, d), cos[:, None], sin[:, None])
+    q = _rotate((y @ p["wq"]).reshape(b, s, heads, d), cos, sin)
     k = _rotate((y @ p["wk"]).reshape(b, s, kv, d), cos, sin)
     v = (y @ p["wv"]).reshape(b, s, kv, d)
-    scores = nb.einsum("bqkgd,bskd->bkgqs", q, k) * np.array(1 / np.sqrt(d), x.dtype) + mask
-    o = nb.einsum("bkgqs,bskd->bqkgd", nb.softmax(scores, -1), v).reshape(b, s, h)
+    o = nb.dot_product_attention(q, k, v, is_causal=True).reshape(b, s, h)
     x = x + o @ p["wo"]
     y = _rms(x, p["mlp_norm"])
     return x + (nb.silu(y @ p["w1"]) * (y @ p["w3"])) @ p["w2"]
@@ -546,13 +643,13 @@ def llama70b_program(tp: int = LLAMA_TP, dp: int = LLAMA_DP, layers: int | None 
     params = {"embed": w((V, h), ["tp", None]), "layers": [layer() for _ in range(layers or c["layers"])],
               "norm": w((h,), [None]), "head": w((h, V), [None, "tp"])}
     ids, targets = w((dp, S), ["dp", None], "int32"), w((dp, S), ["dp", None], "int32")
-    mask, cos, sin = w((S, S), [None, None]), w((S, 1, d), [None, None, None]), w((S, 1, d), [None, None, None])
+    cos, sin = w((S, 1, d), [None, None, None]), w((S, 1, d), [None, None, None])
 
     def loss(params, ids, targets):
         x = nb.take(params["embed"], ids, axis=0)
         for i, p in enumerate(params["layers"]):
             with nb.named_scope(f"layer {i}"):
-                x = llama_block(x, p, heads, kv, mask, cos, sin)
+                x = llama_block(x, p, heads, kv, cos, sin)
         logits = _rms(x, params["norm"]) @ params["head"]
         return nb.cross_entropy(logits.astype("float32"), targets)
 
@@ -679,13 +776,8 @@ def main() -> None:
         if a.profile:
             print(subprocess.run([sys.executable, __file__, "--llama-child", "--profile"], capture_output=True,
                                  text=True, env=env, check=True).stdout)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str) + "\n")
-    else:
-        path = HERE / "results.json"
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data.update(res)
-        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    from _env import write_results  # (benchmarks/ is the script's own directory)
+    write_results(res, a.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from .errors import ShardingError
 from .jit import jit  # (jax is imported when a function is first traced, not here)
 from .mesh import DeviceMesh
 from .ops import (abstract, arange, ones, tensor, zeros,  # making tensors
-                  batch_norm, clip, cross_entropy, global_avg_pool, layer_norm, mean, split, stack, std, swapaxes,
+                  batch_norm, clip, cross_entropy, dot_product_attention, global_avg_pool, layer_norm, mean, split, stack, std, swapaxes,
                   var,  # built from registered ops
                   argwhere, flatnonzero, nonzero)  # refused: their shape depends on data (use nb.where)
 from .ops import registry as _registry

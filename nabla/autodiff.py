@@ -28,8 +28,9 @@ from .spec import ShardingSpec
 from .layout import chunks
 from .step import serial
 from .tensor import Tensor
-from .trace import (LEAF, PLACE, RELAYOUT, Node, Remat, Watch, differentiating, outer_live, paused, recorded,
-                    recording, remat, swapped, topological, tracing_for_replay, tracing_whole, watching)
+from .trace import (HUSK, LEAF, PLACE, RELAYOUT, Node, Remat, Watch, by_node, differentiating, husk, outer_live,
+                    paused, recorded, recording, regathering, remat, swapped, topological, tracing_for_replay,
+                    tracing_whole, watching)
 from .ops import getitem
 from .ops import add
 from .ops import tensor
@@ -56,7 +57,8 @@ def _leaf(t: Tensor, what: str) -> Tensor:
                             f"gradients need float or complex inputs (cast with .astype('float32'))")
     leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
     # a leaf made from a traced value remembers it (a whole-program trace computes it from there)
-    leaf._node = GRAD_LEAF if t._node is None else Node(LEAF, GRAD_LEAF.params, (t,), diff=True)
+    # (each leaf its own node: a backward pass names values by their node)
+    leaf._node = Node(LEAF, GRAD_LEAF.params, () if t._node is None else (t,), diff=True)
     leaf._serial = serial(t)  # the same value: steps that read the leaf read ``t``
     return leaf
 
@@ -133,23 +135,24 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     ``ready(leaf id, cotangent)`` is called as each leaf's cotangent is complete, in the order the pass completes
     them (so a gradient is summed while the pass goes on, as DDP's hooks do, not held raw to the end)."""
     stop = None if wrt is None else set(wrt)
-    order = topological(outputs, stop)
-    is_leaf = (lambda v: v._node.op == LEAF) if stop is None else (lambda v: id(v) in stop)
+    key = by_node  # values are named by their node: a husk a node keeps stands for the value it was made from
+    order = topological(outputs, stop, key)
+    is_leaf = (lambda v: v._node.op == LEAF) if stop is None else (lambda v: key(v) in stop)
     needed: set[int] = set()  # the values that depend on a leaf: only their cotangents are worth computing
     for v in order:
-        if is_leaf(v) or any(id(a) in needed for a in v._node.args):
-            needed.add(id(v))
+        if is_leaf(v) or any(getattr(a, "_node", None) is not None and key(a) in needed for a in v._node.args):
+            needed.add(key(v))
     # cotangents by value, grouped by the mesh axes along which they vary but the value does not (per-device
     # code: contributions that are still per-device summands); a plain value has one group, ()
     ct: dict[int, dict[tuple, Tensor]] = {}
     leaves: dict[int, Tensor] = {}
 
     def label(a) -> str:
-        return (labels or {}).get(id(a)) or (a._node.name if a._node.op != LEAF else "grad of a traced tensor")
+        return (labels or {}).get(key(a)) or (a._node.name if a._node.op != LEAF else "grad of a traced tensor")
 
     def accumulate(a, c):
         extra = _unreduced(c, a)
-        groups = ct.setdefault(id(a), {})
+        groups = ct.setdefault(key(a), {})
         if extra not in groups:
             groups[extra] = c
         else:
@@ -161,13 +164,14 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     if ready is not None:
         for v in order:
             for a in v._node.args:
-                if id(a) in needed and is_leaf(a):
-                    users[id(a)] = users.get(id(a), 0) + 1
+                if getattr(a, "_node", None) is not None and key(a) in needed and is_leaf(a):
+                    users[key(a)] = users.get(key(a), 0) + 1
     finished: set[int] = set()
+    regathered: dict = {}  # (source, layout) -> the source gathered again, once per backward pass
 
     def total(v):
         """``v``'s cotangent: its contributions summed (per-device summands over their axes: a psum)."""
-        groups = ct.pop(id(v), None)
+        groups = ct.pop(key(v), None)
         if groups is None:
             return None
         g = None
@@ -178,24 +182,25 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
         return g
 
     def leaf_done(v) -> None:
-        finished.add(id(v))
+        finished.add(key(v))
         g = total(v)
-        if g is not None and not (ready is not None and ready(id(v), g)):
-            leaves[id(v)] = g  # (a gradient the finisher took is not kept: its raw sum dies once finished)
+        if g is not None and not (ready is not None and ready(key(v), g)):
+            leaves[key(v)] = g  # (a gradient the finisher took is not kept: its raw sum dies once finished)
 
     def used(node) -> None:
         for a in node.args:
-            if id(a) in users:
-                users[id(a)] -= 1
-                if users[id(a)] == 0:
+            k = key(a) if getattr(a, "_node", None) is not None else None
+            if k in users:
+                users[k] -= 1
+                if users[k] == 0:
                     leaf_done(a)
 
     with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
         for o, c in zip(outputs, cotangents):
-            if id(o) in needed:
+            if getattr(o, "_node", None) is not None and key(o) in needed:
                 accumulate(o, c)
         for v in reversed(order):
-            if id(v) not in needed or id(v) in finished:
+            if key(v) not in needed or key(v) in finished:
                 continue
             if is_leaf(v):
                 leaf_done(v)
@@ -204,13 +209,13 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
             if node.op == SM_IN or getattr(node.op, "raw_cotangent", False):
                 # these transpose each group as it is (into shard_map: partial sums over its axes; all_gather: a
                 # psum_scatter of the summands along the gathered axes)
-                groups = ct.pop(id(v), None)
+                groups = ct.pop(key(v), None)
                 for g in (groups or {}).values():
                     fn = in_vjp if node.op == SM_IN else node.op.vjp
                     with C.user_op(node.user or ("shard_map" if node.op == SM_IN else node.op.name)):
                         parts = fn(g, node, v)
                     for arg, c in zip(node.args, parts):
-                        if c is not None and id(arg) in needed:
+                        if c is not None and getattr(arg, "_node", None) is not None and key(arg) in needed:
                             accumulate(arg, c)
                 used(node)
                 continue
@@ -230,12 +235,30 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                     raise ShardingError(f"grad: op {node.op.name} has no derivative")
                 with C.user_op(node.name), C.in_scope(node.scope):
                     g = _summed_before_fan_out(g, node, needed)
-                    parts = node.op.vjp(g, node, v)
+                    if node.regather:
+                        node = _regathered(node, regathered)
+                    out = v if node.out is None else husk(v) if node.out is HUSK else node.out
+                    parts = node.op.vjp(g, node, out)
             for arg, c in zip(node.args, parts):
-                if c is not None and id(arg) in needed:
+                if c is not None and getattr(arg, "_node", None) is not None and key(arg) in needed:
                     accumulate(arg, c)
             used(node)
     return leaves
+
+
+def _regathered(node: Node, done: dict) -> Node:
+    """``node`` with each operand it kept as the value it was gathered from gathered again (once per pass)."""
+    args = list(node.args)
+    for i, src, layout in node.regather:
+        k = (id(src), layout)
+        got = done.get(k)
+        if got is None:
+            got = src.with_sharding(layout)  # (a step of the backward pass: its all_gather is logged there)
+            got._node = args[i]._node  # the operand it stands for (its cotangent goes there)
+            done[k] = got
+        args[i] = got
+    return node._replace(args=tuple(args), regather=())
+
 
 
 def _transposed(g: Tensor, src: Any) -> Tensor:
@@ -264,16 +287,41 @@ def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
     """A cotangent still a pending sum, entering a VJP that makes it into the cotangents of two operands or more,
     is summed first, once: each derived cotangent would otherwise carry the sum pending and need its own (the
     backward of a norm's scale, as Megatron's plan has it: the activation gradient summed over tp once, the
-    scale's gradient summed over dp only). The backward's own `pending.repeated_partials`."""
+    scale's gradient summed over dp only). The backward's own `pending.repeated_partials`.
+
+    A pass-through op's operands share the cotangent itself, one pending sum made at most once, except an operand
+    it broadcast (a norm's bias): that one's cotangent is ``g`` summed over the broadcast dims, a second value
+    with a pending sum of its own. The sum is then made here when an operand that shares ``g`` would make it at
+    its own VJP anyway (the norm's scale product fans it out next): one op earlier, it serves the bias too, as
+    Megatron's does. Otherwise the bias's own small sum is the cheaper one. Likewise when the operands' cotangents
+    together are smaller than ``g`` (a norm whose input needs none: its scale's and bias's are reductions of
+    ``g``), each is summed on its own, two (D,) vectors rather than the activation."""
     spec = g.sharding
-    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes or \
-            getattr(node.op, "name", "") in _PASS_THROUGH:
+    if spec is None or isinstance(spec, ManualSpec) or not spec.partial_axes:
         return g
-    takers = sum(1 for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff
-                 and id(a) in needed)
-    if takers < 2:
+    takers = _takers(node, needed)
+    if len(takers) < 2:
+        return g
+    if getattr(node.op, "name", "") in _PASS_THROUGH:
+        shared = [a for a in takers if a.shape == g.shape]
+        if len(shared) == len(takers) or not any(_fans_out(a._node, needed) for a in shared):
+            return g
+    elif sum(prod(a.shape) for a in takers) < prod(g.shape):
         return g
     return g.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
+
+
+def _takers(node: Any, needed: set) -> list:
+    """The operands of ``node`` that a cotangent flows to."""
+    return [a for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff and
+            by_node(a) in needed]
+
+
+def _fans_out(node: Any, needed: set) -> bool:
+    """Whether ``node``'s VJP sums a pending cotangent before it runs (``_summed_before_fan_out``'s first rule)."""
+    op = getattr(node.op, "name", None)
+    return op is not None and op not in _PASS_THROUGH and getattr(node.op, "vjp", None) is not None and \
+        len(_takers(node, needed)) >= 2
 
 
 def _to_host(g: Tensor) -> Tensor:
@@ -315,7 +363,7 @@ class _Finisher:
 
     def __init__(self, traced: Sequence[Tensor], primals: Sequence[Tensor], labels: dict[int, str] | None,
                  bucket_bytes: int | None = None, specs: Sequence[Any] | None = None) -> None:
-        self.index = {id(t): i for i, t in enumerate(traced)}
+        self.index = {by_node(t): i for i, t in enumerate(traced)}
         self.traced, self.primals, self.labels = traced, primals, labels or {}
         self.bucket_bytes, self.specs = bucket_bytes, specs
         self.out: list = [None] * len(traced)
@@ -324,7 +372,7 @@ class _Finisher:
         self.live = outer_live()
 
     def _label(self, i: int) -> str:
-        return self.labels.get(id(self.traced[i]), "grad of a traced tensor")
+        return self.labels.get(by_node(self.traced[i]), "grad of a traced tensor")
 
     def __call__(self, leaf: int, g: Tensor | None) -> bool:
         """Finish (or bucket) the gradient of ``leaf``; whether it was taken."""
@@ -363,7 +411,7 @@ class _Finisher:
         self.flush()
         for i, t in enumerate(self.traced):
             if self.out[i] is None:
-                self(id(t), got.get(id(t)))
+                self(by_node(t), got.get(by_node(t)))
         self.flush()
         return self.out if self.live else [_detach(g) for g in self.out]
 
@@ -418,26 +466,27 @@ def _paths(tree: Any, prefix: str) -> list[str]:
 
 
 def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool = True,
-         bucket_bytes: int | None = None, grad_specs: Sequence[Any] | None = None, raw: bool = False):
+         bucket_bytes: int | None = None, grad_specs: Sequence[Any] | None = None, raw: bool = False,
+         who: str = "vjp"):
     """``raw``: the cotangents as the pass leaves them (pending sums pending, None where none reached), for a pass
     nested in another's backward (``nb.checkpoint``'s recompute): the enclosing pass sums each gradient once, at
-    its own leaf, under its parameter's name."""
+    its own leaf, under its parameter's name. ``who``: the call the user made, which errors name."""
     flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
-        leaves = [_as_tensor(x, "vjp") for x in leaves]
+        leaves = [_as_tensor(x, who) for x in leaves]
         flat.append(leaves)
         trees.append(tree)
-        traced.append([_leaf(x, "vjp") for x in leaves])
-        if params:  # to a memory log: the values being differentiated are the parameters
-            C.tag(traced[-1], "params")
+        traced.append([_leaf(x, who) for x in leaves])
+        if params:  # to a memory log: the values being differentiated are the parameters (the caller holds them)
+            C.tag(leaves + traced[-1], "params")
         for t, path in zip(traced[-1], _paths(p, names[i])):
-            labels[id(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
+            labels[by_node(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
     with differentiating():
         res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
     if has_aux:
         if not (isinstance(res, tuple) and len(res) == 2):
-            raise ShardingError("vjp: with has_aux=True, f must return (output, aux)")
+            raise ShardingError(f"{who}: with has_aux=True, f must return (output, aux)")
         res, aux = res
         if not outer_live():  # returned as values: no record keeps f's activations alive
             aux_leaves, aux_tree = flatten(aux)
@@ -445,7 +494,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
     out_leaves, out_tree = flatten(res)
     for o in out_leaves:
         if not isinstance(o, Tensor):
-            raise ShardingError(f"vjp: f must return tensors, got {type(o).__name__}")
+            raise ShardingError(f"{who}: f must return tensors, got {type(o).__name__}")
 
     def vjp_fn(cotangent: Any):
         cts, ct_tree = flatten(cotangent)
@@ -458,7 +507,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         specs = None
         if grad_specs is not None:
             specs = [s for fl, tree, gs in zip(flat, trees, grad_specs) for s in _grad_specs(unflatten(tree, fl), gs)]
-        ids = [id(t) for tr in traced for t in tr]
+        ids = [by_node(t) for tr in traced for t in tr]
         if raw:
             got = backward_pass(out_leaves, cts, ids, labels, None)
             live = outer_live()
@@ -502,9 +551,15 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
     differentiated arguments, or a tuple of them for several ``argnums``; ShardingSpecs or dim-spec lists): the
     layouts the gradients are summed into instead of their parameters' (ZeRO stage 2: gradients
     reduce_scattered over the data-parallel axis, never whole on any device)."""
+    return _value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs, "value_and_grad")
+
+
+def _value_and_grad(f: Callable, argnums: int | Sequence[int], has_aux: bool, bucket_bytes: int | None,
+                    grad_specs: Any, name: str) -> Callable:
+    """``value_and_grad``, its errors naming ``name``: the call the user made (``grad`` or ``value_and_grad``)."""
     if bucket_bytes is not None and (not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or
                                      bucket_bytes <= 0):
-        raise ShardingError(f"grad: bucket_bytes must be a positive int (bytes per device) or None, got "
+        raise ShardingError(f"{name}: bucket_bytes must be a positive int (bytes per device) or None, got "
                             f"{bucket_bytes!r}")
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
@@ -512,11 +567,11 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
     def wrapped(*args, **kwargs):
         for n in nums:
             if not -len(args) <= n < len(args):
-                raise ShardingError(f"grad: argnums {argnums} out of range for {len(args)} positional arguments")
+                raise ShardingError(f"{name}: argnums {argnums} out of range for {len(args)} positional arguments")
         seen = [n % len(args) for n in nums]
         if len(set(seen)) != len(seen):  # each would get a separate copy and only one of them the gradient
             dup = next(n for n in seen if seen.count(n) > 1)
-            raise ShardingError(f"grad: argnums {argnums} names argument {dup} more than once; name each argument "
+            raise ShardingError(f"{name}: argnums {argnums} names argument {dup} more than once; name each argument "
                                 f"once (jax.grad fails on repeated argnums too)")
 
         def g(*diff):
@@ -527,19 +582,21 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
 
         res = _vjp(g, [args[n] for n in nums], has_aux, [_arg_name(f, n % len(args)) for n in nums],
                    bucket_bytes=bucket_bytes, grad_specs=None if grad_specs is None else
-                   ((grad_specs,) if single else tuple(grad_specs)))
+                   ((grad_specs,) if single else tuple(grad_specs)), who=name)
         out, fn = res[0], res[1]
         if not isinstance(out, Tensor) or out.shape != ():
             shape = getattr(out, "shape", None)
-            raise ShardingError(f"grad: f must return a scalar (0-d) tensor, got {type(out).__name__}"
+            raise ShardingError(f"{name}: f must return a scalar (0-d) tensor, got {type(out).__name__}"
                                 + (f" of shape {shape}" if shape is not None else ""))
         if not is_float(out.dtype):  # jax.grad's rule, with its reasons
             why = ("For holomorphic differentiation of a complex function, or a non-holomorphic one with complex "
                    "outputs, use nb.vjp directly" if out.dtype.kind == "c" else
                    "For differentiation of functions with integer outputs, use nb.vjp directly")
-            raise ShardingError(f"grad: requires real-valued outputs (a floating dtype), but got {out.dtype} "
+            raise ShardingError(f"{name}: requires real-valued outputs (a floating dtype), but got {out.dtype} "
                                 f"(nb.grad is not holomorphic). {why}.")
-        grads = fn(_ones_like(out))
+        with C.phase("backward"):  # the seed is the backward pass's first value, not one kept for it
+            seed = _ones_like(out)
+        grads = fn(seed)
         grads = grads[0] if single else grads
         return ((out, res[2]), grads) if has_aux else (out, grads)
 
@@ -550,7 +607,7 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
          bucket_bytes: int | None = None, grad_specs: Any = None) -> Callable:
     """``nb.grad(f)(*args)``: the gradient of scalar ``f`` with respect to ``args[argnums]`` (``bucket_bytes`` and
     ``grad_specs``: as ``value_and_grad``'s)."""
-    vg = value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs)
+    vg = _value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs, "grad")
 
     def wrapped(*args, **kwargs):
         (value, grads) = vg(*args, **kwargs)
@@ -569,10 +626,20 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
     """``nb.checkpoint(fn)``: differentiated, ``fn`` keeps nothing of its forward run for the backward pass; its
     gradient runs ``fn``'s forward again first (a recompute, its steps in phase ``"recompute"``, their
     collectives in the comm log and their FLOPs in ``nb.flops``), then its backward. ``policy="save_matmuls"``
-    keeps the outputs of its matmuls (einsums, convolutions) and recomputes the rest. As ``jax.checkpoint``."""
-    if policy not in ("full", "save_matmuls"):
-        raise ShardingError(f"checkpoint: policy must be 'full' or 'save_matmuls', got {policy!r}")
+    keeps the outputs of its matmuls (einsums, convolutions) and recomputes the rest. As ``jax.checkpoint``.
+    ``policy="regather"`` recomputes only gathers: ``fn`` keeps what its ops' VJPs read, except that a value an
+    all_gather made (``with_sharding``) is kept as the shard it was gathered from and gathered again in the
+    backward pass (Megatron-LM's sequence parallelism: a norm's output kept 1/t as large, one all_gather more)."""
+    if policy not in ("full", "save_matmuls", "regather"):
+        raise ShardingError(f"checkpoint: policy must be 'full', 'save_matmuls' or 'regather', got {policy!r}")
     name = getattr(fn, "__name__", "fn")
+    if policy == "regather":
+        def regathered(*args: Any) -> Any:
+            with regathering():
+                return fn(*args)
+
+        regathered.__name__ = f"checkpoint_{name}"
+        return regathered
 
     def wrapped(*args: Any) -> Any:
         if not recording():  # nothing is differentiated: an ordinary call
@@ -595,7 +662,9 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
         inputs = tuple(leaves[i] for i in diff) + tuple(outer)
         res = []
         for k, o in enumerate(outs):
+            s = serial(o)
             o = Tensor(o._data, o._spec, o._shape, o._dtype, o._sid)
+            o._serial = s  # the same value fn made (its bytes counted once, where fn made it)
             o._node = Node(op, (k,), inputs, diff=True)
             res.append(o)
         return unflatten(out_tree, res)
@@ -617,12 +686,13 @@ def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, outer: lis
                 outs, _ = flatten(fn(*unflatten(tree, full)))
             return outs[k]
 
+        again_keep = Remat(keep.ops)  # the recompute: matmul outputs handed back in order, gathered operands kept
+        again_keep.saved, again_keep.gather = keep.saved, True
         if keep.ops:
-            keep.replay = iter(keep.saved)
-        with recorded(), remat(keep if keep.ops else None), C.phase("recompute"):
+            again_keep.replay = iter(keep.saved)
+        with recorded(), remat(again_keep), C.phase("recompute"):
             _, back = _vjp(again, node.args, False, [f"recompute[{i}]" for i in range(len(node.args))], False,
                            raw=True)
-        keep.replay = None
         return back(g)
 
     return vjp_fn
@@ -643,10 +713,11 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
     if cotangent is None:
         if out.shape != ():
             raise ShardingError(f"backward: a tensor of shape {out.shape} needs a cotangent; only a scalar's is 1")
-        cotangent = _ones_like(out)
+        with C.phase("backward"):
+            cotangent = _ones_like(out)
     got = backward_pass([out], [_as_tensor(cotangent, "backward")])
     for v in topological([out]):
-        if v._node.op == LEAF and id(v) in got:
+        if v._node.op == LEAF and by_node(v) in got:
             g, = _Finisher([v], [v], None).done(got)
             v.grad = g if v.grad is None else v.grad + g
 

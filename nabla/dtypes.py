@@ -33,3 +33,13 @@ def finfo(dt: Any) -> Any:
         import ml_dtypes
         return ml_dtypes.finfo(dt)
     return np.finfo(dt)
+
+
+@lru_cache(maxsize=256)
+def accumulation(dt: Any) -> np.dtype:
+    """The dtype a sum of ``dt`` values accumulates in: float32 for float16 and bfloat16 (summed in their own
+    precision, 256 values of 4.8 in bf16 add up to 4.375 each), ``dt`` itself otherwise. JAX's reductions upcast
+    the same two (``jax.numpy``'s ``_upcast_f16``), and XLA's SPMD partitioner then all-reduces the float32
+    partial sums, rounding once at the end."""
+    dt = np.dtype(dt)
+    return np.dtype(np.float32) if dt == np.float16 or (_ml(dt) and dt.name == "bfloat16") else dt

@@ -27,7 +27,7 @@ from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
-from .trace import PLACE, RELAYOUT, Node, _remat, tracked
+from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, tracked
 from .value import Value
 
 SCALARS = (bool, int, float, complex, np.generic)
@@ -147,13 +147,14 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
             used = [reused_sum(a) for a in args]
             break
     sink = [None] * (len(used) + 1) if rec else None  # per operand (events, reused), then the result's moves
-    out, prog = _run(op, used, params, make, sink)
+    moved = [] if r is not None and r.gather else None  # a recompute keeps the operands it gathered
+    out, prog = _run(op, used, params, make, sink, moved)
     if type(prog) is Program and prog.checks and prog.checks[-1] is KEEPS and overflowed(out._data, prog):
         sink = [None] * (len(used) + 1) if rec else None
         out, prog = _rerun_strict(op, used, params, make, sink)
     if tracked(args):
         settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
-        out._node = Node(op, params, tuple(args), prog, settled if any(settled) else ())
+        out._node = Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved)
     if rec:
         _publish(op, params, args, used, out, prog, sink)
     if r is not None and op.name in r.ops:
@@ -172,7 +173,7 @@ def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Calla
     out = make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid)
     out._serial, out._moved = serial(kept), kept._moved  # the same value: sums made of it are reused
     if tracked(args):
-        out._node = Node(op, params, tuple(args), prog)
+        out._node = Node(op, params, tuple(args), prog, result=out)
     return out
 
 
@@ -182,6 +183,8 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
     user = C.current_op() or op.name
     uses = []
     preps = prog.preps if type(prog) is Program else None
+    node = getattr(out, "_node", None)
+    kept = node.args if node is not None and node.out is not None else ()  # what a pruned node holds
     for i, (orig, a) in enumerate(zip(args, used)):
         if not isinstance(a, Value):
             uses.append(Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None,
@@ -189,16 +192,46 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
             continue
         events, reused, inside = sink[i] or ((), False, ())
         dst = preps[i].target if preps is not None and preps[i].target is not None else a._spec
+        k = kept[i] if i < len(kept) else None
+        copy = serial(k) if isinstance(k, Value) and k._serial and k is not orig and k._spec == dst and \
+            k._serial != serial(orig) else 0  # the moved operand the node keeps (a recompute's gathered weight)
         uses.append(Use(serial(a), a._shape, a._dtype, a._spec, dst, tuple(C.stamped(e, user) for e in events),
-                        reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a))
+                        reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a, kept=copy))
     post = tuple(C.stamped(e, user) for e in sink[-1] or ())
     if type(prog) is Program:
         flops = prog.flops
     else:  # on the host, or per-device code: the op on whole operands (a per-device value is its block)
         shapes = tuple(u.shape for u in uses)
         flops = op.flops(shapes, out._shape, params) if op.flops is not None else prod(out._shape)
+    alias = uses[0].value if op.view and type(prog) is Program and _views(prog) and not uses[0].events else 0
+    saves, extra = _residual_record(op, params, out, uses)
     C.publish(Step(op, params, tuple(uses), serial(out), out._shape, out._dtype, out._spec, post, prog,
-                   C.step_user(user), C.current_phase(), int(flops), C.current_scope()), [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
+                   C.step_user(user), C.current_phase(), int(flops), C.current_scope(), alias, saves, extra),
+              [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
+
+
+def _views(prog: Program) -> bool:
+    """Whether the kernel's result is its operand's blocks seen anew (nothing moved, cut, padded or reduced)."""
+    p = prog.preps[0]
+    return p.direct and not p.local and prog.post is None and not prog.padded
+
+
+def _residual_record(op: OpDef, params: tuple, out: Any, uses: list) -> tuple[tuple, int]:
+    """What the op's node keeps for the backward pass (serials), and the bytes per device it keeps besides."""
+    node = out._node
+    if node is None or node.out is None:
+        return (), 0
+    kept = [serial(a) for a in node.args if isinstance(a, Value) and a._serial is not None]  # (husks: None)
+    kept += [serial(src) for _, src, _ in node.regather]
+    if node.out is not HUSK:
+        kept.append(serial(out))
+    saves = tuple(dict.fromkeys(k for k in kept if k))
+    extra = 0
+    if op.saved_extra is not None:
+        blocks = tuple(chunks(u.dst, u.shape) if isinstance(u.dst, ShardingSpec) else u.shape for u in uses)
+        out_block = chunks(out._spec, out._shape) if isinstance(out._spec, ShardingSpec) else out._shape
+        extra = int(op.saved_extra(blocks, out_block, params))
+    return saves, extra
 
 
 def _sum_now(op: OpDef, a: Value) -> None:
@@ -239,7 +272,7 @@ def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) ->
               [(s, v)])
 
 
-def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None
+def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None, moved: list | None = None
          ) -> tuple[Any, Program | None]:
     sids = tuple([a._sid if isinstance(a, Value) and a._sid >= 0 else sid_of(a) for a in args])
     strat, model = current_strategy(), current_cost_model()
@@ -291,7 +324,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
                 be = backends.of(d)
     arrays = [(a._data if p.view is None else _view(a._data, p.view))
               if p.direct and be is not None and (be is backends.NUMPY or not p.plan.segments)
-              else _prepare(a, p, prog, op, be, sink, i) for i, (a, p) in enumerate(zip(args, prog.preps))]
+              else _prepare(a, p, prog, op, be, sink, i, moved) for i, (a, p) in enumerate(zip(args, prog.preps))]
     if be is None:
         out = None
     else:
@@ -320,7 +353,8 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
 
 
-def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i: int) -> Any:
+def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i: int, moved: list | None = None
+             ) -> Any:
     local_events = () if sink is None else tuple(e for step in p.local for e in step.events)
     if p.kind == "scalar":
         if not p.mask_axes:
@@ -331,6 +365,8 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i
         x, reused = _move(a, p.plan, p.target, be)
         if sink is not None:
             sink[i] = (() if reused else p.plan.events, reused, local_events)
+        if moved is not None and not reused and p.plan.events and all(e.kind == "all_gather" for e in p.plan.events):
+            moved.append((i, x, p.target))  # (a recompute's gathered operand: its backward pass reads it)
     else:
         if sink is not None and local_events:
             sink[i] = ((), False, local_events)
@@ -665,8 +701,10 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
         user = C.current_op() or RELAYOUT_STEP
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
         use = Use(serial(v), v._shape, v._dtype, v._spec, target, events, reused)
+        alias = use.value if not p.segments else 0  # laid out as it was: the same blocks
         C.publish(Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
-                       C.step_user(user), C.current_phase(), 0, C.current_scope()), [(use.value, v), (serial(res), res)])
+                       C.step_user(user), C.current_phase(), 0, C.current_scope(), alias),
+                  [(use.value, v), (serial(res), res)])
     return res
 
 

@@ -75,5 +75,21 @@ class OpDef:
         self.arity, self.public = arity, public
         self.saves, self.saved_extra, self.view = saves, saved_extra, view
 
+    def residuals(self, diff: tuple[bool, ...], params: tuple = ()) -> tuple[frozenset, bool]:
+        """What the VJP reads when the operands marked in ``diff`` need cotangents: (operand indices, output)."""
+        s, n = self.saves, len(diff)
+        if s == "all":
+            return frozenset(range(n)), True
+        if s == "none":
+            return frozenset(), False
+        if s == "operands":
+            return frozenset(range(n)), False
+        if s == "output":
+            return frozenset(), True
+        if s == "cross":  # operand j is read for the cotangent of every other operand
+            return frozenset(j for j in range(n) if any(d for i, d in enumerate(diff) if i != j)), False
+        keep, out = s(diff, params)
+        return frozenset(keep), bool(out)
+
     def __repr__(self) -> str:
         return f"OpDef({self.name})"

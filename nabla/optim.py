@@ -1,5 +1,6 @@
 """Optimizers in optax's functional style: ``state = opt.init(params)``; ``params, state = opt.update(grads,
-state, params)``. An update is elementwise: laid out like the parameters it is local (no communication). State
+state, params)``, the new state and parameters written over the old ones in a memory log's accounts (as
+PyTorch's optimizers update in place, and JAX's with donated buffers). An update is elementwise: laid out like the parameters it is local (no communication). State
 may be laid out otherwise (``init(params, specs=...)``): ZeRO's stages are then layouts, not modes, and the
 update moves gradients into the state's layout and new parameters back to theirs, every move in the log."""
 
@@ -73,12 +74,16 @@ class SGD:
 
     def update(self, grads: Any, state: SGDState, params: Any) -> tuple[Any, SGDState]:
         gl, pl, tree = _check(grads, params, "SGD.update", state, SGDState)
+        _given(gl, state, pl)
         if self.momentum:
             vl, _ = flatten(state.momentum)
             vl = [_like(v * self.momentum + _to(g, v.sharding, v.dtype), v) for v, g in zip(vl, gl)]
             new = [_like(_to(p, v.sharding, p.dtype) - v * self.lr, p) for p, v in zip(pl, vl)]
+            C.replaces(new + vl, pl + flatten(state.momentum)[0])
             return _params(unflatten(tree, new)), _state(SGDState(unflatten(tree, vl)))
-        return _params(unflatten(tree, [_like(p - g * self.lr, p) for p, g in zip(pl, gl)])), state
+        new = [_like(p - g * self.lr, p) for p, g in zip(pl, gl)]
+        C.replaces(new, pl)
+        return _params(unflatten(tree, new)), state
 
 
 class AdamState(NamedTuple):
@@ -120,6 +125,7 @@ class Adam:
 
     def update(self, grads: Any, state: AdamState, params: Any) -> tuple[Any, AdamState]:
         gl, pl, tree = _check(grads, params, "Adam.update", state, AdamState)
+        _given(gl, state, pl)
         ml, _ = flatten(state.mu)
         vl, _ = flatten(state.nu)
         xl = flatten(state.master)[0] if state.master is not None else [_to(p, m.sharding, m.dtype)
@@ -133,8 +139,18 @@ class Adam:
         xl = [_like(x - (m / c1.astype(m.dtype)) / (sqrt(v / c2.astype(v.dtype)) + self.eps) * self.lr, x)
               for x, m, v in zip(xl, ml, vl)]
         new = [_to(x, p.sharding, p.dtype) for x, p in zip(xl, pl)]  # back to the parameters' layout and dtype
+        old = flatten(state.mu)[0] + flatten(state.nu)[0] + (flatten(state.master)[0] if state.master is not None
+                                                             else [])
+        C.replaces(new + ml + vl + (xl if state.master is not None else []), pl + old)  # in place, as torch's
         master = unflatten(tree, xl) if state.master is not None else None
         return _params(unflatten(tree, new)), _state(AdamState(t, unflatten(tree, ml), unflatten(tree, vl), master))
+
+
+def _given(grads: list, state: Any, params: list) -> None:
+    """What an update reads, so told to an open memory log (made outside it, they are known from here on)."""
+    C.tag([g for g in grads if isinstance(g, Tensor)], "grads")
+    C.tag([p for p in params if isinstance(p, Tensor)], "params")
+    _state(state)
 
 
 def _state(state: Any) -> Any:

@@ -46,6 +46,7 @@ class Use(NamedTuple):
     const: Any = None
     inside: tuple = ()
     settled: bool = False  # ``src`` is a summed copy an earlier use made, not the value's own (partial) layout
+    kept: int = 0  # the serial of the moved copy the op keeps for the backward pass (a recompute's gathered weight)
 
     @property
     def block_bytes(self) -> int:
@@ -59,7 +60,11 @@ class Step(NamedTuple):
     """One op as it ran: ``op`` (an OpDef, or RELAYOUT / PLACE / MOVE), its params, how each operand was used,
     the result (serial, shape, dtype, layout), the moves after the kernel (``post``: a max over a sharded dim),
     what the executor decided (``prog``: reshard plans, local steps; None on the host), the public op it ran
-    for (``user``), ``"forward"``/``"backward"``, and the FLOPs of one device's kernel (the largest block)."""
+    for (``user``), ``"forward"``/``"backward"``/``"recompute"``, and the FLOPs of one device's kernel (the
+    largest block). For memory: ``alias``, the operand whose storage the result shares (a view: reshape,
+    transpose, a move that moved nothing; 0 when it is new), ``saves``, the values the op's VJP keeps for the
+    backward pass (its declared residuals, when it is differentiated), and ``extra``, bytes per device it keeps
+    beyond them (FlashAttention's log-sum-exp)."""
 
     op: Any
     params: tuple
@@ -74,6 +79,9 @@ class Step(NamedTuple):
     phase: str = "forward"
     flops: int = 0
     layer: str = ""  # the ``nb.named_scope`` it ran in
+    alias: int = 0
+    saves: tuple = ()
+    extra: int = 0
 
     @property
     def name(self) -> str:

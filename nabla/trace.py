@@ -9,6 +9,8 @@ import contextvars
 from typing import Any, Iterator, NamedTuple
 
 from .collectives import _op as _user_op, _phase, _scope
+from .dtypes import is_inexact
+from .step import serial
 
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
@@ -22,9 +24,14 @@ class _Record(NamedTuple):
     user: str
     diff: bool
     scope: str
+    out: Any
+    regather: tuple
 
 
 _swap: contextvars.ContextVar[dict | None] = contextvars.ContextVar("nabla_swap", default=None)
+
+#: ``Node.out`` of an op whose VJP does not read its output: the backward pass hands it a data-free stand-in
+HUSK = "husk"
 
 
 class Node(_Record):
@@ -35,12 +42,23 @@ class Node(_Record):
     ``user``, the public op it ran for (``softmax`` for the max and sum inside it), read from the comm log's
     op name when the node is made, so a backward pass names its collectives after it; ``diff``, whether the
     value depends on one being differentiated (a traced twin that ``nb.jit`` or ``nb.explain`` follows is not:
-    the backward pass computes no cotangent for it)."""
+    the backward pass computes no cotangent for it); ``out``, what the VJP reads as the op's output (None: the
+    value itself; ``HUSK``: nothing, the op does not read it; else a twin sharing its blocks).
+
+    Given the op's ``result``, a node keeps only the residuals its op declares (``OpDef.saves``): every other
+    operand is held as a husk (its shape, layout and record, no data), so the backward pass keeps alive what JAX
+    and PyTorch keep, no more, and a VJP reading anything else gets no data. Whole-program traces (``nb.jit``,
+    ONNX export) keep everything: they read the values themselves; so do nodes whose VJP will be differentiated
+    again (a gradient of a gradient). Under ``nb.checkpoint(fn, policy="regather")`` an operand kept that an
+    all_gather made from a smaller value (sequence parallelism's gathered norm output) is kept as that smaller
+    value and gathered again by the backward pass (``regather``: (operand index, source, layout)), as
+    Megatron-LM does: one more all_gather for the gathered bytes."""
 
     __slots__ = ()
 
     def __new__(cls, op: Any, params: tuple = (), args: tuple = (), prog: Any = None, settled: tuple = (),
-                user: str | None = None, diff: bool | None = None) -> "Node":
+                user: str | None = None, diff: bool | None = None, result: Any = None, moved: list | None = None
+                ) -> "Node":
         if user is None:
             user = _user_op.get()
             if user and _phase.get() == "backward" and not user.startswith("grad of"):
@@ -50,7 +68,14 @@ class Node(_Record):
             args = tuple(swap.get(id(a), a) for a in args)
         if diff is None:
             diff = any(getattr(getattr(a, "_node", None), "diff", False) for a in args)
-        return super().__new__(cls, op, params, args, prog, settled, user, diff, _scope.get())
+        out, regather = None, ()
+        if result is not None and getattr(op, "saves", None) is not None:
+            # (a node made inside a function differentiated twice is kept whole: the VJP an inner pass runs on
+            # it is itself differentiated, through its operands and output)
+            prune = not _whole.get() and _depth.get() <= 1
+            if prune or _regather.get():
+                args, out, regather = _residuals(op, params, args, result, prune, moved)
+        return super().__new__(cls, op, params, args, prog, settled, user, diff, _scope.get(), out, regather)
 
     @property
     def name(self) -> str:
@@ -58,7 +83,91 @@ class Node(_Record):
         return self.user or getattr(self.op, "name", None) or str(self.op)
 
 
+def _differentiated(a: Any) -> bool:
+    node = getattr(a, "_node", None)
+    return node is not None and node.diff and is_inexact(a._dtype)
+
+
+def husk(v: Any) -> Any:
+    """``v`` without its data: its shape, layout, dtype and record (a backward pass finds its node through it);
+    reads of it name no recorded value."""
+    h = type(v)(None, v._spec, v._shape, v._dtype)
+    h._node, h._serial = v._node, None
+    return h
+
+
+def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = True, moved: list | None = None
+               ) -> tuple[tuple, Any, tuple]:
+    """The operands as the node keeps them (husks where the VJP reads nothing, when ``prune``; an operand the op
+    gathered, as gathered, when ``moved`` lists it), the output as the VJP reads it, and the kept operands to
+    gather again in the backward pass."""
+    diff = tuple(_differentiated(a) for a in args)
+    if not any(diff):
+        return args, None, ()
+    keep, keep_out = op.residuals(diff, params)
+    kept, regather = [], []
+    for i, a in enumerate(args):
+        if getattr(a, "_shape", None) is None:  # a Python scalar
+            kept.append(a)
+            continue
+        got = next((m for m in moved or () if m[0] == i), None) if prune and i in keep else None
+        if got is not None:  # kept as the op gathered it (a new value: a serial of its own)
+            t = type(a)(got[1], got[2], a._shape, a._dtype)
+            t._node = a._node
+            serial(t)
+            kept.append(t)
+        elif a._node is not None and a._node.op == LEAF:
+            kept.append(a)  # a leaf (its holder keeps it anyway, and ``.grad`` goes on it)
+        elif i not in keep:
+            # (a value whose own node kept everything is read by that node's VJP as its output: kept whole)
+            whole = not prune or a._node is not None and a._node.out is None and \
+                getattr(a._node.op, "saves", None) is not None
+            kept.append(a if whole else husk(a))
+        else:
+            src = _gathered_from(a) if _regather.get() else None
+            if src is None:
+                kept.append(_summed(a) if prune else a)
+            else:
+                kept.append(husk(a) if prune else a)
+                regather.append((i, src, a._spec))
+    if not prune:
+        return args, None, tuple(regather)
+    out = HUSK
+    if keep_out:  # a twin sharing the result's blocks and serial (holding it holds no record: no cycle)
+        out = type(result)(result._data, result._spec, result._shape, result._dtype, result._sid)
+        out._serial, out._moved = serial(result), result._moved
+    return tuple(kept), out, tuple(regather)
+
+
+def _summed(a: Any) -> Any:
+    """A pending sum the op had made of ``a`` (kept on it for later uses) is what the node keeps: the same value,
+    summed, so the summands need not outlive the forward pass."""
+    moved = a._moved
+    if not moved:
+        return a
+    for spec, data in moved.items():
+        if not spec.partial_axes:
+            t = type(a)(data, spec, a._shape, a._dtype)
+            t._node, t._serial = a._node, serial(a)
+            return t
+    return a
+
+
+def _gathered_from(a: Any) -> Any:
+    """The value ``a`` was all_gathered from by ``with_sharding`` (nothing else moved), else None: keeping that
+    smaller value and gathering again costs the backward pass one all_gather and saves the gathered bytes (what
+    Megatron-LM's sequence parallelism does with a norm's output; FSDP keeps no gathered weight either)."""
+    node = a._node
+    if node is None or node.op != RELAYOUT or not node.args:
+        return None
+    moves = getattr(node.prog, "collectives", None)
+    if not moves or any(m.kind != "all_gather" for m in moves):
+        return None
+    return node.args[0]
+
+
 LEAF_NODE = Node(LEAF)
+_regather: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_regather", default=False)
 _recording: contextvars.ContextVar[Any] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("nabla_differentiating", default=0)
@@ -70,12 +179,14 @@ def recording() -> bool:
 
 class Remat:
     """What ``nb.checkpoint`` keeps of a function's forward run: the outputs of its ``saved`` ops (matmuls under
-    ``policy="save_matmuls"``), in the order they ran; ``replay`` hands them back, in order, to the recompute."""
+    ``policy="save_matmuls"``), in the order they ran; ``replay`` hands them back, in order, to the recompute.
+    ``gather``: set in the recompute, whose ops keep the operands they gathered (the backward pass that follows
+    at once reads them: FSDP's weights are gathered once for both, as its pre-backward hook does)."""
 
-    __slots__ = ("ops", "saved", "replay")
+    __slots__ = ("ops", "saved", "replay", "gather")
 
     def __init__(self, ops: frozenset) -> None:
-        self.ops, self.saved, self.replay = ops, [], None
+        self.ops, self.saved, self.replay, self.gather = ops, [], None, False
 
 
 _remat: contextvars.ContextVar[Remat | None] = contextvars.ContextVar("nabla_remat", default=None)
@@ -93,6 +204,11 @@ def _setting(var: contextvars.ContextVar, value: Any, result: Any = None) -> Ite
 
 def remat(r: Remat | None) -> Any:
     return _setting(_remat, r)
+
+
+def regathering() -> Any:
+    """Nodes made inside keep a gathered operand as the value it was gathered from (``policy="regather"``)."""
+    return _setting(_regather, True)
 
 
 def recorded() -> Any:
@@ -181,9 +297,10 @@ def swapped(swap: dict) -> Any:
     return _setting(_swap, swap or None)
 
 
-def topological(outputs, stop=None) -> list:
+def topological(outputs, stop=None, key=id) -> list:
     """Every tracked value the outputs depend on, operands before the values made from them; the operands
-    of values whose ``id`` is in ``stop`` are not visited (a backward pass stops at its own leaves)."""
+    of values whose ``key`` is in ``stop`` are not visited (a backward pass stops at its own leaves). ``key``
+    names a value (``id``; a backward pass names values by their node, so a husk is the value it stands for)."""
     order, seen = [], set()
     stack = [(v, False) for v in outputs if getattr(v, "_node", None) is not None]
     while stack:
@@ -191,13 +308,20 @@ def topological(outputs, stop=None) -> list:
         if done:
             order.append(v)
             continue
-        if id(v) in seen:
+        k = key(v)
+        if k in seen:
             continue
-        seen.add(id(v))
+        seen.add(k)
         stack.append((v, True))
-        if stop is not None and id(v) in stop:
+        if stop is not None and k in stop:
             continue
-        for a in v._node.args:
-            if getattr(a, "_node", None) is not None and id(a) not in seen:
+        node = v._node
+        for a in node.args:
+            if getattr(a, "_node", None) is not None and key(a) not in seen:
                 stack.append((a, False))
     return order
+
+
+def by_node(v: Any) -> int:
+    """A value's name in a backward pass: its node (a husk and the value it stands for share it)."""
+    return id(v._node)

@@ -31,6 +31,7 @@ from ..sharding import NamedSharding, to_spec
 from ..autodiff import vjp
 from ..ops import tensor
 from ..interop.arrays import from_jax
+from ..plan.memory import MemoryLog
 
 
 def jit(fn: Callable | None = None, in_shardings: Any = None, out_shardings: Any = None,
@@ -248,7 +249,8 @@ class Lowered:
     """One trace of ``fn`` and its compiled program. ``steps``: the recorded steps of the trace (what eager nabla
     would run on these inputs); ``recorded``: their moves, a comm log; ``comm_log``: the moves of the compiled
     program, after its rewrites (``comm_log.removed`` lists each move a rewrite took out, with the reason);
-    ``as_text()``: the compiled HLO, whose collectives are ``comm_log``'s. Calling it runs the program on jax
+    ``as_text()``: the compiled HLO, whose collectives are ``comm_log``'s; ``memory``: the liveness pass over
+    the steps (``nb.memory_log``'s accounts: inputs from the start, outputs to the end). Calling it runs the program on jax
     devices. The jax program is traced from the inputs' shapes and layouts alone (no argument is kept) and
     compiled on first use."""
 
@@ -290,6 +292,7 @@ class Lowered:
         with _x64():
             self._traced = self._program.jitted().trace(*self._program.avals())
         self.comm_log = P.comm_log(rw)
+        self.memory = MemoryLog.of(self.steps, tw, outs)  # what the compiled program holds, step by step
         self._compiled = None
         self._fn, self._tree = fn, tree
         self._backward: dict = {}  # (output, differentiated inputs) -> the jitted VJP

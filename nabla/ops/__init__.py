@@ -23,13 +23,14 @@ from .gather import (_SCATTER, _SCATTER_ALONG, _TAKE, _TAKE_ALONG, argwhere, fla
                      take_along_axis)
 from .indexing import _INDEX, _KEYS, _normalize_key, getitem
 from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, all, any, argmax,
-                        argmin, cumsum, max, mean, min, prod, softmax, std, sum, var)
+                        argmin, cumsum, max, mean, min, prod, reduce_cotangent, softmax, std, sum, var)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
 from .masks import dropout, tril, triu
 from . import lax_ops  # internal ops (bitwise, shifts, bitcast, threefry2x32, ...) that nb.import_jax runs
 from .sorting import argsort, sort, top_k
 from .nn import (_LOG_SOFTMAX, _LOGSUMEXP, _ONE_HOT, _STOP, cross_entropy, log_softmax, logsumexp, one_hot,
                  stop_gradient)
+from .attention import _ATTENTION, _DBIAS, _DKV, _DQ, dot_product_attention
 from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
                    global_avg_pool, layer_norm, max_pool)
 

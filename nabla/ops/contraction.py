@@ -78,6 +78,7 @@ def _matmul_flops(blocks, out, params) -> int:
 
 
 _MATMUL = register(OpDef("matmul", lambda shapes: R.matmul_rule(*shapes), _matmul_kernel, "mul", vjp=_matmul_vjp,
+                          saves="cross",
                          dtype=lambda a, b: np.result_type(a, b),
                          numpy="matmul", onnx=_matmul_onnx, arity=2, public=matmul, flops=_matmul_flops))
 
@@ -226,4 +227,5 @@ def _einsum_flops(blocks, out, params) -> int:
 
 _EINSUM = register(OpDef("einsum", lambda shapes, sub: R.einsum_rule(sub, tuple(shapes)), _einsum_kernel, "mul",
                          dtype=lambda *dts: np.result_type(*dts),
-                         vjp=_einsum_vjp, numpy="einsum", onnx=_einsum_onnx, public=einsum, flops=_einsum_flops))
+                         vjp=_einsum_vjp, numpy="einsum", onnx=_einsum_onnx, public=einsum, flops=_einsum_flops,
+                         saves="cross"))

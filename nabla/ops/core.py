@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import services
 from ..dtypes import is_float, is_inexact
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError
@@ -150,11 +151,12 @@ def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
         return None
     shape = x._shape
     lead = g.ndim - len(shape)
+    reduce = services.get("ops").reduce_cotangent  # (ops/reduction.py builds on this module)
     if lead:
-        g = g.sum(tuple(range(lead)))
+        g = reduce(g, tuple(range(lead)), False)
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
     if axes:
-        g = g.sum(axes, keepdims=True)
+        g = reduce(g, axes, True)
     return g if g.dtype == x._dtype else g.astype(x._dtype)
 
 

@@ -471,18 +471,24 @@ def flatnonzero(a: ArrayLike) -> Tensor:
     raise _data_dependent("flatnonzero", a)
 
 
+def _IDS(diff: tuple, params: tuple) -> tuple:
+    """A gather and a scatter-add keep their indices only (for the operand's cotangent)."""
+    return ((1,) if diff[0] else ()), False
+
+
 _TAKE = register(OpDef("take", lambda shapes, axis, n: R.take_rule(shapes[0], shapes[1], shapes[2], axis),
                        _take_kernel, "add", (0,), dtype=lambda x, ids, rows: x, vjp=_gather_vjp(lambda: _SCATTER), numpy="take",
-                       onnx=_take_onnx, arity=3, public=take, flops=lambda blocks, out, params: 0))
+                       onnx=_take_onnx, arity=3, public=take, flops=lambda blocks, out, params: 0, saves=_IDS))
 _SCATTER = register(OpDef("scatter_add", lambda shapes, axis, n: R.scatter_rule(shapes[0], shapes[1], shapes[2],
                                                                                    axis),
                           _scatter_kernel, "add", (0,), dtype=lambda g, ids, rows: g, vjp=_scatter_vjp(lambda: _TAKE),
-                          onnx=_scatter_onnx, arity=3, flops=lambda blocks, out, params: prod(blocks[0])))
+                          onnx=_scatter_onnx, arity=3, flops=lambda blocks, out, params: prod(blocks[0]), saves=_IDS))
 _TAKE_ALONG = register(OpDef("take_along_axis", lambda shapes, axis, n: R.take_along_rule(shapes[0], shapes[1],
                                                                                           shapes[2], axis),
                              _take_along_kernel, "add", (0,), dtype=lambda x, ids, rows: x, vjp=_gather_vjp(lambda: _SCATTER_ALONG),
                              numpy="take_along_axis", onnx=_take_along_onnx, arity=3, public=take_along_axis,
-                             flops=lambda blocks, out, params: 0))
+                             flops=lambda blocks, out, params: 0, saves=_IDS))
 _SCATTER_ALONG = register(OpDef("scatter_add_along", lambda shapes, axis, n: R.scatter_along_rule(
     shapes[0], shapes[1], shapes[2], axis), _scatter_along_kernel, "add", (0,), dtype=lambda g, ids, rows: g,
-    vjp=_scatter_vjp(lambda: _TAKE_ALONG), onnx=_scatter_along_onnx, arity=3, flops=lambda blocks, out, params: prod(blocks[0])))
+    vjp=_scatter_vjp(lambda: _TAKE_ALONG), onnx=_scatter_along_onnx, arity=3, flops=lambda blocks, out, params: prod(blocks[0]),
+    saves=_IDS))

@@ -261,7 +261,8 @@ def getitem(x: ArrayLike, key: Any) -> Tensor:
 
 
 _INDEX = register(OpDef("getitem", lambda shapes, key: R.index_rule(shapes[0], key), _index_kernel, "add",
-                        dtype="same", vjp=_getitem_vjp, onnx=_getitem_onnx, arity=1, public=getitem))
+                        dtype="same", vjp=_getitem_vjp, onnx=_getitem_onnx, arity=1, public=getitem,
+                        saves="none"))
 
 
 for _moving in (_INDEX,):  # data moves, nothing is computed: no FLOPs

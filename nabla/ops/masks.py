@@ -79,9 +79,9 @@ def triu(x: ArrayLike, k: int = 0) -> Tensor:
 
 _TRI = register(OpDef("tril", lambda shapes, k, upper: R.elementwise_rule(tuple(shapes), op="triu" if upper else "tril"),
                       _tri_kernel, "add", dtype="same", aux=_tri_aux, vjp=_tri_vjp, numpy="tril", onnx=_tri_onnx,
-                      arity=1, public=tril))
+                      arity=1, public=tril, saves="none"))
 _TRIU = register(OpDef("triu", _TRI.rule, _tri_kernel, "add", dtype="same", aux=_tri_aux, vjp=_tri_vjp, numpy="triu",
-                       onnx=_tri_onnx, arity=1, public=triu))
+                       onnx=_tri_onnx, arity=1, public=triu, saves="none"))
 
 
 # ---- dropout -------------------------------------------------------------------------------------------------
@@ -189,4 +189,5 @@ def dropout(x: ArrayLike, rate: float, key: int) -> Tensor:
 
 _DROPOUT = register(OpDef("dropout", lambda shapes, rate, key: R.elementwise_rule(tuple(shapes), op="dropout"),
                           _dropout_kernel, "add", dtype="same", aux=_dropout_aux, vjp=_dropout_vjp, onnx=_dropout_onnx,
-                          arity=1, public=dropout, flops=lambda blocks, out, params: 2 * prod(out)))
+                          arity=1, public=dropout, flops=lambda blocks, out, params: 2 * prod(out),
+                          saves="none"))  # the mask is made again from the key: none is kept

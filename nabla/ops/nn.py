@@ -13,7 +13,7 @@ import numpy as np
 from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
-from ..dtypes import is_inexact
+from ..dtypes import accumulation, is_inexact
 from ..errors import ShardingError
 from ..value import Value
 from ..layout import global_rows
@@ -24,7 +24,7 @@ from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
 from .creation import _dtype_arg
 from .gather import _indices, take_along_axis
 from .pointwise import astype, equal, exp, log, where
-from .reduction import max, mean, sum  # noqa: A004 - numpy's names
+from .reduction import _wide_sum, max, mean, sum  # noqa: A004 - numpy's names
 from .registry import onnx_export, register
 from .shape import expand_dims, squeeze
 
@@ -44,7 +44,7 @@ def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor])
         out = run()
     res = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid)
     res._serial = serial(out)  # the same value
-    res._node = Node(op, params, tuple(args))
+    res._node = Node(op, params, tuple(args), result=res)
     return res
 
 
@@ -69,7 +69,7 @@ def stop_gradient(x: ArrayLike) -> Tensor:
 _STOP = register(OpDef("stop_gradient", lambda shapes: R.elementwise_rule((shapes[0],), op="stop_gradient"),
                        lambda arrays, local: arrays[0], "add", dtype="same", fast=lambda x: x,
                        vjp=lambda g, node, out: (None,), onnx="Identity", reference=lambda x: x, arity=1,
-                       public=stop_gradient, flops=lambda blocks, out, params: 0))
+                       public=stop_gradient, flops=lambda blocks, out, params: 0, saves="none"))
 
 
 # ---- one_hot ---------------------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def one_hot(x: ArrayLike, num_classes: int, dtype: Any = "float32", axis: int = 
 
 _ONE_HOT = register(OpDef("one_hot", lambda shapes, n, axis, dtype: R.one_hot_rule(shapes[0], n, axis),
                           _one_hot_kernel, aux=_one_hot_aux, vjp=lambda g, node, out: (None,), onnx=_one_hot_onnx,
-                          arity=1, public=one_hot, flops=lambda blocks, out, params: prod(out)))
+                          arity=1, public=one_hot, flops=lambda blocks, out, params: prod(out), saves="none"))
 
 
 # ---- log_softmax -----------------------------------------------------------------------------------------------
@@ -136,7 +136,11 @@ def _log_softmax_kernel(arrays, local):
         return x
     ax = local.G + local.params[0]
     s = x - xp.max(x, axis=ax, keepdims=True)
-    return s - xp.log(xp.sum(xp.exp(s), axis=ax, keepdims=True))
+    acc = accumulation(s.dtype)
+    if acc == s.dtype:
+        return s - xp.log(xp.sum(xp.exp(s), axis=ax, keepdims=True))
+    # float16 and bfloat16: the exponentials and their sum in float32, the sum rounded once
+    return s - xp.log(xp.sum(xp.exp(s.astype(acc)), axis=ax, keepdims=True).astype(s.dtype))
 
 
 def _log_softmax_vjp(g, node, out):
@@ -163,7 +167,9 @@ def _log_softmax_np(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     """``jax.nn.log_softmax``: ``x - max - log(sum(exp(x - max)))`` along ``axis`` (the max shifts nothing
-    mathematically and its gradient is stopped, as jax's).
+    mathematically and its gradient is stopped, as jax's). For float16 and bfloat16 the shifted values are in
+    that dtype, their exponentials and the sum in float32, the sum rounded once: what jax's log_softmax (jitted
+    by jax) computes, read from its compiled HLO.
 
     Sharding: other dims pass through. When ``axis`` is sharded it is not gathered: the row max and the row sum
     of exponentials are reduced across devices (two all_reduces of one value per row), and the gradient
@@ -178,7 +184,10 @@ def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     def run():
         y = x if is_inexact(x._dtype) else astype(x, _float(x._dtype))
         s = y - stop_gradient(max(y, ax, keepdims=True))
-        return s - log(sum(exp(s), ax, keepdims=True))
+        acc = accumulation(s._dtype)
+        if acc == s._dtype:
+            return s - log(sum(exp(s), ax, keepdims=True))
+        return s - log(astype(sum(exp(astype(s, acc)), ax, keepdims=True), s._dtype))
 
     with _user_op("log_softmax"):
         return _composite(_LOG_SOFTMAX, (ax,), (x,), run)
@@ -187,7 +196,7 @@ def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
 _LOG_SOFTMAX = register(OpDef("log_softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,),
                                                                                      "log_softmax"),
                               _log_softmax_kernel, vjp=_log_softmax_vjp, onnx=_log_softmax_onnx,
-                              reference=_log_softmax_np, arity=1, public=log_softmax,
+                              reference=_log_softmax_np, arity=1, public=log_softmax, saves="output",
                               flops=lambda blocks, out, params: 5 * prod(out)))  # max, subtract, exp, sum, log
 
 
@@ -205,7 +214,7 @@ def _logsumexp_kernel(arrays, local):
         return xp.full(shape, -np.inf, x.dtype)
     m = xp.max(x, axis=ax, keepdims=True)
     m = xp.where(xp.isfinite(m), m, xp.zeros((), m.dtype))
-    out = xp.log(xp.sum(xp.exp(x - m), axis=ax, keepdims=True)) + m
+    out = xp.log(_wide_sum(xp.exp(x - m), ax)) + m
     return out if keepdims else out.reshape(tuple(n for d, n in enumerate(out.shape) if d not in ax))
 
 

@@ -86,8 +86,9 @@ def _abs_dx(g, x, o):
     """d|x|/dx: the sign, 1 at 0 (as jax: select(x >= 0, g, -g)); for complex x, conj(x) / |x| (jax's
     convention for a real function of a complex value) = |x| / x, 0 at 0."""
     if isinstance(x, Value) and x._dtype.kind == "c":
-        zero = equal(o, 0)
-        return g * where(zero, 0.0, o / where(zero, 1.0, x))
+        m = abs(x)  # (|x| again: the op keeps x only)
+        zero = equal(m, 0)
+        return g * where(zero, 0.0, m / where(zero, 1.0, x))
     return g * (_mask(greater_equal(x, 0), g) * 2.0 - 1.0)
 
 
@@ -106,20 +107,22 @@ _NONE = (None, None)  # comparisons: no gradient
 # ---- the ops ------------------------------------------------------------------------------------------------------
 
 add = elementwise("add", numpy="add", onnx=_arith("Add", "Or"), linear="add",
-                  vjp=(lambda g, a, b, o: g, lambda g, a, b, o: g))
+                  vjp=(lambda g, a, b, o: g, lambda g, a, b, o: g), reads=("", ""))
 subtract = elementwise("subtract", numpy="subtract", onnx=_arith("Sub"), linear="add",
-                       vjp=(lambda g, a, b, o: g, lambda g, a, b, o: -g))
+                       vjp=(lambda g, a, b, o: g, lambda g, a, b, o: -g), reads=("", ""))
 multiply = elementwise("multiply", numpy="multiply", onnx=_arith("Mul", "And"), linear="mul",
-                       vjp=(lambda g, a, b, o: g * b, lambda g, a, b, o: g * a))
+                       vjp=(lambda g, a, b, o: g * b, lambda g, a, b, o: g * a), reads=("1", "0"))
 divide = elementwise("divide", numpy="divide", onnx=_arith("Div"), linear="mul", linear_args=(0,),
-                     vjp=(lambda g, a, b, o: g / b, lambda g, a, b, o: -(g * o) / b), domain=(0.5, 2.0))
-power = elementwise("power", numpy="power", onnx=_arith("Pow"), vjp=(_pow_da, _pow_db), domain=(0.5, 2.0))
+                     vjp=(lambda g, a, b, o: g / b, lambda g, a, b, o: -(g * o) / b), domain=(0.5, 2.0),
+                     reads=("1", "1o"))
+power = elementwise("power", numpy="power", onnx=_arith("Pow"), vjp=(_pow_da, _pow_db), domain=(0.5, 2.0),
+                    reads=("01", "0o"))
 maximum = elementwise("maximum", numpy="maximum", onnx=_arith("Max", "Or"),
                       vjp=(lambda g, a, b, o: _tie(g, a, b, greater(a, b)),
-                           lambda g, a, b, o: _tie(g, a, b, less(a, b))))
+                           lambda g, a, b, o: _tie(g, a, b, less(a, b))), reads=("01", "01"))
 minimum = elementwise("minimum", numpy="minimum", onnx=_arith("Min", "And"),
                       vjp=(lambda g, a, b, o: _tie(g, a, b, less(a, b)),
-                           lambda g, a, b, o: _tie(g, a, b, greater(a, b))))
+                           lambda g, a, b, o: _tie(g, a, b, greater(a, b))), reads=("01", "01"))
 less = elementwise("less", numpy="less", onnx=_compare("Less"), vjp=_NONE)
 less_equal = elementwise("less_equal", numpy="less_equal", onnx=_compare("LessOrEqual"), vjp=_NONE)
 greater = elementwise("greater", numpy="greater", onnx=_compare("Greater"), vjp=_NONE)
@@ -127,16 +130,17 @@ greater_equal = elementwise("greater_equal", numpy="greater_equal", onnx=_compar
 equal = elementwise("equal", numpy="equal", onnx=_compare("Equal"), vjp=_NONE)
 not_equal = elementwise("not_equal", numpy="not_equal", onnx=_compare("Equal", "Not"), vjp=_NONE)
 
-negative = elementwise("negative", numpy="negative", onnx="Neg", linear="add", vjp=lambda g, x, o: -g)
-exp = elementwise("exp", numpy="exp", onnx="Exp", vjp=lambda g, x, o: g * o, domain=(-3.0, 3.0))
-log = elementwise("log", numpy="log", onnx="Log", vjp=lambda g, x, o: g / x, domain=(0.1, 10.0))
-tanh = elementwise("tanh", numpy="tanh", onnx="Tanh", vjp=lambda g, x, o: g * (1.0 - o * o))
-sin = elementwise("sin", numpy="sin", onnx="Sin", vjp=lambda g, x, o: g * cos(x))
-cos = elementwise("cos", numpy="cos", onnx="Cos", vjp=lambda g, x, o: -(g * sin(x)))
-sqrt = elementwise("sqrt", numpy="sqrt", onnx="Sqrt", vjp=lambda g, x, o: g / (o * 2.0), domain=(0.1, 10.0))
-abs = elementwise("abs", numpy="absolute", onnx="Abs", vjp=_abs_dx)  # noqa: A001 - numpy's name
-relu = elementwise("relu", _relu, onnx="Relu", vjp=lambda g, x, o: g * _mask(greater(x, 0), g))
-sigmoid = elementwise("sigmoid", _sigmoid, onnx="Sigmoid", vjp=lambda g, x, o: g * (o * (1.0 - o)))
+negative = elementwise("negative", numpy="negative", onnx="Neg", linear="add", vjp=lambda g, x, o: -g, reads="")
+exp = elementwise("exp", numpy="exp", onnx="Exp", vjp=lambda g, x, o: g * o, domain=(-3.0, 3.0), reads="o")
+log = elementwise("log", numpy="log", onnx="Log", vjp=lambda g, x, o: g / x, domain=(0.1, 10.0), reads="0")
+tanh = elementwise("tanh", numpy="tanh", onnx="Tanh", vjp=lambda g, x, o: g * (1.0 - o * o), reads="o")
+sin = elementwise("sin", numpy="sin", onnx="Sin", vjp=lambda g, x, o: g * cos(x), reads="0")
+cos = elementwise("cos", numpy="cos", onnx="Cos", vjp=lambda g, x, o: -(g * sin(x)), reads="0")
+sqrt = elementwise("sqrt", numpy="sqrt", onnx="Sqrt", vjp=lambda g, x, o: g / (o * 2.0), domain=(0.1, 10.0),
+                   reads="o")
+abs = elementwise("abs", numpy="absolute", onnx="Abs", vjp=_abs_dx, reads="0")  # noqa: A001 - numpy's name
+relu = elementwise("relu", _relu, onnx="Relu", vjp=lambda g, x, o: g * _mask(greater(x, 0), g), reads="0")
+sigmoid = elementwise("sigmoid", _sigmoid, onnx="Sigmoid", vjp=lambda g, x, o: g * (o * (1.0 - o)), reads="o")
 @onnx_export("Mul")
 def _square_onnx(ex):
     x = ex.operand(0, ex.dtype)
@@ -175,21 +179,21 @@ def _remainder_onnx(ex):
                      [(a, 0), (b, 1)])
 
 
-floor = elementwise("floor", numpy="floor", onnx="Floor", vjp=lambda g, x, o: g * 0.0)  # as jax: zero
-ceil = elementwise("ceil", numpy="ceil", onnx="Ceil", vjp=lambda g, x, o: g * 0.0)
-sign = elementwise("sign", numpy="sign", onnx="Sign", vjp=lambda g, x, o: g * 0.0)
-square = elementwise("square", numpy="square", onnx=_square_onnx, vjp=lambda g, x, o: g * (x * 2.0))
+floor = elementwise("floor", numpy="floor", onnx="Floor", vjp=lambda g, x, o: g * 0.0, reads="")  # as jax: zero
+ceil = elementwise("ceil", numpy="ceil", onnx="Ceil", vjp=lambda g, x, o: g * 0.0, reads="")
+sign = elementwise("sign", numpy="sign", onnx="Sign", vjp=lambda g, x, o: g * 0.0, reads="")
+square = elementwise("square", numpy="square", onnx=_square_onnx, vjp=lambda g, x, o: g * (x * 2.0), reads="0")
 floor_divide = elementwise("floor_divide", numpy="floor_divide", onnx=_floor_divide_onnx, vjp=(lambda g, a, b, o: g * 0.0,
                                                                       lambda g, a, b, o: g * 0.0),
-                           domain=(0.5, 2.0))
+                           domain=(0.5, 2.0), reads=("", ""))
 remainder = elementwise("remainder", numpy="remainder", onnx=_remainder_onnx, domain=(0.5, 2.0),  # numpy's %: the sign of the divisor
-                        vjp=(lambda g, a, b, o: g, lambda g, a, b, o: -(g * floor_divide(a, b))))
+                        vjp=(lambda g, a, b, o: g, lambda g, a, b, o: -(g * floor_divide(a, b))), reads=("", "01"))
 where = elementwise("where", numpy="where", onnx=_where_onnx, linear="add", linear_args=(1, 2),
                     arity=3, operands=("cond", "a", "b"))
 # numpy's ``x ** -1`` on float arrays (see Tensor.__pow__; for complex numbers 1 / x differs in the signs of
 # zeros); not a public name
 _reciprocal = elementwise("reciprocal", onnx="Reciprocal", public=False,
-                          vjp=lambda g, x, o: negative(multiply(g, multiply(o, o))))
+                          vjp=lambda g, x, o: negative(multiply(g, multiply(o, o))), reads="o")
 
 
 def _where_vjp(g, node, out):
@@ -199,6 +203,7 @@ def _where_vjp(g, node, out):
 
 
 where.op.vjp = _where_vjp
+where.op.saves = lambda diff, params: ((0,) if diff[1] or diff[2] else (), False)  # the condition only
 
 
 def _astype_kernel(arrays, local):
@@ -227,7 +232,7 @@ def astype(x: ArrayLike, dtype: Any) -> Tensor:
 _ASTYPE = register(OpDef("astype", lambda shapes, dt: R.elementwise_rule(tuple(shapes)), _astype_kernel,
                          dtype="sample", numpy="astype", onnx=_astype_onnx, arity=1, public=astype,
                          vjp=lambda g, node, out: (astype(g, node.args[0]._dtype) if _is_diff(node.args[0])
-                                                   else None,)))
+                                                   else None,), saves="none"))
 
 _BINARY = {f.__name__: f.op for f in (add, subtract, multiply, divide, power, maximum, minimum, less, less_equal,
                                       greater, greater_equal, equal, not_equal)}
@@ -292,9 +297,10 @@ def _float_test(op_type: str):
 
 
 erf = elementwise("erf", _erf, onnx="Erf", public=False, vjp=lambda g, x, o: g * (exp(-(x * x)) * _TWO_OVER_SQRT_PI),
+                  reads="0",
                   doc="The error function (internal: ``gelu(x, approximate=False)`` is written with it).")
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-silu = elementwise("silu", _silu, onnx=_silu_onnx, vjp=_silu_dx, reference=lambda x: _silu(np, x),
+silu = elementwise("silu", _silu, onnx=_silu_onnx, vjp=_silu_dx, reference=lambda x: _silu(np, x), reads="0",
                    doc="``x * sigmoid(x)`` (``jax.nn.silu``, also called swish); elementwise, so every sharding "
                        "is kept and nothing moves. ONNX export: ``Mul(x, Sigmoid(x))``.")
 isnan = elementwise("isnan", numpy="isnan", onnx=_float_test("IsNaN"), vjp=(None,),
@@ -350,5 +356,5 @@ def gelu(x: ArrayLike, approximate: bool = True) -> Tensor:
 
 _GELU = register(OpDef("gelu", lambda shapes, approximate: R.elementwise_rule(tuple(shapes), op="gelu"), _gelu_kernel,
                        vjp=_gelu_vjp, onnx=_gelu_onnx, reference=lambda x: _gelu_kernel_of(np, x, True), arity=1,
-                       public=gelu, flops=lambda blocks, out, params: 8 * prod(out)))
+                       public=gelu, flops=lambda blocks, out, params: 8 * prod(out), saves="operands"))
 _UNARY.update({f.__name__: f.op for f in (silu, isnan, isfinite)})

@@ -16,7 +16,9 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..value import Value
 from ..opdef import OpDef
+from .creation import _dtype_arg
 from .core import _laid_like, ArrayLike, Tensor, _axes, _call, _is_diff, _mask, _named, _ndim, _shape
+from ..dtypes import accumulation
 from ..errors import ShardingError
 from ..layout import chunk
 from .pointwise import abs, astype, divide, equal, exp, sqrt, where
@@ -25,16 +27,27 @@ from .shape import broadcast_to, expand_dims, pad, reshape
 
 
 
-def _reduce_leading(ufunc, x: np.ndarray, axis: int, keepdims: bool, most_inner: int) -> np.ndarray:
+def _reduce_leading(ufunc, x: np.ndarray, axis: int, keepdims: bool, most_inner: int, dtype=None) -> np.ndarray:
     """numpy reduces a middle axis one short inner run at a time (tens of ns per run): a block of a dim
     sharded over the grid, reduced over rows of 16, costs 3x the global reduction. Moving the axis in front
     (one strided copy) makes every run as long as the rest of the block. The rows are still combined in
-    order, one after another, so the values are numpy's, bit for bit."""
+    order, one after another, so the values are numpy's, bit for bit. ``dtype``: what to accumulate in."""
     how = _leading(x.shape, axis, keepdims, most_inner)
     if how is None:
-        return ufunc.reduce(x, axis=axis, keepdims=keepdims)
+        return ufunc.reduce(x, axis=axis, keepdims=keepdims, dtype=dtype)
     perm, rows, out = how
-    return ufunc.reduce(np.ascontiguousarray(x.transpose(perm)).reshape(rows), axis=0).reshape(out)
+    return ufunc.reduce(np.ascontiguousarray(x.transpose(perm)).reshape(rows), axis=0, dtype=dtype).reshape(out)
+
+
+def _wide_sum(x: Any, axis: tuple[int, ...]) -> Any:
+    """The sum of a kernel's block along ``axis`` (kept as 1s), accumulated in ``accumulation``'s dtype and
+    rounded once to ``x``'s: what ``jax.numpy.sum`` gives inside jax.nn's softmax, log_softmax and logsumexp."""
+    acc = accumulation(x.dtype)
+    if type(x) is np.ndarray:
+        s = np.add.reduce(x, axis=axis, keepdims=True, dtype=None if acc == x.dtype else acc)
+    else:
+        s = _xp(x).sum(x, axis=axis, keepdims=True, dtype=acc)
+    return s if s.dtype == x.dtype else s.astype(x.dtype)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -67,39 +80,64 @@ def _per_input(blocks, out, params) -> int:
     return _product(blocks[0])
 
 
-def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replicate=False) -> OpDef:
+def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replicate=False, saves="none") -> OpDef:
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}[name]
 
     def kernel(arrays, local):
-        axes, keepdims = local.params
+        axes, keepdims = local.params[:2]
         x = arrays[0]
         axis = tuple(local.G + a for a in axes)
+        acc = accumulation(x.dtype) if name == "sum" else x.dtype  # float16 and bfloat16 sums in float32 ...
+        if acc != x.dtype and not local.params[2]:  # ... rounded on each device (a transpose of a broadcast)
+            return kernel(arrays, local._replace(params=(axes, keepdims, True))).astype(x.dtype)
         if local.fold:  # the all_reduce over devices that follows is the same reduction: one call does both
             if type(x) is not np.ndarray:
                 out = getattr(_xp(x), name)(x, axis=local.fold + axis, keepdims=True)
                 return out if keepdims else out.reshape(_folded(x.shape, local.fold, axis, False)[3])
             perm, two, a, out = _folded(x.shape, local.fold, axis, keepdims)
             return ufunc.reduce(np.ascontiguousarray(x.transpose(perm)).reshape(two), axis=a).reshape(out)
+        wide = None if acc == x.dtype else acc
         if type(x) is np.ndarray:  # what np.sum/np.max call, without their Python wrapper
             if len(axis) == 1 and x.flags.c_contiguous:
-                return _reduce_leading(ufunc, x, axis[0], keepdims, 64 if name != "sum" else 16)
-            return ufunc.reduce(x, axis=axis, keepdims=keepdims)
+                return _reduce_leading(ufunc, x, axis[0], keepdims, 64 if name != "sum" else 16, wide)
+            return ufunc.reduce(x, axis=axis, keepdims=keepdims, dtype=wide)
+        if wide is not None:
+            return _xp(x).sum(x, axis=axis, keepdims=keepdims, dtype=wide)
         return getattr(_xp(x), name)(x, axis=axis, keepdims=keepdims)
 
     @onnx_export(onnx_type)
     def export(ex):
-        axes, keepdims = ex.params
+        axes, keepdims = ex.params[:2]
         x = ex.operand(0, ex.dtype)
         return ex.finish(ex.out(onnx_type, [x, ex.ints(axes, "axes")], keepdims=int(keepdims),
                                 noop_with_empty_axes=int(not axes)), [(x, 0)])
 
-    return register(OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, replicate),
+    return register(OpDef(name, lambda shapes, axes, keepdims, *wide: R.reduce_rule(shapes[0], axes, keepdims,
+                                                                                      replicate),
                           kernel, linear, None, reduction, folds=reduction != "sum", vjp=vjp, numpy=name, onnx=export,
-                          arity=1, public=public, flops=_per_input))
+                          arity=1, public=public, flops=_per_input, saves=saves))
+
+
+def _dt(x: Any) -> np.dtype:
+    return np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
 
 
 def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
-    return _call(_SUM, (x,), (_axes(axis, _ndim(x), "sum"), bool(keepdims)))
+    """numpy's ``sum``, but float16 and bfloat16 accumulate in float32 and are rounded once (``jax.numpy.sum``'s
+    rule): over a sharded dim the partial sums are float32 and are summed before the rounding, as XLA's
+    partitioner all-reduces them (measured on ``jax.jit`` of ``jnp.sum``: an ``f32`` all-reduce, then the
+    convert)."""
+    dt = _dt(x)
+    out = _call(_SUM, (x,), (_axes(axis, _ndim(x), "sum"), bool(keepdims), True))
+    return out if accumulation(dt) == dt else astype(out, dt)
+
+
+def reduce_cotangent(g: Tensor, axes: tuple[int, ...], keepdims: bool) -> Tensor:
+    """The sum a VJP makes of a broadcast operand's cotangent, with ``jax.lax.reduce_sum``'s meaning (JAX's
+    transpose of a broadcast): in ``g``'s dtype, each device accumulating its block in float32 and rounding it,
+    a partial sum carried in ``g``'s dtype. So bf16 gradients are reduce_scattered (or all_reduced) in bf16 at
+    the end, as Megatron and XLA on GPU sum them, not all_reduced in float32 where the sum is made."""
+    return _call(_SUM, (g,), (tuple(axes), bool(keepdims), False))
 
 
 def max(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
@@ -116,8 +154,11 @@ def _keep(g: Tensor, axes, keepdims: bool) -> Tensor:
 
 def _sum_vjp(g, node, out):
     x, = node.args
-    axes, keepdims = node.params
-    return (_laid_like(broadcast_to(_keep(g, axes, keepdims), x._shape), x),) if _is_diff(x) else (None,)
+    if not _is_diff(x):
+        return (None,)
+    axes, keepdims = node.params[:2]
+    g = g if g.dtype == x._dtype else astype(g, x._dtype)  # a float32 accumulation of bfloat16: back to bf16
+    return (_laid_like(broadcast_to(_keep(g, axes, keepdims), x._shape), x),)
 
 
 def _chooser_vjp(g, node, out):
@@ -131,23 +172,24 @@ def _chooser_vjp(g, node, out):
 
 
 _SUM = _reduction("sum", "add", "sum", "ReduceSum", _sum_vjp, sum)
-_MAX = _reduction("max", None, "max", "ReduceMax", _chooser_vjp, max)
-_MIN = _reduction("min", None, "min", "ReduceMin", _chooser_vjp, min)
+_MAX = _reduction("max", None, "max", "ReduceMax", _chooser_vjp, max, saves="all")  # x == max, where it won
+_MIN = _reduction("min", None, "min", "ReduceMin", _chooser_vjp, min, saves="all")
 
 
 @_named
 def mean(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-    """Accumulates as numpy does: float16 in float32 (the result float16), integers and bools in float64."""
+    """Accumulates as numpy and jax.numpy do: float16 and bfloat16 in float32 (summed, divided, then rounded
+    once), integers and bools in float64."""
     axes = _axes(axis, _ndim(x), "mean")
     count = 1
     for a in axes:
         count *= _shape(x)[a]
-    dt = np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
-    acc = np.dtype(np.float32) if dt == np.float16 else np.dtype(np.float64) if dt.kind in "iub" else dt
-    s = sum(x if acc == dt else astype(x, acc), axes, keepdims)
-    if dt.kind in "iub" and s._spec is not None and s._spec.partial_axes:
-        # numpy sums, then divides: dividing each summand first is off by an ulp (the float64 sum of integers
-        # is exact, so it must be made before the division)
+    dt = _dt(x)
+    wide = accumulation(dt) != dt
+    s = _call(_SUM, (astype(x, np.float64) if dt.kind in "iub" else x,), (axes, bool(keepdims), True))
+    if (dt.kind in "iub" or wide) and s._spec is not None and s._spec.partial_axes:
+        # numpy and jax sum, then divide: dividing each summand first is off by an ulp (the float64 sum of
+        # integers is exact, so it must be made before the division; a float32 one is rounded once after it)
         s = s.with_sharding(s._spec.mesh, s._spec.dim_specs)
     out = divide(s, s.dtype.type(count) if count else s.dtype.type(np.nan))
     return out if dt.kind in "iub" or out.dtype == dt else astype(out, dt)
@@ -202,7 +244,7 @@ def _search_op(name: str, chooser) -> OpDef:
                       f"all_reduce of one value per remaining element), then the smallest index holding it (another).")
     op = register(OpDef(name, lambda shapes, axis: R.reduce_rule(
         shapes[0], tuple(range(len(shapes[0]))) if axis is None else (axis,), False, True), kernel,
-        reduction="sum", dtype=np.intp, vjp=lambda g, node, out: (None,),  # an index: no gradient
+        reduction="sum", dtype=np.intp, vjp=lambda g, node, out: (None,), saves="none",  # an index: no gradient
         numpy=name, onnx=export, arity=1, public=_named(search), flops=_per_input))
     return op
 
@@ -221,11 +263,11 @@ def _softmax_kernel(arrays, local):
     if x.size == 0:
         return xp.exp(x)
     ax = local.G + local.params[0]
-    if xp is np:  # what np.max and np.sum call, without their Python wrappers
+    if xp is np:  # what np.max calls, without its Python wrapper
         e = np.exp(x - np.maximum.reduce(x, axis=ax, keepdims=True))
-        return e / np.add.reduce(e, axis=ax, keepdims=True)
-    e = xp.exp(x - xp.max(x, axis=ax, keepdims=True))
-    return e / xp.sum(e, axis=ax, keepdims=True)
+    else:
+        e = xp.exp(x - xp.max(x, axis=ax, keepdims=True))
+    return e / _wide_sum(e, (ax,))
 
 
 def _softmax_vjp(g, node, out):
@@ -257,7 +299,7 @@ def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
 
 
 _SOFTMAX = register(OpDef("softmax", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "softmax"),
-                          _softmax_kernel, vjp=_softmax_vjp, onnx=_softmax_onnx, arity=1, public=softmax,
+                          _softmax_kernel, vjp=_softmax_vjp, onnx=_softmax_onnx, arity=1, public=softmax, saves="output",
                           flops=lambda blocks, out, params: 5 * _product(out)))  # max, subtract, exp, sum, divide
 
 
@@ -268,27 +310,37 @@ _SOFTMAX = register(OpDef("softmax", lambda shapes, axis: R.elementwise_rule((sh
 def var(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, ddof: int = 0,
         keepdims: bool = False) -> Tensor:
     """numpy's ``var``: the mean of squared deviations from the mean, divided by ``n - ddof``; integers and bools
-    in float64, complex values give their (real) magnitude's variance, ``dtype`` computes in that dtype. Over a
+    in float64, complex values give their (real) magnitude's variance, ``dtype`` computes in that dtype;
+    float16 and bfloat16 (in or as ``dtype``) are computed in float32 and rounded once, as jax.numpy's. Over a
     sharded dim nothing is gathered: the sum for the mean and the sum of squares are each reduced across
     devices (one value per remaining element)."""
-    axes = _axes(axis, _ndim(x), "var")
-    dt = np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
-    if dtype is not None:
-        x = astype(x, dtype)
-    elif dt.kind in "iub":
-        x = astype(x, np.float64)
+    return _var(x, axis, dtype, ddof, keepdims, "var")
+
+
+def _var(x: ArrayLike, axis: int | Sequence[int] | None, dtype: Any, ddof: Any, keepdims: bool, name: str
+         ) -> Tensor:
+    """``var``, its errors naming ``name`` (the call the user made: ``var`` or ``std``)."""
+    axes = _axes(axis, _ndim(x), name)
+    if not isinstance(ddof, (int, float, np.integer, np.floating)):
+        raise ShardingError(f"{name}: ddof must be a number, got {ddof!r}")
+    dt = _dt(x)
+    out_dt = _dtype_arg(dtype, name) if dtype is not None else np.dtype(np.float64) if dt.kind in "iub" else dt
+    comp = accumulation(out_dt)
+    if comp != dt:
+        x = astype(x, comp)
     n = _product(_shape(x)[a] for a in axes)
     mu = divide(sum(x, axes, keepdims=True), n)
     d = x - mu
     sq = abs(d) * abs(d) if isinstance(d, Value) and d._dtype.kind == "c" else d * d
-    return divide(sum(sq, axes, keepdims), builtins.max(n - ddof, 0))
+    out = divide(sum(sq, axes, keepdims), builtins.max(n - ddof, 0))
+    return out if comp == out_dt else astype(out, out_dt)
 
 
 @_named
 def std(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, ddof: int = 0,
         keepdims: bool = False) -> Tensor:
     """numpy's ``std``: the square root of ``var`` (same dtypes, ``ddof`` and sharding: no gather)."""
-    return sqrt(var(x, axis, dtype, ddof, keepdims))
+    return sqrt(_var(x, axis, dtype, ddof, keepdims, "std"))
 
 
 # ---- a sharded dim reduced or scanned per block, then across blocks ----------------------------------------------
@@ -381,7 +433,8 @@ def _truth(name: str, reduction: str):
         return ex.finish(ex.out("Cast", [red], to=ex.onnx_type(np.dtype(np.bool_), name)), [(x, 0)])
 
     return OpDef(name, lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims), kernel,
-                 reduction=reduction, dtype=np.bool_, vjp=lambda g, node, out: (None,), numpy=name, onnx=export,
+                 reduction=reduction, dtype=np.bool_, vjp=lambda g, node, out: (None,), saves="none", numpy=name,
+                 onnx=export,
                  arity=1, flops=_per_input)
 
 
@@ -474,5 +527,5 @@ def cumsum(x: ArrayLike, axis: int | None = None, dtype=None) -> Tensor:
 
 
 _CUMSUM = register(OpDef("cumsum", lambda shapes, axis, exclusive, reverse: R.elementwise_rule(
-    (shapes[0],), (axis,), "cumsum"), _cumsum_kernel, "add", vjp=_cumsum_vjp, numpy="cumsum", onnx=_cumsum_onnx,
+    (shapes[0],), (axis,), "cumsum"), _cumsum_kernel, "add", vjp=_cumsum_vjp, saves="none", numpy="cumsum", onnx=_cumsum_onnx,
     arity=1, public=cumsum))

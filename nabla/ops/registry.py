@@ -137,7 +137,7 @@ def elementwise(name: str, fn: str | Callable | None = None, *, numpy: str | Non
                 reference: Callable | None = None, domain: tuple[float, float] | None = None,
                 arity: int | None = None, operands: Sequence[str] | None = None, linear: str | None = None,
                 linear_args: tuple[int, ...] | None = None, dtype: Any = "sample", flops: Callable | None = None,
-                public: bool = True, doc: str | None = None) -> Callable:
+                public: bool = True, doc: str | None = None, reads: Sequence[str] | str | None = None) -> Callable:
     """Define, register and return an elementwise op's function; its OpDef is ``.op``.
 
     - ``fn``: the kernel, as a name that ``numpy`` and ``jax.numpy`` both have (default: ``name``), or a function
@@ -151,7 +151,10 @@ def elementwise(name: str, fn: str | Callable | None = None, *, numpy: str | Non
       interval random programs clip operands to (default: any value); ``arity``: the operand count (default: from
       ``fn``); ``operands``: the public function's parameter names (default ``x``; ``a, b``; ``a, b, c``);
     - ``linear``, ``linear_args``, ``dtype``, ``flops``: as ``OpDef`` has them;
-    - ``public``: whether ``nb.<name>`` is it (False: an op nabla calls internally); ``doc``: its docstring.
+    - ``public``: whether ``nb.<name>`` is it (False: an op nabla calls internally); ``doc``: its docstring;
+    - ``reads``: what each operand's derivative reads (its residuals), one string per operand (one for a unary op)
+      of operand positions and ``o`` for the output: ``multiply`` reads ``("1", "0")``, ``exp`` ``"o"``, ``add``
+      ``("", "")``. Left out: every operand and the output (always right, never lean).
     """
     fn = name if fn is None else fn
     if isinstance(fn, str):
@@ -173,7 +176,8 @@ def elementwise(name: str, fn: str | Callable | None = None, *, numpy: str | Non
 
     op = OpDef(name, lambda shapes, *params: R.elementwise_rule(tuple(shapes), op=name), kernel, linear,
                linear_args, dtype=dtype, fast=np_f, vjp=_vjp(vjp, arity, name), flops=flops, numpy=numpy,
-               onnx=onnx, reference=reference if reference is not None else np_f, domain=domain, arity=arity)
+               onnx=onnx, reference=reference if reference is not None else np_f, domain=domain, arity=arity,
+               saves=_saves(reads, arity, name, vjp))
     f = _function(op, tuple(operands) if operands is not None else _OPERANDS.get(arity, ()), doc)
     op.public = f if public else None
     register(op)
@@ -181,6 +185,22 @@ def elementwise(name: str, fn: str | Callable | None = None, *, numpy: str | Non
 
 
 _OPERANDS = {1: ("x",), 2: ("a", "b"), 3: ("a", "b", "c")}
+
+
+def _saves(reads: Sequence[str] | str | None, arity: int, name: str, vjp: Any = None) -> Any:
+    """``OpDef.saves`` from what each derivative reads: the operands and output read for those that need one."""
+    if reads is None:
+        none = vjp is None or not callable(vjp) and all(d is None for d in vjp)
+        return "none" if none else "all"
+    rs = (reads,) if isinstance(reads, str) else tuple(reads)
+    if len(rs) != arity or any(c not in "o" + "0123456789"[:arity] for r in rs for c in r):
+        raise ShardingError(f"elementwise: op {name!r} takes {arity} operands; reads needs one string each, of "
+                            f"operand positions and 'o' (the output), got {reads!r}")
+
+    def saves(diff: tuple, params: tuple) -> tuple:
+        used = "".join(r for r, d in zip(rs, diff) if d)
+        return tuple(int(c) for c in set(used) if c != "o"), "o" in used
+    return saves
 
 
 def _vjp(d: Any, arity: int, name: str) -> Callable | None:

@@ -67,7 +67,7 @@ def swapaxes(x: ArrayLike, axis1: int, axis2: int) -> Tensor:
 
 _TRANSPOSE = register(OpDef("transpose", lambda shapes, perm: R.transpose_rule(shapes[0], perm), _transpose_kernel,
                             "add", dtype="same", vjp=_transpose_vjp, numpy="transpose", onnx=_transpose_onnx, arity=1,
-                            public=transpose))
+                            public=transpose, saves="none", view=True))
 
 
 # ---- reshape ---------------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def reshape(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
 
 _RESHAPE = register(OpDef("reshape", lambda shapes, target: R.reshape_rule(shapes[0], target), _reshape_kernel,
                           "add", dtype="same", vjp=_reshape_vjp, numpy="reshape", onnx=_reshape_onnx, arity=1,
-                          public=reshape))
+                          public=reshape, saves="none", view=True))
 
 
 # ---- broadcast_to ----------------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def broadcast_to(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
 _BROADCAST = register(OpDef("broadcast_to", lambda shapes, target: R.broadcast_to_rule(shapes[0], target),
                             _broadcast_kernel, "add", dtype="same",
                             vjp=lambda g, node, out: (_unbroadcast(g, node.args[0]),), numpy="broadcast_to",
-                            onnx=_broadcast_onnx, arity=1, public=broadcast_to))
+                            onnx=_broadcast_onnx, arity=1, public=broadcast_to, saves="none"))
 
 
 # ---- expand_dims, squeeze ---------------------------------------------------------------------------------------
@@ -180,10 +180,11 @@ def squeeze(x: ArrayLike, axis: int | Sequence[int] | None = None) -> Tensor:
 
 _EXPAND = register(OpDef("expand_dims", lambda shapes, axes: R.expand_dims_rule(shapes[0], axes), _expand_kernel,
                          "add", dtype="same", vjp=_reshape_vjp, numpy="expand_dims",
-                         onnx=_unit_dims_onnx("Unsqueeze"), arity=1, public=expand_dims))
+                         onnx=_unit_dims_onnx("Unsqueeze"), arity=1, public=expand_dims, saves="none",
+                         view=True))
 _SQUEEZE = register(OpDef("squeeze", lambda shapes, axes: R.squeeze_rule(shapes[0], axes), _expand_kernel, "add",
                           dtype="same", vjp=_reshape_vjp, numpy="squeeze", onnx=_unit_dims_onnx("Squeeze"), arity=1,
-                          public=squeeze))
+                          public=squeeze, saves="none", view=True))
 
 
 # ---- concatenate -----------------------------------------------------------------------------------------------
@@ -238,7 +239,7 @@ def concatenate(tensors: Sequence[ArrayLike], axis: int = 0) -> Tensor:
 
 _CONCAT = register(OpDef("concatenate", lambda shapes, axis: R.concatenate_rule(tuple(shapes), axis), _concat_kernel,
                          "add", aux=_concat_aux, vjp=_concat_vjp, numpy="concatenate", onnx=_concat_onnx,
-                         public=concatenate))
+                         public=concatenate, saves="none"))
 
 
 # ---- flip, roll, pad, split, stack -------------------------------------------------------------------------
@@ -275,7 +276,7 @@ def _flip_rule(shape, axes):
 
 _FLIP = register(OpDef("flip", lambda shapes, axes: _flip_rule(shapes[0], axes), _flip_kernel, "add", dtype="same",
                        vjp=lambda g, node, out: (flip(g, node.params[0]),) if _is_diff(node.args[0]) else (None,),
-                       numpy="flip", onnx=_flip_onnx, arity=1, public=flip))
+                       numpy="flip", onnx=_flip_onnx, arity=1, public=flip, saves="none"))
 
 
 def _roll_kernel(arrays, local):
@@ -335,7 +336,8 @@ def roll(x: ArrayLike, shift: int | Sequence[int], axis: int | Sequence[int] | N
 
 
 _ROLL = register(OpDef("roll", lambda shapes, axis, shift: R.roll_rule(shapes[0], axis, shift), _roll_kernel, "add",
-                       dtype="same", aux=_roll_aux, vjp=_roll_vjp, numpy="roll", onnx=_roll_onnx, public=roll))
+                       dtype="same", aux=_roll_aux, vjp=_roll_vjp, numpy="roll", onnx=_roll_onnx, public=roll,
+                       saves="none"))
 
 
 def _pad_kernel(arrays, local):
@@ -418,7 +420,7 @@ def pad(x: ArrayLike, pad_width, mode: str = "constant", constant_values=0) -> T
 
 _PAD = register(OpDef("pad", lambda shapes, widths, fill: R.pad_rule(shapes[0], widths, fill),
                       _pad_kernel, "add", dtype="same", vjp=_pad_vjp, numpy="pad", onnx=_pad_onnx, arity=1,
-                      public=pad))
+                      public=pad, saves="none"))
 
 
 def split(x: ArrayLike, indices_or_sections, axis: int = 0) -> list[Tensor]:

@@ -128,10 +128,10 @@ def _sort_vjp(g, node, out):
 
 
 _SORT = register(OpDef("sort", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "sort"), _sort_kernel,
-                       dtype="same", vjp=_sort_vjp, numpy="sort", onnx=_sort_onnx(0), arity=1, public=sort,
+                       dtype="same", vjp=_sort_vjp, numpy="sort", onnx=_sort_onnx(0), arity=1, public=sort, saves="operands",
                        flops=_comparisons(lambda params, r: params[0])))
 _ARGSORT = register(OpDef("argsort", lambda shapes, axis: R.elementwise_rule((shapes[0],), (axis,), "argsort"),
-                          _argsort_kernel, dtype=np.intp, vjp=lambda g, node, out: (None,), numpy="argsort",
+                          _argsort_kernel, dtype=np.intp, vjp=lambda g, node, out: (None,), saves="none", numpy="argsort",
                           onnx=_sort_onnx(1), arity=1, public=argsort,
                           flops=_comparisons(lambda params, r: params[0])))
 
@@ -224,4 +224,5 @@ def _top_k_onnx(ex):
 
 
 _TOP_K = register(OpDef("top_k", _top_k_rule, _top_k_kernel, vjp=_top_k_vjp, onnx=_top_k_onnx, public=top_k,
+                        saves=lambda diff, params: ((0,) if diff[0] and params[1] == "values" else (), False),
                         flops=_comparisons(lambda params, r: r - 1)))

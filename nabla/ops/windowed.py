@@ -18,7 +18,7 @@ from ..errors import ShardingError
 from ..layout import grid
 from ..opdef import OpDef
 from ..windows import out_size
-from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _named, _ndim, _shape
+from .core import ArrayLike, Tensor, _align, _axes, _call, _is_diff, _named, _ndim, _shape, _unbroadcast
 from .contraction import einsum
 from .creation import full, tensor
 from .indexing import getitem
@@ -182,8 +182,99 @@ def conv(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, stride: Any 
 
 _CONV = register(OpDef("conv", lambda shapes, stride, padding, dilation, groups: R.conv_rule(
     shapes[0], shapes[1], stride, padding, dilation, groups), _conv_kernel, "mul",
-    dtype=lambda a, b: np.result_type(a, b), vjp=_conv_vjp, onnx=_conv_onnx, arity=2, public=conv,
+    dtype=lambda a, b: np.result_type(a, b), vjp=_conv_vjp, onnx=_conv_onnx, arity=2, public=conv, saves="cross",
     flops=lambda blocks, out, params: 2 * prod(out) * prod(blocks[1][1:])))  # 2 x (C/groups x kernel) per output
+
+
+# ---- layer norm, one op --------------------------------------------------------------------------------------------
+
+
+def _compute_dtype(dt: np.dtype) -> np.dtype:
+    """Where a norm's statistics are accumulated: float32 for 16-bit floats (as jax and the fused kernels do)."""
+    return np.dtype(np.float32) if np.dtype(dt).itemsize < 4 and is_inexact(dt) else np.dtype(dt)
+
+
+def _layer_norm_kernel(arrays, local):
+    axes, eps, has_scale, has_bias = local.params
+    x = arrays[0]
+    xp = _xp(*arrays)
+    ax = tuple(local.G + a for a in axes)
+    xf = x.astype(_compute_dtype(x.dtype))
+    c = xf - xf.mean(axis=ax, keepdims=True)
+    y = c / xp.sqrt((c * c).mean(axis=ax, keepdims=True) + np.asarray(eps, xf.dtype))
+    rest = _align(list(arrays[1:]), local)
+    if has_scale:
+        y = y * rest.pop(0).astype(xf.dtype)
+    if has_bias:
+        y = y + rest.pop(0).astype(xf.dtype)
+    return y.astype(np.result_type(*(a.dtype for a in arrays)))
+
+
+def _normalized(x: Tensor, axes: tuple, eps: float) -> tuple[Tensor, Tensor]:
+    """``x`` normalised over ``axes`` and the reciprocal standard deviation per row, recomputed from ``x`` in the
+    statistics' dtype (the backward pass keeps only ``x``)."""
+    dt = _compute_dtype(x.dtype)
+    xf = x if x.dtype == dt else astype(x, dt)
+    c = subtract(xf, mean(xf, axes, keepdims=True))
+    rstd = divide(1.0, sqrt(add(mean(multiply(c, c), axes, keepdims=True), eps)))
+    return multiply(c, rstd), rstd
+
+
+def _layer_norm_vjp(g, node, out):
+    """dx = rstd (gs - mean(gs) - xhat mean(gs xhat)), gs = g scale; dscale = sum(g xhat); dbias = sum(g)."""
+    axes, eps, has_scale, has_bias = node.params
+    x = node.args[0]
+    scale = node.args[1] if has_scale else None
+    bias = node.args[1 + has_scale] if has_bias else None
+    res: list = [None] * len(node.args)
+    if bias is not None and _is_diff(bias):
+        res[1 + has_scale] = _unbroadcast(g, bias)
+    need_x, need_s = _is_diff(x), scale is not None and _is_diff(scale)
+    if need_x or need_s:
+        xhat, rstd = _normalized(x, axes, eps)
+        gf = g if g.dtype == xhat.dtype else astype(g, xhat.dtype)
+        if need_s:  # (in the cotangent's dtype: its sum over the batch is the gradient's, made once)
+            res[1] = _unbroadcast(multiply(g, xhat if xhat.dtype == g.dtype else astype(xhat, g.dtype)), scale)
+        if need_x:
+            gs = gf if scale is None else multiply(gf, scale)
+            m1, m2 = mean(gs, axes, keepdims=True), mean(multiply(gs, xhat), axes, keepdims=True)
+            res[0] = astype(multiply(subtract(subtract(gs, m1), multiply(xhat, m2)), rstd), x.dtype)
+    return tuple(res)
+
+
+def _layer_norm_saves(diff: tuple, params: tuple) -> tuple:
+    """x for the cotangents of x and scale, scale for x's; the bias's needs nothing."""
+    _, _, has_scale, _ = params
+    keep = (0,) if diff[0] or has_scale and diff[1] else ()
+    return keep + ((1,) if has_scale and diff[0] else ()), False
+
+
+def _layer_norm_stats(blocks, out, params) -> int:
+    """Two float32 numbers per normalised row (mean and reciprocal deviation), as fused kernels keep them."""
+    axes = params[0]
+    return 8 * prod(n for d, n in enumerate(blocks[0]) if d not in axes)
+
+
+@onnx_export("LayerNormalization")
+def _layer_norm_onnx(ex):
+    axes, eps, has_scale, has_bias = ex.params
+    rank = len(ex.node.args[0]._shape)
+    x = ex.operand(0, ex.dtype)
+    if axes != tuple(range(axes[0], rank)):
+        raise ShardingError(f"export: layer_norm over dims {axes} of a rank-{rank} tensor has no LayerNormalization "
+                            f"form (ONNX normalises trailing dims); move the dims last first")
+    norm = tuple(ex.node.args[0]._shape[a] for a in axes)
+    ins = [x, ex.operand(1, ex.dtype) if has_scale else ex.b.constant(np.ones(norm, ex.dtype), base="scale")]
+    if has_bias:
+        ins.append(ex.operand(1 + has_scale, ex.dtype))
+    main = [(ins[0], 0)] + ([(ins[1], 1)] if has_scale else []) + ([(ins[-1], 1 + has_scale)] if has_bias else [])
+    return ex.finish(ex.out("LayerNormalization", ins, axis=int(axes[0]), epsilon=float(eps)), main)
+
+
+_LAYER_NORM = register(OpDef(
+    "layer_norm", lambda shapes, axes, eps, has_scale, has_bias: R.elementwise_rule(tuple(shapes), axes, "layer_norm"),
+    _layer_norm_kernel, vjp=_layer_norm_vjp, onnx=_layer_norm_onnx, public=None, saves=_layer_norm_saves,
+    saved_extra=_layer_norm_stats, flops=lambda blocks, out, params: 8 * prod(out)))  # mean, var, scale, shift
 
 
 # ---- pooling ---------------------------------------------------------------------------------------------------
@@ -302,7 +393,7 @@ def avg_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 
 _AVG_POOL = register(OpDef("avg_pool", lambda shapes, kernel, stride, padding, dilation, include: R.pool_rule(
     shapes[0], kernel, stride, padding, dilation, 0.0, "avg_pool"), _avg_pool_kernel,
     dtype=lambda a: a if is_inexact(a) else np.dtype(np.float64), aux=_avg_pool_aux, vjp=_avg_pool_vjp,
-    onnx=_avg_pool_onnx, arity=1, public=avg_pool,
+    onnx=_avg_pool_onnx, arity=1, public=avg_pool, saves="none",
     flops=lambda blocks, out, params: prod(out) * prod(params[0])))  # an add per window tap (and a divide)
 
 
@@ -333,9 +424,15 @@ def batch_norm(x: ArrayLike, mean: ArrayLike, var: ArrayLike, scale: ArrayLike, 
 @_named
 def layer_norm(x: ArrayLike, scale: ArrayLike | None = None, bias: ArrayLike | None = None, axis: Any = -1,
                eps: float = 1e-5) -> Tensor:
-    """Normalise over ``axis`` (an int or a tuple, the trailing dims the scale and bias cover). Over a
-    sharded dim: two all_reduces, the mean's and the variance's."""
+    """Normalise over ``axis`` (an int or a tuple, the trailing dims the scale and bias cover). With those dims
+    whole on each device it is one op, as fused kernels run it: statistics in float32 for 16-bit inputs, and for
+    the backward pass only its input (and two float32 numbers per row) kept, as Megatron-LM's and Apex's fused
+    layer norms keep them. Over a sharded dim: two all_reduces, the mean's and the variance's."""
     axes = _axes(axis, _ndim(x), "layer_norm")
+    spec = x._spec if isinstance(x, Tensor) else None
+    if spec is None or not any(spec.dim_specs[a].axes for a in axes):
+        args = (x,) + tuple(t for t in (scale, bias) if t is not None)
+        return _call(_LAYER_NORM, args, (axes, float(eps), scale is not None, bias is not None))
     mu = mean(x, axes, keepdims=True)
     centred = subtract(x, mu)
     var = mean(multiply(centred, centred), axes, keepdims=True)

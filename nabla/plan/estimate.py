@@ -91,6 +91,7 @@ def estimate(fn: Callable, cluster: Cluster, overlap: str = "grads", model_flops
     def run(*args: Any, **kwargs: Any) -> Report:
         a, k = _abstract(args), _abstract(kwargs)
         with C.comm_log() as log, memory_log() as mem:
+            mem.hold(x for x in flatten((a, k))[0] if isinstance(x, Tensor))  # every argument, from the start
             fn(*a, **k)
         steps = list(log.steps)
         mesh = _mesh_of(steps, (args, kwargs))

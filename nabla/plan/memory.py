@@ -1,7 +1,9 @@
-"""``nb.memory_log()``: bytes per device, live and at their peak, read from the recorded steps as they run (eager or
-``nb.abstract``): a value is allocated by the step that makes it and freed when the program drops it; the blocks a
-step moves are buffers alive while it runs. Kinds say what a value is to the program (a parameter, its gradient,
-optimizer state, a value kept for the backward pass, a temporary, a communication buffer)."""
+"""``nb.memory_log()``: bytes per device, live and at their peak, read from the recorded steps by one liveness pass
+(eager, ``nb.abstract``, ``nb.estimate``): a value is allocated by the step that makes it (as stored: padded
+blocks; a view shares its source's bytes) and dies after the last step that reads it, unless the program still
+holds it when the log closes. What the backward pass keeps is what its VJPs read: the residuals each op declares.
+Kinds say what a value is over the whole record (a parameter, its gradient, optimizer state, a value kept for the
+backward pass, a temporary, a collective's buffer), not the phase it was made in."""
 
 from __future__ import annotations
 
@@ -9,229 +11,397 @@ import contextlib
 import weakref
 from functools import lru_cache
 from math import prod
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from .. import collectives as C
 from ..spec import ShardingSpec
-from ..step import BUCKET, RELAYOUT
+from ..step import BUCKET, MOVE, PLACE, RELAYOUT
 from ..step import serial
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "comm")
+_TAGGED = ("params", "grads", "optimizer")
+_MOVES = (RELAYOUT, MOVE, BUCKET, PLACE)  # a value these make is what its source is (a moved gradient: a gradient)
+_LATER = {"forward": ("backward", "recompute"), "recompute": ("backward",), "": ("backward", "recompute")}
 
 
-class _Device:
-    """Bytes on a set of devices (a mesh's): one number where every device holds the same, else an array."""
-
-    __slots__ = ("ids", "index")
-
-    def __init__(self, devices: Sequence[int]) -> None:
-        self.ids = tuple(devices)
-        self.index = {d: i for i, d in enumerate(self.ids)}
-
-
-def _per_device(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, Any]:
-    """(mesh, bytes each device holds): an int when every device holds as much, else an array in mesh order
-    (cached per layout: a program's thousands of values have a few hundred)."""
+@lru_cache(maxsize=8192)
+def _stored(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, int]:
+    """(mesh, bytes one device stores) of a value laid out as ``spec``: every device holds its padded block (the
+    ceil rule); a per-device value (inside ``nb.shard_map``) is its block; a host value's mesh is None."""
     if isinstance(spec, ShardingSpec):
-        return _count_cached(spec, tuple(shape), itemsize)
-    return _count(spec, shape, itemsize)
+        return spec.mesh, prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape)) * itemsize
+    return getattr(spec, "mesh", None), prod(shape) * itemsize
 
 
-def _count(spec: Any, shape: tuple[int, ...], itemsize: int) -> tuple[Any, Any]:
-    if spec is None or not isinstance(spec, ShardingSpec):
-        mesh = getattr(spec, "mesh", None)
-        return mesh, prod(shape) * itemsize  # a host value (mesh None) or a per-device block of this shape
-    mesh = spec.mesh
-    counts = [spec.num_shards(d) for d in range(len(shape))]
-    if all(n % k == 0 for n, k in zip(shape, counts)):
-        return mesh, prod(n // k for n, k in zip(shape, counts)) * itemsize
-    return mesh, _uneven(spec, shape) * itemsize
+def _bytes(spec: Any, shape: Sequence[int], dtype: Any) -> tuple[Any, int]:
+    return _stored(spec, tuple(shape), np.dtype(dtype).itemsize)
 
 
-_count_cached = lru_cache(maxsize=8192)(_count)
+class Buffer(NamedTuple):
+    """One allocation of the record: the value it holds (serial), bytes per device, kind, the step that made it
+    (-1: before the first) and the last step it is alive at (the number of steps: held to the end)."""
+
+    value: int
+    mesh: Any
+    bytes: int
+    kind: str
+    made: int
+    freed: int
 
 
-def _uneven(spec: ShardingSpec, shape: tuple[int, ...]) -> np.ndarray:
-    """Elements of each device's block (the ceil rule), in mesh device order."""
-    mesh = spec.mesh
-    coords = np.array([mesh.coords(d) for d in mesh.devices], dtype=np.int64).reshape(len(mesh.devices), -1)
-    out = np.ones(len(mesh.devices), dtype=np.int64)
-    for refs, n in zip(spec.dim_refs, shape):
-        k = prod(r.size for r in refs)
-        if k == 1:
-            out *= n
+class Accounts(NamedTuple):
+    """The pass's result, per mesh: the most bytes live at once (``peak``), by kind, held at the end, and one
+    device's live bytes at each step (``timeline``, of the first mesh); and every allocation (``buffers``)."""
+
+    peak: dict  # mesh -> bytes
+    by_kind: dict  # mesh -> kind -> bytes
+    live: dict  # mesh -> bytes
+    timeline: list
+    buffers: list
+    kept: dict  # mesh -> bytes kept for the backward pass when it starts
+
+
+def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: set, start: Iterable[int] = (),
+            replaces: dict | None = None) -> Accounts:
+    """The liveness pass. ``first``: serial -> (layout, shape, dtype) of values the steps read that were made
+    before them; ``tags``: serial -> what the program said it is; ``made_at``: serial -> (step index, layout,
+    shape, dtype) of values made without a step (an optimizer's zeros); ``held``: serials the program still holds
+    at the end; ``start``: serials alive from the start whether read or not (the measured function's arguments);
+    ``replaces``: serial -> the serial it is written over (an optimizer's update, in place as PyTorch's is and as
+    JAX's with donated buffers: the new state takes the old one's bytes)."""
+    n = len(steps)
+    buf: list[list] = []  # [mesh, bytes, start, end, root serial, sharer serial or None]
+    of: dict[int, int] = {}  # serial -> its buffer
+    last: dict[int, int] = {}  # serial -> last step reading it (a pending sum: reading its summands)
+    last_sum: dict[int, int] = {}  # serial of a pending sum -> last step reading the sum made of it
+    replaces = replaces or {}
+    pending: set[int] = set()  # values made as pending sums
+    phases: dict[int, set] = {}  # serial -> phases of the steps reading it
+    made: dict[int, str] = {}  # serial -> phase of the step that made it
+    source: dict[int, int] = {}  # serial -> the serial it was moved from
+    transient: dict[tuple, list] = {}  # (mesh, kind) -> [(step, bytes)]
+    late = sorted(((i, s) for s, (i, *_) in made_at.items()), reverse=True)
+    sized: dict[tuple, tuple] = {}  # (id(layout), shape, dtype) -> (mesh, bytes): the program's few hundred layouts
+    keep_alive = []  # (the layouts whose ids key ``sized``)
+
+    def size(layout: Any, shape: Any, dtype: Any) -> tuple[Any, int]:
+        key = (id(layout), shape, dtype)
+        got = sized.get(key)
+        if got is None:
+            got = sized[key] = _bytes(layout, shape, dtype)
+            keep_alive.append(layout)
+        return got
+
+    def alloc(s: int, at: int, layout: Any, shape: Any, dtype: Any, extra: int = 0, tied: int | None = None) -> None:
+        mesh, b = size(layout, shape, dtype)
+        if mesh is None:
+            return
+        buf.append([mesh, b + extra, at, at, s, tied])
+        if tied is None:
+            of[s] = len(buf) - 1
+
+    for s in start:
+        if s not in of and s in first:
+            alloc(s, -1, *first[s])
+    for s, (spec, *_) in first.items():
+        if isinstance(spec, ShardingSpec) and spec.partial_axes:
+            pending.add(s)
+    for i, st in enumerate(steps):
+        while late and late[-1][0] <= i:
+            at, s = late.pop()
+            if s not in of:
+                alloc(s, min(at, i), *made_at[s][1:])
+        kernel = not isinstance(st.op, str)
+        for u in st.uses:
+            s = u.value
+            if not s:
+                continue
+            if s not in of:  # made before the steps: alive from the start
+                alloc(s, -1, *first.get(s, (u.src, u.shape, u.dtype)))
+            phases.setdefault(s, set()).add(st.phase)
+            src = u.src
+            summands = isinstance(src, ShardingSpec) and src.partial_axes and not u.settled and not u.reused
+            if s in pending and not summands:
+                last_sum[s] = i  # the sum made of it before, read again
+            else:
+                last[s] = i
+            if u.kept:  # the moved operand, kept by the op's node for the backward pass
+                alloc(u.kept, i, u.dst, u.shape, u.dtype)
+                made[u.kept] = st.phase
+            elif kernel and u.events and not u.reused:
+                if summands:
+                    alloc(s, i, u.dst, u.shape, u.dtype, tied=s)  # a summed copy, kept on the value for later uses
+                else:
+                    mesh, b = size(u.dst, u.shape, u.dtype)
+                    if mesh is not None:
+                        transient.setdefault((mesh, "comm"), []).append((i, b))
+        if st.op == MOVE:  # a pending sum made once for later uses: a copy kept as long as it is read
+            u = st.uses[0]
+            if u.events and not u.reused:
+                alloc(u.value, i, st.out_spec, st.out_shape, st.out_dtype, tied=u.value)
             continue
-        pos = np.zeros(len(mesh.devices), dtype=np.int64)
-        for r in refs:
-            pos = pos * r.size + (coords[:, mesh.axis_index(r.name)] // r.minor) % r.size
-        c = -(-n // k)
-        out *= np.clip(n - pos * c, 0, c)
-    return out
+        if isinstance(st.out_spec, ShardingSpec) and st.out_spec.partial_axes:
+            pending.add(st.out)
+        if st.op == BUCKET:
+            for u, target, s in zip(st.uses, st.params[0], st.params[1]):
+                alloc(s, i, target, u.shape, u.dtype)
+                made[s], source[s] = st.phase, u.value
+            continue
+        s = st.out
+        if s in of:
+            continue
+        if st.alias and st.alias in of:
+            of[s] = of[st.alias]
+        else:
+            alloc(s, i, st.out_spec, st.out_shape, st.out_dtype, st.extra)
+        made[s] = st.phase
+        if st.op in _MOVES and st.uses and st.uses[0].value:
+            source[s] = st.uses[0].value
+    while late:
+        _, s = late.pop()
+        if s not in of:
+            alloc(s, n - 1, *made_at[s][1:])
+
+    # a value written over another (an update in place) takes its bytes: its buffer is the one it replaces
+    for s, old in replaces.items():
+        kn, ko = of.get(s), of.get(old)
+        if kn is None or ko is None or kn == ko or buf[kn][:2] != buf[ko][:2] or buf[kn][2] < buf[ko][2]:
+            continue
+        for v, k in list(of.items()):
+            if k == kn:
+                of[v] = ko
+        buf[kn][1] = 0
+
+    # ends: after the last read of any value sharing the buffer, or the end when the program holds one
+    ends = [b[2] for b in buf]
+    for s, k in of.items():
+        e = n if s in held else last.get(s, -2)
+        if e > ends[k]:
+            ends[k] = e
+    for k, b in enumerate(buf):
+        if b[5] is not None:  # a summed copy: until its last read (the end, when its value is held)
+            ends[k] = max(ends[k], n if b[5] in held else last_sum.get(b[5], -2))
+
+    def kind_of(s: int) -> str:
+        seen = 0
+        while s and seen < 64:
+            t = tags.get(s)
+            if t is not None:
+                return t
+            s, seen = source.get(s, 0), seen + 1
+        return ""
+
+    sharers: dict[int, list[int]] = {}
+    for s, k in of.items():
+        sharers.setdefault(k, []).append(s)
+    kinds = []
+    for k, b in enumerate(buf):
+        root = b[5] if b[5] is not None else b[4]
+        names = sharers.get(of.get(root, k), [root]) if b[5] is not None else sharers.get(k, [root])
+        kind = next((kind_of(s) for s in names if kind_of(s)), "")
+        if not kind:
+            when = made.get(root, "")
+            later = _LATER.get(when, ())
+            read = {p for s in names for p in phases.get(s, ())}
+            # kept for the backward pass: read by it, and made (or, an argument, read) before it; an argument the
+            # backward pass alone reads (a cotangent handed in) arrives with it
+            kept = bool(read & set(later)) and (when != "" or "forward" in read)
+            kind = "activations" if kept else "temporaries"
+        kinds.append(kind)
+
+    # the sweep: per mesh and kind, bytes allocated before each step and freed after it
+    t = n + 1  # slot 0: before the first step; slot i + 1: step i
+    series: dict[Any, np.ndarray] = {}
+    for k, b in enumerate(buf):
+        mesh = b[0]
+        arr = series.get(mesh)
+        if arr is None:
+            arr = series[mesh] = np.zeros((len(KINDS), t + 1), dtype=np.int64)
+        row = KINDS.index(kinds[k])
+        arr[row, b[2] + 1] += b[1]
+        arr[row, min(ends[k], n) + 2 if ends[k] < n else t] -= b[1]
+    for (mesh, kind), items in transient.items():
+        arr = series.get(mesh)
+        if arr is None:
+            arr = series[mesh] = np.zeros((len(KINDS), t + 1), dtype=np.int64)
+        row = KINDS.index(kind)
+        for i, b in items:
+            arr[row, i + 1] += b
+            arr[row, i + 2] -= b
+    peak, by_kind, live, timeline = {}, {}, {}, []
+    for mesh, arr in series.items():
+        level = np.cumsum(arr[:, :t], axis=1)  # bytes of each kind live during each slot
+        total = level.sum(axis=0)
+        peak[mesh] = int(total.max(initial=0))
+        by_kind[mesh] = {kd: int(level[r].max(initial=0)) for r, kd in enumerate(KINDS)}
+        live[mesh] = int(sum(b[1] for k, b in enumerate(buf) if b[0] == mesh and ends[k] >= n))
+        if not timeline:
+            timeline = [int(x) for x in total[1:]]
+    buffers = [Buffer(b[5] if b[5] is not None else b[4], b[0], b[1], kinds[k], b[2], min(ends[k], n))
+               for k, b in enumerate(buf)]
+    turn = next((i for i, st in enumerate(steps) if st.phase in ("backward", "recompute")), n)
+    kept: dict = {mesh: 0 for mesh in series}
+    for b in buffers:
+        if b.kind == "activations" and b.made < turn <= b.freed:
+            kept[b.mesh] += b.bytes
+    return Accounts(peak, by_kind, live, timeline, buffers, kept)
 
 
 class MemoryLog:
-    """Per device id: ``peak[d]`` (the most bytes live at once), ``live[d]`` (live now), ``by_kind[kind][d]`` (the
-    most bytes of that kind live at once), and ``timeline`` (one device's live bytes after each step)."""
+    """Per device id: ``peak[d]`` (the most bytes live at once), ``live[d]`` (held when the log closed),
+    ``by_kind[kind][d]`` (the most bytes of that kind live at once), ``kept[d]`` (kept for the backward pass as it
+    starts), ``timeline`` (one device's live bytes at each recorded step) and ``buffers()`` (every allocation). Read from the steps recorded while the log was open (a recorder: ``nb.comm_log``'s
+    steps are the same), by ``account``; reading it while the log is open counts what is held then."""
 
     def __init__(self) -> None:
-        self._meshes: dict[Any, dict] = {}  # mesh -> its accounts
-        self._owned: dict[int, tuple] = {}  # serial -> (mesh, bytes, kind, objects alive)
+        self.steps: list = []
         self._tags: dict[int, str] = {}
-        # (serial, id of a live object holding it) -> a weak reference whose callback drops it (kept here: a
-        # weakref.ref with a callback costs a fraction of a weakref.finalize, and dies with the log)
-        self._objects: dict[tuple[int, int], Any] = {}
-        self.timeline: list[int] = []
-        self.host_bytes = 0  # values on no mesh (host arrays): every device of a run can read them
-
-    # -- accounts --
-    def _acct(self, mesh: Any) -> dict:
-        a = self._meshes.get(mesh)
-        if a is None:
-            n = len(mesh.devices)
-            a = self._meshes[mesh] = {"live": {k: 0 for k in KINDS}, "peak": {k: 0 for k in KINDS}, "total": 0,
-                                      "n": n, "uneven": False}
-        return a
-
-    def _add(self, mesh: Any, kind: str, nbytes: Any) -> None:
-        if mesh is None:
-            self.host_bytes += int(np.sum(nbytes))
-            return
-        a = self._acct(mesh)
-        live, peak = a["live"], a["peak"]
-        now = live[kind] = live[kind] + nbytes
-        if not a["uneven"] and isinstance(nbytes, (int, np.integer)):  # every device alike (most programs)
-            if now > peak[kind]:
-                peak[kind] = now
-            total = sum(live.values())
-            if total > a["total"]:
-                a["total"] = total
-            return
-        a["uneven"] = True
-        peak[kind] = np.maximum(peak[kind], now)
-        a["total"] = np.maximum(a["total"], sum(live[k] for k in KINDS))
-
-    def _sub(self, mesh: Any, kind: str, nbytes: Any) -> None:
-        if mesh is None:
-            self.host_bytes -= int(np.sum(nbytes))
-            return
-        a = self._acct(mesh)
-        a["live"][kind] = a["live"][kind] - nbytes
+        self._first: dict[int, tuple] = {}  # serial -> its layout when first seen
+        self._made_at: dict[int, tuple] = {}
+        self._refs: dict[int, list] = {}  # serial -> weak references to the objects holding it
+        self._start: dict[int, None] = {}
+        self._replaces: dict[int, int] = {}
+        self._held: set | None = None  # fixed when the log closes
+        self._cache: tuple | None = None
 
     # -- what the program does --
-    def tag(self, value: Any, kind: str) -> None:
-        """Say what ``value`` is (``params``, ``grads``, ``optimizer``); a value seen before changes account."""
-        s = serial(value)
-        self._tags[s] = kind
-        own = self._owned.get(s)
-        if own is None:  # made without a step (zeros of the optimizer's state): held from now on
-            if getattr(value, "_shape", None) is not None:
-                self._hold(s, value, kind)
-        elif own[2] != kind:
-            mesh, nbytes, old, alive = own
-            self._sub(mesh, old, nbytes)
-            self._add(mesh, kind, nbytes)
-            self._owned[s] = (mesh, nbytes, kind, alive)
-
-    def _hold(self, s: int, v: Any, kind: str) -> None:
-        mesh, nbytes = _per_device(v._spec, v._shape, v._dtype.itemsize)
-        kind = self._tags.get(s, kind)
-        self._add(mesh, kind, nbytes)
-        self._owned[s] = (mesh, nbytes, kind, 1)
-        self._watch(s, v)
+    def take(self, step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
+        """A step ran: keep it, and watch the objects holding its operands and result (alive at the end: held)."""
+        self.steps.append(step)
+        self._cache = None
+        for s, v in values:
+            if s:
+                self._watch(s, v)
+        if step.saves and values:  # what the op's node keeps for the backward pass holds those values too
+            node = getattr(values[-1][1], "_node", None)
+            if node is not None:
+                for a in node.args + (node.out,):
+                    s = getattr(a, "_serial", None)
+                    if s:
+                        self._watch(s, a)
 
     def _watch(self, s: int, v: Any) -> None:
-        """Drop ``v``'s hold on value ``s`` when the program lets go of it."""
-        key = (s, id(v))
-        self._objects[key] = weakref.ref(v, lambda _, s=s, o=key[1]: self._drop(s, o))
+        refs = self._refs.get(s)
+        if refs is None:
+            self._refs[s] = [weakref.ref(v)]
+            if s not in self._first and getattr(v, "_shape", None) is not None:
+                self._first[s] = (v._spec, v._shape, v._dtype)
+        elif len(refs) < 8 and all(r() is not v for r in refs):
+            refs.append(weakref.ref(v))
 
-    def _drop(self, s: int, obj: int) -> None:
-        self._objects.pop((s, obj), None)
-        own = self._owned.get(s)
-        if own is None:
+    def tag(self, value: Any, kind: str) -> None:
+        """Say what ``value`` is (``params``, ``grads``, ``optimizer``), whenever it was made."""
+        s = serial(value)
+        if not s:
             return
-        mesh, nbytes, kind, alive = own
-        if alive > 1:
-            self._owned[s] = (mesh, nbytes, kind, alive - 1)
+        self._tags[s] = kind
+        self._cache = None
+        if getattr(value, "_shape", None) is None:
             return
-        del self._owned[s]
-        self._sub(mesh, kind, nbytes)
+        if s not in self._refs:  # made without a step
+            at = len(self.steps) if self.steps else -1  # (before any step: it was there from the start)
+            self._made_at[s] = (at, value._spec, value._shape, value._dtype)
+        self._watch(s, value)  # (whoever holds this object holds the value)
 
-    def take(self, step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
-        """A step ran: its operands are held (values made before the log opened count from here), the blocks it
-        moved are buffers for the step's duration, its result is allocated."""
-        n_in = len(step.uses) if step.op == BUCKET else max(len(values) - 1, 0)
-        ins, outs = values[:n_in], values[n_in:]
-        seen = {id(v) for _, v in ins}
-        for s, v in ins:
-            if s and getattr(v, "_shape", None) is not None and not self._has(s, v):
-                self._hold(s, v, "activations")
-        buffers = []
-        for u in step.uses if step.op not in (RELAYOUT, BUCKET) else ():  # (their moved blocks are their result)
-            if u.events and u.value:
-                mesh, nbytes = _per_device(u.dst, u.shape, u.dtype.itemsize)
-                buffers.append((mesh, nbytes))
-        for mesh, nbytes in buffers:
-            self._add(mesh, "comm", nbytes)
-        for s, out in outs:
-            if s and id(out) not in seen and not self._has(s, out):
-                phase_kind = "activations" if step.phase == "forward" and _diff(out) else "temporaries"
-                self._hold(s, out, phase_kind)
-        for mesh, nbytes in buffers:
-            self._sub(mesh, "comm", nbytes)
-        self.timeline.append(self._now())
+    def replace(self, new: Any, old: Any) -> None:
+        """``new`` is written over ``old`` (an optimizer's state and parameters, updated in place)."""
+        s, o = serial(new), serial(old)
+        if s and o and s != o:
+            self._replaces[s] = o
+            self._cache = None
 
-    def _has(self, s: int, v: Any) -> bool:
-        """Whether value ``v`` (serial ``s``) is accounted for already; a new object of a known value (a twin
-        sharing its blocks) is held too, so the bytes go when the last of them does."""
-        own = self._owned.get(s)
-        if own is None:
-            return False
-        key = (s, id(v))
-        if key not in self._objects:
-            self._owned[s] = own[:3] + (own[3] + 1,)
-            self._watch(s, v)
-        return True
+    def hold(self, values: Iterable[Any]) -> None:
+        """Count ``values`` from the start, read or not (the arguments of the function being measured)."""
+        for v in values:
+            s = serial(v)
+            if s and getattr(v, "_shape", None) is not None:
+                self._start[s] = None
+                self._watch(s, v)
+        self._cache = None
 
-    def _now(self) -> int:
-        for a in self._meshes.values():
-            live = sum(a["live"][k] for k in KINDS)
-            return int(np.max(live)) if not isinstance(live, (int, np.integer)) else int(live)
-        return 0
+    @classmethod
+    def of(cls, steps: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any]) -> "MemoryLog":
+        """The accounts of a recorded program run on its own: ``inputs`` alive from its start, ``outputs`` held at
+        its end, every other value until its last reader (``nb.jit``'s compiled program: what XLA keeps)."""
+        log = cls()
+        log.steps = list(steps)
+        for v in inputs:
+            s = serial(v)
+            if s and getattr(v, "_shape", None) is not None:
+                log._first[s] = (v._spec, v._shape, v._dtype)
+                log._start[s] = None
+        log._held = {serial(o) for o in outputs} | set(log._start)
+        return log
+
+    def close(self) -> None:
+        """Fix what the program holds at the end: the values some object still carries."""
+        self._held = self._alive()
+        self._cache = None
+
+    def _alive(self) -> set:
+        return {s for s, refs in self._refs.items() if any(r() is not None for r in refs)}
 
     # -- reading --
-    def _per_id(self, pick) -> dict[int, int]:
+    def _accounts(self) -> Accounts:
+        if self._cache is None or self._held is None:
+            held = self._held if self._held is not None else self._alive()
+            self._cache = (account(self.steps, self._first, self._tags, self._made_at, held, self._start,
+                                   self._replaces),)
+        return self._cache[0]
+
+    def _per_id(self, per_mesh: dict) -> dict[int, int]:
+        if len(per_mesh) == 1:  # one mesh (most programs): every device holds as much
+            (mesh, b), = per_mesh.items()
+            return dict.fromkeys(mesh.devices, int(b))
         out: dict[int, int] = {}
-        for mesh, a in self._meshes.items():
-            got = pick(a)
-            if isinstance(got, (int, np.integer)):
-                out.update({d: int(got) for d in mesh.devices})
-            else:
-                out.update({d: int(b) for d, b in zip(mesh.devices, np.broadcast_to(got, (a["n"],)))})
+        for mesh, b in per_mesh.items():
+            for d in mesh.devices:
+                out[d] = out.get(d, 0) + int(b)
         return out
 
     @property
     def peak(self) -> dict[int, int]:
         """Device id -> the most bytes live on it at once."""
-        return self._per_id(lambda a: a["total"])
+        return self._per_id(self._accounts().peak)
 
     @property
     def live(self) -> dict[int, int]:
-        """Device id -> the bytes live on it now."""
-        return self._per_id(lambda a: sum(a["live"][k] for k in KINDS))
+        """Device id -> the bytes the program still held on it when the log closed."""
+        return self._per_id(self._accounts().live)
 
     @property
     def by_kind(self) -> dict[str, dict[int, int]]:
         """Kind -> device id -> the most bytes of that kind live at once."""
-        return {k: self._per_id(lambda a, k=k: a["peak"][k]) for k in KINDS}
+        acc = self._accounts().by_kind
+        return {k: self._per_id({m: v[k] for m, v in acc.items()}) for k in KINDS}
+
+    @property
+    def kept(self) -> dict[int, int]:
+        """Device id -> the bytes kept for the backward pass when it starts (what its VJPs will read: Korthikanti
+        et al.'s "activation memory"; ``by_kind["activations"]`` also counts values a recompute makes later)."""
+        return self._per_id(self._accounts().kept)
+
+    @property
+    def timeline(self) -> list[int]:
+        """One device's live bytes at each recorded step (collective buffers included)."""
+        return self._accounts().timeline
+
+    def buffers(self, at: int | None = None) -> list[Buffer]:
+        """Every allocation the pass found (alive at step ``at`` only, when given), largest first: what is held
+        at the peak, and why."""
+        got = self._accounts().buffers
+        if at is not None:
+            got = [b for b in got if b.made <= at <= b.freed]
+        return sorted(got, key=lambda b: -b.bytes)
 
     def summary(self) -> str:
-        """One row per kind: the most bytes any device held of it, then the peak and what is live now."""
+        """One row per kind: the most bytes any device held of it, then the peak and what is held at the end."""
         by = self.by_kind
         rows = [("kind", "peak bytes/device")] + [(k, f"{max(by[k].values(), default=0):,}") for k in KINDS]
         rows.append(("peak (all kinds at once)", f"{max(self.peak.values(), default=0):,}"))
-        rows.append(("live now", f"{max(self.live.values(), default=0):,}"))
+        rows.append(("held at the end", f"{max(self.live.values(), default=0):,}"))
         w = max(len(r[0]) for r in rows)
         return "\n".join(f"{a.ljust(w)}  {b}" for a, b in rows)
 
@@ -242,14 +412,11 @@ class MemoryLog:
         return f"MemoryLog(peak {max(self.peak.values(), default=0):,} B/device)"
 
 
-def _diff(v: Any) -> bool:
-    node = getattr(v, "_node", None)
-    return node is not None and getattr(node, "diff", False)
-
-
 @contextlib.contextmanager
 def memory_log() -> Iterator[MemoryLog]:
     """Account the bytes of every value the block makes and reads, per device (eager or ``nb.abstract``)."""
     with C.recording(MemoryLog()) as log:
-        yield log
-
+        try:
+            yield log
+        finally:
+            log.close()

@@ -8,6 +8,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from ..errors import ShardingError
+
 
 class Group(NamedTuple):
     """A choice of one option. Per option: ``time`` (seconds, already times the group's count), ``memory``
@@ -88,13 +90,23 @@ def _program(groups: Sequence[Group], edges: Sequence[Edge]):
     return off, t_var, np.array(rows), np.array(lo), np.array(hi), time, mem, late, integral
 
 
+def _scipy() -> tuple:
+    """scipy's ``Bounds``, ``LinearConstraint`` and ``milp``; without scipy, a ``ShardingError`` naming the call
+    that needs it (``nb.autoshard``, this module's only user) and the pip command, as ``nb.jit`` names jax's."""
+    try:
+        from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415 - the plan extra, loaded here only
+    except ImportError:
+        raise ShardingError("autoshard needs scipy (its MILP solver, HiGHS): pip install 'nabla-spmd[plan]' (in a "
+                            "clone: pip install -e '.[plan]')") from None
+    return Bounds, LinearConstraint, milp
+
+
 def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: float = np.inf,
           exclude: Sequence[Sequence[int]] = ()) -> Solution | None:
     """The least-time choice whose memory stays within ``memory_limit``; among those within a relative 1e-6 of
     the least time, the one with the least memory (a second solve). ``exclude``: choices not to return again.
     ``None`` when no choice fits."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415 - the plan extra, loaded here only
-
+    Bounds, LinearConstraint, milp = _scipy()
     off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
     n = len(time)
     extra = []
@@ -127,8 +139,7 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
 
 def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
     """Minimise M >= both peaks subject to the program's rows and ``more``; the solution without M."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
-
+    Bounds, LinearConstraint, milp = _scipy()
     n = A.shape[1]
     pad = lambda r: np.r_[r, 0.0]  # noqa: E731
     rows = [np.c_[A, np.zeros(len(A))]] + [pad(r)[None, :] for r, _, _ in more]

@@ -1,9 +1,13 @@
 """A pipelined job priced from one stage's report for one microbatch: the 1F1B or interleaved schedule's
-bubble and the stage-to-stage sends (Narayanan et al., SC'21, sec. 2.2). Pipelines sit outside SPMD."""
+bubble and the stage-to-stage sends (Narayanan et al., SC'21, sec. 2.2), and the memory of its first stage with
+the microbatches the schedule keeps in flight (Korthikanti et al., MLSys'23, sec. 4.2.3). Pipelines sit outside
+SPMD."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 from ..errors import ShardingError
 from ..mesh import _is_int
@@ -11,6 +15,42 @@ from .cluster import Cluster
 from .report import Report
 
 SCHEDULES = ("1f1b", "interleaved")
+
+
+def in_flight(stages: int, microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1) -> float:
+    """Microbatches whose activations the first stage holds at once, in units of one microbatch through the
+    whole stage. 1F1B: ``min(p, m)`` (it runs ``p - 1`` warm-up forwards, then one more before its first
+    backward). Interleaved (Megatron-LM's ``get_num_warmup_microbatches``): ``2 (p - 1) + (v - 1) p`` warm-up
+    chunk forwards plus one, each a ``1/v`` chunk: ``p (1 + (p - 1) / (p v))``, as Korthikanti et al. count
+    it; never more than the ``m v`` chunks there are."""
+    p, m, v = stages, microbatches, virtual_stages
+    if schedule == "1f1b":
+        return float(min(p, m))
+    return min(2 * (p - 1) + (v - 1) * p + 1, m * v) / v
+
+
+@dataclass(frozen=True)
+class PipelineMemory:
+    """Per device id of a stage: ``peak`` (the stage's own peak for one microbatch's forward and backward passes,
+    plus the activations the schedule keeps of the other microbatches in flight, ``(in_flight - 1) * kept``; or
+    its optimizer update's, which runs once when none is in flight) and ``by_kind`` (params,
+    grads and optimizer state as the stage holds them; activations with the microbatches in flight), against
+    ``capacity``. ``fits``: every device's peak within it."""
+
+    peak: Mapping[int, int]
+    by_kind: Mapping[str, Mapping[int, int]]
+    capacity: int
+    in_flight: float
+    kept: Mapping[int, int]
+
+    @property
+    def fits(self) -> bool | None:
+        return all(v <= self.capacity for v in self.peak.values()) if self.peak else None
+
+    def __str__(self) -> str:
+        top = max(self.peak.values(), default=0)
+        return (f"memory: peak {top / 2**30:.2f} GiB of {self.capacity / 2**30:.2f} GiB per device with "
+                f"{self.in_flight:g} microbatches in flight ({'fits' if self.fits else 'DOES NOT FIT'})")
 
 
 @dataclass(frozen=True)
@@ -53,6 +93,29 @@ class PipelineReport:
         return (self.microbatches * self.microbatch_time + self.bubble_time + self.p2p_time + self.grad_time)
 
     @property
+    def memory(self) -> PipelineMemory:
+        """The first stage's memory: its parameters, gradients and optimizer state, and the activations of the
+        microbatches the schedule holds in flight (the stage report's peak holds one)."""
+        mem = self.stage_report.memory
+        if not mem.recorded:
+            raise ShardingError("pipeline_estimate: the stage report has no memory record (made by nb.estimate, it "
+                                "has one)")
+        n = in_flight(self.stages, self.microbatches, self.schedule, self.virtual_stages)
+        extra = {d: int(round((n - 1) * mem.kept.get(d, 0))) for d in mem.peak}
+        peak = {d: b + extra[d] for d, b in mem.peak.items()}
+        costs = self.stage_report.timeline.costs
+        if mem.live and len(mem.live) == len(costs):
+            # the other microbatches are in flight during the forward and backward passes, not during an update
+            # the stage program runs after them (once per step, when no activation is alive)
+            last = max((i for i, c in enumerate(costs) if c.phase in ("backward", "recompute")), default=len(costs) - 1)
+            passes, after = max(mem.live[:last + 1], default=0), max(mem.live[last + 1:], default=0)
+            top = max(mem.peak.values(), default=0)
+            peak = {d: (max(passes + extra[d], after) if b == top else b + extra[d]) for d, b in mem.peak.items()}
+        by_kind = {k: MappingProxyType({d: b + (extra.get(d, 0) if k == "activations" else 0) for d, b in v.items()})
+                   for k, v in mem.by_kind.items()}
+        return PipelineMemory(MappingProxyType(peak), MappingProxyType(by_kind), mem.capacity, n, mem.kept)
+
+    @property
     def tflops_per_device(self) -> float:
         return self.microbatches * self.stage_report.flops / self.step_time / 1e12
 
@@ -65,7 +128,7 @@ class PipelineReport:
                 f"{self.step_time * 1e3:.3f} ms (bubble {self.bubble_time * 1e3:.3f} ms = "
                 f"{self.bubble_fraction:.1%}, p2p {self.p2p_time * 1e3:.3f} ms, gradients "
                 f"{self.grad_time * 1e3:.3f} ms) | {self.tflops_per_device:.1f} TFLOP/s per device | "
-                f"MFU {self.mfu:.1%}")
+                f"MFU {self.mfu:.1%}" + (f"\n{self.memory}" if self.stage_report.memory.recorded else ""))
 
 
 def pipeline_estimate(stage_report: Report, stages: int, microbatches: int, schedule: str = "1f1b",

@@ -7,8 +7,10 @@ from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from ..collectives import CommEvent
 
-#: Kernel ops priced by the matmul roofline (tensor cores); every other op is priced by its bytes.
-MATMUL_OPS = frozenset({"matmul", "einsum", "conv", "dot", "dot_general"})
+#: Kernel ops priced by the matmul roofline (tensor cores); every other op is priced by its bytes. FlashAttention's
+#: forward and backward kernels are matmuls on tiles (Dao 2023), their FLOPs the matmuls' only.
+MATMUL_OPS = frozenset({"matmul", "einsum", "conv", "dot", "dot_general", "dot_product_attention",
+                        "dot_product_attention_dq", "dot_product_attention_dkv"})
 
 
 @runtime_checkable

@@ -5,6 +5,7 @@ whole; ``permute``: shards evenly, blocks change devices); every dim maps to fac
 from __future__ import annotations
 
 from .core import Rule, parse
+from .attention import attention_rule
 from .contraction import einsum_rule, matmul_rule
 from .conv import conv_rule, pool_rule
 from .elementwise import broadcast_to_rule, elementwise_rule
@@ -16,4 +17,4 @@ from .shape import (concatenate_rule, expand_dims_rule, index_rule, pad_rule, re
 __all__ = ["Rule", "parse", "elementwise_rule", "broadcast_to_rule", "matmul_rule", "einsum_rule",
            "reduce_rule", "transpose_rule", "reshape_rule", "concatenate_rule", "index_rule",
            "squeeze_rule", "expand_dims_rule", "conv_rule", "pool_rule", "pad_rule", "roll_rule", "take_rule",
-           "scatter_rule", "take_along_rule", "scatter_along_rule", "one_hot_rule"]
+           "scatter_rule", "take_along_rule", "scatter_along_rule", "one_hot_rule", "attention_rule"]

@@ -551,7 +551,7 @@ def test_checkpoint_outside_differentiation_is_a_plain_call():
     with nb.comm_log() as log:
         y = f(x, w1)
     assert all(s.phase == "forward" for s in log.steps) and y.shape == (8, 32)
-    with pytest.raises(nb.ShardingError, match="policy must be 'full' or 'save_matmuls'"):
+    with pytest.raises(nb.ShardingError, match="policy must be 'full', 'save_matmuls' or 'regather'"):
         nb.checkpoint(lambda x: x, policy="dots")
 
 
@@ -678,3 +678,90 @@ def test_a_finished_gradient_s_raw_sum_is_not_kept_until_the_backward_pass_ends(
     raw = 256 * 256 * 4
     temporaries = max(mem.by_kind.get("temporaries", {}).values(), default=0)
     assert temporaries < 3 * raw, temporaries / raw  # was 8 raw blocks and more: every layer's, kept to the end
+
+
+def _gpt(sp: bool, diff_input: bool = True):
+    """A 2-layer GPT-style model (LayerNorm with scale and bias; a column-parallel projection, tanh, a row-parallel
+    one in attention's place; a GELU MLP) on a 2 x 4 mesh, Megatron's layout, norms replicated; with
+    ``sp`` the norms run on sequence shards (Korthikanti et al. 2022). Returns the comm log of one training step,
+    the gradients taken with respect to the parameters and (``diff_input``) the model's input, as a residual
+    stream's is."""
+    mesh = nb.DeviceMesh("m", (2, 4), ("dp", "tp"))
+    B, S, D, F = 4, 16, 32, 64
+    ab = lambda shape, spec: nb.abstract(shape).shard(mesh, spec)  # noqa: E731
+    layers = [{"ln1_g": ab((D,), [None]), "ln1_b": ab((D,), [None]), "wv": ab((D, D), [None, "tp"]),
+               "wo": ab((D, D), ["tp", None]), "ln2_g": ab((D,), [None]), "ln2_b": ab((D,), [None]),
+               "w1": ab((D, F), [None, "tp"]), "w2": ab((F, D), ["tp", None])} for _ in range(2)]
+    stream = ["dp", "tp", None] if sp else ["dp", None, None]
+    into = (lambda h: h.with_sharding(mesh, ["dp", None, None])) if sp else (lambda h: h)  # noqa: E731
+    out = (lambda y: y.with_sharding(mesh, stream)) if sp else (lambda y: y)  # noqa: E731
+
+    def loss(ps, x):
+        for p in ps:
+            h = into(nb.layer_norm(x, p["ln1_g"], p["ln1_b"]))
+            x = x + out(nb.tanh(h @ p["wv"]) @ p["wo"])
+            h = into(nb.layer_norm(x, p["ln2_g"], p["ln2_b"]))
+            x = x + out(nb.gelu(h @ p["w1"]) @ p["w2"])
+        return (x * x).mean()
+
+    with nb.comm_log() as log:
+        nb.grad(loss, (0, 1) if diff_input else 0)(layers, ab((B, S, D), stream))
+    return log, B // 2 * S * D * 4
+
+
+def test_layer_norm_bias_and_scale_gradients_reuse_the_input_gradient_s_tp_sum():
+    """Megatron sums each norm's incoming gradient over tp once, for the norm's input gradient, and the scale's
+    and the bias's gradients come from that sum (their own sums are over dp only). The scale's did (a cotangent
+    fanned out by a product is summed first); the bias's took a reduce_scatter and an all_gather of its own over
+    tp, 4 + 4 on this step: the add that applies it passed the pending sum on to the bias's reduction too."""
+    log, act = _gpt(sp=False)
+    back = [e for e in log.events if e.phase == "backward" and "tp" in e.axes]
+    assert not [e for e in back if "ln" in e.op], [(e.kind, e.op) for e in back]
+    sums = [e for e in back if e.kind == "all_reduce"]
+    assert len(sums) == 4 and all(e.bytes == 2 * 3 * act // 4 for e in sums)  # one per norm: its input's gradient
+    assert {e.kind for e in back} == {"all_reduce"}
+    # the issue's step, the input not differentiated (5 + 5 before): only the first norm, whose input gradient is
+    # not made, sums its scale and bias over tp itself, two (D,) vectors rather than the (B, S, D) activation
+    log, act = _gpt(sp=False, diff_input=False)
+    back = [e for e in log.events if e.phase == "backward" and "tp" in e.axes]
+    assert sorted((e.kind, e.op) for e in back if "ln" in e.op) == sorted(
+        (k, f"grad of ps[0]['ln1_{p}']") for k in ("reduce_scatter", "all_gather") for p in "bg")
+    assert [e.kind for e in back if "ln" not in e.op] == ["all_reduce"] * 3
+
+
+def test_with_sequence_parallelism_a_norm_bias_is_summed_over_tp_once_like_its_scale():
+    """With the norms on sequence shards each device holds part of every norm parameter's gradient: Megatron-SP
+    all-reduces them over tp. A bias's gradient takes exactly what its scale's takes (one reduce_scatter and one
+    all_gather of the (D,) vector), nothing more."""
+    log, act = _gpt(sp=True)
+    per = {}
+    for e in log.events:
+        if e.phase == "backward" and "tp" in e.axes and "ln" in e.op:
+            per.setdefault(e.op, []).append(e.kind)
+    assert len(per) == 8, per  # 2 layers x 2 norms x (scale, bias)
+    assert all(sorted(k) == ["all_gather", "reduce_scatter"] for k in per.values()), per
+
+
+def test_the_backward_pass_keeps_only_what_its_vjps_read():
+    """Eager autodiff holds a forward value only when an op's VJP reads it (as jax.vjp and PyTorch do): between
+    the forward pass and the backward pass, the blocks of x @ w (read by no VJP: the add keeps nothing) are gone,
+    tanh's output's (read by its VJP) are alive, and the gradient equals jax's."""
+    import gc
+    import weakref
+    mesh = DeviceMesh("m", (2,), ("x",))
+    xv, wv = R.standard_normal((8, 4)), R.standard_normal((4, 4))
+    x, w = nb.tensor(xv).shard(mesh, ["x", None]), nb.tensor(wv).shard(mesh, [None, None])
+    refs = {}
+
+    def f(w):
+        y = x @ w
+        t = nb.tanh(y + 1.0)
+        refs["y"], refs["t"] = weakref.ref(y._data), weakref.ref(t._data)  # the stored blocks themselves
+        return (t * 3.0).sum()
+
+    out, pull = nb.vjp(f, w)
+    gc.collect()
+    assert refs["y"]() is None and refs["t"]() is not None
+    g, = pull(nb.tensor(np.float64(1.0)))
+    want = jax.grad(lambda w: (jnp.tanh(xv @ w + 1.0) * 3.0).sum())(wv)
+    np.testing.assert_allclose(g.numpy(), want, rtol=1e-6)

@@ -84,3 +84,38 @@ def test_plain_markdown_when_not_a_terminal():
     text = "".join(out.parts)
     assert text == report.markdown(res)
     assert "| op | nabla call |" in text  # a markdown table, unsqueezed
+
+
+def test_each_resnet_ratio_says_which_cpu_it_came_from():
+    """The ratio to onnxruntime depends on the CPU (2.06x / 2.22x on an Intel Xeon, 2.64x / 2.76x on an AMD
+    EPYC, both 2 cores): every ResNet-50 row and the table name the CPU each number was measured on."""
+    res = report.load(ROOT / "benchmarks" / "results.json")
+    md = report.markdown(res)
+    rows = [line for line in md.splitlines() if line.startswith("| ResNet-50 batch")]
+    cpus = [report.onnx_cpu(res["onnx"])] + [report.onnx_cpu(x) for x in res["onnx"].get("other_cpus", [])]
+    assert len(cpus) >= 2 and len(set(cpus)) == len(cpus)
+    for cpu in cpus:
+        assert sum(f"on {cpu} |" in r for r in rows) == 2, (cpu, rows)  # batch sharded, rows sharded
+    assert all(any(f"on {cpu} |" in r for cpu in cpus) for r in rows)
+    assert f"Measured on {cpus[0]}: the ratio to onnxruntime depends on the CPU" in md
+
+
+def _run():
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_run_on_another_cpu_keeps_the_previous_cpu_s_ratios():
+    keep = _run().keep_other_cpus
+    ratios = {"onnxruntime": 1.0, "nabla 8 devices, batch sharded": 2.06}
+    old = {"env": {"cpu": "Xeon", "cores": 2, "date": "2026-11-26T00:00", "commit": "abc"},
+           "resnet50": {"rounds": 7, "ratio_to_onnxruntime": ratios},
+           "other_cpus": [{"cpu": "EPYC", "cores": 2, "ratio_to_onnxruntime": {}, "source": "issue"}]}
+    new = {"env": {"cpu": "EPYC", "cores": 2}, "resnet50": {}}
+    keep(new, old)  # the EPYC entry is replaced by the new run; the Xeon run joins the others
+    assert [(x["cpu"], x["ratio_to_onnxruntime"]) for x in new["other_cpus"]] == [("Xeon", ratios)]
+    same = {"env": {"cpu": "Xeon", "cores": 2}, "resnet50": {}}
+    keep(same, old)
+    assert [x["cpu"] for x in same["other_cpus"]] == ["EPYC"]

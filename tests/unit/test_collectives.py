@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import nabla as nb
-from nabla import collectives as C
+from nabla import collectives as C, commlog
 
 
 def test_gather_into_moves_grid_axes_into_a_dim():
@@ -75,6 +75,15 @@ def test_ring_cost_model():
     assert model.time(ev.steps, ev.bytes, ev.axes) == 6 * 5e-6 + 1000 / 25e9
     assert C.CommEvent("collective_permute", ("x",), 8, 4).steps == 1
     assert "all_reduce(x; 1000 B/device)" == repr(ev)
+
+
+def test_the_registry_makes_the_events_and_the_comm_log_is_read_through_it_too():
+    # event: from a local block (the registry's ring bytes); sent_event: bytes already counted (a planned move's)
+    assert C.event("all_gather", ("x",), 32, 4) == C.sent_event("all_gather", ("x",), 96, 4) == \
+        C.CommEvent("all_gather", ("x",), 96, 4)
+    assert C.event("collective_permute", ("x",), 32, 4).bytes == 32  # a halo's or a mirror's block, as sent
+    for name in ("CommLog", "comm_log", "recording", "phase", "user_op", "named_scope", "publish", "_logs"):
+        assert getattr(C, name) is getattr(commlog, name)  # one comm log, re-exported by the registry
 
 
 # ---- the registry: a new collective is one register call plus a move generator --------------------------
@@ -228,3 +237,50 @@ def test_strategy_backend_and_cost_model_are_per_thread_and_per_task():
         return results
 
     assert asyncio.run(both()) == {"a": "basic", "b": "aggressive"}
+
+
+def test_abbreviate_keeps_the_first_names_that_fit_then_counts_the_rest():
+    names = [f"grad of p['layers'][{i}]['w{j}']" for i in range(2) for j in range(5)]
+    text = C.abbreviate(names, 60)
+    assert len(text) <= 60
+    kept = text.split(" and ")[0].split(", ")
+    assert kept == names[:len(kept)] and len(kept) >= 1
+    assert text.endswith(f" and {len(names) - len(kept)} more")
+    assert C.abbreviate(["a", "b", "a"], 60) == "a, b"  # each name once, in order
+    assert C.abbreviate(["x" * 100], 20) == "x" * 17 + "..."
+    long = C.abbreviate(["x" * 100, "y"], 30)
+    assert len(long) <= 30 and long.endswith(" and 1 more")
+
+
+def test_the_during_column_of_a_two_layer_step_is_bounded():
+    """examples/train_llama.py's 2-layer step (DP x TP x SP): 21 gradients share one dp all_reduce row, which
+    printed 670 characters; every "during" cell now fits in NAMES_WIDTH and counts the names it leaves out, in
+    log.summary() and in nb.explain's copy of it."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import train_llama as L
+
+    layout = L.Layout("dp_tp_sp")
+    params = L.init(L.CONFIG)
+    placed = L._tree_map2(lambda a, s: nb.abstract(a.shape).shard(layout.mesh, s), params,
+                          layout.param_specs(params))
+    ids = nb.abstract((L.CONFIG["batch"], L.CONFIG["seq"]), "int64").shard(layout.mesh, ["dp", None])
+    step = nb.value_and_grad(lambda p, x, y: L.loss_fn(p, x, y, L.CONFIG, layout))
+    with nb.comm_log() as log:
+        step(placed, ids, ids)
+    lines = log.summary().splitlines()
+    start = lines[0].index("during")
+    cells = [line[start:] for line in lines[2:-1]]
+    assert max(len(c) for c in cells) <= C.NAMES_WIDTH, cells
+    assert max(len(line) for line in lines) <= start + C.NAMES_WIDTH
+    grads = [e for e in log.events if e.phase == "backward" and e.kind == "all_reduce" and e.axes == ("dp",)]
+    users = list(dict.fromkeys(e.op for e in grads))
+    assert len(users) > 10
+    row = next(c for line, c in zip(lines[2:], cells) if line.startswith("backward  all_reduce") and " dp " in line)
+    shown = row.split(" and ")[0].split(", ")
+    assert shown == users[:len(shown)] and row.endswith(f" and {len(users) - len(shown)} more")
+    with contextlib.redirect_stdout(None):
+        text = nb.explain(step, placed, ids, ids)
+    table = text[text.index("comm log of the run:"):].splitlines()[1:]
+    assert max(len(line) for line in table) <= start + C.NAMES_WIDTH

@@ -4,6 +4,8 @@ Megatron-LM", section 5.1: 72·B·s·l·h²·(1 + s/6h) for a GPT layer's forwar
 activation recomputation), and an estimate's report, trace and memory."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,7 +86,9 @@ def test_estimate_prices_a_tensor_parallel_step_on_a_cluster(tmp_path):
     events = json.load(open(path))
     events = events["traceEvents"] if isinstance(events, dict) else events
     pids = {e["pid"] for e in events if e.get("ph") == "X"}
-    assert len(pids) == 8  # one track per device
+    assert pids == {0}  # one track: the eight devices run the same timeline
+    assert [e["args"] for e in events if e["name"] == "process_name"] == [
+        {"name": "devices 0-7", "devices": "0-7", "count": 8}]
     end = max(e["ts"] + e["dur"] for e in events if e.get("ph") == "X")
     assert end == pytest.approx(report.step_time * 1e6, rel=1e-6)
 
@@ -106,9 +110,12 @@ def test_estimate_fuses_a_layer_norm_into_a_few_kernels_and_fusion_false_prices_
     x = nb.abstract((4096, 1024)).shard(mesh, ["dp", None])
     g, b = nb.abstract((1024,)).shard(mesh, [None]), nb.abstract((1024,)).shard(mesh, [None])
 
-    def norm(x, g, b):
-        return nb.layer_norm(x, g, b)
+    def norm(x, g, b):  # a layer norm as a user writes it, op by op (nb.layer_norm is one fused op)
+        c = x - x.mean(-1, keepdims=True)
+        return c / nb.sqrt((c * c).mean(-1, keepdims=True) + 1e-5) * g + b
 
+    one = nb.estimate(lambda x, g, b: nb.layer_norm(x, g, b), cluster)(x, g, b)
+    assert len(one.timeline.costs) == 1  # nb.layer_norm: one kernel
     fused = nb.estimate(norm, cluster)(x, g, b)
     alone = nb.estimate(norm, cluster, fusion=False)(x, g, b)
     costs = fused.timeline.costs
@@ -120,3 +127,30 @@ def test_estimate_fuses_a_layer_norm_into_a_few_kernels_and_fusion_false_prices_
     assert fused.compute_time < 0.5 * alone.compute_time
     assert fused.compute_time == pytest.approx(sum(c.kernel for c in costs))
     assert fused.fusion and not alone.fusion and "fusion=False" in str(alone)
+
+
+def test_a_chrome_trace_of_16384_devices_is_one_track_and_small(tmp_path):
+    """A Llama-style 2-layer training step (examples/train_llama.py's model, bf16, Megatron's layout) on 2,048
+    nodes of 8 H100s: every device runs the same timeline, so the trace holds it once, named by the devices that
+    share it (it was one copy per device: 2.7 GB for a 2-layer 70B step on 16,384 devices)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import train_llama as L
+
+    cfg = dict(L.CONFIG, batch=2048)
+    cluster = nb.Cluster(nb.Hardware.preset("h100-sxm-80gb"), nodes=2048, devices_per_node=8)
+    mesh = cluster.mesh("m", (2048, 8), ("dp", "tp"))
+    layout = L.Layout("dp_tp")
+    params = L.init(cfg)
+    placed = L._tree_map2(lambda a, s: nb.abstract(a.shape, "bfloat16").shard(mesh, s), params,
+                          layout.param_specs(params))
+    ids = nb.abstract((cfg["batch"], cfg["seq"]), "int64").shard(mesh, ["dp", None])
+    report = nb.estimate(nb.value_and_grad(lambda p, x, y: L.loss_fn(p, x, y, cfg)), cluster)(placed, ids, ids)
+    path = tmp_path / "trace.json"
+    report.to_chrome_trace(str(path))
+    assert path.stat().st_size < 10 * 2**20
+    events = json.load(open(path))["traceEvents"]
+    assert [e["args"] for e in events if e["name"] == "process_name"] == [
+        {"name": "devices 0-16383", "devices": "0-16383", "count": 16384}]
+    assert len([e for e in events if e["ph"] == "X"]) == len(report.timeline.intervals)
+    own = report.to_chrome_trace(devices=[0, 16383])["traceEvents"]
+    assert [e["args"]["name"] for e in own if e["name"] == "process_name"] == ["device 0", "device 16383"]

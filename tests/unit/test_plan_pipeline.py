@@ -59,3 +59,47 @@ def test_bad_inputs():
         pipeline_estimate(r, 0, 8)
     with pytest.raises(ShardingError, match="stage_report must be a Report"):
         pipeline_estimate(1.0, 4, 8)
+
+
+# ---- memory of a pipelined job ----------------------------------------------------------------------------------
+
+import nabla as nb  # noqa: E402
+from nabla.plan.pipeline import in_flight  # noqa: E402
+
+
+@pytest.mark.parametrize("p, v, m", [(2, 1, 8), (4, 1, 8), (4, 1, 2), (4, 2, 8), (8, 3, 16), (8, 4, 8)])
+def test_microbatches_in_flight_as_megatron_and_korthikanti_count_them(p, v, m):
+    """1F1B holds min(p, m) microbatches on its first stage; the interleaved schedule p (1 + (p - 1) / (p v))
+    (Korthikanti et al., MLSys'23, sec. 4.2.3), as Megatron-LM's warm-up count 2 (p - 1) + (v - 1) p gives it."""
+    if v == 1:
+        assert in_flight(p, m, "1f1b") == min(p, m)
+    got = in_flight(p, m, "interleaved", v)
+    assert got == pytest.approx(min(p * (1 + (p - 1) / (p * v)), m))
+
+
+def test_pipeline_memory_adds_the_microbatches_in_flight_to_the_stage():
+    cluster = Cluster(Hardware.preset("a100-sxm-80gb"), nodes=1, devices_per_node=8)
+    mesh = cluster.mesh("m", (8,), ("dp",))
+    w = [nb.abstract((1024, 1024), "bfloat16").shard(mesh, [None, None]) for _ in range(4)]
+    x = nb.abstract((64, 1024), "bfloat16").shard(mesh, ["dp", None])
+
+    def stage(ws, x):
+        for w in ws:
+            x = nb.gelu(x @ w)
+        return x.astype("float32").sum()
+
+    report = nb.estimate(nb.grad(stage), cluster)(w, x)
+    one = report.memory
+    kept = max(one.kept.values())
+    assert kept > 0
+    pipe = pipeline_estimate(report, stages=4, microbatches=8)
+    mem = pipe.memory
+    assert mem.in_flight == 4
+    assert max(mem.peak.values()) == max(one.peak.values()) + 3 * kept
+    assert max(mem.by_kind["params"].values()) == max(one.by_kind["params"].values())
+    assert max(mem.by_kind["activations"].values()) == max(one.by_kind["activations"].values()) + 3 * kept
+    assert mem.fits
+    tight = Cluster(Hardware.preset("a100-sxm-80gb").replace(hbm_bytes=max(one.peak.values()) + kept), 1, 8)
+    tight_report = nb.estimate(nb.grad(stage), tight)(w, x)
+    assert tight_report.memory.fits and not pipeline_estimate(tight_report, stages=4, microbatches=8).memory.fits
+    assert "in flight" in str(pipe)

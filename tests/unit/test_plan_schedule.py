@@ -95,13 +95,19 @@ def test_chrome_trace(tmp_path):
     r.to_chrome_trace(str(path))
     trace = json.load(open(path))
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert {e["pid"] for e in spans} == {0, 1, 2, 3}  # one process per device
-    assert {(e["pid"], e["tid"]) for e in spans} == {(d, t) for d in range(4) for t in (0, 1)}
+    assert {e["pid"] for e in spans} == {0}  # the four devices run one timeline: one track
+    assert {(e["pid"], e["tid"]) for e in spans} == {(0, 0), (0, 1)}
+    assert len(spans) == len(r.timeline.intervals)
     assert min(e["ts"] for e in spans) == 0
     assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(8000)  # step_time in microseconds
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
-    assert {"device 0", "compute", "comm"} <= names
-    assert len(r.to_chrome_trace(devices=[1])["traceEvents"]) < len(trace["traceEvents"])
+    assert {"devices 0-3", "compute", "comm"} <= names
+    own = r.to_chrome_trace(devices=[1, 3])["traceEvents"]  # those devices' own tracks
+    assert {e["pid"] for e in own if e["ph"] == "X"} == {1, 3}
+    assert {e["args"]["name"] for e in own if e["name"] == "process_name"} == {"device 1", "device 3"}
+    assert len([e for e in own if e["ph"] == "X"]) == 2 * len(spans)
+    with pytest.raises(ShardingError):
+        r.to_chrome_trace(devices=[4])
 
 
 def test_plot(tmp_path):

@@ -109,3 +109,17 @@ def test_matmul_batch_dims_that_do_not_broadcast_show_both_shapes():
     with pytest.raises(ShardingError, match=r"matmul of shapes \(2, 3, 4\) and \(3, 4, 5\): the batch dims .* "
                                             r"\(2,\) and \(3,\) do not broadcast"):
         nb.ones((2, 3, 4)) @ nb.ones((3, 4, 5))
+
+
+def test_attention_rule_cuts_query_heads_as_kv_head_then_group():
+    # q (B, T, N = K·G, H), k and v (B, S, K, H); a (1, N, T, S) bias, causal rows (T,)
+    shapes = ((2, 8, 6, 4), (2, 5, 2, 4), (2, 5, 2, 4), (1, 6, 8, 5), (8,))
+    r = R.attention_rule(shapes, True, False, True)
+    assert str(r) == "il(jk)n,imjn,imjn,1(jk)lm,l->il(jk)n {i=2 j=2 k=3 l=8 m=5 n=4; replicate mn}"
+    dkv = R.attention_rule(shapes[:3] + ((2, 8, 6, 4),) * 2 + shapes[3:], True, False, True, "dkv")
+    assert dkv.result_shape == (2, 2, 5, 2, 4)
+    kinds = {f: str(k) for f, k in zip("ijklmno", dkv.kinds)}
+    assert kinds == {"i": "pass", "j": "pass", "k": "reduce", "l": "reduce", "m": "replicate", "n": "replicate",
+                     "o": "replicate"}  # the group and the queries are summed into dk, dv
+    dbias = R.attention_rule(shapes[:3] + ((2, 8, 6, 4),) * 2 + shapes[3:], True, False, True, "dbias")
+    assert dbias.result_shape == (1, 6, 8, 5) and str(dbias.kinds[0]) == "reduce"  # the bias has no batch
