@@ -12,8 +12,7 @@ import numpy as np
 
 from .. import ops as O
 from ..errors import ShardingError
-from ..ops.gather import _SCATTER, _SCATTER_ALONG, _row_numbers, _rows_like
-from ..ops import _call
+from ..ops.gather import scatter_add, scatter_add_along
 from ..ops import lax_ops as X
 from ..tensor import Tensor
 from .table import as_tensor, primitive
@@ -227,13 +226,11 @@ def _scatter_points(shape, region, cols, upd, ul, smap, base):
         want = [f"o{d}" for d in range(a)] + [f"b{j}" for j in range(cols[0].ndim)] + \
                [f"o{d}" for d in range(a + 1, len(shape))]
         upd = _arranged(upd, ul, want)
-        n = shape[a]
-        return _call(_SCATTER, (upd, cols[0], _rows_like(base, a) if region == shape else _row_numbers(n)), (a, n))
+        return scatter_add(upd, cols[0], shape[a], a, like=base if region == shape else None)
     rest = [d for d in range(len(shape)) if d not in smap]
     want = [f"b{j}" for j in range(cols[0].ndim)] + [f"o{d}" for d in rest]
     upd = _arranged(upd, ul, want)
-    n = prod(shape[d] for d in smap)
-    flat = _call(_SCATTER, (upd, _linear(cols, [shape[d] for d in smap]), _row_numbers(n)), (0, n))
+    flat = scatter_add(upd, _linear(cols, [shape[d] for d in smap]), prod(shape[d] for d in smap), 0)
     flat = O.reshape(flat, tuple(shape[d] for d in smap) + tuple(region[d] for d in rest))
     back = [0] * len(shape)  # flat's dims are smap then rest; put each operand dim back in place
     for i, d in enumerate(list(smap) + rest):
@@ -263,8 +260,7 @@ def _scatter_batched(shape, region, cols, upd, ul, smap, obatch, ibatch, nb_, ba
     idx = O.reshape(idx, ishape)
     if idx.shape != upd.shape:
         idx = O.broadcast_to(idx, upd.shape)
-    n = shape[a]
-    return _call(_SCATTER_ALONG, (upd, idx, _row_numbers(n)), (a, n))
+    return scatter_add_along(upd, idx, shape[a], a)
 
 
 def _arranged(t: Tensor, labels: list[str], want: list[str]) -> Tensor:
