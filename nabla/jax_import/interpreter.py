@@ -264,7 +264,7 @@ def _checked(out: Any, t: tuple, ins: Instr) -> Any:
     shape, dtype = t
     if not isinstance(out, Tensor):
         out = as_tensor(np.asarray(out, dtype=dtype))
-    if out._shape != shape:
-        raise ShardingError(f"import_jax: primitive {ins.name!r} at {ins.site.where} gave shape {out._shape}, "
+    if out.shape != shape:
+        raise ShardingError(f"import_jax: primitive {ins.name!r} at {ins.site.where} gave shape {out.shape}, "
                             f"JAX's is {shape} (a bug in nabla's mapping of it)")
-    return out if out._dtype == dtype else astype(out, dtype)
+    return out if out.dtype == dtype else astype(out, dtype)

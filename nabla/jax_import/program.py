@@ -62,7 +62,7 @@ class Imported:
         jax = _jax()
         tr, dyn, mesh = self._traced(jax, args, kwargs)
         # without data, large constants are made abstract too; not in a trace nb.jit replays (it needs their values)
-        abstract = any(x._data is None for x in dyn) and not tracing_for_replay()
+        abstract = any(x.is_abstract for x in dyn) and not tracing_for_replay()
         ev = Eval(abstract, mesh, C.current_scope())
         ins = [_typed(x, aval) for x, aval in zip(dyn, tr.in_avals)]
         outs = ev.run(tr.prog, tr.consts, ins)
@@ -91,7 +91,7 @@ class Imported:
                 continue
             mask.append(True)
         mesh = _mesh_of(dyn)
-        key = (tree, tuple(mask), tuple((x._shape, x._dtype) for x in dyn), tuple(_static_key(s) for s in statics),
+        key = (tree, tuple(mask), tuple((x.shape, x.dtype) for x in dyn), tuple(_static_key(s) for s in statics),
                mesh)
         tr = self._traces.get(key)
         if tr is None:
@@ -110,7 +110,7 @@ class Imported:
             result.append((out_tree, static))
             return [x for x, s in zip(leaves, static) if s is None]
 
-        structs = [jax.ShapeDtypeStruct(x._shape, x._dtype) for x in dyn]
+        structs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dyn]
         with _abstract_mesh(jax, mesh):
             closed = jax.make_jaxpr(flat)(*structs)
         prog = compile_jaxpr(closed.jaxpr, top=True)
@@ -178,7 +178,7 @@ def _const(c: Any) -> Tensor:
 
 def _typed(x: Tensor, aval: Any) -> Tensor:
     """An argument in the dtype JAX traced it with (a float64 array is float32 to JAX without x64)."""
-    return x if x._dtype == aval.dtype else astype(x, aval.dtype)
+    return x if x.dtype == aval.dtype else astype(x, aval.dtype)
 
 
 def _out_value(o: Any) -> Any:
