@@ -458,3 +458,21 @@ def test_nb_jit_compiles_an_imported_program_and_explain_names_its_lines():
     line = f.__code__.co_firstlineno + 1
     text = nb.explain(nb.import_jax(f), *args)
     assert f"(in test_import_jax.py:{line})" in text
+
+
+def test_keyword_arguments_captured_constants_and_an_outer_scope():
+    table = jnp.asarray(f32(8, 8))  # closed over: a constant of the jaxpr
+
+    def f(x, *, scale, bias=None):
+        y = jnp.tanh(x @ table) * scale
+        return {"y": y if bias is None else y + bias, "none": None}
+    x, b = f32(4, 8), f32(8)
+    g = nb.import_jax(f)
+    with nb.comm_log() as log, nb.named_scope("outer"):
+        out = g(nb.tensor(x).shard(MESH, ["x", None]), scale=2.0, bias=nb.tensor(b))
+    assert set(out) == {"y", "none"} and out["none"] is None
+    want = jax.jit(lambda x, b: f(x, scale=2.0, bias=b)["y"])(x, b)
+    np.testing.assert_allclose(out["y"].numpy(), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert {s.layer for s in log.steps} == {"outer"}
+    with pytest.raises(nb.ShardingError, match="typed PRNG key"):
+        nb.import_jax(lambda k: jax.random.bits(k, (2,)))(jax.random.key(0))
