@@ -21,9 +21,17 @@ def is_float(dt: Any) -> bool:
 
 
 def is_inexact(dt: Any) -> bool:
-    """A float or a complex dtype: what a gradient can have."""
-    dt = np.dtype(dt)
-    return dt.kind in "fc" or (dt.kind == "V" and _ml(dt) and "float" in dt.name)
+    """A float or a complex dtype: what a gradient can have (asked per operand of every differentiated op)."""
+    got = _INEXACT.get(dt)
+    if got is None:
+        d = np.dtype(dt)
+        got = d.kind in "fc" or (d.kind == "V" and _ml(d) and "float" in d.name)
+        if isinstance(dt, np.dtype):
+            _INEXACT[dt] = got  # (a few dozen dtypes: bounded)
+    return got
+
+
+_INEXACT: dict = {}
 
 
 def finfo(dt: Any) -> Any:

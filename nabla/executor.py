@@ -193,8 +193,8 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
         events, reused, inside = sink[i] or ((), False, ())
         dst = preps[i].target if preps is not None and preps[i].target is not None else a._spec
         k = kept[i] if i < len(kept) else None
-        copy = serial(k) if isinstance(k, Value) and k._serial and k is not orig and k._spec == dst and \
-            k._serial != serial(orig) else 0  # the moved operand the node keeps (a recompute's gathered weight)
+        copy = serial(k) if isinstance(k, Value) and k._serial and k is not orig and k._serial != serial(orig) and \
+            k._spec == dst else 0  # the moved operand the node keeps (a recompute's gathered weight)
         uses.append(Use(serial(a), a._shape, a._dtype, a._spec, dst, tuple(C.stamped(e, user) for e in events),
                         reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a, kept=copy))
     post = tuple(C.stamped(e, user) for e in sink[-1] or ())
