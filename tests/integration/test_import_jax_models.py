@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
+pytestmark = pytest.mark.usefixtures("jax_x32")  # these programs are written for 32-bit jax
 optax = pytest.importorskip("optax")
 nn = pytest.importorskip("flax.linen")
 import jax.numpy as jnp  # noqa: E402

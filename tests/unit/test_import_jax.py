@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
+pytestmark = pytest.mark.usefixtures("jax_x32")  # these programs are written for 32-bit jax
 import jax.numpy as jnp  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402

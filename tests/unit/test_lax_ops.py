@@ -10,6 +10,7 @@ import nabla as nb
 from nabla.ops import lax_ops as X
 
 jax = pytest.importorskip("jax")
+pytestmark = pytest.mark.usefixtures("jax_x32")  # these programs are written for 32-bit jax
 import jax.numpy as jnp  # noqa: E402
 
 MESH = nb.DeviceMesh("m", (2, 4), ("x", "y"))
