@@ -135,8 +135,9 @@ class Slot(NamedTuple):
     free: tuple
     used: frozenset
     param: bool  # a parameter (cut further by fsdp)
-    data: bool  # carries the batch (an activation, or an argument that is not a parameter)
+    data: bool  # carries the batch (an activation, or an argument with a dim in the batch's class)
     given: Any  # the layout it keeps when it is not free at all (None: a host value)
+    roles: tuple = ()  # per dim, "batch", "sequence" or "": its class program-wide
 
 
 def layout_of(mesh: DeviceMesh, slot: Slot, options: Sequence[Option]) -> Any:
@@ -235,11 +236,12 @@ def megatron_classes(cls: L.LayerClass, slots: Sequence[Slot]) -> frozenset:
 
 
 def batch_classes(slots: Sequence[Slot]) -> tuple[frozenset, frozenset]:
-    """(the class of the batch dim, of the sequence dim) of the first input that carries the batch."""
-    for s in slots:
-        if s.data and s.shape:
-            return frozenset(s.classes[:1]), frozenset(s.classes[1:2]) if len(s.shape) >= 3 else frozenset()
-    return frozenset(), frozenset()
+    """(the classes of the batch's dims, of the sequence's) among a layer class's inputs: every dim the program
+    joins to the batch, so DP cuts the token ids, the targets and the masks as it cuts the activations."""
+    def having(role: str) -> frozenset:
+        return frozenset(c for s in slots for c, r in zip(s.classes, s.roles) if r == role)
+
+    return having("batch"), having("sequence")
 
 
 def baseline_options(mesh: DeviceMesh, cls: L.LayerClass, slots: Sequence[Slot]) -> dict[str, tuple]:

@@ -191,8 +191,37 @@ def classes(segs: Sequence[Segment], leaves: dict[int, int]) -> list[LayerClass]
 
 
 def _dim_classes(seg: Segment):
-    """Union the dims of a segment's values that one factor of some op runs through (a reshape's merged dim joins
-    its major part): a sharding of one class is a consistent way to cut every value that has it."""
+    """Per input and per output of a segment, the dim class of each dim, and the pairs of classes no value of the
+    segment has both of."""
+    root, shapes = _joined(seg.steps)
+    ids: dict = {}
+
+    def cid(v, d):
+        return ids.setdefault(root(v, d), len(ids))
+
+    dims = tuple(tuple(cid(v, d) for d in range(len(shapes.get(v, ())))) for v in seg.inputs)
+    out_dims = tuple(tuple(cid(seg.steps[k].out, d) for d in range(len(seg.steps[k].out_shape))) for k in seg.outputs)
+    together = set()
+    for v, shape in shapes.items():
+        cs = {cid(v, d) for d in range(len(shape))}
+        together.update(frozenset(p) for p in combinations(sorted(cs), 2))
+    n = len(ids)
+    compat = frozenset(frozenset(p) for p in combinations(range(n), 2) if frozenset(p) not in together)
+    return dims, out_dims, compat
+
+
+def value_dims(steps: Sequence) -> dict[int, tuple[int, ...]]:
+    """Per value the ``steps`` read or make (by serial), the program-wide dim class of each of its dims: what joins
+    a batch of token ids to the targets and the logits through the ops between them."""
+    root, shapes = _joined(steps)
+    ids: dict = {}
+    return {v: tuple(ids.setdefault(root(v, d), len(ids)) for d in range(len(shape))) for v, shape in shapes.items()}
+
+
+def _joined(steps: Sequence):
+    """Union the dims of the values ``steps`` read and make that one factor of some op runs through (a relayout
+    joins a value's dims to its copy's; a reshape's merged dim joins its major part). Returns ``root(value, dim)``
+    (one key per class) and each value's shape, values named by serial."""
     parent: dict = {}
 
     def find(a):
@@ -206,58 +235,36 @@ def _dim_classes(seg: Segment):
         if ra != rb:
             parent[ra] = rb
 
-    made = {s.out: k for k, s in enumerate(seg.steps)}
-    ext = {v: e for e, v in enumerate(seg.inputs)}
     shapes: dict = {}
-
-    def slot(u, k):
-        if u.value in made and made[u.value] < k:
-            return ("i", made[u.value])
-        return ("x", ext[u.value])
-
-    for k, s in enumerate(seg.steps):
-        shapes[("i", k)] = s.out_shape
+    for k, s in enumerate(steps):
+        shapes[s.out] = s.out_shape
         for d in range(len(s.out_shape)):
-            find(("i", k, d))
-        slots = [None if u.value == 0 else slot(u, k) for u in s.uses]
-        for sl, u in zip(slots, s.uses):
-            if sl is not None:
-                shapes[sl] = u.shape
+            find((s.out, d))
+        for u in s.uses:
+            if u.value:
+                shapes.setdefault(u.value, u.shape)
                 for d in range(len(u.shape)):
-                    find(sl + (d,))
+                    find((u.value, d))
         if isinstance(s.op, str):  # a relayout or placement: the same value, dim for dim
-            for sl, u in zip(slots, s.uses):
-                if sl is not None:
+            for u in s.uses:
+                if u.value:
                     for d in range(len(s.out_shape)):
-                        union(sl + (d,), ("i", k, d))
+                        union((u.value, d), (s.out, d))
             continue
         try:
             rule = s.op.rule(tuple(u.shape if u.value else () for u in s.uses), *s.params)
         except Exception:  # noqa: BLE001 - an op whose rule cannot be rebuilt joins nothing
             continue
-        for i, (sl, dims) in enumerate(zip(slots, rule.operands)):
-            if sl is None:
+        for u, dims in zip(s.uses, rule.operands):
+            if not u.value:
                 continue
             for d, fs in enumerate(dims):
-                if fs and d < len(s.uses[i].shape):
-                    union(sl + (d,), ("f", k, fs[0]))
+                if fs and d < len(u.shape):
+                    union((u.value, d), ("f", k, fs[0]))
         for d, fs in enumerate(rule.result):
             if fs:
-                union(("i", k, d), ("f", k, fs[0]))
-    ids: dict = {}
-
-    def cid(key):
-        return ids.setdefault(find(key), len(ids))
-
-    dims = tuple(tuple(cid(("x", e, d)) for d in range(len(shapes.get(("x", e), ())))) for e in range(len(seg.inputs)))
-    out_dims = tuple(tuple(cid(("i", k, d)) for d in range(len(seg.steps[k].out_shape))) for k in seg.outputs)
-    together = set()
-    for key, shape in shapes.items():
-        cs = {cid(key + (d,)) for d in range(len(shape))}
-        together.update(frozenset(p) for p in combinations(sorted(cs), 2))
-    n = len(ids)
-    compat = frozenset(frozenset(p) for p in combinations(range(n), 2) if frozenset(p) not in together)
-    return dims, out_dims, compat
+                union((s.out, d), ("f", k, fs[0]))
+    return (lambda v, d: find((v, d))), shapes
 
 
 def without_partial(spec: Any) -> Any:
@@ -344,7 +351,6 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
 
 def _reaching(seg: Segment) -> list[bool]:
     """Per input, whether some output depends on it (only those get a gradient: a zero one would be real)."""
-    made = {s.out: k for k, s in enumerate(seg.steps)}
     need = {seg.steps[k].out for k in seg.outputs}
     for s in reversed(seg.steps):
         if s.out in need:

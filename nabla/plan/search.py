@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time as _time
 from functools import lru_cache
-from itertools import product
+from itertools import count, product
 from math import prod
 from typing import Any, NamedTuple, Sequence
 
@@ -127,11 +127,31 @@ class Search:
         self.params = {i for s, i in self.serials.items() if self.tags.get(s) == "params"}
         opt = [(s, k) for s, k in rec.tags.items() if k == "optimizer"]
         self.opt_ratio = self._optimizer_ratio(rec.steps, opt)
-        self.first_reader = {}
-        for s in fwd:
-            for u in s.uses:
-                if u.value in self.serials:
-                    self.first_reader.setdefault(self.serials[u.value], s)
+        self.dims = L.value_dims(fwd)
+        self.batch, self.seq = self._batch_and_sequence(fwd)
+
+    def _batch_and_sequence(self, fwd: Sequence) -> tuple[int | None, int | None]:
+        """The program-wide dim classes of the batch and of the sequence. The batch: in a training step, the first
+        dim most of the arguments that are not parameters share (token ids, targets, masks, labels: their first
+        dims joined through the ops between them); without a backward pass, the result's first dim, else the first
+        dim most arguments share (on a tie, the later argument's: data comes after the parameters). The sequence: the
+        second dim most values of three or more dims with the batch first share."""
+        first: dict[int, int] = {}
+        for v, i in self.serials.items():
+            d = self.dims.get(v, ())
+            if d and (i not in self.params or not self.train):
+                first[d[0]] = first.get(d[0], 0) + 1
+        out = self.dims.get(fwd[-1].out, ())
+        if not self.train and out:
+            batch = out[0]
+        else:
+            last = {self.dims[v][0]: i for v, i in sorted(self.serials.items(), key=lambda t: t[1]) if self.dims.get(v)}
+            batch = max(first, key=lambda c: (first[c], last[c]), default=None)
+        seqs: dict[int, int] = {}
+        for d in self.dims.values():
+            if len(d) >= 3 and d[0] == batch and d[1] != batch:
+                seqs[d[1]] = seqs.get(d[1], 0) + 1
+        return batch, max(seqs, key=seqs.get, default=None)
 
     def _optimizer_ratio(self, steps, opt) -> tuple[float, bool]:
         """Bytes of optimizer state per byte of parameter: as recorded, else mixed-precision Adam's (fp32 master
@@ -164,7 +184,10 @@ class Search:
             u = info[v]
             leaf = self.serials.get(v)
             lf = self.info[leaf] if leaf is not None else None
-            param = cls.params[e] and leaf in self.params if self.train else cls.params[e]
+            roles = tuple("batch" if c == self.batch else "sequence" if c == self.seq else ""
+                          for c in self.dims.get(v, (None,) * len(u.shape)))
+            carries = "batch" in roles
+            param = cls.params[e] and (leaf in self.params if self.train else not carries)
             if lf is not None:
                 base, free, used = lf.base, lf.free, lf.used
                 given = given_layout(self.mesh, lf)
@@ -173,12 +196,12 @@ class Search:
             else:
                 base, free, used = ((),) * len(u.shape), (True,) * len(u.shape), frozenset()
                 given = _strip(u.src)
-            data = not param and (u.src is not None or lf is not None) and bool(u.shape) and \
-                np.dtype(u.dtype).kind in "fcV"
-            if not self.train and lf is not None and cls.params[e]:
-                data = self.first_reader.get(leaf) is rep.steps[0] and len(u.shape) >= 2
+            # an argument carries the batch when one of its dims is the batch's class (ids, targets, masks); a
+            # value flowing in from another layer is an activation
+            data = not param and bool(u.shape) and (carries if lf is not None else
+                                                    u.src is not None and np.dtype(u.dtype).kind in "fcV")
             out.append(Slot(tuple(u.shape), np.dtype(u.dtype) if (u.src is not None or lf is not None) else None,
-                            cls.dims[e], base, free, used, param, data, given))
+                            cls.dims[e], base, free, used, param, data, given, roles))
         return out
 
     def candidates(self, cls: L.LayerClass, slots: list[Slot]) -> tuple[list[Candidate], dict[str, int]]:
@@ -477,18 +500,19 @@ class Search:
 
     def stitched(self, choice: Sequence[int]) -> tuple[Report, float, float]:
         """The estimate of ``choice`` from the replayed layers laid end to end as the program runs them: every
-        segment's forward steps, then their backward steps in reverse, then the gradient reductions; memory as
-        the model counts it (held values of every segment, plus the largest transient)."""
+        segment's forward steps, then each segment's backward steps (its gradient reductions among them, where
+        its backward pass completes each gradient, as in a full run) in reverse; memory as the model counts it
+        (held values of every segment, plus the largest transient)."""
         order = [(ci, inst) for inst in self.segs for ci, cls in enumerate(self.classes) if inst in cls.instances]
         self.refine(choice)
         parts = {ci: self.part(choice, ci) for ci in range(len(self.classes))}
-        fwd, bwd, fin = [], [], []
-        for ci, _ in order:
-            st = parts[ci].steps
+        fresh = count(1)
+        fwd, bwd = [], []
+        for ci, inst in order:
+            st = _renamed(parts[ci].steps, fresh, inst.label or None)
             fwd.append([x for x in st if x.phase != "backward"])
-            bwd.append([x for x in st if x.phase == "backward" and not str(x.user).startswith("grad of")])
-            fin.append([x for x in st if x.phase == "backward" and str(x.user).startswith("grad of")])
-        steps = [x for f in fwd for x in f] + [x for b in reversed(bwd) for x in b] + [x for f in fin for x in f]
+            bwd.append([x for x in st if x.phase == "backward"])
+        steps = [x for f in fwd for x in f] + [x for b in reversed(bwd) for x in b]
         t, mem = milp.evaluate(self.groups, self.edges, choice)
         extra = self.assumed(self.realize(choice))
         held = sum(parts[ci].held * len(self.classes[ci].instances) for ci in parts)
@@ -498,6 +522,22 @@ class Search:
                             "temporaries": {d: int(top) for d in self.mesh.devices}})
         rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=record)
         return rep, mem, extra
+
+
+def _renamed(steps: Sequence, fresh: Any, label: str | None) -> list:
+    """One instance's copy of a replay's priced steps: its values under names of their own (fusion reads a value's
+    last reader by name: two instances sharing names would look like one value read far ahead) and its label."""
+    names: dict[int, int] = {}
+
+    def name(v: int) -> int:
+        if not v:
+            return v
+        if v not in names:
+            names[v] = next(fresh)
+        return names[v]
+
+    return [x._replace(reads=tuple((name(v), b) for v, b in x.reads), out=name(x.out), layer=label)
+            if hasattr(x, "_replace") else x for x in steps]
 
 
 class _Modelled(NamedTuple):
