@@ -35,13 +35,13 @@ class ShardingPlan:
         self.baselines = baselines
         self.memory = memory
         self.memory_limit = memory_limit
-        self.source = source  # "search" or the name of the baseline that was kept
+        self.source = source  # "search", "given" (nothing to choose) or the name of the baseline that was kept
         self.words = words
         self.seconds = seconds
         self.assumed_optimizer = assumed_optimizer
         self.mesh = mesh
         self.exact = exact  # every compared layout ran in full (else: the baselines are stitched from layers)
-        self.same = tuple(same)  # the baselines whose layout is the one chosen
+        self.same = tuple(same)  # the standard layouts whose layout is the one chosen (as they are, no dim kept)
         self.compared = compared or report  # the chosen layout priced as the baselines were (stitched or in full)
 
     @property
@@ -66,8 +66,9 @@ class ShardingPlan:
 
     def __str__(self) -> str:
         gib = 2 ** 30
-        how = ("searched" + (f" (the {' and '.join(self.same)} layout)" if self.same else "")
-               if self.source == "search" else f"the {self.source} baseline (the search found nothing faster)")
+        how = ("every dim is closed or fixed: the layout given" if self.source == "given" else
+               "searched" + (f" (the {' = '.join(self.same)} layout)" if self.same else "")
+               if self.source == "search" else f"the {self.source} layout (the search found nothing faster)")
         lines = [f"autoshard on {self.mesh!r}: {how}, in {self.seconds:.2f} s"]
         lines += [f"  {w}" for w in self.words]
         extra = f" (incl. {self.assumed_optimizer / gib:.2f} GiB of Adam state the program does not hold)" \
@@ -77,7 +78,8 @@ class ShardingPlan:
         ref = self.compared.step_time
         how = "ran in full" if self.exact else (f"stitched from replayed layers, as is the choice: "
                                                 f"{ref * 1e3:.3f} ms")
-        lines.append(f"baselines ({how}):")
+        if self.baselines:
+            lines.append(f"baselines ({how}):")
         for name, (rep, mem) in self.baselines.items():
             fits = "" if mem <= self.memory_limit else "  (over the limit)"
             lines.append(f"  vs {name:<16} step {rep.step_time * 1e3:>10.3f} ms ({rep.step_time / ref:.2f}x), "
@@ -115,44 +117,30 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
         specs = s.realize(choice)
         key = tuple(specs)
         if key not in tried:
-            rep, mem, extra = s.measure(specs) if exact else s.stitched(choice)
-            tried[key] = Tried(name, tuple(choice), specs, rep, mem, extra)
-        return tried[key]
+            if exact:
+                rep, mem, extra, sums = s.measure(specs)
+                tried[key] = Tried(name, tuple(choice), specs, rep, mem, extra, True, sums)
+            else:
+                tried[key] = Tried(name, tuple(choice), specs, *s.stitched(choice))
+        return tried[key]._replace(name=name, choice=tuple(choice))
 
-    baselines = {}
-    for name in s.named[0]:
-        if all(name in nm for nm in s.named) and (s.has_tp or not name.startswith("TP")):
-            baselines[name] = price(name, [nm[name] for nm in s.named])
-    found, limit, excluded, loosened = [], s.limit, [], False
-    for _ in range(12):  # the model's memory is checked by the estimate: tightened where it fell short, loosened
-        # once where it was cautious (the choice's estimate needed less than the model said); a choice whose
-        # layers' backward passes were priced from their own gradients is priced again from its consumer's
-        sol = milp.solve(s.groups, s.edges, limit, excluded)
-        if sol is not None and s.refine(sol.choice):
-            continue
-        if sol is None or any(f.choice == sol.choice for f in found):
-            break
-        t = price("search", sol.choice)
-        found.append(t._replace(choice=sol.choice))
-        if t.memory > s.limit:
-            excluded.append(sol.choice)
-            limit = limit * s.limit / t.memory
-        elif not loosened and np.isfinite(limit) and t.memory < 0.97 * sol.memory:
-            loosened, limit = True, limit * sol.memory / max(t.memory, 1.0)
-        else:
-            break
+    given = not any(any(lf.free) for lf in s.info)  # every dim closed or fixed: nothing to choose
+    baselines = {} if given else _baselines(s, price)
+    found = [price("given", [0] * len(s.classes))] if given else _proposals(s, price)
     fits = sorted((t for t in found + list(baselines.values()) if t.memory <= s.limit),
                   key=lambda t: (t.report.step_time, t.memory, t.name != "search"))
-    ran: list = []
+    ran: list[Tried] = []
 
     def in_full(t: Tried) -> Tried | None:
-        """``t`` run through the estimator (as priced, when every layout ran in full), once; itself if it fits."""
+        """``t`` run through the estimator (as priced, when it ran in full), once; itself if it fits."""
         for r in ran:
             if r.specs == t.specs:
                 return r if r.memory <= s.limit else None
-        rep, mem, extra = (t.report, t.memory, t.extra) if exact else s.measure(t.specs)
-        ran.append(t._replace(report=rep, memory=mem, extra=extra, choice=()))
-        return ran[-1] if mem <= s.limit else None
+        if not t.full:
+            rep, mem, extra, sums = s.measure(t.specs)
+            t = t._replace(report=rep, memory=mem, extra=extra, full=True, sums=sums)
+        ran.append(t)
+        return t if t.memory <= s.limit else None
 
     chosen, short = None, 1.0
     for t in fits[:3]:  # run the winner in full (a stitched estimate is checked), the next if it does not fit;
@@ -163,13 +151,13 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
         if chosen is not None:
             break
         short = max(short, ran[-1].memory / max(t.memory, 1.0))
-    pool = fits + sorted((t for t in baselines.values() if all(t is not f for f in fits)),
+    pool = fits + sorted((t for t in list(baselines.values()) + found if all(t.specs != f.specs for f in fits)),
                          key=lambda t: t.report.step_time)
-    if chosen is None:  # the model can err either way: the others that fit by it, then the standard layouts
+    if chosen is None:  # the model can err either way: the others that fit by it, then the rest in order of time
         chosen = next((c for c in map(in_full, pool) if c is not None), None)
     if chosen is None:  # the least memory: as the model counts it where nothing fits by it, else as run in full
         least = [price("the least-memory layout", milp.least_memory(s.groups, s.edges).choice)] + found + \
-            list(baselines.values()) if not fits else ran
+            list(baselines.values()) if not fits and not given else ran
         raise ShardingError(infeasible(s, min(least, key=lambda t: t.memory)))
     if not exact:  # a close second (stitched estimates err by a few percent) runs in full too: the faster wins
         ahead = next(t for t in pool if t.specs == chosen.specs).report.step_time
@@ -178,11 +166,11 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
         second = in_full(close[0]) if close else None
         if second is not None and (second.report.step_time, second.memory) < (chosen.report.step_time, chosen.memory):
             chosen = second
-    source = "search" if any(f.specs == chosen.specs for f in found) else chosen.name
-    same = [n for n, t in baselines.items() if t.specs == chosen.specs]
+    same = [n for n, t in baselines.items() if t.specs == chosen.specs and n not in s.kept_rows]
+    source = "given" if given else "search" if any(f.specs == chosen.specs for f in found) else chosen.name
     compared = next(t for t in pool if t.specs == chosen.specs).report  # as the baselines were priced
     report = _with_baselines(chosen.report, {n: t.report for n, t in baselines.items()})
-    words = plan_words(s, chosen.specs, chosen.report)
+    words = plan_words(s, chosen)
     out_specs = unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, chosen.specs)])
     plan = ShardingPlan(out_specs, s.tree, [lf.path for lf in s.info], report,
                         {n: (t.report, t.memory) for n, t in baselines.items()}, chosen.memory, s.limit, source,
@@ -190,6 +178,49 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
     plan.layouts = {n: unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, t.specs)])
                     for n, t in baselines.items()}
     return plan
+
+
+def _baselines(s: Search, price: Callable[[str, Sequence[int]], Tried]) -> dict[str, Tried]:
+    """The standard layouts priced, one row per distinct layout, named by the standard layouts it is ("DP = FSDP"
+    where no parameter can be cut further); a layout the arguments' closed or fixed dims made from a standard
+    one, and no standard layout is, says so ("TP x DP (given dims kept)"; ``s.kept_rows``)."""
+    rows: dict[tuple, list[tuple[str, Tried]]] = {}
+    for name in s.named[0]:
+        if all(name in nm for nm in s.named) and (s.has_tp or not name.startswith("TP")):
+            t = price(name, [nm[name] for nm in s.named])
+            rows.setdefault(tuple(t.specs), []).append((name, t))
+    out: dict[str, Tried] = {}
+    for group in rows.values():
+        names = [n for n, _ in group if n not in s.kept]
+        label = " = ".join(names) if names else " = ".join(n for n, _ in group) + " (given dims kept)"
+        if not names:
+            s.kept_rows.add(label)
+        out[label] = group[0][1]._replace(name=label)
+    return out
+
+
+def _proposals(s: Search, price: Callable[[str, Sequence[int]], Tried]) -> list[Tried]:
+    """The MILP's choices, priced: its memory is checked by the estimate, tightened where it fell short and
+    loosened once where it was cautious (the choice's estimate needed less than the model said); a choice whose
+    layers' backward passes were priced from their own gradients is priced again from its consumer's."""
+    found: list[Tried] = []
+    limit, excluded, loosened = s.limit, [], False
+    for _ in range(12):
+        sol = milp.solve(s.groups, s.edges, limit, excluded)
+        if sol is not None and s.refine(sol.choice):
+            continue
+        if sol is None or any(f.choice == sol.choice for f in found):
+            break
+        t = price("search", sol.choice)
+        found.append(t)
+        if t.memory > s.limit:
+            excluded.append(sol.choice)
+            limit = limit * s.limit / t.memory
+        elif not loosened and np.isfinite(limit) and t.memory < 0.97 * sol.memory:
+            loosened, limit = True, limit * sol.memory / max(t.memory, 1.0)
+        else:
+            break
+    return found
 
 
 def _with_baselines(rep: Report, baselines: dict) -> Report:

@@ -333,18 +333,20 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
         else:
             outs = run()
     # An activation's gradient goes on to the layer before as it comes: the moves that lay it out as its input
-    # (what vjp does for a primal) are no steps of the program; its layout before them is the gradient's.
+    # (what vjp does for a primal) are no steps of the program, and its layout before them is the gradient's; the
+    # sums of its cotangents from several readers (also logged as "grad of" it) are steps of the program.
     label = {f"grad of xs[{i}]": e for i, e in enumerate(which)}
     kept, raw = [], {}
     for st in log.steps:
         e = label.get(str(st.user))
-        if e is not None and e not in raw and st.uses and st.uses[0].src is not None:
+        moved = e is not None and not params_[e] and isinstance(st.op, str)
+        if e is not None and e not in raw and st.uses and st.uses[0].src is not None and (params_[e] or moved):
             raw[e] = (st.uses[0].src, st.uses[0].dtype.itemsize)
-        if e is None or params_[e]:
+        if not moved:
             kept.append(st)
-    for e, (lay, _) in raw.items():
-        if not params_[e]:
-            grads[e] = lay
+    for e in which:
+        if not params_[e] and e in raw:
+            grads[e] = raw[e][0]
     return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads),
                     tuple(raw.get(e) for e in range(len(inputs))), tuple(log.steps))
 

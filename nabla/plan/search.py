@@ -90,6 +90,8 @@ class Search:
         self._prices: dict = {}
         self.refined: dict = {}  # (producer, its candidate, consumer, its candidate) -> Priced
         self.has_tp = False  # some class has parameters Megatron's cut applies to
+        self.kept: set[str] = set()  # standard layouts the arguments' closed or fixed dims change
+        self.kept_rows: set[str] = set()  # baseline rows that are such a changed layout only
         self.record()
 
     # -- the program --
@@ -127,6 +129,11 @@ class Search:
         self.params = {i for s, i in self.serials.items() if self.tags.get(s) == "params"}
         opt = [(s, k) for s, k in rec.tags.items() if k == "optimizer"]
         self.opt_ratio = self._optimizer_ratio(rec.steps, opt)
+        self.reader: dict[int, str] = {}  # leaf -> the op that reads it first (a matmul: column- or row-parallel)
+        for st in fwd:
+            for u in st.uses:
+                if u.value in self.serials:
+                    self.reader.setdefault(self.serials[u.value], st.name)
         self.dims = L.value_dims(fwd)
         self.batch, self.seq = self._batch_and_sequence(fwd)
 
@@ -201,7 +208,7 @@ class Search:
             data = not param and bool(u.shape) and (carries if lf is not None else
                                                     u.src is not None and np.dtype(u.dtype).kind in "fcV")
             out.append(Slot(tuple(u.shape), np.dtype(u.dtype) if (u.src is not None or lf is not None) else None,
-                            cls.dims[e], base, free, used, param, data, given, roles))
+                            cls.dims[e], base, free, used, param, data, given, roles, lf is not None))
         return out
 
     def candidates(self, cls: L.LayerClass, slots: list[Slot]) -> tuple[list[Candidate], dict[str, int]]:
@@ -216,6 +223,9 @@ class Search:
             lay = tuple(layout_of(mesh, s, opts) for s in slots)
             cands.setdefault(lay, Candidate(lay, opts))
             named[name] = list(cands).index(lay)
+            if any(s.leaf and s.dtype is not None and l != layout_of(mesh, s.opened(), opts)
+                   for s, l in zip(slots, lay)):
+                self.kept.add(name)  # the user's closed or fixed dims make it another layout than its name says
         each = [all_layouts(mesh, s) for s in slots]
         if len(cls.instances) == 1 and prod(len(e) for e in each) <= EXHAUSTIVE:
             for lay in product(*each):
@@ -434,13 +444,12 @@ class Search:
                 for j, k in enumerate(inst.outputs):
                     where[inst.steps[k].out] = (ci, j, inst.steps[k])
         costs: dict[tuple, np.ndarray] = {}
-        big = 10.0 * sum(max(g.time) for g in self.groups) + 1.0
         for ci, fed in enumerate(self.fed):  # a fed class's candidate takes only what its producer hands over
             if fed is not None:
                 pa, feeds = fed
                 _, js = self._fed(ci, self.classes[ci], self._producers())
                 given = [tuple(_key(p.outputs[js[e]]) for e in sorted(js)) for p in self.prices[pa]]
-                costs[(pa, ci)] = np.array([[0.0 if g == f else big for f in feeds] for g in given])
+                costs[(pa, ci)] = np.array([[0.0 if g == f else np.inf for f in feeds] for g in given])
         for ci, cls in enumerate(self.classes):
             for inst in cls.instances:
                 for e, v in enumerate(inst.inputs):
@@ -483,12 +492,19 @@ class Search:
                 specs[i] = lf.fixed
         return specs
 
-    def measure(self, specs: Sequence[Any]) -> tuple[Report, float, float]:
-        """The real estimate of ``specs``; memory per device including optimizer state the program lacks."""
-        rep = estimate(self.fn, self.cluster, self.overlap)(*self.abstract(specs))
+    def measure(self, specs: Sequence[Any]) -> tuple[Report, float, float, dict]:
+        """The real estimate of ``specs``: the report, memory per device including the optimizer state the program
+        lacks, that state, and per parameter path the mesh axes its gradient was summed over (as logged)."""
+        with C.comm_log() as log:
+            rep = estimate(self.fn, self.cluster, self.overlap)(*self.abstract(specs))
         peak = max(rep.memory.peak.values(), default=0)
         extra = self.assumed(specs)
-        return rep, peak + extra, extra
+        sums: dict[str, set] = {}
+        for st in log.steps:
+            if st.phase == "backward" and str(st.user).startswith("grad of "):
+                axes = sums.setdefault(str(st.user)[len("grad of "):], set())
+                axes.update(a for e in st.events if e.kind in ("all_reduce", "reduce_scatter") for a in e.axes)
+        return rep, peak + extra, extra, sums
 
     def assumed(self, specs: Sequence[Any]) -> float:
         """Bytes per device of the optimizer state the program does not hold (mixed-precision Adam's)."""
@@ -555,9 +571,14 @@ EXACT_STEPS = 600
 
 
 class Tried(NamedTuple):
+    """A layout priced: its name (a standard layout's, or "search"), the candidate per class it came from, its spec
+    per argument leaf, its estimate and the bytes per device it needs."""
+
     name: str
     choice: tuple
     specs: list
     report: Report
     memory: float  # bytes per device (optimizer state the program lacks included)
-    extra: float
+    extra: float  # of which optimizer state the program lacks
+    full: bool = False  # the estimate ran the program (nb.estimate), rather than stitching replayed layers
+    sums: dict | None = None  # when full: parameter path -> the mesh axes its gradient was summed over

@@ -3,7 +3,7 @@ reductions, backward collectives), and why a memory limit cannot be met."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -11,9 +11,12 @@ from ..spec import ShardingSpec
 from . import layers as L
 from .report import Report
 from .search import Search, Tried
+from .steps import MATMUL_OPS
+
 
 def _who(cls: L.LayerClass) -> str:
-    labels = [i.label or "-" for i in cls.instances]
+    """A layer class by its labels: ``layer 0 .. layer 31 (32 alike)``; steps outside any ``nb.named_scope``."""
+    labels = [i.label or "outside named scopes" for i in cls.instances]
     return labels[0] if len(labels) == 1 else f"{labels[0]} .. {labels[-1]} ({len(labels)} alike)"
 
 
@@ -23,7 +26,7 @@ def infeasible(s: Search, best: Tried) -> str:
     by = {k: max(v.values(), default=0) for k, v in best.report.memory.by_kind.items()}
     if best.extra:
         by["optimizer state (Adam, assumed)"] = best.extra
-    if best.choice:
+    if best.choice and not best.full:  # priced by the model: where its memory goes, per layer class
         mult = 1.0 + s.opt_ratio[0]
         per = []
         for ci, cls in enumerate(s.classes):
@@ -49,75 +52,104 @@ def infeasible(s: Search, best: Tried) -> str:
 # ---- in words ---------------------------------------------------------------------------------------------
 
 
-def _describe(spec: ShardingSpec, shape: tuple, batch_axes: set, seq_axes: set = frozenset()) -> str:
-    """A parameter's layout in words: FSDP where its axis also cuts the batch, column/row-parallel otherwise."""
+def _name(path: str) -> str:
+    """A leaf's last key: ``params['layers'][0]['wq']`` -> ``wq``."""
+    return path.rsplit("[", 1)[-1].strip("]'\"") if "[" in path else path
+
+
+def _axes(axes: Sequence[str]) -> str:
+    return " and ".join(axes)
+
+
+def _data(name: str, spec: ShardingSpec | None, roles: Sequence[str]) -> str:
+    """A batch-carrying input's layout in words: which of its dims (the batch, the sequence, another) are cut."""
+    cut = [(d, ds.axes) for d, ds in enumerate(spec.dim_specs) if ds.axes] if spec is not None else []
+    if not cut:
+        return f"{name} replicated"
+    role = lambda d: roles[d] if d < len(roles) and roles[d] else f"dim {d}"  # noqa: E731
+    return f"{name} " + ", ".join(f"{role(d)}-sharded over {_axes(ax)}" for d, ax in cut)
+
+
+def _param(name: str, spec: ShardingSpec | None, matmul: bool, batch: set, seq: set) -> str:
+    """A parameter's layout in words: FSDP where its axis also cuts the batch; a matrix a matmul reads column- or
+    row-parallel (the sequence cut over the same axis: sequence parallelism); any other cut by its dim."""
     if spec is None:
-        return "on the host"
+        return f"{name} on the host"
     cut = [(d, ax) for d, ds in enumerate(spec.dim_specs) for ax in ds.axes]
     if not cut:
-        return "replicated"
+        return f"{name} replicated"
     parts = []
     for d, ax in cut:
-        if ax in batch_axes:
-            parts.append(f"sharded over {ax} (FSDP: gathered for use)")
-        elif len(shape) == 2:
-            seq = f" (the sequence cut over {ax} too)" if ax in seq_axes else ""
-            parts.append(f"{'column' if d == 1 else 'row'}-parallel over {ax}{seq}")
+        if ax in batch:
+            parts.append(f"dim {d} over {ax} (FSDP: gathered for use)")
+        elif matmul and len(spec.dim_specs) == 2:
+            parts.append(f"{'column' if d == 1 else 'row'}-parallel over {ax}"
+                         + (f" (the sequence cut over {ax} too)" if ax in seq else ""))
         else:
             parts.append(f"dim {d} over {ax}")
-    return ", ".join(parts)
+    return f"{name} " + ", ".join(parts)
 
 
-def plan_words(s: Search, specs: Sequence[Any], rep: Report) -> list[str]:
-    """Per layer class: each parameter's layout, the batch-carrying inputs', and how gradients are reduced."""
-    grads = _grad_moves(rep, s)
+def _gradients(spec: ShardingSpec | None, summed: set) -> str:
+    """How a parameter's gradient was finished: summed over the mesh axes its partial sums spanned, kept cut over
+    those the parameter is cut over (a reduce_scatter)."""
+    if not summed:
+        return ""
+    cut = {a for ds in spec.dim_specs for a in ds.axes} if spec is not None else set()
+    order = [a for a in spec.mesh.axis_names if a in summed] if spec is not None else sorted(summed)
+    scattered = [a for a in order if a in cut]
+    if len(scattered) == len(order):
+        return f"reduce-scattered over {_axes(order)}"
+    if not scattered:
+        return f"summed over {_axes(order)} (all_reduce)"
+    return f"summed over {_axes(order)}, reduce-scattered over {_axes(scattered)}"
+
+
+def plan_words(s: Search, chosen: Tried) -> list[str]:
+    """Per layer class: each parameter's layout, each batch-carrying input's (the arguments by name, values from
+    other layers as activations), how the gradients were summed in the chosen layout's full run, and the
+    collectives its backward pass runs."""
+    specs, rep = chosen.specs, chosen.report
     lines = []
     for ci, cls in enumerate(s.classes):
-        inst = cls.instances
-        slots = s.slot_of[ci]
-        labels = [i.label or "-" for i in inst]
-        who = _who(cls)
-        batch_axes: set = set()
-        seq_axes: set = set()
-        acts = []
+        inst, slots = cls.instances, s.slot_of[ci]
+        priced = s.part(chosen.choice, ci) if chosen.choice else None
+        batch: set = set()
+        seq: set = set()
+        data = []
         for e, sl in enumerate(slots):
             if not sl.data:
                 continue
             i = s.serials.get(inst[0].inputs[e])
-            lay = L.without_partial(specs[i] if i is not None else s.prices[ci][0].inputs[e])
+            lay = L.without_partial(specs[i] if i is not None else priced.inputs[e] if priced else None)
             for d, ds in enumerate(lay.dim_specs if lay is not None else ()):
-                for ax in ds.axes:
-                    (batch_axes if d == 0 else seq_axes).add(ax)
-                    acts.append(f"{'batch' if d == 0 else 'sequence' if d == 1 else f'dim {d}'}-sharded over {ax}")
-        ws, kinds = [], set()
+                (batch if d < len(sl.roles) and sl.roles[d] == "batch" else
+                 seq if d < len(sl.roles) and sl.roles[d] == "sequence" else set()).update(ds.axes)
+            named = i is not None and all(j.inputs[e] in s.serials for j in inst)  # an argument in every instance
+            data.append(_data(_name(s.info[i].path) if named else "activations", lay, sl.roles))
+        ws, grads = [], {}
         for e, sl in enumerate(slots):
             i = s.serials.get(inst[0].inputs[e])
             if not sl.param or i is None:
                 continue
-            path = s.info[i].path
-            name = path.rsplit("[", 1)[-1].strip("]'\"") if "[" in path else path
-            ws.append(f"{name} {_describe(specs[i], sl.shape, batch_axes, seq_axes)}")
-            for j in inst:
-                k = s.serials.get(j.inputs[e])
-                if k is not None:
-                    kinds |= grads.get(s.info[k].path, set())
-        text = f"{who}: " + ("; ".join(ws) if ws else "no parameters")
-        text += "; activations " + (", ".join(dict.fromkeys(acts)) if acts else "replicated")
-        if kinds:
-            text += "; gradients " + " and ".join(_VERB.get(k, k) for k in sorted(kinds))
-        inside = _backward_moves(rep, set(labels))
+            name = _name(s.info[i].path)
+            ws.append(_param(name, specs[i], s.reader.get(i) in MATMUL_OPS, batch, seq))
+            how = _gradients(specs[i], (chosen.sums or {}).get(s.info[i].path, set()))
+            if how:
+                grads.setdefault(how, []).append(name)
+        text = f"{_who(cls)}: " + "; ".join(ws + list(dict.fromkeys(data)) or ["no parameters"])
+        if len(grads) == 1:
+            text += "; gradients " + next(iter(grads))
+        elif grads:
+            text += "; gradients: " + "; ".join(f"{', '.join(ns)} {how}" for how, ns in grads.items())
+        inside = _backward_moves(rep, {i.label or "-" for i in inst}, len(inst))
         if inside:
             text += "; backward: " + ", ".join(f"{k} x{n}" for k, n in sorted(inside.items()))
         lines.append(text)
     return lines
 
 
-_VERB = {"all_reduce": "summed over the batch (all_reduce)", "reduce_scatter": "reduce-scattered to their shards",
-         "all_gather": "gathered",
-         "all_to_all": "exchanged (all_to_all)", "collective_permute": "permuted"}
-
-
-def _backward_moves(rep: Report, labels: set) -> dict[str, int]:
+def _backward_moves(rep: Report, labels: set, count: int) -> dict[str, int]:
     """Collective kind -> how many the backward steps of the layers ``labels`` run (one layer's worth)."""
     phase = {c.index: c.phase for c in rep.timeline.costs}
     counts: dict[str, int] = {}
@@ -125,14 +157,4 @@ def _backward_moves(rep: Report, labels: set) -> dict[str, int]:
         if iv.stream == "comm" and (iv.layer or "-") in labels and phase.get(iv.step) == "backward" \
                 and not str(iv.user).startswith("grad of"):
             counts[iv.name] = counts.get(iv.name, 0) + 1
-    return {k: max(1, n // len(labels)) for k, n in counts.items()}
-
-
-def _grad_moves(rep: Report, s: Search) -> dict[str, set]:
-    """Parameter path -> the collectives and axes of its gradient's reduction in the chosen layout's estimate."""
-    out: dict[str, set] = {}
-    for iv in rep.timeline.intervals:
-        user = str(iv.user)
-        if iv.stream == "comm" and user.startswith("grad of "):
-            out.setdefault(user[len("grad of "):], set()).add(iv.name)
-    return out
+    return {k: max(1, n // count) for k, n in counts.items()}
