@@ -80,9 +80,10 @@ class ShardingPlan:
                                                 f"{ref * 1e3:.3f} ms")
         if self.baselines:
             lines.append(f"baselines ({how}):")
+        width = max([16] + [len(n) for n in self.baselines])
         for name, (rep, mem) in self.baselines.items():
             fits = "" if mem <= self.memory_limit else "  (over the limit)"
-            lines.append(f"  vs {name:<16} step {rep.step_time * 1e3:>10.3f} ms ({rep.step_time / ref:.2f}x), "
+            lines.append(f"  vs {name:<{width}} step {rep.step_time * 1e3:>10.3f} ms ({rep.step_time / ref:.2f}x), "
                          f"memory {mem / gib:.2f} GiB{fits}")
         return "\n".join(lines)
 
