@@ -138,7 +138,8 @@ class Slot(NamedTuple):
     data: bool  # carries the batch (an activation, or an argument with a dim in the batch's class)
     given: Any  # the layout it keeps when it is not free at all (None: a host value)
     roles: tuple = ()  # per dim, "batch", "sequence" or "": its class program-wide
-    leaf: bool = False  # an argument of the program (its closed and fixed dims are the user's)
+    leaf: bool = False  # an argument of the program
+    constrained: bool = False  # an argument with dims the user closed or fixed (or axes it keeps replicated)
 
     def opened(self) -> "Slot":
         """The slot with every dim free: what a standard layout would make of it if the user had kept nothing."""

@@ -56,6 +56,10 @@ def _program(groups: Sequence[Group], edges: Sequence[Edge]):
         n += len(ii)
     t_var = n
     n += 1
+    # memory in units of the largest number in it (HiGHS calls a program whose coefficients span 1 to 1e12 bytes
+    # infeasible): the rows below and ``mem``, ``late`` are bytes / ``scale``, and so is T
+    scale = max([1.0] + [float(max(list(g.memory) + list(g.transient) + list(g.late if g.late is not None else [])))
+                         for g in groups if len(g.time)])
     r_idx: list = []  # (row, column, value) of the nonzero entries
     c_idx: list = []
     vals: list = []
@@ -82,7 +86,7 @@ def _program(groups: Sequence[Group], edges: Sequence[Edge]):
     for g, o in zip(groups, off):
         for i, t in enumerate(g.transient):
             if t > 0:
-                row([o + i, t_var], [float(t), -1.0], -np.inf, 0.0)
+                row([o + i, t_var], [float(t) / scale, -1.0], -np.inf, 0.0)
     time = np.zeros(n)
     mem = np.zeros(n)
     late = np.zeros(n)
@@ -92,12 +96,14 @@ def _program(groups: Sequence[Group], edges: Sequence[Edge]):
         late[o:o + len(g.memory)] = g.memory if g.late is None else g.late
     for e, (ii, jj, o) in zip(edges, pairs):
         time[o:o + len(ii)] = e.cost[ii, jj]
+    mem /= scale
+    late /= scale
     mem[t_var] = late[t_var] = 1.0
     integral = np.zeros(n)
     for g, o in zip(groups, off):
         integral[o:o + len(g.time)] = 1
     A = _sparse().coo_array((vals, (r_idx, c_idx)), shape=(len(lo), n)).tocsr()
-    return off, t_var, A, np.array(lo), np.array(hi), time, mem, late, integral
+    return off, t_var, A, np.array(lo), np.array(hi), time, mem, late, integral, scale
 
 
 def _sparse():
@@ -124,7 +130,7 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
     the least time, the one with the least memory (a second solve). ``exclude``: choices not to return again.
     ``None`` when no choice fits."""
     Bounds, LinearConstraint, milp = _scipy()
-    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
+    off, t_var, A, lo, hi, time, mem, late, integral, scale = _program(groups, edges)
     n = len(time)
     extra = []
     for ch in exclude:  # at most len-1 of an excluded choice's options may be taken again
@@ -141,8 +147,8 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
         res = milp(c, constraints=cons, integrality=integral, bounds=bounds)
         return res.x if res.status == 0 and res.x is not None else None
 
-    cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit)),
-                                                     (late, -np.inf, float(memory_limit))]
+    cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit) / scale),
+                                                     (late, -np.inf, float(memory_limit) / scale)]
     x = run(time, cap + extra)
     if x is None:
         return None
@@ -165,7 +171,7 @@ def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
     cons = LinearConstraint(sp.vstack(rows, format="csr"), np.r_[lo, [l for _, l, _ in more], -np.inf, -np.inf],
                             np.r_[hi, [h for _, _, h in more], 0.0, 0.0])
     c = np.zeros(n + 1)
-    c[-1] = 1.0 / max(1.0, float(max(mem.max(), late.max())))
+    c[-1] = 1.0
     res = milp(c, constraints=cons, integrality=np.r_[integral, 0],
                bounds=Bounds(np.zeros(n + 1), np.r_[np.ones(n - 1), np.inf, np.inf]))
     return res.x[:n] if res.status == 0 and res.x is not None else None
@@ -173,8 +179,11 @@ def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
 
 def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = ()) -> Solution:
     """The choice with the least predicted memory per device."""
-    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
+    off, t_var, A, lo, hi, time, mem, late, integral, _ = _program(groups, edges)
     x = _least(A, lo, hi, integral, mem, late, [])
+    if x is None:
+        raise ShardingError("autoshard: HiGHS found no choice of one layout per layer class that its neighbours "
+                            "accept (each class fed by another takes only the layouts that one hands over)")
     choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
     return Solution(choice, *evaluate(groups, edges, choice))
 

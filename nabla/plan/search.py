@@ -20,8 +20,8 @@ from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
 from . import layers as L
 from . import milp
-from .candidates import (Candidate, Slot, all_layouts, arg_leaves, axis_options, baseline_options, given_layout,
-                         layout_of, megatron_classes, mesh_of)
+from .candidates import (Candidate, Slot, _ways, all_layouts, arg_leaves, axis_options, baseline_options,
+                         given_layout, layout_of, megatron_classes, mesh_of)
 from .cluster import Cluster
 from .estimate import _priced, estimate
 from .report import Report, estimate_steps
@@ -32,8 +32,9 @@ EXHAUSTIVE = 256
 #: KEEP_FAST fastest and KEEP_SMALL smallest (with the standard layouts') are combined
 SCREEN, KEEP_FAST, KEEP_SMALL = 48, 3, 2
 #: a class fed by another is priced under the layouts the FEEDS fastest of its producer's candidates hand over
-#: (and the standard layouts'); producer candidates handing over anything else are left out
-FEEDS = 3
+#: (those cutting the batch and sequence only) and the standard layouts'; producers handing over anything else are
+#: left out
+FEEDS = 1
 
 class Priced(NamedTuple):
     steps: tuple  # the replay's steps (forward, backward, gradient reductions), as the estimator reads them
@@ -75,6 +76,14 @@ def _key(spec: Any) -> Any:
 
 
 _strip = L.without_partial
+
+
+def _data_dims_only(spec: Any, slot: Slot) -> bool:
+    """Whether ``spec`` cuts only dims of ``slot`` that are the batch or the sequence, with no sum pending."""
+    if spec is None:
+        return True
+    return not spec.partial_axes and all(not ds.axes or (d < len(slot.roles) and slot.roles[d] in ("batch", "sequence"))
+                                         for d, ds in enumerate(spec.dim_specs))
 
 
 class Search:
@@ -208,7 +217,8 @@ class Search:
             data = not param and bool(u.shape) and (carries if lf is not None else
                                                     u.src is not None and np.dtype(u.dtype).kind in "fcV")
             out.append(Slot(tuple(u.shape), np.dtype(u.dtype) if (u.src is not None or lf is not None) else None,
-                            cls.dims[e], base, free, used, param, data, given, roles, lf is not None))
+                            cls.dims[e], base, free, used, param, data, given, roles, lf is not None,
+                            lf is not None and (lf.fixed is not None or not all(lf.free) or bool(lf.used))))
         return out
 
     def candidates(self, cls: L.LayerClass, slots: list[Slot]) -> tuple[list[Candidate], dict[str, int]]:
@@ -223,7 +233,7 @@ class Search:
             lay = tuple(layout_of(mesh, s, opts) for s in slots)
             cands.setdefault(lay, Candidate(lay, opts))
             named[name] = list(cands).index(lay)
-            if any(s.leaf and s.dtype is not None and l != layout_of(mesh, s.opened(), opts)
+            if any(s.constrained and s.dtype is not None and l != layout_of(mesh, s.opened(), opts)
                    for s, l in zip(slots, lay)):
                 self.kept.add(name)  # the user's closed or fixed dims make it another layout than its name says
         each = [all_layouts(mesh, s) for s in slots]
@@ -408,7 +418,11 @@ class Search:
 
     def _fed_candidates(self, cls: L.LayerClass, slots: list[Slot], pa: int, js: dict[int, int]):
         """The candidates of a class fed by class ``pa``: for each layout that class's candidates hand over, this
-        class's own choices with its activations laid out so. Also per candidate, the layout it is fed."""
+        class's own choices with its activations laid out so. Also per candidate, the layout it is fed.
+
+        The layouts fed: the standard layouts', and those of the fastest producers that cut the activations on
+        their batch and sequence dims only, nothing pending (a cheap producer, an embedding lookup, is fastest
+        handing over its output cut on the hidden dim, or a sum pending, which no layer after it wants)."""
         by_feed: dict[tuple, dict] = {}
         ranked = sorted(range(len(self.prices[pa])), key=lambda a: self.prices[pa][a].time)
         wanted = set(self.named[pa].values())
@@ -416,13 +430,17 @@ class Search:
             p = self.prices[pa][a]
             lay = {e: p.outputs[j] for e, j in js.items()}
             key = tuple(_key(lay[e]) for e in sorted(lay))
-            if key in by_feed or (len(by_feed) >= FEEDS and a not in wanted):
+            if key in by_feed or a not in wanted and (len(by_feed) >= FEEDS or not all(
+                    _data_dims_only(lay[e], slots[e]) for e in lay)):
                 continue
             by_feed[key] = lay
         cands, feeds, named_by = [], [], {}
         for key, lay in by_feed.items():
-            fslots = [sl._replace(free=(False,) * len(sl.shape), given=lay[e]) if e in lay else sl
-                      for e, sl in enumerate(slots)]
+            # the activations as they come; the arguments that carry the batch (targets, masks) cut as they are
+            fslots = [sl._replace(free=(False,) * len(sl.shape), given=lay[e]) if e in lay else
+                      sl._replace(free=(False,) * len(sl.shape), given=self._follow(sl, [(slots[k], lay[k])
+                                                                                        for k in lay]))
+                      if sl.leaf and sl.data and not sl.constrained else sl for e, sl in enumerate(slots)]
             c, nm = self.candidates(cls, fslots)
             named_by[key] = {n: len(cands) + i for n, i in nm.items()}
             cands += c
@@ -434,6 +452,22 @@ class Search:
             if n in named_by.get(key, {}):
                 named[n] = named_by[key][n]
         return cands, named, feeds
+
+    def _follow(self, slot: Slot, fed: Sequence[tuple[Slot, Any]]) -> ShardingSpec:
+        """An argument that carries the batch, laid out as the activations fed in are: each of its free batch and
+        sequence dims cut over the axes the activations' dim of that role is cut over (its kept axes first)."""
+        cut: dict[str, list] = {}
+        for sl, spec in fed:
+            for d, ds in enumerate(spec.dim_specs if spec is not None else ()):
+                if d < len(sl.roles) and sl.roles[d] and sl.roles[d] not in cut:
+                    cut[sl.roles[d]] = [a for a in ds.axes]
+        dims, taken = [list(b) for b in slot.base], set(slot.used)
+        for d, role in enumerate(slot.roles):
+            for a in cut.get(role, []) if slot.free[d] else []:
+                if a not in taken and slot.shape[d] % (_ways(self.mesh, dims[d]) * self.mesh.axis_size(a)) == 0:
+                    dims[d].append(a)
+                    taken.add(a)
+        return ShardingSpec(self.mesh, [DimSpec(tuple(d)) for d in dims])
 
     def _edges(self) -> list[milp.Edge]:
         where = {}  # serial -> (class index, output index) of the segment that makes it
@@ -533,9 +567,10 @@ class Search:
         extra = self.assumed(self.realize(choice))
         held = sum(parts[ci].held * len(self.classes[ci].instances) for ci in parts)
         top = max((p.transient for p in parts.values()), default=0.0)
-        record = _Modelled({d: int(mem) for d in self.mesh.devices},
-                           {"held (parameters, gradients, optimizer, saved values)": {d: int(held) for d in self.mesh.devices},
-                            "temporaries": {d: int(top) for d in self.mesh.devices}})
+        every = self.mesh.devices
+        record = _Modelled({d: int(mem) for d in every},
+                           {"held (parameters, gradients, optimizer, saved values)": {d: int(held) for d in every},
+                            "temporaries": {d: int(top) for d in every}})
         rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=record)
         return rep, mem, extra
 
