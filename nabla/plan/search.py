@@ -34,7 +34,7 @@ SCREEN, KEEP_FAST, KEEP_SMALL = 48, 3, 2
 #: a class fed by another is priced under the layouts the FEEDS fastest of its producer's candidates hand over
 #: (those cutting the batch and sequence only) and the standard layouts'; producers handing over anything else are
 #: left out
-FEEDS = 1
+FEEDS = 3
 
 class Priced(NamedTuple):
     steps: tuple  # the replay's steps (forward, backward, gradient reductions), as the estimator reads them
@@ -79,11 +79,12 @@ _strip = L.without_partial
 
 
 def _data_dims_only(spec: Any, slot: Slot) -> bool:
-    """Whether ``spec`` cuts only dims of ``slot`` that are the batch or the sequence, with no sum pending."""
+    """Whether ``spec`` cuts only dims of ``slot`` that are the batch or the sequence (a sum may be pending: a
+    row-parallel layer's output, or a vocabulary-parallel lookup's)."""
     if spec is None:
         return True
-    return not spec.partial_axes and all(not ds.axes or (d < len(slot.roles) and slot.roles[d] in ("batch", "sequence"))
-                                         for d, ds in enumerate(spec.dim_specs))
+    return all(not ds.axes or (d < len(slot.roles) and slot.roles[d] in ("batch", "sequence"))
+               for d, ds in enumerate(spec.dim_specs))
 
 
 class Search:
@@ -421,8 +422,8 @@ class Search:
         class's own choices with its activations laid out so. Also per candidate, the layout it is fed.
 
         The layouts fed: the standard layouts', and those of the fastest producers that cut the activations on
-        their batch and sequence dims only, nothing pending (a cheap producer, an embedding lookup, is fastest
-        handing over its output cut on the hidden dim, or a sum pending, which no layer after it wants)."""
+        their batch and sequence dims only (a cheap producer, an embedding lookup, is fastest handing over its
+        output cut on the hidden dim, which no layer after it wants)."""
         by_feed: dict[tuple, dict] = {}
         ranked = sorted(range(len(self.prices[pa])), key=lambda a: self.prices[pa][a].time)
         wanted = set(self.named[pa].values())
