@@ -1,13 +1,16 @@
 """Autoshard's candidates: the arguments as leaves (kept, open and fixed dims), each layer class's inputs as
-slots, per-axis options (dim classes a mesh axis cuts, FSDP) and the layouts they give, and the standard layouts
-(DP, FSDP, Megatron TP, SP) as options. Pricing and choosing are search.py's."""
+slots, per-axis options (dim classes a mesh axis cuts, FSDP) and the layouts they give, the standard layouts
+(DP, FSDP, Megatron TP, SP) as options, and what comparing two layouts costs. Pricing and choosing are
+search.py's."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import combinations, product
 from math import prod
 from typing import Any, Callable, NamedTuple, Sequence
 
+from .. import reshard
 from ..autodiff import _arg_name, _paths
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
@@ -270,3 +273,40 @@ def baseline_options(mesh: DeviceMesh, cls: L.LayerClass, slots: Sequence[Slot])
                 out[name + " + SP"] = tuple(None if a not in axes else Option(tp | s) if a == last else
                                             Option(b, fsdp) for a in mesh.axis_names)
     return out
+
+
+# ---- layouts compared -----------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=65536)
+def reshard_time(shape: tuple, itemsize: int, src: ShardingSpec, dst: ShardingSpec, cluster: Cluster) -> float:
+    """A lower bound on the time to bring a value from ``src`` to ``dst``: the bytes no plan can beat
+    (``reshard.lower_bound``) over the bandwidth of the slowest link the axes that change use."""
+    if layout_key(src) == layout_key(dst):
+        return 0.0
+    try:
+        nbytes = reshard.lower_bound(shape, itemsize, src, dst)
+    except ShardingError:
+        return 0.0
+    a, b = layout_key(src), layout_key(dst)
+    moved = {x for d in a[0] + b[0] for x in d} | set(a[1]) | set(b[1])
+    moved -= {x for da, db in zip(a[0], b[0]) if da == db for x in da}
+    tier = cluster.tier(src.mesh, sorted(moved)).kind if moved else "nvlink"
+    latency, bandwidth = cluster.hardware.link("nvlink" if tier == "nvlink" else "network")
+    return latency + nbytes / bandwidth
+
+
+def layout_key(spec: Any) -> Any:
+    """A layout as the blocks see it: axes per dim and partial axes (open or closed alike)."""
+    if spec is None:
+        return None
+    return tuple(d.axes for d in spec.dim_specs), tuple(spec.partial_axes)
+
+
+def data_dims_only(spec: Any, slot: Slot) -> bool:
+    """Whether ``spec`` cuts only dims of ``slot`` that are the batch or the sequence (a sum may be pending: a
+    row-parallel layer's output, or a vocabulary-parallel lookup's)."""
+    if spec is None:
+        return True
+    return all(not ds.axes or (d < len(slot.roles) and slot.roles[d] in ("batch", "sequence"))
+               for d, ds in enumerate(spec.dim_specs))

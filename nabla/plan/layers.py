@@ -365,3 +365,19 @@ def block_bytes(spec: Any, shape: Sequence[int], itemsize: int) -> int:
     if spec is None:
         return prod(shape) * itemsize
     return prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape)) * itemsize
+
+
+def renamed(steps: Sequence, fresh: Any, label: str | None) -> list:
+    """One instance's copy of a replay's priced steps: its values under names of their own (fusion reads a value's
+    last reader by name: two instances sharing names would look like one value read far ahead) and its label."""
+    names: dict[int, int] = {}
+
+    def name(v: int) -> int:
+        if not v:
+            return v
+        if v not in names:
+            names[v] = next(fresh)
+        return names[v]
+
+    return [x._replace(reads=tuple((name(v), b) for v, b in x.reads), out=name(x.out), layer=label)
+            if hasattr(x, "_replace") else x for x in steps]

@@ -5,7 +5,6 @@ layers. What the candidates are is candidates.py's; verifying and naming the res
 from __future__ import annotations
 
 import time as _time
-from functools import lru_cache
 from itertools import count, product
 from math import prod
 from typing import Any, NamedTuple, Sequence
@@ -13,7 +12,6 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from .. import collectives as C
-from .. import reshard
 from ..errors import ShardingError
 from ..pytree import flatten, unflatten
 from ..spec import DimSpec, ShardingSpec
@@ -21,8 +19,7 @@ from ..tensor import Tensor
 from . import layers as L
 from . import milp
 from .candidates import (Candidate, Slot, _ways, all_layouts, arg_leaves, axis_options, baseline_options,
-                         given_layout, layout_of, megatron_classes, mesh_of)
-from .cluster import Cluster
+                         data_dims_only, given_layout, layout_key, layout_of, megatron_classes, mesh_of, reshard_time)
 from .estimate import _priced, estimate
 from .report import Report, estimate_steps
 
@@ -50,41 +47,7 @@ class Priced(NamedTuple):
 # ---- pricing ----------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=65536)
-def _reshard_time(shape: tuple, itemsize: int, src: ShardingSpec, dst: ShardingSpec, cluster: Cluster) -> float:
-    """A lower bound on the time to bring a value from ``src`` to ``dst``: the bytes no plan can beat
-    (``reshard.lower_bound``) over the bandwidth of the slowest link the axes that change use."""
-    if _key(src) == _key(dst):
-        return 0.0
-    try:
-        nbytes = reshard.lower_bound(shape, itemsize, src, dst)
-    except ShardingError:
-        return 0.0
-    a, b = _key(src), _key(dst)
-    moved = {x for d in a[0] + b[0] for x in d} | set(a[1]) | set(b[1])
-    moved -= {x for da, db in zip(a[0], b[0]) if da == db for x in da}
-    tier = cluster.tier(src.mesh, sorted(moved)).kind if moved else "nvlink"
-    latency, bandwidth = cluster.hardware.link("nvlink" if tier == "nvlink" else "network")
-    return latency + nbytes / bandwidth
-
-
-def _key(spec: Any) -> Any:
-    """A layout as the blocks see it: axes per dim and partial axes (open or closed alike)."""
-    if spec is None:
-        return None
-    return tuple(d.axes for d in spec.dim_specs), tuple(spec.partial_axes)
-
-
 _strip = L.without_partial
-
-
-def _data_dims_only(spec: Any, slot: Slot) -> bool:
-    """Whether ``spec`` cuts only dims of ``slot`` that are the batch or the sequence (a sum may be pending: a
-    row-parallel layer's output, or a vocabulary-parallel lookup's)."""
-    if spec is None:
-        return True
-    return all(not ds.axes or (d < len(slot.roles) and slot.roles[d] in ("batch", "sequence"))
-               for d, ds in enumerate(spec.dim_specs))
 
 
 class Search:
@@ -306,7 +269,7 @@ class Search:
             for e, j in feeds.items():
                 new[j] = r.gradients[e]
             now = cts if cts is not None else [_strip(o) for o in r.outputs]
-            if all(_key(r.outputs[j]) == _key(layouts[e]) and (new[j] is None or _key(new[j]) == _key(now[j]))
+            if all(layout_key(r.outputs[j]) == layout_key(layouts[e]) and (new[j] is None or layout_key(new[j]) == layout_key(now[j]))
                    for e, j in feeds.items()):
                 break
             for e, j in feeds.items():
@@ -433,18 +396,18 @@ class Search:
         for a in ranked:  # the layouts the fastest producers hand over, and the standard layouts'
             p = self.prices[pa][a]
             lay = {e: p.outputs[j] for e, j in js.items()}
-            key = tuple(_key(lay[e]) for e in sorted(lay))
+            key = tuple(layout_key(lay[e]) for e in sorted(lay))
             if key in by_feed or a not in wanted and (extra >= FEEDS or not all(
-                    _data_dims_only(lay[e], slots[e]) for e in lay)):
+                    data_dims_only(lay[e], slots[e]) for e in lay)):
                 continue
             by_feed[key] = lay
             extra += a not in wanted
         free = sorted((self.price(cls, slots, c) for c in self.candidates(cls, slots)[0]), key=lambda p: p.time)
-        for want in dict.fromkeys(tuple(_key(_strip(p.inputs[e])) for e in sorted(js)) for p in free[:FEEDS]):
+        for want in dict.fromkeys(tuple(layout_key(_strip(p.inputs[e])) for e in sorted(js)) for p in free[:FEEDS]):
             for a in ranked:  # the fastest producer handing it over (a sum may be pending)
                 lay = {e: self.prices[pa][a].outputs[j] for e, j in js.items()}
-                if tuple(_key(_strip(lay[e])) for e in sorted(lay)) == want:
-                    by_feed.setdefault(tuple(_key(lay[e]) for e in sorted(lay)), lay)
+                if tuple(layout_key(_strip(lay[e])) for e in sorted(lay)) == want:
+                    by_feed.setdefault(tuple(layout_key(lay[e]) for e in sorted(lay)), lay)
                     break
         cands, feeds, named_by = [], [], {}
         for key, lay in by_feed.items():
@@ -460,7 +423,7 @@ class Search:
         named = {}
         for n, a in self.named[pa].items():
             p = self.prices[pa][a]
-            key = tuple(_key(p.outputs[js[e]]) for e in sorted(js))
+            key = tuple(layout_key(p.outputs[js[e]]) for e in sorted(js))
             if n in named_by.get(key, {}):
                 named[n] = named_by[key][n]
         return cands, named, feeds
@@ -494,7 +457,7 @@ class Search:
             if fed is not None:
                 pa, feeds = fed
                 _, js = self._fed(ci, self.classes[ci], self._producers())
-                given = [tuple(_key(p.outputs[js[e]]) for e in sorted(js)) for p in self.prices[pa]]
+                given = [tuple(layout_key(p.outputs[js[e]]) for e in sorted(js)) for p in self.prices[pa]]
                 costs[(pa, ci)] = np.array([[0.0 if g == f else np.inf for f in feeds] for g in given])
         for ci, cls in enumerate(self.classes):
             for inst in cls.instances:
@@ -512,9 +475,9 @@ class Search:
                         for b, d in enumerate(dst):
                             if s is None or d is None:
                                 continue
-                            t = _reshard_time(shape, item, s, _strip(d), self.cluster)
+                            t = reshard_time(shape, item, s, _strip(d), self.cluster)
                             if self.train:
-                                t += _reshard_time(shape, item, _strip(d), _strip(s), self.cluster)
+                                t += reshard_time(shape, item, _strip(d), _strip(s), self.cluster)
                             m[a, b] = t
                     key = (pa, ci)
                     costs[key] = costs.get(key, 0) + m
@@ -571,7 +534,7 @@ class Search:
         fresh = count(1)
         fwd, bwd = [], []
         for ci, inst in order:
-            st = _renamed(parts[ci].steps, fresh, inst.label or None)
+            st = L.renamed(parts[ci].steps, fresh, inst.label or None)
             fwd.append([x for x in st if x.phase != "backward"])
             bwd.append([x for x in st if x.phase == "backward"])
         steps = [x for f in fwd for x in f] + [x for b in reversed(bwd) for x in b]
@@ -585,22 +548,6 @@ class Search:
                             "temporaries": {d: int(top) for d in every}})
         rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=record)
         return rep, mem, extra
-
-
-def _renamed(steps: Sequence, fresh: Any, label: str | None) -> list:
-    """One instance's copy of a replay's priced steps: its values under names of their own (fusion reads a value's
-    last reader by name: two instances sharing names would look like one value read far ahead) and its label."""
-    names: dict[int, int] = {}
-
-    def name(v: int) -> int:
-        if not v:
-            return v
-        if v not in names:
-            names[v] = next(fresh)
-        return names[v]
-
-    return [x._replace(reads=tuple((name(v), b) for v, b in x.reads), out=name(x.out), layer=label)
-            if hasattr(x, "_replace") else x for x in steps]
 
 
 class _Modelled(NamedTuple):
