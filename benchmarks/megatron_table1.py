@@ -25,7 +25,10 @@ embedding, the last the final LayerNorm, the output layer and the vocabulary-par
 with Megatron's tensor parallelism over ``tp`` and the batch over ``dp`` on ``cluster.mesh``; its forward and
 backward for one microbatch are recorded and priced (``stage_estimate``), the slowest stage type is taken, and
 ``nb.pipeline_estimate`` turns it into the step (``p`` stages, ``m = B / (dp * microbatch)`` microbatches).
-TFLOP/s per GPU are counted as the paper counts them: eq. (3) over the predicted step time.
+TFLOP/s per GPU are counted as the paper counts them: eq. (3) over the predicted step time. Two things the runs'
+PyTorch did are written into the program: dropout writes a one-byte mask that its backward pass reads
+(``torch_dropout``), and each microbatch after the first adds its weight gradients into ``param.grad``
+(``accumulating``).
 The analytic per-layer model an earlier version of this file used (``megatron_layer``, ``predict``) is kept
 below it (``analytic_row``) for comparison.
 """
@@ -43,9 +46,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 import nabla as nb  # noqa: E402
 from nabla.collectives import CommEvent  # noqa: E402
+from nabla.pytree import flatten, unflatten  # noqa: E402
+from _env import write_results  # noqa: E402
 from nabla.plan import (MATMUL_OPS, Cluster, Hardware, PipelineReport, Report, Step, estimate_steps,  # noqa: E402
                         gpt_flops, pipeline_estimate, priced_step)
 
@@ -136,31 +142,109 @@ def layout(row: Row) -> Layout:
 # ---- the GPT program -----------------------------------------------------------------------------------------
 
 
-def gpt_block(x, p: dict, heads: int, mask, key: int):
+class Variant(NamedTuple):
+    """How a run writes its GPT, for the memory checks against other published runs
+    (``benchmarks/memory_published.py``). The defaults are Table 1's program as this file prices it; each option
+    is a choice a published run made, written as that run computes it."""
+
+    vocab: int = VOCAB
+    seq: int = SEQ
+    dtype: str = DTYPE
+    recompute: str = "full"  # "full": each layer under nb.checkpoint; "selective": the attention core only; "none"
+    sequence_parallel: bool = False  # Megatron-LM's SP: norms and dropouts on sequence shards over tp, regathered
+    dropout: str = "torch"  # "torch": PyTorch's (torch_dropout: Table 1's); "key": nb.dropout (its mask made again
+    # from the key); "mask": a kept 1-byte mask laid out as the value; "none"
+    summed: bool = False  # row-parallel outputs summed over tp where Megatron-LM sums them (before bias and dropout)
+    tied: bool = False  # a whole model's output layer is its embedding's transpose (False: a weight of its own)
+    positions: bool = True  # learned position embeddings (False: rotary or ALiBi, no parameters)
+    parallel_residual: bool = False  # GPT-J / GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
+    partition_activations: bool = False  # ZeRO-R's P_a: each layer's checkpointed input kept split over tp
+    fused_mask: bool = False  # the causal mask made inside the softmax kernel (Megatron-LM's fused
+    # scale-upper-triangular-mask-softmax), not an (s, s) bias argument read again by the backward pass
+
+
+TABLE1 = Variant()
+RECOMPUTE = ("full", "selective", "none")
+DROPOUTS = ("torch", "key", "mask", "none")
+
+
+def _dropout(v, key: int, variant: Variant, mesh, spec, like=None):
+    """Dropout as the run's framework does it: PyTorch's (``torch_dropout``, ``like`` shaping its mask);
+    ``nb.dropout`` keeps nothing (the mask is made again from the key); Megatron-LM's fused kernels keep a 1-byte
+    mask per element (a bool laid out as ``spec``), as tests/integration/test_memory_megatron.py writes it."""
+    if variant.dropout == "none":
+        return v
+    if variant.dropout == "torch":
+        return torch_dropout(v, DROPOUT, key, like)
+    if variant.dropout == "key":
+        return nb.dropout(v, DROPOUT, key)
+    keep = nb.abstract(v.shape, "bool").shard(mesh, spec)
+    return v * keep * np.array(1 / (1 - DROPOUT), v.dtype)
+
+
+def torch_dropout(x, rate: float, key: int, like=None):
+    """Dropout as Megatron-LM of 2021 ran it: PyTorch's ``torch.nn.Dropout`` (and ``F.dropout`` in its
+    bias-dropout-add) is one kernel that writes the output and a one-byte mask, which the backward pass reads.
+    Written here as that mask (``nb.dropout`` of ones, compared: made from the key in the same pass as the output)
+    and ``nb.where``, whose gradient reads the mask; ``nb.dropout`` alone keeps no mask (it makes it again from the
+    key, as JAX and FlashAttention do). ``like``: a tensor of ``x``'s shape and layout the mask is shaped after
+    (where ``x`` is a pending sum over tp, a comparison of it would sum it first)."""
+    like = x if like is None else like
+    keep = nb.dropout(like * np.array(0, x.dtype) + np.array(1, x.dtype), rate, key) > np.array(0, x.dtype)
+    return nb.where(keep, x * np.array(1 / (1 - rate), x.dtype), np.array(0, x.dtype))
+
+
+def gpt_block(x, p: dict, heads: int, mask, key: int, variant: Variant = TABLE1, mesh=None):
     """One GPT layer as Megatron-LM computes it: pre-LayerNorm, self-attention (one QKV projection, causal
     softmax, attention dropout, output projection), residual with dropout, pre-LayerNorm, the 4h MLP with GeLU,
-    residual with dropout. Scalars are 0-d arrays of ``x``'s dtype so nothing is promoted to float32."""
+    residual with dropout. Scalars are 0-d arrays of ``x``'s dtype so nothing is promoted to float32.
+    ``variant`` (its defaults: this file's Table 1 program) adds Megatron-LM's sequence parallelism (``x``
+    arrives split over tp on the sequence; gathered before each column-parallel matmul, reduce-scattered after
+    each row-parallel one), the sum of each row-parallel output where Megatron makes it, selective recompute
+    (the attention core under ``nb.checkpoint``), kept dropout masks, and GPT-NeoX's parallel residual; ``mesh``
+    (axes ``dp`` and ``tp``) is needed by every option that lays a value out."""
     b, s, h = x.shape
     d = h // heads
     eps = np.array(1e-5, x.dtype)
-    y = nb.layer_norm(x, p["ln1_g"], p["ln1_b"], eps=eps)
-    qkv = (y @ p["w_qkv"] + p["b_qkv"]).reshape(b, s, heads, 3 * d)  # per head [q | k | v], heads over tp
-    q = qkv[..., :d] * np.array(1 / np.sqrt(d), x.dtype)
-    k, v = qkv[..., d:2 * d], qkv[..., 2 * d:]
-    scores = nb.einsum("bqnd,bknd->bnqk", q, k) + mask  # mask: 0 on and below the diagonal, -10000 above
-    probs = nb.dropout(nb.softmax(scores, -1), DROPOUT, key)
-    ctx = nb.einsum("bnqk,bknd->bqnd", probs, v).reshape(b, s, h)
-    x = x + nb.dropout(ctx @ p["w_o"] + p["b_o"], DROPOUT, key + 1)  # row-parallel: summed over tp here
-    y = nb.layer_norm(x, p["ln2_g"], p["ln2_b"], eps=eps)
-    u = nb.gelu(y @ p["w_1"] + p["b_1"])
-    return x + nb.dropout(u @ p["w_2"] + p["b_2"], DROPOUT, key + 2)
+    sp, dt = variant.sequence_parallel, x.dtype
+    hidden_spec = ["dp", "tp", None] if sp else ["dp", None, None]
+
+    def gathered(v):  # SP: the norm's output gathered over tp for the column-parallel matmul
+        return v.with_sharding(mesh, ["dp", None, None]) if sp else v
+
+    def summed(v):  # a row-parallel output's sum: all_reduce, or reduce_scatter onto sequence shards under SP
+        return v.with_sharding(mesh, hidden_spec) if (sp or variant.summed) else v
+
+    def core(q, k, v):  # QK^T, softmax, dropout, attention over V: what selective recompute recomputes
+        bias = nb.abstract(mask.shape, dt).shard(mesh, [None, None]) if variant.fused_mask else mask
+        scores = nb.einsum("bqnd,bknd->bnqk", q, k) + bias  # mask: 0 on and below the diagonal, -10000 above
+        probs = _dropout(nb.softmax(scores, -1), key, variant, mesh, ["dp", "tp", None, None])
+        return nb.einsum("bnqk,bknd->bqnd", probs, v).reshape(b, s, h)
+
+    def attention(x):
+        y = gathered(nb.layer_norm(x, p["ln1_g"], p["ln1_b"], eps=eps))
+        qkv = (y @ p["w_qkv"] + p["b_qkv"]).reshape(b, y.shape[1], heads, 3 * d)  # per head [q | k | v], over tp
+        q = qkv[..., :d] * np.array(1 / np.sqrt(d), dt)
+        k, v = qkv[..., d:2 * d], qkv[..., 2 * d:]
+        ctx = nb.checkpoint(core)(q, k, v) if variant.recompute == "selective" else core(q, k, v)
+        return _dropout(summed(ctx @ p["w_o"]) + p["b_o"], key + 1, variant, mesh, hidden_spec, x)
+
+    def mlp(x):
+        y = gathered(nb.layer_norm(x, p["ln2_g"], p["ln2_b"], eps=eps))
+        u = nb.gelu(y @ p["w_1"] + p["b_1"])
+        return _dropout(summed(u @ p["w_2"]) + p["b_2"], key + 2, variant, mesh, hidden_spec, x)
+
+    if variant.parallel_residual:
+        return x + attention(x) + mlp(x)
+    x = x + attention(x)  # row-parallel: summed over tp here (or where ``summed`` says)
+    return x + mlp(x)
 
 
-def layer_params(mesh, h: int) -> dict:
+def layer_params(mesh, h: int, dtype: str = DTYPE) -> dict:
     """One layer's parameters, Megatron's tensor parallelism: QKV and the MLP's first matmul column-parallel,
     the attention output and the MLP's second matmul row-parallel, norms and row-parallel biases replicated."""
     def w(shape, spec):
-        return nb.abstract(shape, DTYPE).shard(mesh, spec)
+        return nb.abstract(shape, dtype).shard(mesh, spec)
 
     return {"ln1_g": w((h,), [None]), "ln1_b": w((h,), [None]),
             "w_qkv": w((h, 3 * h), [None, "tp"]), "b_qkv": w((3 * h,), ["tp"]),
@@ -183,50 +267,84 @@ class Stage(NamedTuple):
     layers: int
 
 
-def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> Stage:
-    """The ``kind`` stage of ``row``'s GPT on ``mesh`` (axes ``dp``, ``tp``) for one microbatch: ``layers``
-    checkpointed blocks; ``first`` and ``whole`` start from token ids with the vocabulary-parallel embedding
-    (plus learned positions, embedding dropout), ``last`` and ``whole`` end in the final LayerNorm, the
-    vocabulary-parallel output layer and cross-entropy (on float32 logits, as Megatron-LM's default does);
-    ``first`` and ``middle`` end in the activation the next stage gets, and take its gradient back."""
+def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int, variant: Variant = TABLE1,
+                  grad_specs: Any = None) -> Stage:
+    """The ``kind`` stage of ``row``'s GPT (anything with ``hidden`` and ``heads``) on ``mesh`` (axes ``dp``,
+    ``tp``) for one microbatch: ``layers`` blocks; ``first`` and ``whole`` start from token ids with the
+    vocabulary-parallel embedding (plus learned positions, embedding dropout), ``last`` and ``whole`` end in the
+    final LayerNorm, the vocabulary-parallel output layer and cross-entropy (on float32 logits, as Megatron-LM's
+    default does); ``first`` and ``middle`` end in the activation the next stage gets, and take its gradient
+    back. ``variant`` (default: Table 1's program, each block under ``nb.checkpoint``) sets the vocabulary,
+    sequence, dtype, recomputation, sequence parallelism (each block under ``nb.checkpoint(policy="regather")``,
+    the activations between blocks split over tp on the sequence), dropout masks and the rest (``Variant``);
+    ``grad_specs`` (a stage that ends in the loss: the parameters' gradients, as ``nb.value_and_grad`` takes it)
+    the layouts gradients are summed into (ZeRO stage 2)."""
     if kind not in KINDS:
         raise ValueError(f"stage kind must be one of {KINDS}, got {kind!r}")
+    if variant.recompute not in RECOMPUTE or variant.dropout not in DROPOUTS:
+        raise ValueError(f"recompute must be one of {RECOMPUTE} and dropout one of {DROPOUTS}, got {variant}")
     h, heads = row.hidden, row.heads
+    V, S, dt = variant.vocab, variant.seq, variant.dtype
     dp = mesh.shape[mesh.axis_names.index("dp")]
     B = microbatch * dp
+    sp = variant.sequence_parallel
+    split = ["dp", "tp", None]  # the activations between blocks under SP (and a checkpointed input under P_a)
+    between = split if sp else ["dp", None, None]
 
-    def w(shape, spec, dtype=DTYPE):
+    def w(shape, spec, dtype=dt):
         return nb.abstract(shape, dtype).shard(mesh, spec)
 
-    params: dict = {"layers": [layer_params(mesh, h) for _ in range(layers)]}
+    params: dict = {"layers": [layer_params(mesh, h, dt) for _ in range(layers)]}
     starts = kind in ("first", "whole")
     ends = kind in ("last", "whole")
+    tied = variant.tied and kind == "whole"  # (a last stage holds its own copy of a tied embedding: ``head``)
     if starts:
-        params["embed"] = {"wte": w((VOCAB, h), ["tp", None]), "wpe": w((SEQ, h), [None, None])}
-        inp = w((B, SEQ), ["dp", None], "int32")
+        params["embed"] = {"wte": w((V, h), ["tp", None])}
+        if variant.positions:
+            params["embed"]["wpe"] = w((S, h), [None, None])
+        inp = w((B, S), ["dp", None], "int32")
     else:
-        inp = w((B, SEQ, h), ["dp", None, None])
+        inp = w((B, S, h), between)
     if ends:
-        params["head"] = {"ln_g": w((h,), [None]), "ln_b": w((h,), [None]), "w": w((h, VOCAB), [None, "tp"])}
-    mask = w((SEQ, SEQ), [None, None])  # the causal mask as an additive bias (a constant, not differentiated)
+        params["head"] = {"ln_g": w((h,), [None]), "ln_b": w((h,), [None])}
+        if not tied:
+            params["head"]["w"] = w((h, V), [None, "tp"])
+    mask = w((S, S), [None, None])  # the causal mask as an additive bias (a constant, not differentiated)
+
+    def block(i: int):  # (lambdas: the recorded steps are named "checkpoint(<lambda>)", as Table 1's always were)
+        run = lambda x, p: gpt_block(x, p, heads, mask, 10 + 3 * i, variant, mesh)  # noqa: E731
+        # P_a: the checkpointed input is a 1/tp shard, gathered to run the block
+        partitioned = lambda x, p: run(x.with_sharding(mesh, ["dp", None, None]), p).with_sharding(mesh, split)  # noqa: E731
+        if variant.recompute == "full":
+            return nb.checkpoint(partitioned if variant.partition_activations else run)
+        return nb.checkpoint(run, policy="regather") if sp else run
 
     def body(params, x):
         if starts:
             e = params["embed"]
             with nb.named_scope("embedding"):
-                x = nb.dropout(nb.take(e["wte"], x, axis=0) + e["wpe"], DROPOUT, 1)
+                x = nb.take(e["wte"], x, axis=0)
+                if sp or variant.summed:  # the vocabulary-parallel lookup summed over tp (scattered under SP)
+                    x = x.with_sharding(mesh, between)
+                if variant.positions:
+                    x = x + e["wpe"]
+                x = _dropout(x, 1, variant, mesh, between)
+                if variant.partition_activations:
+                    x = x.with_sharding(mesh, split)
         for i, p in enumerate(params["layers"]):
             with nb.named_scope(f"layer {i}"):
-                x = nb.checkpoint(lambda x, p, i=i: gpt_block(x, p, heads, mask, 10 + 3 * i))(x, p)
+                x = block(i)(x, p)
         if not ends:  # what is sent is the summed activation (nabla would leave the last row-parallel sum pending)
-            return x.with_sharding(mesh, ["dp", None, None])
+            return x.with_sharding(mesh, between)
         hd = params["head"]
         with nb.named_scope("output"):
             y = nb.layer_norm(x, hd["ln_g"], hd["ln_b"], eps=np.array(1e-5, x.dtype))
-            return y @ hd["w"]  # (B, s, V), the vocabulary over tp
+            if sp or variant.partition_activations:
+                y = y.with_sharding(mesh, ["dp", None, None])
+            return y @ (params["embed"]["wte"].T if tied else hd["w"])  # (B, s, V), the vocabulary over tp
 
     if ends:
-        targets = w((B, SEQ), ["dp", None], "int32")
+        targets = w((B, S), ["dp", None], "int32")
 
         def loss(params, x, targets):
             logits = body(params, x)
@@ -234,19 +352,48 @@ def stage_program(row: Row, kind: str, mesh, microbatch: int, layers: int) -> St
                 return nb.cross_entropy(logits.astype("float32"), targets)
 
         # a stage that gets an activation sends its gradient back to the stage before
-        fn = nb.value_and_grad(loss, argnums=0 if starts else (0, 1))
+        specs = grad_specs if starts or grad_specs is None else (grad_specs, None)
+        fn = nb.value_and_grad(loss, argnums=0 if starts else (0, 1), grad_specs=specs)
         return Stage(kind, fn, (params, inp, targets), mesh, layers)
 
-    cotangent = w((B, SEQ, h), ["dp", None, None])  # the gradient the next stage sends back
+    cotangent = w((B, S, h), between)  # the gradient the next stage sends back
 
+    return Stage(kind, through(body, starts), (params, inp, cotangent), mesh, layers)
+
+
+def through(body: Any, starts: bool) -> Any:
+    """The program of a stage that does not end in the loss: ``body`` forward, then backward from the gradient the
+    next stage sends back, to the parameters' gradients (and the incoming activation's, unless it ``starts``)."""
     def forward_backward(params, x, cotangent):
         if starts:
-            out, back = nb.vjp(lambda params: body(params, x), params)
+            _, back = nb.vjp(lambda params: body(params, x), params)
         else:
-            out, back = nb.vjp(body, params, x)
+            _, back = nb.vjp(body, params, x)
         return back(cotangent)
 
-    return Stage(kind, forward_backward, (params, inp, cotangent), mesh, layers)
+    return forward_backward
+
+
+def accumulating(stage: Any, fp32: bool = False) -> Any:
+    """``stage`` (a NamedTuple with ``fn`` and ``args``, the parameters first) with its parameters' gradients added
+    into a running sum, as each microbatch after the first does: PyTorch's ``AccumulateGrad`` adds a new gradient
+    into ``param.grad`` in place (one elementwise kernel per parameter, reading both, writing the sum), and
+    Megatron-LM's local DDP of the runs (``megatron/model/distributed.py`` at 6985e58, without
+    ``--use-contiguous-buffers-in-ddp``, which CONFIG.sh does not set) keeps the fp16 gradients in ``param.grad``
+    until the all_reduce after the flush; ``fp32``: the sum kept in float32 (DeepSpeed's BF16_Optimizer). The sum's
+    arguments are abstract tensors laid out as the parameters."""
+    leaves, tree = flatten(stage.args[0])
+    acc = unflatten(tree, [nb.abstract(x.shape, "float32" if fp32 else x.dtype).shard(x.sharding) for x in leaves])
+
+    def fn(acc, *args):
+        out = stage.fn(*args)
+        grads = out[1] if len(out) == 2 and not isinstance(out[0], dict) else out  # value_and_grad: (loss, grads)
+        if isinstance(grads, tuple):  # the gradients of (params, activation)
+            grads = grads[0]
+        a, t = flatten(acc)
+        return unflatten(t, [x + g for x, g in zip(a, flatten(grads)[0])])
+
+    return stage._replace(fn=fn, args=(acc,) + tuple(stage.args))
 
 
 # ---- pricing ------------------------------------------------------------------------------------------------
@@ -382,7 +529,8 @@ def predict_row(row: Row, hw: Hardware | None = None, kinds: tuple[str, ...] | N
     per_stage = row.layers // lay.pp
     fusion = (True, False) if compare else (True,)
     programs = {k: stage_program(row, k, mesh, lay.microbatch, per_stage) for k in (kinds or stage_kinds(lay.pp))}
-    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fusion) for k, s in programs.items()}
+    runs = {k: accumulating(s) if lay.microbatches > 1 else s for k, s in programs.items()}
+    priced = {k: stage_estimate(s, cluster, lay.overlap, lay.bucket_bytes, fusion) for k, s in runs.items()}
     job = Cluster(hw, row.gpus // NODE, NODE)
     p2p = lay.microbatch * SEQ * row.hidden * 2 // lay.tp if lay.pp > 1 else None
 
@@ -678,13 +826,7 @@ def main() -> None:
         if a.profile:
             print(subprocess.run([sys.executable, __file__, "--llama-child", "--profile"], capture_output=True,
                                  text=True, env=env, check=True).stdout)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str) + "\n")
-    else:
-        path = HERE / "results.json"
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data.update(res)
-        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    write_results(res, a.json)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,17 @@ def targets(res: dict) -> Table:
                 add(f"estimate read from a GPT program against Megatron-LM's measured TFLOP/s per GPU (Table 1, rows "
                     f"{what}: {names})", f"within {m['targets'][key]:.0%}", f"{lo:.2f}x to {hi:.2f}x of measured",
                     all(r["met"] for r in rows_m))
+    tp = res.get("time_published")
+    if tp:
+        rows_t = tp["rows"]
+        within = [r for r in rows_t if r["met"]]
+        sources = {r["short"] for r in within}
+        lo, hi = min(r["ratio"] for r in rows_t), max(r["ratio"] for r in rows_t)
+        add(f"estimate read from each run's program against published measured throughput of other runs "
+            f"({len(rows_t)} runs, {len({r['short'] for r in rows_t})} sources; A100 and H100 with their overlaps, FP8, "
+            f"128K context)", f"each within {tp['target']:.0%}",
+            f"{len(within)} of {len(rows_t)} within ({len(sources)} sources); {lo:.2f}x to {hi:.2f}x of measured",
+            len(within) == len(rows_t))
     e = res.get("estimate_scale")
     if e:
         add("nb.estimate of a Llama-2-70B training step on 16,384 devices: wall time, this machine",
@@ -511,6 +522,90 @@ def megatron(res: dict) -> Table | None:
          "target", "met", "unfused (ratio)"], rows, [])
 
 
+def _gib(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _layout(r: dict) -> str:
+    if r["zero"] == "fsdp":
+        return f"FSDP 8 x DP {r['dp']}, {r['microbatch']} x 1"
+    pp = f"{r['pp']}" + (f" (v={r['virtual_stages']})" if r["virtual_stages"] > 1 else "")
+    zero = {"none": "", "zero1": ", ZeRO-1", "zero2": ", ZeRO-2"}[r["zero"]]
+    return f"{r['tp']} / {pp} / {r['dp']}{zero}, {r['microbatch']} x {r['microbatches']}"
+
+
+KIND_SHORT = (("params", "p"), ("grads", "g"), ("optimizer", "o"), ("activations", "a"), ("temporaries", "t"),
+              ("comm", "c"))
+
+
+def _kinds(r: dict) -> str:
+    k = r["by_kind_gib"]
+    return " ".join(f"{short} {k[kind]:.1f}" for kind, short in KIND_SHORT if k.get(kind, 0) >= 0.05)
+
+
+def memory_published(res: dict) -> Table | None:
+    m = res.get("memory_published")
+    if not m:
+        return None
+    rows = []
+    for r in m["rows"]:
+        ratio = f"{r['ratio_to_stated']:.2f}" if r.get("ratio_to_stated") else "-"
+        rows.append([f"{r['id']}", r["source"], f"{r['model']}, {r['hardware']}", _layout(r), r["recompute"],
+                     f"{r['peak_gib']:.1f} of {r['hbm_gib']:.0f}", _kinds(r), "yes" if r["fits"] else "no",
+                     r["stated"], ratio, r["verdict"], "yes" if r["validated"] else "**no**"])
+    ok = sum(r["validated"] for r in m["rows"])
+    sources = sorted({r["source"] for r in m["rows"]})
+    ran = sum(r["verdict"] == "ran" for r in m["rows"])
+    return Table("Memory against published runs", [
+        f"{len(m['rows'])} configurations from {len(sources)} sources ({', '.join(sources)}): {ran} that ran and "
+        f"{len(m['rows']) - ran} their authors report out of memory; nabla's verdict matches the source's on "
+        f"**{ok} of {len(m['rows'])}**. Each is one pipeline stage of the run's own model written with nabla ops "
+        "at full size (`benchmarks/memory_published.py`; the first stage, the last and, for BLOOM's partition, "
+        "the stage with the most layers), its forward and backward passes for one microbatch and the "
+        "optimizer's update (`nabla.optim.Adam`, float32 master copy and moments, the state made outside and "
+        "passed in, split over dp under ZeRO) measured by `nb.estimate` on the stage's `dp x tp` devices; "
+        "stage 0 then through `nb.pipeline_estimate(...).memory` with the schedule's microbatches in flight. "
+        "**peak**: GiB per device, the worst stage's (p params, g grads, o optimizer state, a activations, t "
+        "temporaries, c collective buffers, each its own maximum). **source figure**: as the source gives it "
+        "(chart readings ±2 GB; nvidia-smi figures include the CUDA context and the allocator's reserve), "
+        "compared as GiB. Layout: TP / PP (v) / DP, micro-batch x microbatches."],
+
+        ["run", "source", "model, device", "layout", "recompute", "peak (GiB)", "by kind (GiB)", "fits",
+         "source figure", "ratio", "source", "match"], rows,
+        [f"{r['id']}: {r['note']}." for r in m["rows"] if r.get("note")])
+
+
+def time_published(res: dict) -> Table | None:
+    t = res.get("time_published")
+    if not t:
+        return None
+    rows = []
+    for r in t["rows"]:
+        lay = r["layout"]
+        dp = str(lay["dp"]) if lay["fsdp"] == 1 else f"{lay['fsdp']} FSDP" if lay["dp"] == 1 else \
+            f"{lay['dp']} x {lay['fsdp']} FSDP"
+        par = f"{lay['tp']} / {lay['pp']}" + (f" (v {lay['vp']})" if lay["vp"] > 1 else "") + f" / {dp}" + \
+            (f" / cp {lay['cp']}" if lay["cp"] > 1 else "") + (" SP" if lay["sp"] else "") + \
+            (" FP8" if lay["fp8"] else "")
+        ov = r["overlap"] if isinstance(r["overlap"], str) else "+".join(r["overlap"])
+        unit = {"tokens/s/GPU": "tok/s/GPU", "s/step": "s/step", "TFLOP/s/GPU": "TFLOP/s/GPU"}[r["unit"]]
+        rows.append([r["id"], r["short"], f"{r['gpus']:,} {r['hardware'].split('-')[0].upper()}",
+                     f"{r['model']}, seq {r['seq']:,}", par, lay["recompute"], ov, f"{r['measured']:,g} {unit}",
+                     f"{r['predicted']:,.0f}" if r["predicted"] >= 1000 else f"{r['predicted']:.3g}",
+                     f"{r['ratio']:.2f}", met(r["met"])])
+    return Table("Checking estimates against other published runs", [
+        "Measured training throughput that others published, each predicted from a program written with nabla ops "
+        "and laid out as the run was (`benchmarks/time_published.py`: the model's stage for one microbatch, its "
+        "tensor, sequence, context and data parallelism and recomputation, priced with the overlap options the run "
+        "used, through `nb.pipeline_estimate` with its schedule and microbatches, plus an Adam update). **ratio**: "
+        "predicted throughput over measured (for s/step, measured time over predicted); TFLOP/s are converted with "
+        "the source's own FLOP formula. **t / p / dp**: tensor / pipeline (interleaved chunks) / data parallelism. "
+        "Every quoted figure, setting and assumption is in the script's `RUNS`; why two rows miss: "
+        "docs/planning.md."],
+        ["run", "source", "GPUs", "model", "t / p / dp", "recompute", "overlap", "measured", "predicted", "ratio",
+         "within 15%"], rows, [])
+
+
 def estimate_scale(res: dict) -> list[str]:
     e = res.get("estimate_scale")
     if not e:
@@ -526,7 +621,7 @@ def estimate_scale(res: dict) -> list[str]:
 
 def tables(res: dict) -> list[Table]:
     return [t for t in (targets(res), dispatch(res), cases(res), training(res), jit(res), llama(res), onnx(res),
-                        autoshard(res), megatron(res)) if t]
+                        autoshard(res), megatron(res), time_published(res), memory_published(res)) if t]
 
 
 # ---- output ---------------------------------------------------------------------------------------------

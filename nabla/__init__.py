@@ -29,6 +29,7 @@ from .plan import Cluster, Hardware, pipeline_estimate
 from .plan.estimate import estimate, flops
 from .plan.memory import memory_log
 from .plan.autoshard import autoshard  # (scipy is imported when a plan is solved, not here)
+from .jax_import import import_jax  # (jax is imported when a function is first traced, not here)
 from .interop.arrays import from_jax as _from
 
 __version__ = "0.1.0"
@@ -64,5 +65,5 @@ __all__ = [
     "vjp", "vmap", "jit", "distributed", "from_process_local", "shard_map", "lax",
     "tensor", "ones", "zeros", "arange", "abstract", "mean", "split", "stack", "std", "swapaxes", "var", "global_avg_pool", "batch_norm", "layer_norm",
     "clip", "checkpoint", "Hardware", "Cluster", "estimate", "pipeline_estimate", "flops", "memory_log", "named_scope", "autoshard",
-    "cross_entropy", "nonzero", "argwhere", "flatnonzero",
+    "cross_entropy", "nonzero", "argwhere", "flatnonzero", "import_jax",
 ] + [n for n in _registry.names() if not hasattr(_builtins, n)]

@@ -43,9 +43,9 @@ def _softmax_np(x, axis):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def _drawable(arity: int) -> list[OpDef]:
+def elementwise_ops(arity: int) -> list[OpDef]:
     """The public registered ops of ``arity`` operands with a numpy reference that keeps float32 float32 (the
-    programs' values), in registration order."""
+    programs' values), in registration order: what ``programs`` draws, and what an op sweep parametrizes over."""
     out = []
     for op in list(registry.REGISTRY.values()):
         if op.public is None or op.reference is None or op.arity != arity:
@@ -75,7 +75,7 @@ def programs(mesh: DeviceMesh | None, max_ops: int, meshes: Any, shapes: Any, sp
     import hypothesis.strategies as st
 
 
-    unary, binary = _drawable(1), _drawable(2)
+    unary, binary = elementwise_ops(1), elementwise_ops(2)
 
     @st.composite
     def build(draw):

@@ -15,7 +15,7 @@ from .dtypes import is_inexact
 from .mesh import AxisRef
 from . import windows as W
 from .storage import fill, pad_regions
-from .collectives import CommEvent
+from .collectives import event as comm_event
 from .layout import chunks, grid
 from .backends import xp
 from .layout import chunks
@@ -126,7 +126,7 @@ class Permute(FactorKind):
         block = prod(chunks(ctx.spec, ctx.shape)) * ctx.dtype.itemsize
         k = prod(g.shape[a] for a in flips)
         # over axes of size 1 every device is its own mirror: nothing moves, nothing is logged
-        events = (CommEvent("collective_permute", names, block, k),) if k > 1 else ()
+        events = (comm_event("collective_permute", names, block, k),) if k > 1 else ()
         refs = [r for d in dims for r in ctx.spec.dim_refs[d]]
 
         def lower(x, dev):  # each device receives its mirror's block (the kernel reverses it locally)
@@ -191,7 +191,7 @@ class Window(FactorKind):
             h = W.halo(win.n_in, self.n_out, k, win.kernel, win.stride, win.dilation, win.pad_lo)
             row = prod(b for i, b in enumerate(block) if i != d) * ctx.dtype.itemsize
             for rows, _ in halo_rounds(h):  # one collective_permute per round, sized by the most rows sent
-                events.append(CommEvent("collective_permute", names, rows * row, k))
+                events.append(comm_event("collective_permute", names, rows * row, k))
             plans.append((d, atoms, h))
             block[d] = h.width
 
@@ -203,7 +203,7 @@ class Window(FactorKind):
                 if isinstance(h, int):
                     shape = list(x.shape)
                     shape[G + d] = h
-                    x = np.full(shape, W._fill_value(self.fill, x.dtype), dtype=x.dtype)
+                    x = np.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                     continue
                 x = W.extend(x, d, G, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
                              win.pad_lo, self.fill)
@@ -216,7 +216,7 @@ class Window(FactorKind):
                 if isinstance(h, int):
                     shape = list(x.shape)
                     shape[d] = h
-                    x = dev.xp.full(shape, W._fill_value(self.fill, x.dtype), dtype=x.dtype)
+                    x = dev.xp.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                 elif h.k == 1:
                     x = W.extend(x, d, 0, (), win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
                                  win.pad_lo, self.fill)
@@ -280,7 +280,7 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
     xp, lax = dev.xp, dev.lax
     k, ci, width = h.k, h.ci, h.width
     rank = x.ndim
-    value = W._fill_value(fill, x.dtype)
+    value = W.fill_value(fill, x.dtype)
     lo = np.asarray(h.lo)
     pos = np.arange(k)
     slab = np.asarray(h.slabs).reshape(k, k, 2)  # [p, s]: the rows p receives from s

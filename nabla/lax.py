@@ -286,7 +286,7 @@ def ppermute(x: Tensor, axes: Any, perm: Sequence[tuple[int, int]]) -> Tensor:
     varying = sorted(set(x.sharding.varying) | set(axes))
     moving = [(s, t) for s, t in perm if s != t]  # a device sending to itself moves nothing
     return _result(x, data, x.shape, varying, "ppermute", (axes, perm),
-                   C.CommEvent("collective_permute", axes, _block(x), len(moving)) if moving else None)
+                   C.event("collective_permute", axes, _block(x), len(moving)) if moving else None)
 
 
 def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:

@@ -1,5 +1,6 @@
 """Optimizers in optax's functional style: ``state = opt.init(params)``; ``params, state = opt.update(grads,
-state, params)``. An update is elementwise: laid out like the parameters it is local (no communication). State
+state, params)``, the new state and parameters written over the old ones in a memory log's accounts (as
+PyTorch's optimizers update in place, and JAX's with donated buffers). An update is elementwise: laid out like the parameters it is local (no communication). State
 may be laid out otherwise (``init(params, specs=...)``): ZeRO's stages are then layouts, not modes, and the
 update moves gradients into the state's layout and new parameters back to theirs, every move in the log."""
 
@@ -78,8 +79,11 @@ class SGD:
             vl, _ = flatten(state.momentum)
             vl = [_like(v * self.momentum + _to(g, v.sharding, v.dtype), v) for v, g in zip(vl, gl)]
             new = [_like(_to(p, v.sharding, p.dtype) - v * self.lr, p) for p, v in zip(pl, vl)]
+            C.replaces(new + vl, pl + flatten(state.momentum)[0])
             return _params(unflatten(tree, new)), _state(SGDState(unflatten(tree, vl)))
-        return _params(unflatten(tree, [_like(p - g * self.lr, p) for p, g in zip(pl, gl)])), state
+        new = [_like(p - g * self.lr, p) for p, g in zip(pl, gl)]
+        C.replaces(new, pl)
+        return _params(unflatten(tree, new)), state
 
 
 class AdamState(NamedTuple):
@@ -135,6 +139,9 @@ class Adam:
         xl = [_like(x - (m / c1.astype(m.dtype)) / (sqrt(v / c2.astype(v.dtype)) + self.eps) * self.lr, x)
               for x, m, v in zip(xl, ml, vl)]
         new = [_to(x, p.sharding, p.dtype) for x, p in zip(xl, pl)]  # back to the parameters' layout and dtype
+        old = flatten(state.mu)[0] + flatten(state.nu)[0] + (flatten(state.master)[0] if state.master is not None
+                                                             else [])
+        C.replaces(new + ml + vl + (xl if state.master is not None else []), pl + old)  # in place, as torch's
         master = unflatten(tree, xl) if state.master is not None else None
         return _params(unflatten(tree, new)), _state(AdamState(t, unflatten(tree, ml), unflatten(tree, vl), master))
 

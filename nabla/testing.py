@@ -1,25 +1,28 @@
 """Checks and hypothesis strategies for sharded programs, for nabla's tests and for users' own:
 ``assert_sharded_allclose`` (global value and every block), ``assert_comm`` (exact collective counts),
-``assert_gradient_matches`` (a gradient on many layouts), and the strategies ``meshes``, ``specs``, ``shapes``,
+``assert_gradient_matches`` (a gradient on many layouts), ``elementwise_ops`` (the registered ops a sweep covers),
+``numpy_unanswered`` (numpy functions no op runs), and the strategies ``meshes``, ``specs``, ``shapes``,
 ``sharded_arrays``, ``programs`` (need hypothesis)."""
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 from itertools import permutations, product
 from math import prod
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from . import _programs
+from ._programs import elementwise_ops  # noqa: F401 - public here
 from .autodiff import grad
 from .dtypes import is_inexact
 from .collectives import CommLog, kinds
 from .layout import chunks
 from .mesh import DeviceMesh
 from .spec import DimSpec, ShardingSpec
-from .ops import tensor
+from .ops import registry, tensor
 from .tensor import Tensor
 
 
@@ -112,6 +115,22 @@ def assert_comm(log: CommLog, **counts: int) -> None:
     want = {k: v for k, v in counts.items() if v}
     got = log.counts
     assert got == want, f"collectives {got} != expected {want}\n{log.summary()}"
+
+
+@contextlib.contextmanager
+def numpy_unanswered(*names: str) -> Iterator[None]:
+    """Inside the block no registered op answers numpy's functions ``names`` (``np.<name>(tensor)`` raises, or an op
+    the block registers answers it); the ops that did are registered back after. A test of a numpy function nabla
+    does not run, or of an op it registers to answer one, then reserves no name nabla may add (``tan``, ``cbrt``:
+    one ``elementwise(...)`` call each)."""
+    held = [op for op in dict.fromkeys(registry.by_numpy(n) for n in names) if op is not None]
+    for op in held:
+        registry.unregister(op)
+    try:
+        yield
+    finally:
+        for op in held:
+            registry.register(op)
 
 
 def placements(mesh: DeviceMesh, rank: int, max_per_dim: int = 2) -> list[tuple[list, tuple[str, ...]]]:

@@ -481,7 +481,7 @@ def _lower_exchange(x, src: ShardingSpec, dst: ShardingSpec, shape, dev):
     """Every device keeps what it holds of its target block and receives the rest, one ppermute a round."""
     xp, lax = dev.xp, dev.lax
     rounds = reshard.exchange_detail(tuple(shape), src, dst)
-    sb, tb = reshard._boxes(src, tuple(shape)), reshard._boxes(dst, tuple(shape))
+    sb, tb = reshard.boxes(src, tuple(shape)), reshard.boxes(dst, tuple(shape))
     mesh = src.mesh
     n = len(mesh.devices)
     cs, ct = chunks(src, shape), chunks(dst, shape)

@@ -126,7 +126,7 @@ def _hops(s: Step, u: Any, src: Any, dst: Any, plan: Any, i: int) -> list[Instr]
         return whole
     mesh = src.mesh
     try:
-        mids = [reshard._spec_of(st.after, seg.atoms, mesh) for st, seg in steps[:-1]]
+        mids = [reshard.spec_of(st.after, seg.atoms, mesh) for st, seg in steps[:-1]]
     except Exception:  # noqa: BLE001 - a state that names no spec: the move stays whole
         return whole
     specs = [src] + mids + [dst]

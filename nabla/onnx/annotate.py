@@ -16,7 +16,7 @@ from ..mesh import DeviceMesh
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
 from . import ops as O
-from .graph import Program, Step, Walker, elem_dtype, load, quiet, static_shape
+from .graph import CheckedNode, Program, Walker, elem_dtype, load, quiet, static_shape
 from .ops import NeedsValue
 from .specs import spec_to_onnx
 
@@ -125,7 +125,7 @@ class _Annotator(Walker):
     def put(self, t: Tensor, spec: ShardingSpec) -> Tensor:
         return t.shard(self.mesh, spec.dim_specs) if t.sharding is None else t.with_sharding(self.mesh, spec.dim_specs)
 
-    def step(self, step: Step) -> None:
+    def step(self, step: CheckedNode) -> None:
         ins = self.annotate_inputs(step, self.inputs_of(step))
         fixed = [bool(n) and n in step.specs for n in step.proto.input]
         arrived = [None if t is None else self.spec(t) for t in ins]
@@ -152,14 +152,14 @@ class _Annotator(Walker):
         self.records[step.index] = rec
         self.bind(step, final)
 
-    def compute(self, step: Step, ins: list[Tensor | None]) -> list[Tensor | None]:
+    def compute(self, step: CheckedNode, ins: list[Tensor | None]) -> list[Tensor | None]:
         try:
             return self.call(step, ins)
         except NeedsValue as e:
             return self.stand_in(step, e)
 
 
-def _derive(step: Step, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None],
+def _derive(step: CheckedNode, ins: Sequence[Tensor | None], outs: Sequence[Tensor | None],
             current: list[ShardingSpec | None], fixed: list[bool], mesh: DeviceMesh) -> list[ShardingSpec | None]:
     """The operand shardings the op computes with, read off its result for the ONNX sharding formalism's groups (an
     operand of an elementwise op is cut as the result is; a matmul's contracted dim carries the

@@ -14,7 +14,7 @@ from ..errors import ShardingError
 from ..spec import ShardingSpec
 from ..tensor import Tensor
 from . import ops as O
-from .graph import Program, Step, Walker, elem_dtype, finish, load, quiet, static_shape
+from .graph import CheckedNode, Program, Walker, elem_dtype, finish, load, quiet, static_shape
 from .ops import NeedsValue
 from .specs import config_mesh
 
@@ -71,7 +71,7 @@ class _Checker(Walker):
                 self.env[vi.name] = nb.abstract(shape, dt).shard(self.mesh, [None] * len(shape))
         self.walk()
 
-    def step(self, step: Step) -> None:
+    def step(self, step: CheckedNode) -> None:
         ins = self.annotate_inputs(step, self.inputs_of(step))
         self.validate(step, ins)
         for name, t in zip(step.proto.input, ins):
@@ -98,7 +98,7 @@ class _Checker(Walker):
 
 
     # -- the rules ------------------------------------------------------------------------------------
-    def counts_fit(self, step: Step, name: str, t: Tensor) -> None:
+    def counts_fit(self, step: CheckedNode, name: str, t: Tensor) -> None:
         for d in range(t.ndim):
             k = t.sharding.num_shards(d)
             if k > max(t.shape[d], 1):
@@ -106,7 +106,7 @@ class _Checker(Walker):
                                     f"{k} shards (rule: a shard count may not exceed its dim, shards would "
                                     f"hold nothing)")
 
-    def validate(self, step: Step, ins: list[Tensor | None]) -> None:
+    def validate(self, step: CheckedNode, ins: list[Tensor | None]) -> None:
         op = step.proto.op_type
         names = list(step.proto.input)
         where = step.node.label

@@ -54,7 +54,7 @@ def label(node: onnx.NodeProto, i: int) -> str:
     return f"node {node.name!r} ({node.op_type})" if node.name else f"node #{i} ({node.op_type})"
 
 
-class Step:
+class CheckedNode:
     """One node, validated: its handler, its context, and its annotations by tensor name."""
 
     __slots__ = ("proto", "index", "node", "op", "specs")
@@ -72,7 +72,7 @@ class Program:
         self.graph = model.graph
         self.opset = opset_of(model)
         self.config_id = config_id
-        self.steps: list[Step] = []
+        self.steps: list[CheckedNode] = []
         for i, p in enumerate(self.graph.node):
             where = label(p, i)
             node = Node(p, self.opset, where)
@@ -99,7 +99,7 @@ class Program:
                 if sp.tensor_name in specs:
                     raise ShardingError(f"{where}: tensor {sp.tensor_name!r} has two sharding specs")
                 specs[sp.tensor_name] = sp
-            self.steps.append(Step(p, i, node, op, specs))
+            self.steps.append(CheckedNode(p, i, node, op, specs))
 
 
 def pick_config(model: onnx.ModelProto, mesh: DeviceMesh | None) -> tuple[str | None, DeviceMesh | None]:
@@ -201,7 +201,7 @@ class Walker:
             self._inferred = {vi.name: vi for vi in list(g.value_info) + list(g.output) + list(g.input)}
         return self._inferred.get(name)
 
-    def stand_in(self, step: Step, err: Exception) -> list[Tensor | None]:
+    def stand_in(self, step: CheckedNode, err: Exception) -> list[Tensor | None]:
         """Abstract outputs, replicated, shaped by ONNX's shape inference (or ``err`` if it has no shape)."""
         outs: list[Tensor | None] = []
         for name in step.proto.output:
@@ -217,7 +217,7 @@ class Walker:
         return outs
 
     # -- placement --------------------------------------------------------------------------------------
-    def spec_of(self, step: Step, name: str, t: Tensor) -> ShardingSpec:
+    def spec_of(self, step: CheckedNode, name: str, t: Tensor) -> ShardingSpec:
         if self.mesh is None:
             raise ShardingError(f"{step.node.label}: tensor {name!r} is annotated but there is no mesh")
         try:
@@ -266,7 +266,7 @@ class Walker:
             self.env[init.name] = self.place_initializer(arr)
 
     # -- the walk -----------------------------------------------------------------------------------------
-    def inputs_of(self, step: Step) -> list[Tensor | None]:
+    def inputs_of(self, step: CheckedNode) -> list[Tensor | None]:
         ins: list[Tensor | None] = []
         for name in step.proto.input:
             if not name:
@@ -278,14 +278,14 @@ class Walker:
             ins.append(self.env[name])
         return ins
 
-    def annotate_inputs(self, step: Step, ins: list[Tensor | None]) -> list[Tensor | None]:
+    def annotate_inputs(self, step: CheckedNode, ins: list[Tensor | None]) -> list[Tensor | None]:
         out = list(ins)
         for i, name in enumerate(step.proto.input):
             if name and name in step.specs and out[i] is not None:
                 out[i] = self.place(out[i], self.spec_of(step, name, out[i]), step.node.label, name)
         return out
 
-    def call(self, step: Step, ins: list[Tensor | None]) -> list[Tensor | None]:
+    def call(self, step: CheckedNode, ins: list[Tensor | None]) -> list[Tensor | None]:
         while ins and ins[-1] is None:
             ins = ins[:-1]
         try:
@@ -302,20 +302,20 @@ class Walker:
                 raise ShardingError(f"{step.node.label}: output {i} ({name!r}) is not produced by nabla.onnx")
         return outs
 
-    def annotate_outputs(self, step: Step, outs: list[Tensor | None]) -> list[Tensor | None]:
+    def annotate_outputs(self, step: CheckedNode, outs: list[Tensor | None]) -> list[Tensor | None]:
         outs = list(outs)
         for i, name in enumerate(step.proto.output):
             if name and name in step.specs:
                 outs[i] = self.place(outs[i], self.spec_of(step, name, outs[i]), step.node.label, name)
         return outs
 
-    def step(self, step: Step) -> None:
+    def step(self, step: CheckedNode) -> None:
         with C.user_op(step.node.op_label):  # the comm log names the ONNX node each collective serves
             ins = self.annotate_inputs(step, self.inputs_of(step))
             outs = self.annotate_outputs(step, self.call(step, ins))
         self.bind(step, outs)
 
-    def bind(self, step: Step, outs: list[Tensor | None]) -> None:
+    def bind(self, step: CheckedNode, outs: list[Tensor | None]) -> None:
         for name, t in zip(step.proto.output, outs):
             if name:
                 self.env[name] = t
@@ -327,7 +327,7 @@ class Walker:
 
 
 @contextmanager
-def _node_errors(step: Step) -> Iterator[None]:
+def _node_errors(step: CheckedNode) -> Iterator[None]:
     """Errors of a fused op name the node it runs for, as ``Walker.call`` does."""
     try:
         yield
@@ -416,7 +416,7 @@ class _Runner(Walker):
         for index, f in self.folds.items():
             self.folded[index] = tuple(self.place_initializer(a) for a in fold(f, arrays))
 
-    def inputs_of(self, step: Step) -> list[Tensor | None]:
+    def inputs_of(self, step: CheckedNode) -> list[Tensor | None]:
         for name in step.proto.input:
             if name in self.lazy and not (step.index in self.folded and name in step.proto.input[1:3]):
                 self.env[name] = self.place_initializer(self.lazy.pop(name))
@@ -425,7 +425,7 @@ class _Runner(Walker):
             ins = ins[:1] + list(self.folded[step.index])
         return ins
 
-    def call(self, step: Step, ins: list[Tensor | None]) -> list[Tensor | None]:
+    def call(self, step: CheckedNode, ins: list[Tensor | None]) -> list[Tensor | None]:
         if step.index in self.passthrough or step.index in self.fused:
             return [ins[0]]
         relu = self.relu_after.get(step.index)

@@ -26,6 +26,7 @@ from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, 
                         argmin, cumsum, max, mean, min, prod, reduce_cotangent, softmax, std, sum, var)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
 from .masks import dropout, tril, triu
+from . import lax_ops  # internal ops (bitwise, shifts, bitcast, threefry2x32, ...) that nb.import_jax runs
 from .sorting import argsort, sort, top_k
 from .nn import (_LOG_SOFTMAX, _LOGSUMEXP, _ONE_HOT, _STOP, cross_entropy, log_softmax, logsumexp, one_hot,
                  stop_gradient)

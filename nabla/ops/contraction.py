@@ -100,9 +100,51 @@ def _einsum_kernel(arrays, local):
     free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in subscripts]
     g = "".join(free[:G])
     xp = _xp(*arrays)
+    if len(arrays) == 2:
+        out = _as_matmul(xp, g + terms[0], g + terms[1], g + rhs, *_wide(*arrays))
+        if out is not None:
+            return out
     grid = np.broadcast_shapes(*(a.shape[:G] for a in arrays))
     arrays = [xp.broadcast_to(a, grid + a.shape[G:]) for a in arrays]
     return xp.einsum(",".join(g + t for t in terms) + "->" + g + rhs, *_wide(*arrays))
+
+
+def _matrices(x, t: str, batch: list, rows: list, cols: list, size: dict, r: int, c: int):
+    """``x`` (letters ``t``) as a stack of ``(r, c)`` matrices over ``batch``: a view where its letters already come
+    in that order, or in the order with rows and columns swapped (a transposed view: BLAS reads it as it is);
+    else a transposed copy."""
+    lead = [size[ch] for ch in batch]
+    if list(t) == batch + rows + cols:
+        return x.reshape(lead + [r, c])
+    if list(t) == batch + cols + rows:
+        return x.reshape(lead + [c, r]).swapaxes(-1, -2)
+    return x.transpose([t.index(ch) for ch in batch + rows + cols]).reshape(lead + [r, c])
+
+
+def _as_matmul(xp, ta: str, tb: str, to: str, a, b):
+    """A two-operand einsum as one batched matmul (BLAS; numpy's einsum loops in C without it): batch letters (in
+    both and the result, grid axes included) stay dims that broadcast, each operand's free letters and the
+    contracted ones are merged locally, on the block. None where the letters do not fit that form."""
+    if len(set(ta)) != len(ta) or len(set(tb)) != len(tb) or len(set(to)) != len(to) or "." in ta + tb + to:
+        return None
+    batch = [c for c in to if c in ta and c in tb]
+    contract = [c for c in ta if c in tb and c not in to]
+    fa = [c for c in ta if c not in tb]
+    fb = [c for c in tb if c not in ta]
+    if any(c not in to for c in fa + fb) or set(to) != set(batch + fa + fb):
+        return None
+    sa, sb = dict(zip(ta, a.shape)), dict(zip(tb, b.shape))
+    if any(sa[c] != sb[c] for c in contract):
+        return None
+    m, k, n = prod(sa[c] for c in fa), prod(sa[c] for c in contract), prod(sb[c] for c in fb)
+    a = _matrices(a, ta, batch, fa, contract, sa, m, k)
+    b = _matrices(b, tb, batch, contract, fb, sb, k, n)
+    c = xp.matmul(a, b)
+    sizes = dict(zip(batch, c.shape[:len(batch)]), **{x: sa[x] for x in fa}, **{x: sb[x] for x in fb})
+    order = batch + fa + fb
+    c = c.reshape([sizes[x] for x in order])
+    perm = [order.index(x) for x in to]
+    return c if perm == list(range(len(perm))) else c.transpose(perm)
 
 
 def _einsum_terms(subscripts: str, shapes) -> tuple[list[str], str]:

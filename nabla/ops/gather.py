@@ -458,6 +458,23 @@ def take_along_axis(arr: ArrayLike, indices: ArrayLike, axis: int | None = -1) -
         return _call(_TAKE_ALONG, (arr, ids, _row_numbers(n)), (ax, n))  # _ids_give_way first (its arrange)
 
 
+def scatter_add(updates: ArrayLike, indices: ArrayLike, n: int, axis: int = 0, like: ArrayLike | None = None
+                ) -> Tensor:
+    """The transpose of ``take``: a tensor whose dim ``axis`` has ``n`` rows, zero but for ``updates``
+    (``(*pre, *indices.shape, *post)``) added into the row each index names (``jax.lax.scatter_add`` of whole
+    rows: an embedding's gradient). Internal (no ``nb.scatter_add``; ``nb.import_jax`` runs JAX's scatter-add as
+    it). ``like``: a tensor whose dim ``axis`` is laid out as the result's rows are to be (each device adds the
+    updates for the rows it holds); default: the rows are open to propagation."""
+    rows = _rows_like(like, axis) if like is not None and _shape(like)[axis] == n else _row_numbers(n)
+    return _call(_SCATTER, (updates, _indices(indices, "scatter_add"), rows), (axis, n))
+
+
+def scatter_add_along(updates: ArrayLike, indices: ArrayLike, n: int, axis: int) -> Tensor:
+    """The transpose of ``take_along_axis``: ``updates`` added at each index along ``axis`` (of ``n`` rows) of a
+    zero tensor of their shape otherwise; ``indices`` has the updates' shape. Internal, as ``scatter_add``."""
+    return _call(_SCATTER_ALONG, (updates, _indices(indices, "scatter_add_along"), _row_numbers(n)), (axis, n))
+
+
 def _data_dependent(op: str, a: ArrayLike) -> ShardingError:
     return ShardingError(f"{op}: the positions of the nonzero elements of a value of shape {tuple(_shape(a))} are as "
                          f"many as its values make them, so the result has no static shape (numpy's {op}, "

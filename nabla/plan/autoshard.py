@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ShardingError
 from ..pytree import flatten, unflatten
+from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
 from . import milp
 from .cluster import Cluster
@@ -63,6 +64,19 @@ class ShardingPlan:
             out.append(x)
         res = unflatten(tree, out)
         return res[0] if len(args) == 1 else res
+
+    def jax_shardings(self, jax_mesh: Any) -> Any:
+        """The chosen layouts as ``jax.sharding.NamedSharding``s on ``jax_mesh`` (a ``jax.sharding.Mesh`` with this
+        plan's axis names and sizes), shaped like the arguments: ``jax.jit(fn, in_shardings=plan.jax_shardings(m))``
+        runs the JAX program as nabla planned it."""
+        from jax.sharding import NamedSharding  # (only this method needs jax)
+        sizes = dict(zip(getattr(jax_mesh, "axis_names", ()), getattr(jax_mesh, "axis_sizes", ())))
+        want = dict(zip(self.mesh.axis_names, self.mesh.shape))
+        if sizes != want:
+            raise ShardingError(f"autoshard: jax_shardings needs a jax mesh with axes {want}, got {sizes}")
+        leaves, tree = flatten(self.specs)
+        closed = [ShardingSpec(s.mesh, [DimSpec(d.axes) for d in s.dim_specs]) for s in leaves]  # (no UNCONSTRAINED)
+        return unflatten(tree, [NamedSharding(jax_mesh, s.to_partition_spec()) for s in closed])
 
     def __str__(self) -> str:
         gib = 2 ** 30

@@ -143,6 +143,7 @@ class Slot(NamedTuple):
     roles: tuple = ()  # per dim, "batch", "sequence" or "": its class program-wide
     leaf: bool = False  # an argument of the program
     constrained: bool = False  # an argument with dims the user closed or fixed (or axes it keeps replicated)
+    recorded: Any = None  # the dtype the program gave it (a host value's too: the replay's input has it)
 
     def opened(self) -> "Slot":
         """The slot with every dim free: what a standard layout would make of it if the user had kept nothing."""

@@ -6,23 +6,48 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .fusion import groups
-from .hardware import Hardware
+from .fusion import groups, kind
+from .hardware import Hardware, dtype_key
 from .steps import MATMUL_OPS, Step, StepLike
 
 
+#: FlashAttention's kernels (``nb.dot_product_attention``): the forward, and the backward pass's ops
+ATTENTION_FORWARD = frozenset({"dot_product_attention"})
+ATTENTION_BACKWARD = frozenset({"dot_product_attention_dq", "dot_product_attention_dkv"})
+
+
 def kernel_time(step: StepLike, hw: Hardware) -> float:
-    """``max(flops / (peak[dtype] * eff_matmul(flops)), (bytes_in + bytes_out) / (hbm_bw * eff_hbm))`` for a
-    matmul-class op (``MATMUL_OPS``: tensor cores); for any other op the compute roof is the FP32 vector
-    peak (``hw.vector_flops``), so elementwise ops and reductions come out memory-bound by their bytes."""
+    """``max(flops / (peak[dtype] * eff), (bytes_in + bytes_out) / (hbm_bw * eff_hbm))`` for a matmul-class op
+    (``MATMUL_OPS``: tensor cores), ``dtype`` the one it multiplies in (``in_dtype``, so float8 operands run at
+    the float8 peak) and ``eff`` the matmul efficiency of that dtype and size, or for FlashAttention's kernels
+    the hardware's ``attention_efficiency``; for any other op the compute roof is the FP32 vector peak
+    (``hw.vector_flops``), so elementwise ops and reductions come out memory-bound by their bytes."""
     memory = (step.bytes_in + step.bytes_out) / (hw.hbm_bandwidth * hw.hbm_efficiency)
     if not step.flops:
         return memory
     if step.op in MATMUL_OPS:
-        compute = step.flops / (hw.peak(step.out_dtype) * hw.matmul_fraction(step.flops))
+        dtype = getattr(step, "in_dtype", None) or step.out_dtype
+        peak, dtype = matmul_peak(hw, dtype)
+        att = hw.attention_efficiency
+        if att is not None and step.op in ATTENTION_FORWARD:
+            eff = att[0]
+        elif att is not None and step.op in ATTENTION_BACKWARD:
+            eff = att[1]
+        else:
+            eff = hw.matmul_fraction(step.flops, dtype)
+        compute = step.flops / (peak * eff)
     else:
         compute = step.flops / hw.vector_flops
     return max(compute, memory)
+
+
+def matmul_peak(hw: Hardware, dtype: object) -> tuple[float, str]:
+    """The tensor-core peak a matmul in ``dtype`` runs at, and the dtype it runs in: float8 operands on hardware
+    without float8 tensor cores (A100) are multiplied in 16 bits, at the bfloat16 peak."""
+    key = dtype_key(dtype)
+    if key == "float8" and "float8" not in dict(hw.peak_flops):
+        key = "bfloat16"
+    return hw.peak(key), key
 
 
 def kernel_times(steps: Sequence[StepLike], hw: Hardware, fusion: bool = True) -> tuple[list[float], list[int]]:
@@ -41,9 +66,10 @@ def kernel_times(steps: Sequence[StepLike], hw: Hardware, fusion: bool = True) -
             first.append(g.start)
             continue
         s = members[0]
-        total = kernel_time(Step(s.op if len(members) == 1 else "fused", out_dtype=s.out_dtype, flops=g.flops,
-                                 bytes_in=g.bytes_in, bytes_out=g.bytes_out), hw)
-        alone = [kernel_time(m, hw) for m in members]
+        op = s.op if len(members) == 1 or s.op in MATMUL_OPS else "fused"  # a GEMM with its folded sum: a GEMM
+        total = kernel_time(Step(op, out_dtype=s.out_dtype, flops=g.flops, bytes_in=g.bytes_in,
+                                 bytes_out=g.bytes_out, in_dtype=getattr(s, "in_dtype", None)), hw)
+        alone = [0.0 if kind(m) == "alias" else kernel_time(m, hw) for m in members]  # a view runs no kernel
         whole = sum(alone)
         times.extend(total * a / whole if whole else total / len(members) for a in alone)
         first.extend([g.start] * len(members))

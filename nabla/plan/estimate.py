@@ -15,7 +15,8 @@ from .cluster import Cluster
 from .fusion import REDUCE_OPS
 from .memory import memory_log
 from .report import Report, estimate_steps
-from .steps import Step as PricedStep
+from .schedule import overlap_modes
+from .steps import MATMUL_OPS, Step as PricedStep
 
 def _abstract(args: Any) -> Any:
     """The same arguments with every tensor replaced by a data-free one of its shape, dtype and layout."""
@@ -25,8 +26,11 @@ def _abstract(args: Any) -> Any:
 
 
 def priced_step(step: Any) -> PricedStep:
-    """A recorded step as the estimator reads it: its costs, and the dataflow fusion needs (the operands' values
-    and bytes, the value it makes, the elements its kernel runs over: a reduction's operand, else its result)."""
+    """A recorded step as the estimator reads it: its costs, and the dataflow fusion and the schedule need (the
+    operands' values and bytes, the value it makes, the elements its kernel runs over: a reduction's operand,
+    else its result; the value each collective moves; the dtype a matmul multiplies in). A view (a reshape or
+    transpose that shares its operand's storage, ``Step.alias``) is an ``"alias"``: no kernel, as cuBLAS and
+    XLA read a transposed or reshaped operand in place."""
     operands = [u for u in step.uses if u.value]
     reads = tuple((u.value, _block(u.dst, u.shape) * u.dtype.itemsize) for u in operands)
     size = step.out_dtype.itemsize
@@ -35,9 +39,17 @@ def priced_step(step: Any) -> PricedStep:
     if name in REDUCE_OPS and operands:
         elems = max(b // u.dtype.itemsize for u, (_, b) in zip(operands, reads))
     bytes_in = 0 if isinstance(step.op, str) else sum(b for _, b in reads)
+    moves = tuple(u.value for u in step.uses for _ in u.events + u.inside) + (step.out,) * len(step.post)
+    events = step.events
+    view = getattr(step, "alias", 0) or (getattr(step.op, "view", False) and step.prog is None)  # host: numpy's view
+    kind = "alias" if view and not events and not isinstance(step.op, str) else ""
+    in_dtype = None
+    if name in MATMUL_OPS:
+        floats = [u.dtype for u in operands if u.dtype.kind == "f" or u.dtype.name.startswith(("bfloat", "float"))]
+        in_dtype = max(floats, key=lambda d: d.itemsize) if floats else None
     return PricedStep(name, step.user, step.phase, step.out_dtype, step.flops, bytes_in,
-                      _block(step.out_spec, step.out_shape) * size, step.events, getattr(step, "layer", "") or None,
-                      reads, step.out, elems)
+                      _block(step.out_spec, step.out_shape) * size, events, getattr(step, "layer", "") or None,
+                      reads, step.out, elems, kind, in_dtype, moves)
 
 
 _BLOCKS: dict[int, tuple[Any, dict]] = {}  # id(layout) -> (the layout, kept alive; shape -> elements)
@@ -71,20 +83,21 @@ def _mesh_of(steps: list, args: Any) -> Any:
     return meshes.pop()
 
 
-def estimate(fn: Callable, cluster: Cluster, overlap: str = "grads", model_flops: float | None = None,
+def estimate(fn: Callable, cluster: Cluster, overlap: Any = "grads", model_flops: float | None = None,
              fusion: bool = True) -> Callable:
     """``nb.estimate(fn, cluster)(*args)``: run ``fn`` on data-free twins of its tensor arguments (their shapes,
     dtypes and shardings) and price what it recorded on ``cluster``: a ``Report`` (step time, exposed
     communication, TFLOP/s and MFU per device, memory per device against the device's HBM, a per-layer table, a
-    Chrome trace). ``overlap``: "none", or "grads" (gradient collectives overlap the backward compute that
-    follows them, as DDP and FSDP do). ``model_flops`` (per device) is what MFU counts; by default every
+    Chrome trace). ``overlap``: "none", "grads" (gradient collectives overlap the backward compute that
+    follows them, as DDP and FSDP do), "all", or a tuple of "grads", "params" (parameter gathers prefetched a
+    layer ahead), "tp" (tensor-parallel collectives pipelined with their matmuls) and "p2p" (pipeline sends,
+    for ``pipeline_estimate``): ``schedule.simulate`` says how each runs. ``model_flops`` (per device) is what MFU counts; by default every
     recorded FLOP that is not recomputation. ``fusion`` (default on): each chain of consecutive elementwise
     steps is priced as one kernel that reads its inputs and writes its outputs once, as XLA's fusion and
     Megatron-LM's fused kernels run them (``nabla/plan/fusion.py``); ``False`` prices every step alone."""
     if not isinstance(cluster, Cluster):
         raise ShardingError(f"estimate: cluster must be an nb.Cluster, got {type(cluster).__name__}")
-    if overlap not in ("none", "grads"):
-        raise ShardingError(f"estimate: overlap must be 'none' or 'grads', got {overlap!r}")
+    overlap_modes(overlap)  # validates
     if not isinstance(fusion, bool):
         raise ShardingError(f"estimate: fusion must be True or False, got {fusion!r}")
 

@@ -12,7 +12,11 @@ The rule, from XLA's GPU fusion passes (``xla/service/gpu/instruction_fusion.cc`
 - a *reduce* step (a sum or max over some dims, softmax, logsumexp) may end a chain: its elementwise producers
   fuse into it (XLA's input fusion), its consumers do not;
 - a matmul, a gather, a sort or a convolution is a kernel of its own, and so is a step whose dataflow was not
-  recorded (hand-made steps without ``reads``).
+  recorded (hand-made steps without ``reads``); except that a sum that alone reads a matmul's result is that
+  GEMM's (a batched weight-gradient product summed over the batch is one GEMM over batch and sequence, as
+  XLA's ``dot_general`` and cuBLAS run it: the per-example products are never written);
+- a view (a reshape or transpose sharing its operand's storage: ``kind="alias"``) is no kernel: its readers
+  read the operand in place (a GEMM takes a transposed operand as it is, a fused loop reads it strided).
 
 The group reads every value its members read but do not make, once, and writes every value it makes that a
 later step reads or that no step reads (a result): a value only used inside the group stays in registers, as
@@ -85,7 +89,9 @@ def groups(steps: Sequence[Any]) -> list[Group]:
     while i < n:
         s, k = steps[i], kinds[i]
         j = i + 1
-        if k in ("loop", "alias") and reads[i]:
+        if k == "opaque" and s.op in MATMUL_OPS and getattr(s, "out", 0):
+            j = _folded_sum(steps, kinds, reads, i, last_read, same)
+        elif k in ("loop", "alias") and reads[i]:
             space, phase = (_elems(s) if k == "loop" else 0), s.phase
             while k != "reduce" and j < n:
                 t, k = steps[j], kinds[j]
@@ -100,6 +106,20 @@ def groups(steps: Sequence[Any]) -> list[Group]:
         out.append(_group(steps, kinds, i, j, last_read, same))
         i = j
     return out
+
+
+def _folded_sum(steps: Sequence[Any], kinds: list[str], reads: list, i: int, last_read: dict[int, int],
+                same: dict[int, int]) -> int:
+    """The end of matmul ``i``'s kernel: past the sum that alone reads its result (views between them), if any."""
+    out, phase = steps[i].out, steps[i].phase
+    j = i + 1
+    while j < len(steps) and kinds[j] == "alias" and not steps[j].events:
+        j += 1
+    if j < len(steps) and steps[j].op == "sum" and not steps[j].events and steps[j].phase == phase:
+        r = reads[j]
+        if len(r) == 1 and same.get(r[0][0], r[0][0]) == out and last_read.get(out) == j:
+            return j + 1
+    return i + 1
 
 
 def _elems(step: Any) -> int:
@@ -120,8 +140,8 @@ def _group(steps: Sequence[Any], kinds: list[str], i: int, j: int, last_read: di
     """One kernel's bytes: what it reads and does not make, once each, and what it makes that is read later
     or never (a result). An opaque step, or one without recorded dataflow, keeps its own bytes."""
     first = steps[i]
-    if kinds[i] == "opaque" or not getattr(first, "reads", ()):
-        return Group(i, j, int(first.flops), int(first.bytes_in), int(first.bytes_out))
+    if kinds[i] == "opaque" or not getattr(first, "reads", ()):  # a matmul with a folded sum: its bytes, the sum's
+        return Group(i, j, sum(int(s.flops) for s in steps[i:j]), int(first.bytes_in), int(steps[j - 1].bytes_out))
     made: set[int] = set()
     reads: dict[int, int] = {}
     written = 0

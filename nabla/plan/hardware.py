@@ -32,7 +32,13 @@ class Hardware:
     - ``matmul_efficiency``: rows ``(min_flops, fraction)``, sorted by ``min_flops``: a matmul-class kernel of
       at least ``min_flops`` FLOPs per device reaches ``fraction`` of ``peak_flops`` (the last row that
       applies wins). Presets have one row, the best measured large-GEMM fraction; add rows below it to
-      make small matmuls slower.
+      make small matmuls slower. ``matmul_efficiency_by_dtype`` maps a ``peak_flops`` key to its own rows (or
+      one fraction) where a dtype's GEMMs reach a different fraction (H100's float8: 70.9%, bfloat16 80.1%).
+    - ``attention_efficiency``: ``(forward, backward)`` fractions of the peak that a fused attention kernel
+      (``nb.dot_product_attention``: FlashAttention, cuDNN) reaches on its counted FLOPs; ``None`` prices it
+      as a matmul.
+    - ``sms``: streaming multiprocessors (0: not given). A collective that runs beside compute occupies some of
+      them (``schedule.py`` states how many), slowing the compute by that fraction while it runs.
     - ``hbm_efficiency``, ``nvlink_efficiency``, ``network_efficiency``: achievable fractions of the
       nominal bandwidths.
     - ``nvlink_latency``, ``network_latency``: seconds per ring step on that tier.
@@ -59,6 +65,9 @@ class Hardware:
     allow_tf32: bool = False
     tree_latency: float = 50e-6
     tree_efficiency: float = 0.9
+    matmul_efficiency_by_dtype: Any = ()  # Mapping[str, rows | float]; stored as sorted (key, rows) pairs
+    attention_efficiency: Any = None  # (forward, backward) fractions, or None: as a matmul
+    sms: int = 0
 
     def __post_init__(self) -> None:
         who = f"Hardware {self.name!r}"
@@ -89,6 +98,26 @@ class Hardware:
         if not rows or rows[0][0] > 0:
             raise ShardingError(f"{who}: matmul_efficiency needs a row for min_flops 0, got {rows!r}")
         object.__setattr__(self, "matmul_efficiency", rows)
+        by = self.matmul_efficiency_by_dtype
+        by = by.items() if isinstance(by, Mapping) else by
+        try:
+            by = tuple(sorted((dtype_key(k), _rows(v, f"{who}: matmul_efficiency_by_dtype[{k!r}]")) for k, v in by))
+        except (TypeError, ValueError):
+            raise ShardingError(f"{who}: matmul_efficiency_by_dtype must map dtype names to rows (min_flops, "
+                                f"fraction) or a fraction, got {self.matmul_efficiency_by_dtype!r}") from None
+        object.__setattr__(self, "matmul_efficiency_by_dtype", by)
+        if self.attention_efficiency is not None:
+            try:
+                fwd, bwd = self.attention_efficiency
+            except (TypeError, ValueError):
+                raise ShardingError(f"{who}: attention_efficiency must be (forward, backward) fractions or None, got "
+                                    f"{self.attention_efficiency!r}") from None
+            object.__setattr__(self, "attention_efficiency", (_fraction(fwd, f"{who}: attention_efficiency"),
+                                                              _fraction(bwd, f"{who}: attention_efficiency")))
+        if isinstance(self.sms, bool) or not isinstance(self.sms, (int, np.integer)) or self.sms < 0:
+            raise ShardingError(f"{who}: sms must be an int >= 0 (streaming multiprocessors; 0: not given), got "
+                                f"{self.sms!r}")
+        object.__setattr__(self, "sms", int(self.sms))
         if not isinstance(self.allow_tf32, bool):
             raise ShardingError(f"{who}: allow_tf32 must be a bool, got {self.allow_tf32!r}")
 
@@ -119,10 +148,17 @@ class Hardware:
                                 f"(peak_flops has {sorted(table)}); add it with hw.replace(peak_flops=...)")
         return table[key]
 
-    def matmul_fraction(self, flops: float) -> float:
-        """The achievable fraction of peak for a matmul-class kernel of ``flops`` FLOPs per device."""
-        frac = self.matmul_efficiency[0][1]
-        for min_flops, f in self.matmul_efficiency:
+    def matmul_fraction(self, flops: float, dtype: Any = None) -> float:
+        """The achievable fraction of peak for a matmul-class kernel of ``flops`` FLOPs per device computing in
+        ``dtype`` (its own rows in ``matmul_efficiency_by_dtype`` when it has some)."""
+        rows = self.matmul_efficiency
+        if dtype is not None and self.matmul_efficiency_by_dtype:
+            key = dtype_key(dtype)
+            if key == "float32" and self.allow_tf32:
+                key = "tf32"
+            rows = dict(self.matmul_efficiency_by_dtype).get(key, rows)
+        frac = rows[0][1]
+        for min_flops, f in rows:
             if flops >= min_flops:
                 frac = f
         return frac
@@ -152,6 +188,16 @@ def _positive(v: Any, what: str, zero_ok: bool = False) -> float:
             or v < 0 or (v == 0 and not zero_ok):
         raise ShardingError(f"{what} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {v!r}")
     return float(v)
+
+
+def _rows(v: Any, what: str) -> tuple[tuple[int, float], ...]:
+    """Efficiency rows ``(min_flops, fraction)`` sorted, from rows or one fraction (a row at 0)."""
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        return ((0, _fraction(v, what)),)
+    rows = tuple(sorted((int(m), _fraction(e, what)) for m, e in v))
+    if not rows or rows[0][0] > 0:
+        raise ShardingError(f"{what}: needs a row for min_flops 0, got {rows!r}")
+    return rows
 
 
 def _fraction(v: Any, what: str) -> float:
@@ -198,6 +244,11 @@ A100_SXM_80GB = Hardware(
     # nccl-tests between two HGX A100 nodes with four 200 Gb/s HDR HCAs: busbw 91 GB/s of 100
     # (NVIDIA/nccl-tests issue 100); one HCA alone reached 24 of 25 GB/s (NVIDIA/nccl issue 1048).
     network_efficiency=0.91,
+    # FlashAttention-2 (Dao 2023, arXiv:2307.08691, abstract): "reaching 50-73% of the theoretical maximum
+    # FLOPs/s on A100"; its forward pass is the fast end, its backward pass the slow one (its Fig. 5 and 6).
+    attention_efficiency=(0.73, 0.50),
+    # A100 datasheet / whitepaper: 108 SMs.
+    sms=108,
 )
 
 H100_SXM_80GB = Hardware(
@@ -230,6 +281,18 @@ H100_SXM_80GB = Hardware(
     # NVIDIA's NCCL maintainers: "For NDR @ 400Gbps you should see 46-48GB/s per NIC" (NVIDIA/nccl-tests
     # issue 290): 47 / 50 = 0.94.
     network_efficiency=0.94,
+    # Maximum achievable matmul FLOPS, FP8 (float8_e4m3fn), H100 SXM: 1,402.6 of 1,979 TFLOP/s = 70.9%
+    # (stas00/ml-engineering, compute/accelerator/README.md, MAMF table "FP8", torch 2.7.0+cu126).
+    matmul_efficiency_by_dtype={"float8": 0.709},
+    # FlashAttention-2 on H100 SXM5, head dim 128, sequence 16k (Shah et al. 2024, FlashAttention-3,
+    # arXiv:2407.08608, Fig. 5 and 6, the FlashAttention-2 bars): forward 370 TFLOP/s, backward 322, of 989: 0.374,
+    # 0.326 (its abstract: "FlashAttention-2 achieving only 35% utilization on the H100 GPU"). The same figures give
+    # cuDNN's kernels of mid-2024 595 and 516 (0.60, 0.52) and FlashAttention-3 648 and 561: a stack known to run
+    # those passes hw.replace(attention_efficiency=...). How either choice does against measured runs of 2024:
+    # docs/planning.md, "Checking against published runs".
+    attention_efficiency=(0.374, 0.326),
+    # H100 SXM5 datasheet / Hopper whitepaper: 132 SMs.
+    sms=132,
 )
 
 #: The named presets of ``Hardware.preset`` (values, so nothing here can change).

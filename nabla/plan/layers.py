@@ -281,6 +281,8 @@ class Replayed(NamedTuple):
     gradients: tuple  # per input, the layout of its gradient (None: not differentiated)
     raw: tuple  # per input, (layout, itemsize) of its gradient as the backward pass leaves it (None: as finished)
     steps_all: tuple  # every recorded step, in the order the memory log's timeline follows
+    names: tuple = ()  # the values the steps call (ins, outs, cotangents, input gradients): per input, output,
+    # output and input, its serial (0: none), so that layers laid end to end hand them over (``renamed``)
 
 
 def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dtypes: Sequence[Any],
@@ -298,10 +300,13 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
     reach = _reaching(rep)
     which = [e for e in range(len(inputs)) if train and diff[e] and is_inexact(inputs[e].dtype) and reach[e]]
 
+    seen: dict[str, list] = {}
+
     def run(*xs):
         given = list(inputs)
         for e, x in zip(which, xs):
             given[e] = x
+        seen["ins"] = [serial(x) if isinstance(x, Tensor) else 0 for x in given]
         env: dict[int, Any] = {}
         for k, s in enumerate(rep.steps):
             args = []
@@ -320,9 +325,12 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
                 with C.user_op(s.user or s.name):
                     out = _call(s.op, args, s.params)
             env[k] = out
+        seen["outs"] = [serial(env[k]) for k in rep.outputs]
         return tuple(env[k] for k in rep.outputs)
 
     grads: list[Any] = [None] * len(inputs)
+    cts: list = []
+    gouts = [0] * len(inputs)
     with C.comm_log() as log, memory_log() as mem:
         if which:
             outs, back = vjp(run, *[inputs[e] for e in which])
@@ -330,6 +338,7 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
                                  without_partial(o.sharding)), o.shape, o.dtype) for j, o in enumerate(outs)]
             for e, g in zip(which, back(tuple(cts))):
                 grads[e] = getattr(g, "sharding", None)
+                gouts[e] = serial(g) if isinstance(g, Tensor) else 0
         else:
             outs = run()
     # An activation's gradient goes on to the layer before as it comes: the moves that lay it out as its input
@@ -342,13 +351,16 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
         moved = e is not None and not params_[e] and isinstance(st.op, str)
         if e is not None and e not in raw and st.uses and st.uses[0].src is not None and (params_[e] or moved):
             raw[e] = (st.uses[0].src, st.uses[0].dtype.itemsize)
-        if not moved:
-            kept.append(st)
+            if moved:
+                gouts[e] = st.uses[0].value  # the gradient as it goes on, before the relayout left out
+        if not moved:  # a sum of an activation's cotangents is the backward pass's, not a gradient reduction
+            kept.append(st._replace(user="gradient of an input") if e is not None and not params_[e] else st)
     for e in which:
         if not params_[e] and e in raw:
             grads[e] = raw[e][0]
+    names = (tuple(seen.get("ins", ())), tuple(seen.get("outs", ())), tuple(serial(c) for c in cts), tuple(gouts))
     return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads),
-                    tuple(raw.get(e) for e in range(len(inputs))), tuple(log.steps))
+                    tuple(raw.get(e) for e in range(len(inputs))), tuple(log.steps), names)
 
 
 def _reaching(seg: Segment) -> list[bool]:
@@ -367,10 +379,12 @@ def block_bytes(spec: Any, shape: Sequence[int], itemsize: int) -> int:
     return prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape)) * itemsize
 
 
-def renamed(steps: Sequence, fresh: Any, label: str | None) -> list:
+def renamed(steps: Sequence, fresh: Any, label: str | None, names: dict[int, int] | None = None) -> list:
     """One instance's copy of a replay's priced steps: its values under names of their own (fusion reads a value's
-    last reader by name: two instances sharing names would look like one value read far ahead) and its label."""
-    names: dict[int, int] = {}
+    last reader by name: two instances sharing names would look like one value read far ahead; the schedule starts
+    a collective when the value it moves is made), those in ``names`` under the names given (what the layer before
+    hands over, what the layer after hands back), and its label."""
+    names = {} if names is None else names
 
     def name(v: int) -> int:
         if not v:
@@ -379,5 +393,6 @@ def renamed(steps: Sequence, fresh: Any, label: str | None) -> list:
             names[v] = next(fresh)
         return names[v]
 
-    return [x._replace(reads=tuple((name(v), b) for v, b in x.reads), out=name(x.out), layer=label)
+    return [x._replace(reads=tuple((name(v), b) for v, b in x.reads), out=name(x.out), layer=label,
+                       **({"moves": tuple(name(v) for v in x.moves)} if hasattr(x, "moves") else {}))
             if hasattr(x, "_replace") else x for x in steps]

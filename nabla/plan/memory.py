@@ -63,26 +63,39 @@ class Accounts(NamedTuple):
     kept: dict  # mesh -> bytes kept for the backward pass when it starts
 
 
-def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: set, start: Iterable[int] = ()
-            ) -> Accounts:
+def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: set, start: Iterable[int] = (),
+            replaces: dict | None = None) -> Accounts:
     """The liveness pass. ``first``: serial -> (layout, shape, dtype) of values the steps read that were made
     before them; ``tags``: serial -> what the program said it is; ``made_at``: serial -> (step index, layout,
     shape, dtype) of values made without a step (an optimizer's zeros); ``held``: serials the program still holds
-    at the end; ``start``: serials alive from the start whether read or not (the measured function's arguments)."""
+    at the end; ``start``: serials alive from the start whether read or not (the measured function's arguments);
+    ``replaces``: serial -> the serial it is written over (an optimizer's update, in place as PyTorch's is and as
+    JAX's with donated buffers: the new state takes the old one's bytes)."""
     n = len(steps)
     buf: list[list] = []  # [mesh, bytes, start, end, root serial, sharer serial or None]
     of: dict[int, int] = {}  # serial -> its buffer
     last: dict[int, int] = {}  # serial -> last step reading it (a pending sum: reading its summands)
     last_sum: dict[int, int] = {}  # serial of a pending sum -> last step reading the sum made of it
+    replaces = replaces or {}
     pending: set[int] = set()  # values made as pending sums
     phases: dict[int, set] = {}  # serial -> phases of the steps reading it
     made: dict[int, str] = {}  # serial -> phase of the step that made it
     source: dict[int, int] = {}  # serial -> the serial it was moved from
     transient: dict[tuple, list] = {}  # (mesh, kind) -> [(step, bytes)]
     late = sorted(((i, s) for s, (i, *_) in made_at.items()), reverse=True)
+    sized: dict[tuple, tuple] = {}  # (id(layout), shape, dtype) -> (mesh, bytes): the program's few hundred layouts
+    keep_alive = []  # (the layouts whose ids key ``sized``)
+
+    def size(layout: Any, shape: Any, dtype: Any) -> tuple[Any, int]:
+        key = (id(layout), shape, dtype)
+        got = sized.get(key)
+        if got is None:
+            got = sized[key] = _bytes(layout, shape, dtype)
+            keep_alive.append(layout)
+        return got
 
     def alloc(s: int, at: int, layout: Any, shape: Any, dtype: Any, extra: int = 0, tied: int | None = None) -> None:
-        mesh, b = _bytes(layout, shape, dtype)
+        mesh, b = size(layout, shape, dtype)
         if mesh is None:
             return
         buf.append([mesh, b + extra, at, at, s, tied])
@@ -121,7 +134,7 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
                 if summands:
                     alloc(s, i, u.dst, u.shape, u.dtype, tied=s)  # a summed copy, kept on the value for later uses
                 else:
-                    mesh, b = _bytes(u.dst, u.shape, u.dtype)
+                    mesh, b = size(u.dst, u.shape, u.dtype)
                     if mesh is not None:
                         transient.setdefault((mesh, "comm"), []).append((i, b))
         if st.op == MOVE:  # a pending sum made once for later uses: a copy kept as long as it is read
@@ -150,6 +163,16 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
         _, s = late.pop()
         if s not in of:
             alloc(s, n - 1, *made_at[s][1:])
+
+    # a value written over another (an update in place) takes its bytes: its buffer is the one it replaces
+    for s, old in replaces.items():
+        kn, ko = of.get(s), of.get(old)
+        if kn is None or ko is None or kn == ko or buf[kn][:2] != buf[ko][:2] or buf[kn][2] < buf[ko][2]:
+            continue
+        for v, k in list(of.items()):
+            if k == kn:
+                of[v] = ko
+        buf[kn][1] = 0
 
     # ends: after the last read of any value sharing the buffer, or the end when the program holds one
     ends = [b[2] for b in buf]
@@ -181,7 +204,10 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
         if not kind:
             when = made.get(root, "")
             later = _LATER.get(when, ())
-            kept = any(p in later for s in names for p in phases.get(s, ()))
+            read = {p for s in names for p in phases.get(s, ())}
+            # kept for the backward pass: read by it, and made (or, an argument, read) before it; an argument the
+            # backward pass alone reads (a cotangent handed in) arrives with it
+            kept = bool(read & set(later)) and (when != "" or "forward" in read)
             kind = "activations" if kept else "temporaries"
         kinds.append(kind)
 
@@ -215,7 +241,7 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
             timeline = [int(x) for x in total[1:]]
     buffers = [Buffer(b[5] if b[5] is not None else b[4], b[0], b[1], kinds[k], b[2], min(ends[k], n))
                for k, b in enumerate(buf)]
-    turn = next((i for i, st in enumerate(steps) if st.phase == "backward"), n)
+    turn = next((i for i, st in enumerate(steps) if st.phase in ("backward", "recompute")), n)
     kept: dict = {mesh: 0 for mesh in series}
     for b in buffers:
         if b.kind == "activations" and b.made < turn <= b.freed:
@@ -236,6 +262,7 @@ class MemoryLog:
         self._made_at: dict[int, tuple] = {}
         self._refs: dict[int, list] = {}  # serial -> weak references to the objects holding it
         self._start: dict[int, None] = {}
+        self._replaces: dict[int, int] = {}
         self._held: set | None = None  # fixed when the log closes
         self._cache: tuple | None = None
 
@@ -278,6 +305,13 @@ class MemoryLog:
             self._made_at[s] = (at, value._spec, value._shape, value._dtype)
         self._watch(s, value)  # (whoever holds this object holds the value)
 
+    def replace(self, new: Any, old: Any) -> None:
+        """``new`` is written over ``old`` (an optimizer's state and parameters, updated in place)."""
+        s, o = serial(new), serial(old)
+        if s and o and s != o:
+            self._replaces[s] = o
+            self._cache = None
+
     def hold(self, values: Iterable[Any]) -> None:
         """Count ``values`` from the start, read or not (the arguments of the function being measured)."""
         for v in values:
@@ -313,10 +347,14 @@ class MemoryLog:
     def _accounts(self) -> Accounts:
         if self._cache is None or self._held is None:
             held = self._held if self._held is not None else self._alive()
-            self._cache = (account(self.steps, self._first, self._tags, self._made_at, held, self._start),)
+            self._cache = (account(self.steps, self._first, self._tags, self._made_at, held, self._start,
+                                   self._replaces),)
         return self._cache[0]
 
     def _per_id(self, per_mesh: dict) -> dict[int, int]:
+        if len(per_mesh) == 1:  # one mesh (most programs): every device holds as much
+            (mesh, b), = per_mesh.items()
+            return dict.fromkeys(mesh.devices, int(b))
         out: dict[int, int] = {}
         for mesh, b in per_mesh.items():
             for d in mesh.devices:

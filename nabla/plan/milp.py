@@ -39,6 +39,10 @@ class Solution(NamedTuple):
     memory: float  # the peak per device the model predicts (held plus the largest transient)
 
 
+#: HiGHS stops within this relative gap of the optimum (its default, 1e-4, lets a 0.01% slower choice through)
+GAP = 1e-9
+
+
 def _program(groups: Sequence[Group], edges: Sequence[Edge]):
     """Variables: x (one binary per group option), then e (one per pair of an edge's options that may go together:
     a finite cost; an infinite one rules the pair out), then T (the largest chosen transient). Rows: one option
@@ -144,17 +148,20 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
         rows = [A] + [_sparse().csr_array(r[None, :]) for r, _, _ in more]
         cons = LinearConstraint(_sparse().vstack(rows, format="csr"), np.r_[lo, [l for _, l, _ in more]],
                                 np.r_[hi, [h for _, _, h in more]])
-        res = milp(c, constraints=cons, integrality=integral, bounds=bounds)
+        res = milp(c, constraints=cons, integrality=integral, bounds=bounds, options={"mip_rel_gap": GAP})
         return res.x if res.status == 0 and res.x is not None else None
 
     cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit) / scale),
                                                      (late, -np.inf, float(memory_limit) / scale)]
+    # time in units of the largest option's: HiGHS's absolute gap and feasibility tolerances (1e-6, 1e-7) are
+    # a good part of a step of 100 microseconds
+    time = time / max(1e-30, float(np.abs(time[np.isfinite(time)]).max(initial=0.0)))
     x = run(time, cap + extra)
     if x is None:
         return None
     best = float(time @ x)
     # ties: the least memory, as the larger peak (an extra variable M >= both peaks, minimised)
-    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-15)])
+    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-12)])
     if x2 is not None:
         x = x2
     choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
@@ -173,7 +180,7 @@ def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
     c = np.zeros(n + 1)
     c[-1] = 1.0
     res = milp(c, constraints=cons, integrality=np.r_[integral, 0],
-               bounds=Bounds(np.zeros(n + 1), np.r_[np.ones(n - 1), np.inf, np.inf]))
+               bounds=Bounds(np.zeros(n + 1), np.r_[np.ones(n - 1), np.inf, np.inf]), options={"mip_rel_gap": GAP})
     return res.x[:n] if res.status == 0 and res.x is not None else None
 
 

@@ -13,6 +13,7 @@ from ..errors import ShardingError
 from ..mesh import _is_int
 from .cluster import Cluster
 from .report import Report
+from .schedule import NCCL_SMS
 
 SCHEDULES = ("1f1b", "interleaved")
 
@@ -31,8 +32,9 @@ def in_flight(stages: int, microbatches: int, schedule: str = "1f1b", virtual_st
 
 @dataclass(frozen=True)
 class PipelineMemory:
-    """Per device id of a stage: ``peak`` (the stage's own peak for one microbatch, plus the activations the
-    schedule keeps of the other microbatches in flight: ``(in_flight - 1) * kept``) and ``by_kind`` (params,
+    """Per device id of a stage: ``peak`` (the stage's own peak for one microbatch's forward and backward passes,
+    plus the activations the schedule keeps of the other microbatches in flight, ``(in_flight - 1) * kept``; or
+    its optimizer update's, which runs once when none is in flight) and ``by_kind`` (params,
     grads and optimizer state as the stage holds them; activations with the microbatches in flight), against
     ``capacity``. ``fits``: every device's peak within it."""
 
@@ -57,10 +59,16 @@ class PipelineReport:
     """One training step of ``stages`` stages over ``microbatches`` microbatches, each stage split in
     ``virtual_stages`` model chunks. Times in seconds, per device:
 
-    ``step_time = (v*m + p - 1) * (microbatch_time / v + 2 * send_time) + grad_time``, of which
+    ``step_time = (v*m + p - 1) * microbatch_time / v + p2p_time + grad_time``, of which
     ``bubble_time = (p - 1) * microbatch_time / v`` (a fraction ``(p - 1) / (v * m)`` of the ideal
-    ``m * microbatch_time``) and ``p2p_time = 2 * (v*m + p - 1) * send_time`` (each chunk step sends an
-    activation forward and receives a gradient back); ``grad_time`` is the gradient reductions, once."""
+    ``m * microbatch_time``). Each of the ``v*m + p - 1`` chunk steps sends an activation forward and a gradient
+    back: ``p2p_time = 2 * (v*m + p - 1) * send_time`` when they block (``overlap_p2p`` False). Overlapped
+    (the stage report's overlap has ``"p2p"``: Megatron-LM's ``--overlap-p2p-communication``, sends and receives
+    posted before the chunk's compute and waited after it), a chunk step's two sends run beside its compute
+    ``t = microbatch_time / v`` and show only where they outlast it, slowing it meanwhile by the SMs NCCL takes
+    (``schedule.NCCL_SMS``, fraction ``f``); the fill and the drain still wait for every stage's send:
+    ``p2p_time = 2 (p - 1) send_time + (v*m + p - 1) (max(0, 2 send_time - t) + f min(2 send_time, t))``.
+    ``grad_time`` is the gradient reductions, once."""
 
     stage_report: Report
     stages: int
@@ -70,6 +78,8 @@ class PipelineReport:
     microbatch_time: float
     send_time: float
     grad_time: float
+    overlap_p2p: bool = False
+    stolen: float = 0.0  # the fraction of the SMs an overlapped send occupies
 
     @property
     def bubble_fraction(self) -> float:
@@ -81,7 +91,10 @@ class PipelineReport:
 
     @property
     def p2p_time(self) -> float:
-        return 2 * self._chunk_steps * self.send_time
+        if not self.overlap_p2p:
+            return 2 * self._chunk_steps * self.send_time
+        t, two = self.microbatch_time / self.virtual_stages, 2 * self.send_time
+        return 2 * (self.stages - 1) * self.send_time + self._chunk_steps * (max(0.0, two - t) + self.stolen * min(two, t))
 
     @property
     def _chunk_steps(self) -> int:
@@ -102,6 +115,14 @@ class PipelineReport:
         n = in_flight(self.stages, self.microbatches, self.schedule, self.virtual_stages)
         extra = {d: int(round((n - 1) * mem.kept.get(d, 0))) for d in mem.peak}
         peak = {d: b + extra[d] for d, b in mem.peak.items()}
+        costs = self.stage_report.timeline.costs
+        if mem.live and len(mem.live) == len(costs):
+            # the other microbatches are in flight during the forward and backward passes, not during an update
+            # the stage program runs after them (once per step, when no activation is alive)
+            last = max((i for i, c in enumerate(costs) if c.phase in ("backward", "recompute")), default=len(costs) - 1)
+            passes, after = max(mem.live[:last + 1], default=0), max(mem.live[last + 1:], default=0)
+            top = max(mem.peak.values(), default=0)
+            peak = {d: (max(passes + extra[d], after) if b == top else b + extra[d]) for d, b in mem.peak.items()}
         by_kind = {k: MappingProxyType({d: b + (extra.get(d, 0) if k == "activations" else 0) for d, b in v.items()})
                    for k, v in mem.by_kind.items()}
         return PipelineMemory(MappingProxyType(peak), MappingProxyType(by_kind), mem.capacity, n, mem.kept)
@@ -129,7 +150,8 @@ def pipeline_estimate(stage_report: Report, stages: int, microbatches: int, sche
     (forward and backward, gradient reductions included: they are taken out of each microbatch and paid
     once). ``p2p_bytes``: what each device sends at a stage boundary per microbatch (default none); a
     send runs on the network when the job's stages span nodes (``stages * stage size > devices_per_node``
-    of ``cluster``, default the stage's cluster), else on NVLink."""
+    of ``cluster``, default the stage's cluster), else on NVLink. Sends overlap the compute when the stage
+    report's ``overlap`` has ``"p2p"`` (``PipelineReport``)."""
     for what, v in (("stages", stages), ("microbatches", microbatches), ("virtual_stages", virtual_stages)):
         if not _is_int(v) or v < 1:
             raise ShardingError(f"pipeline_estimate: {what} must be an int >= 1, got {v!r}")
@@ -152,5 +174,7 @@ def pipeline_estimate(stage_report: Report, stages: int, microbatches: int, sche
         latency, bandwidth = cluster.hardware.link(tier)
         send = latency + p2p_bytes / bandwidth
     per_microbatch = stage_report.step_time - stage_report.exposed_grad_comm
+    sms = cluster.hardware.sms
     return PipelineReport(stage_report, int(stages), int(microbatches), schedule, int(virtual_stages),
-                          per_microbatch, send, stage_report.exposed_grad_comm)
+                          per_microbatch, send, stage_report.exposed_grad_comm, "p2p" in stage_report.overlaps,
+                          min(NCCL_SMS / sms, 0.9) if sms else 0.0)

@@ -14,7 +14,7 @@ from ..mesh import DeviceMesh
 from .cluster import Cluster
 from .hardware import dtype_key
 from .compute import kernel_times
-from .schedule import Timeline, simulate, step_end
+from .schedule import Timeline, overlap_modes, simulate, step_end
 from .steps import MATMUL_OPS, StepLike
 
 
@@ -43,9 +43,8 @@ class MemoryReport:
         if record is None:
             return cls(MappingProxyType({}), MappingProxyType({}), capacity)
         try:
-            peak = {int(d): int(b) for d, b in dict(record.peak).items()}
-            by_kind = {str(k): MappingProxyType({int(d): int(b) for d, b in dict(v).items()})
-                       for k, v in dict(getattr(record, "by_kind", {})).items()}
+            peak = dict(record.peak)
+            by_kind = {str(k): MappingProxyType(dict(v)) for k, v in dict(getattr(record, "by_kind", {})).items()}
         except (AttributeError, TypeError, ValueError):
             raise ShardingError(f"estimate: memory must have .peak (device -> bytes) and .by_kind (kind -> device "
                                 f"-> bytes), got {type(record).__name__}") from None
@@ -67,7 +66,7 @@ class Report:
     timeline: Timeline
     cluster: Cluster
     mesh: DeviceMesh
-    overlap: str
+    overlap: Any  # as given: "none", "grads", "all" or a tuple of modes (``overlaps`` has them as a set)
     flops: int
     model_flops: float
     peak_dtype: str
@@ -78,6 +77,11 @@ class Report:
     @property
     def step_time(self) -> float:
         return self.timeline.step_time
+
+    @property
+    def overlaps(self) -> frozenset[str]:
+        """The overlap modes the schedule ran with (``schedule.overlap_modes``)."""
+        return overlap_modes(self.overlap)
 
     @property
     def compute_time(self) -> float:
@@ -239,7 +243,7 @@ def _step_ends(timeline: Timeline) -> list[float]:
     return ends
 
 
-def estimate_steps(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, overlap: str = "grads",
+def estimate_steps(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, overlap: Any = "grads",
                    model_flops: float | None = None, memory: Any = None, peak_dtype: Any = None,
                    fusion: bool = True) -> Report:
     """Price recorded ``steps`` (program order) of one SPMD training step on ``cluster``'s devices laid out as

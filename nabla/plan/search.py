@@ -43,6 +43,7 @@ class Priced(NamedTuple):
     late: float  # bytes per device held at the end of the backward pass: parameters, optimizer state, inputs and
     # the gradients, each summed into its parameter's layout when the backward pass completes it
     gradients: tuple  # per input, the layout of the gradient the backward pass hands back (None: none)
+    names: tuple = ()  # the replay's values that cross layers (``layers.Replayed.names``)
 
 # ---- pricing ----------------------------------------------------------------------------------------------
 
@@ -182,7 +183,8 @@ class Search:
                                                     u.src is not None and np.dtype(u.dtype).kind in "fcV")
             out.append(Slot(tuple(u.shape), np.dtype(u.dtype) if (u.src is not None or lf is not None) else None,
                             cls.dims[e], base, free, used, param, data, given, roles, lf is not None,
-                            lf is not None and (lf.fixed is not None or not all(lf.free) or bool(lf.used))))
+                            lf is not None and (lf.fixed is not None or not all(lf.free) or bool(lf.used)),
+                            np.dtype(u.dtype)))
         return out
 
     def candidates(self, cls: L.LayerClass, slots: list[Slot]) -> tuple[list[Candidate], dict[str, int]]:
@@ -249,7 +251,7 @@ class Search:
 
     def _price(self, cls: L.LayerClass, slots: list[Slot], cand: Candidate, cotangents: list | None = None) -> Priced:
         shapes = [s.shape for s in slots]
-        dtypes = [s.dtype if s.dtype is not None else np.float32 for s in slots]
+        dtypes = [s.recorded if s.recorded is not None else np.float32 for s in slots]
         # differentiated: parameters, and values flowing in from other layers (in a repeated class, the first
         # instance's input may be an argument: the others' is the layer before's output)
         diff = [s.param or (not cls.params[e] and s.given is not None) or
@@ -299,7 +301,8 @@ class Search:
         held += params * (1 + opt)
         late = held + params if self.train else held
         held += saved
-        return Priced(steps, rep.step_time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late, r.gradients)
+        return Priced(steps, rep.step_time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late, r.gradients,
+                      r.names)
 
     # -- the program as a MILP --
     def solve(self):
@@ -523,6 +526,24 @@ class Search:
         return sum(L.block_bytes(specs[i], self.info[i].shape, np.dtype(self.info[i].dtype).itemsize)
                    for i in self.params) * ratio
 
+    def _handed_over(self, order: Sequence, parts: dict, fresh: Any) -> list[dict[int, int]]:
+        """Per instance laid end to end, the names of the values it shares with its neighbours: an input is the
+        output of the instance that makes it, and that output's cotangent the input's gradient."""
+        made = {inst.steps[k].out: (n, j) for n, (_, inst) in enumerate(order) for j, k in enumerate(inst.outputs)}
+        names: list[dict[int, int]] = [{} for _ in order]
+        for n, (ci, inst) in enumerate(order):
+            ins, _, _, gouts = parts[ci].names or ((), (), (), ())
+            for e, v in enumerate(inst.inputs):
+                if v not in made or e >= len(ins) or not ins[e]:
+                    continue
+                m, j = made[v]
+                _, outs, cts, _ = parts[order[m][0]].names or ((), (), (), ())
+                if j < len(outs) and outs[j]:
+                    names[n][ins[e]] = names[m].setdefault(outs[j], next(fresh))
+                if j < len(cts) and cts[j] and gouts[e]:
+                    names[m][cts[j]] = names[n].setdefault(gouts[e], next(fresh))
+        return names
+
     def stitched(self, choice: Sequence[int]) -> tuple[Report, float, float]:
         """The estimate of ``choice`` from the replayed layers laid end to end as the program runs them: every
         segment's forward steps, then each segment's backward steps (its gradient reductions among them, where
@@ -532,9 +553,10 @@ class Search:
         self.refine(choice)
         parts = {ci: self.part(choice, ci) for ci in range(len(self.classes))}
         fresh = count(1)
+        names = self._handed_over(order, parts, fresh)
         fwd, bwd = [], []
-        for ci, inst in order:
-            st = L.renamed(parts[ci].steps, fresh, inst.label or None)
+        for (ci, inst), given in zip(order, names):
+            st = L.renamed(parts[ci].steps, fresh, inst.label or None, given)
             fwd.append([x for x in st if x.phase != "backward"])
             bwd.append([x for x in st if x.phase == "backward"])
         steps = [x for f in fwd for x in f] + [x for b in reversed(bwd) for x in b]

@@ -33,7 +33,11 @@ class Step(NamedTuple):
     """A concrete ``StepLike``: what tests and hand-made plans build (the executor may record its own type).
     What fusion reads (``fusion.py``; a step without ``reads`` is priced on its own): ``reads``, the
     ``(value, bytes per device)`` of each operand, ``out`` the value it makes (ids as the recording names them),
-    ``elems`` the elements per device its kernel runs over, ``kind`` how it fuses (default: by ``op``)."""
+    ``elems`` the elements per device its kernel runs over, ``kind`` how it fuses (default: by ``op``; a view
+    is ``"alias"``). ``in_dtype``: the dtype a matmul-class kernel multiplies in (its operands'; default
+    ``out_dtype``): float8 operands run at the float8 peak whatever the result's dtype. ``moves``: per entry of
+    ``events``, the value it moves (0: not recorded), which the schedule reads to start a collective when its
+    data is ready and to tell parameters' gathers from activations' (``schedule.py``)."""
 
     op: str
     user: str = ""
@@ -48,6 +52,8 @@ class Step(NamedTuple):
     out: int = 0
     elems: int = 0
     kind: str = ""
+    in_dtype: Any = None
+    moves: tuple[int, ...] = ()
 
 
 def is_grad_reduction(step: StepLike) -> bool:

@@ -34,7 +34,7 @@ class Rule(NamedTuple):
                    for dims in self.operands)
 
     def __str__(self) -> str:
-        names = _names(len(self.sizes))
+        names = factor_names(len(self.sizes))
 
         def t(dims):
             return "".join(names[d[0]] if len(d) == 1 else "(" + "".join(names[f] for f in d) + ")"
@@ -46,7 +46,8 @@ class Rule(NamedTuple):
         return sig + " {" + extra + ("; replicate " + "".join(rep) if rep else "") + "}"
 
 
-def _names(n: int) -> str:
+def factor_names(n: int) -> str:
+    """The names a rule of ``n`` factors prints them with: one letter each (``ijk...``), ``f0, f1, ...`` past 52."""
     base = "ijklmnopqrstuvwxyzabcdefghIJKLMNOPQRSTUVWXYZABCDEFGH"
     if n > len(base):
         return [f"f{i}" for i in range(n)]  # type: ignore[return-value]

@@ -8,7 +8,7 @@ import pytest
 
 import nabla as nb
 from nabla import DeviceMesh
-from nabla.testing import assert_sharded_allclose
+from nabla.testing import assert_sharded_allclose, elementwise_ops
 
 MESHES = [DeviceMesh("m4", (4,), ("x",)), DeviceMesh("m22", (2, 2), ("x", "y")),
           DeviceMesh("m23", (2, 3), ("x", "y"), devices=[5, 3, 1, 4, 2, 0])]
@@ -154,6 +154,30 @@ def test_binary_ops_on_every_pair_of_shardings(mesh, name):
         a = nb.tensor(X).shard(mesh, sa)
         check(fn(a, Y), want, f"{name}(sharded {sa}, host) over {mesh!r}")
         check(fn(nb.tensor(Y), a), ref(Y, X), f"{name}(host, sharded {sa}) over {mesh!r}")
+
+
+def _in_domain(op, *values):
+    return [v if op.domain is None else np.clip(v, *op.domain).astype(v.dtype) for v in values]
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.name)
+@pytest.mark.parametrize("op", elementwise_ops(1) + elementwise_ops(2), ids=lambda op: op.name)
+def test_every_registered_elementwise_op_on_every_sharding(mesh, op):
+    """The registry's ops with a numpy reference, read from it (an op registered with ``elementwise(...)`` is swept
+    with no edit here): each operand on every sharding (a binary op's second on one of them in turn, or the host)."""
+    args = _in_domain(op, X, Y)[:op.arity]
+    with np.errstate(all="ignore"):
+        want = op.reference(*args)
+    specs = dim_specs(mesh, 2)
+    for i, sa in enumerate(specs):
+        a = nb.tensor(args[0]).shard(mesh, sa)
+        if op.arity == 1:
+            check(op.public(a), want, f"{op.name} on {X.shape} sharded {sa} over {mesh!r}")
+            continue
+        sb = specs[-1 - i]
+        check(op.public(a, nb.tensor(args[1]).shard(mesh, sb)), want,
+              f"{op.name} on {X.shape} sharded {sa} and {sb} over {mesh!r}")
+        check(op.public(a, args[1]), want, f"{op.name}(sharded {sa}, host) over {mesh!r}")
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.name)

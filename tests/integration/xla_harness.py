@@ -9,7 +9,7 @@ the same layout and any difference in bytes is a difference in how the middle wa
 XLA's collectives are read from the compiled (post-SPMD-partitioning, per-device) HLO text rather
 than from jax's own accounting because that text is what the partitioner actually emitted: every
 shape in it is already a per-device block, so the bytes each device sends follow from the operand
-shapes and the group size with the ring formulas nabla uses (``nabla/reshard.py``):
+shapes and the group size with the ring formulas nabla uses (``nabla/reshard/``):
 
 =====================  ==========================
 kind                   bytes sent per device

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import nabla as nb
-from nabla import collectives as C
+from nabla import collectives as C, commlog
 
 
 def test_gather_into_moves_grid_axes_into_a_dim():
@@ -75,6 +75,15 @@ def test_ring_cost_model():
     assert model.time(ev.steps, ev.bytes, ev.axes) == 6 * 5e-6 + 1000 / 25e9
     assert C.CommEvent("collective_permute", ("x",), 8, 4).steps == 1
     assert "all_reduce(x; 1000 B/device)" == repr(ev)
+
+
+def test_the_registry_makes_the_events_and_the_comm_log_is_read_through_it_too():
+    # event: from a local block (the registry's ring bytes); sent_event: bytes already counted (a planned move's)
+    assert C.event("all_gather", ("x",), 32, 4) == C.sent_event("all_gather", ("x",), 96, 4) == \
+        C.CommEvent("all_gather", ("x",), 96, 4)
+    assert C.event("collective_permute", ("x",), 32, 4).bytes == 32  # a halo's or a mirror's block, as sent
+    for name in ("CommLog", "comm_log", "recording", "phase", "user_op", "named_scope", "publish", "_logs"):
+        assert getattr(C, name) is getattr(commlog, name)  # one comm log, re-exported by the registry
 
 
 # ---- the registry: a new collective is one register call plus a move generator --------------------------

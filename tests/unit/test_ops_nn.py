@@ -247,7 +247,7 @@ def test_random_programs_draw_log_softmax_and_stop_gradient():
     strategy = programs(max_ops=2)
     for name in ("log_softmax", "stop_gradient"):
         prog = find(strategy, lambda p, name=name: any(d == name for d, _ in p.steps),
-                    settings=settings(derandomize=True, database=None, max_examples=2000,
+                    settings=settings(derandomize=True, database=None, max_examples=10000,
                                       suppress_health_check=list(HealthCheck)))
         got = prog.run(nb)
         with np.errstate(all="ignore"):

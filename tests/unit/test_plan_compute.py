@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from nabla.plan import Hardware, Step, kernel_time, kernel_times
@@ -125,3 +126,89 @@ def test_steps_without_recorded_dataflow_are_priced_alone():
     s = [Step("add", out_dtype="float32", flops=10, bytes_in=80, bytes_out=40)] * 3
     times, first = kernel_times(s, A100)
     assert first == [0, 1, 2] and times == [kernel_time(x, A100) for x in s]
+
+
+# ---- kernels as compilers emit them: views, the weight gradient's batch sum, float8, FlashAttention -------------
+
+
+def test_a_view_is_no_kernel_and_its_reader_reads_the_source_once():
+    n = 2**24
+    view = Step("transpose", out_dtype="float32", bytes_in=4 * n, bytes_out=4 * n, reads=((1, 4 * n),), out=2,
+                elems=n, kind="alias")
+    use = Step("exp", out_dtype="float32", flops=n, bytes_in=4 * n, bytes_out=4 * n, reads=((2, 4 * n),), out=3,
+               elems=n)
+    times, first = kernel_times([view, use], A100)
+    assert times[0] == 0 and sum(times) == pytest.approx(8 * n / HBM)  # value 1 read once, value 3 written once
+    # priced as a copy (what the estimate did before), the transpose alone was another 8n bytes
+    assert kernel_time(view._replace(kind=""), A100) == pytest.approx(8 * n / HBM)
+
+
+def test_views_of_a_recorded_program_cost_nothing():
+    import nabla as nb
+    from nabla.plan import Cluster, estimate_steps, priced_step
+    cl = Cluster(A100, 1, 2)
+    mesh = cl.mesh("m", (2,), ("x",))
+    x = nb.abstract((512, 256, 64)).shard(mesh, ["x", None, None])
+    with nb.comm_log() as log:
+        x.transpose(0, 2, 1).reshape(512, -1)
+    steps = [priced_step(s) for s in log.steps]
+    assert [s.kind for s in steps] == ["alias", "alias"]
+    assert estimate_steps(steps, cl, mesh).compute_time == 0
+
+
+def test_a_weight_gradient_s_batch_sum_is_folded_into_its_gemm():
+    # (B, k, m) x (B, m, n) per example, summed over B: one GEMM over B m, writing only the (k, n) sum
+    B, k, m, n = 8, 4096, 2048, 4096
+    mm = Step("matmul", out_dtype="bfloat16", flops=2 * B * k * m * n, bytes_in=2 * B * m * (k + n),
+              bytes_out=2 * B * k * n, reads=((1, 2 * B * m * k), (2, 2 * B * m * n)), out=3, elems=B * k * n)
+    total = Step("sum", out_dtype="bfloat16", flops=B * k * n, bytes_in=2 * B * k * n, bytes_out=2 * k * n,
+                 reads=((3, 2 * B * k * n),), out=4, elems=B * k * n)
+    times, first = kernel_times([mm, total], A100)
+    assert first == [0, 0]
+    one = Step("matmul", out_dtype="bfloat16", flops=mm.flops + total.flops, bytes_in=mm.bytes_in,
+               bytes_out=total.bytes_out)
+    assert sum(times) == pytest.approx(kernel_time(one, A100))
+    # a sum whose operand another step also reads stays a kernel of its own
+    other = Step("exp", out_dtype="bfloat16", bytes_in=2 * B * k * n, bytes_out=2 * B * k * n,
+                 reads=((3, 2 * B * k * n),), out=5, elems=B * k * n)
+    assert kernel_times([mm, total, other], A100)[1][:2] == [0, 1]
+
+
+H100 = Hardware.preset("h100-sxm-80gb")
+
+
+def test_float8_gemms_run_at_the_float8_peak():
+    import ml_dtypes
+    f8 = ml_dtypes.float8_e4m3fn
+    s = Step("matmul", out_dtype="bfloat16", flops=10**13, in_dtype=f8)
+    assert kernel_time(s, H100) == pytest.approx(1e13 / (1979e12 * 0.709))  # H100's FP8 MAMF: 70.9% of 1,979
+    assert kernel_time(s._replace(in_dtype=None), H100) == pytest.approx(1e13 / (989e12 * 0.801))  # bf16
+    assert kernel_time(s, A100) == pytest.approx(1e13 / (312e12 * 0.859))  # no FP8 tensor cores: 16-bit
+    import nabla as nb
+    from nabla.plan import priced_step
+    x, w = nb.abstract((256, 512), "bfloat16"), nb.abstract((512, 128), "bfloat16")
+    with nb.comm_log() as log:
+        (x.astype(f8) @ w.astype(f8)).astype("bfloat16")
+    mm = [priced_step(t) for t in log.steps if t.name == "matmul"][0]
+    assert mm.in_dtype == np.dtype(f8)
+
+
+def test_causal_attention_counts_half_the_pairs_and_runs_at_flashattention_s_efficiency():
+    import nabla as nb
+    from nabla.plan import priced_step
+    B, T, N, H = 2, 1024, 8, 64
+    q = nb.abstract((B, T, N, H), "bfloat16")
+    full = nb.flops(lambda q: nb.dot_product_attention(q, q, q), q)
+    causal = nb.flops(lambda q: nb.dot_product_attention(q, q, q, is_causal=True), q)
+    assert full == 4 * B * N * T * T * H  # two matmuls (FlashAttention's count)
+    assert causal == 4 * B * N * H * T * (T + 1) // 2  # only the kept (query, key) pairs
+    with nb.comm_log() as log:
+        nb.grad(lambda q: nb.dot_product_attention(q, q, q, is_causal=True).astype("float32").sum())(q)
+    steps = {s.name: priced_step(s) for s in log.steps}
+    fwd, dq, dkv = (steps[k] for k in ("dot_product_attention", "dot_product_attention_dq",
+                                       "dot_product_attention_dkv"))
+    assert dq.flops + dkv.flops == pytest.approx(2.5 * fwd.flops, rel=1e-6)  # FlashAttention-2's backward
+    assert kernel_time(fwd, H100) == pytest.approx(max(fwd.flops / (989e12 * 0.374),
+                                                       (fwd.bytes_in + fwd.bytes_out) / (3350e9 * 0.88)))
+    assert kernel_time(dkv, H100) == pytest.approx(max(dkv.flops / (989e12 * 0.326),
+                                                       (dkv.bytes_in + dkv.bytes_out) / (3350e9 * 0.88)))

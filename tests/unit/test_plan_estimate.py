@@ -154,3 +154,44 @@ def test_a_chrome_trace_of_16384_devices_is_one_track_and_small(tmp_path):
     assert len([e for e in events if e["ph"] == "X"]) == len(report.timeline.intervals)
     own = report.to_chrome_trace(devices=[0, 16383])["traceEvents"]
     assert [e["args"]["name"] for e in own if e["name"] == "process_name"] == ["device 0", "device 16383"]
+
+
+def test_overlap_modes_on_programs_as_users_write_them():
+    """FSDP's gathers hidden by "params" and Megatron's sequence-parallel all_gather / reduce_scatter pipelined
+    with their GEMMs by "tp", on programs written with nabla ops (the hand-computed schedules are
+    test_plan_schedule.py's); neither mode ever makes a step slower."""
+    cluster = nb.Cluster(nb.Hardware.preset("h100-sxm-80gb"), nodes=1, devices_per_node=8)
+    mesh = cluster.mesh("m", (8,), ("d",))
+    h = 1024
+    ws = [nb.abstract((h, h), "bfloat16").shard(mesh, ["d", None]) for _ in range(4)]  # FSDP: rows over d
+    x = nb.abstract((64, 1024, h), "bfloat16").shard(mesh, ["d", None, None])
+
+    def fsdp(ws, x):
+        for i, w in enumerate(ws):
+            with nb.named_scope(f"layer {i}"):
+                x = nb.relu(x @ w)
+        return x.astype("float32").sum()
+
+    step = nb.value_and_grad(fsdp)
+    grads, params = (nb.estimate(step, cluster, overlap=o)(ws, x) for o in ("grads", ("grads", "params")))
+    # layers 1-3's gathers run under the layer before; the first layer's and the last gradient sum stay exposed
+    assert params.step_time < grads.step_time and params.exposed_comm < 0.7 * grads.exposed_comm
+    assert params.compute_time == grads.compute_time and params.overlaps == {"grads", "params"}
+
+    tp = cluster.mesh("t", (8,), ("tp",))
+    h = 4096  # GEMMs longer than the collectives beside them, as in a real layer
+    w1 = nb.abstract((h, 4 * h), "bfloat16").shard(tp, [None, "tp"])
+    w2 = nb.abstract((4 * h, h), "bfloat16").shard(tp, ["tp", None])
+    xs = nb.abstract((8, 2048, h), "bfloat16").shard(tp, [None, "tp", None])  # sequence parallel
+
+    def mlp(w1, w2, x):
+        y = x.with_sharding(tp, [None, None, None])  # all_gather the sequence
+        out = (nb.relu(y @ w1) @ w2).with_sharding(tp, [None, "tp", None])  # reduce_scatter it
+        return (x + out).astype("float32").sum()
+
+    f = nb.value_and_grad(mlp, argnums=(0, 1))
+    none, over = (nb.estimate(f, cluster, overlap=o)(w1, w2, xs) for o in ("none", "all"))
+    # forward: the gathered input arrives before anything can run; the reduce_scatter is pipelined with its GEMM;
+    # backward: the gather of the output gradient is a ring exchange with the GEMM that reads it
+    assert over.step_time < none.step_time and over.exposed_comm < 0.7 * none.exposed_comm
+    assert over.compute_time == none.compute_time  # the same kernels: only the schedule differs

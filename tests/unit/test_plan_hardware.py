@@ -71,3 +71,24 @@ def test_unknown_preset_and_tier_are_named():
         Hardware.preset("v100")
     with pytest.raises(ShardingError, match="unknown link tier 'pcie'"):
         Hardware.preset("a100-sxm-80gb").link("pcie")
+
+
+def test_per_dtype_efficiency_attention_efficiency_and_sms():
+    h100 = Hardware.preset("h100-sxm-80gb")
+    assert h100.matmul_fraction(1e12) == pytest.approx(792.1 / 989, abs=1e-3)  # bf16 MAMF
+    assert h100.matmul_fraction(1e12, "float8_e4m3fn") == pytest.approx(1402.6 / 1979, abs=1e-3)  # FP8 MAMF
+    assert h100.matmul_fraction(1e12, "bfloat16") == h100.matmul_fraction(1e12)
+    assert h100.attention_efficiency == (0.374, 0.326) and h100.sms == 132  # FA2 on H100 (FA3 paper); 132 SMs
+    a100 = Hardware.preset("a100-sxm-80gb")
+    assert a100.attention_efficiency == (0.73, 0.5) and a100.sms == 108
+    hw = a100.replace(matmul_efficiency_by_dtype={"bfloat16": [(0, 0.5), (10**9, 0.8)]}, attention_efficiency=None)
+    assert hw.matmul_fraction(10**6, "bfloat16") == 0.5 and hw.matmul_fraction(10**9, "bfloat16") == 0.8
+    assert hw.matmul_fraction(10**9, "float16") == 0.859 and hw.attention_efficiency is None
+    with pytest.raises(ShardingError, match="attention_efficiency must be"):
+        a100.replace(attention_efficiency=0.5)
+    with pytest.raises(ShardingError, match="attention_efficiency.*fraction"):
+        a100.replace(attention_efficiency=(0.5, 2.0))
+    with pytest.raises(ShardingError, match="sms must be an int >= 0"):
+        a100.replace(sms=-1)
+    with pytest.raises(ShardingError, match="matmul_efficiency_by_dtype"):
+        a100.replace(matmul_efficiency_by_dtype={"bfloat16": "fast"})

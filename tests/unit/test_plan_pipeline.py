@@ -103,3 +103,21 @@ def test_pipeline_memory_adds_the_microbatches_in_flight_to_the_stage():
     tight_report = nb.estimate(nb.grad(stage), tight)(w, x)
     assert tight_report.memory.fits and not pipeline_estimate(tight_report, stages=4, microbatches=8).memory.fits
     assert "in flight" in str(pipe)
+
+
+def test_overlapped_sends_wait_only_through_the_fill_and_drain():
+    job = Cluster(TOY, nodes=4, devices_per_node=2)  # 4 stages of 2 devices: sends on the network
+    send = 1e-5 + 1e5 / 1e8  # 1.01 ms
+    blocking = pipeline_estimate(estimate_steps(STAGE[:2], CL, MESH, overlap="grads"), 4, 8, p2p_bytes=10**5,
+                                 cluster=job)
+    assert blocking.p2p_time == pytest.approx(2 * (8 + 3) * send)
+    overlapped = pipeline_estimate(estimate_steps(STAGE[:2], CL, MESH, overlap=("grads", "p2p")), 4, 8,
+                                   p2p_bytes=10**5, cluster=job)
+    # a chunk step's two sends (2.02 ms) hide behind its 3 ms of compute; the fill and the drain wait for 3 each
+    assert overlapped.p2p_time == pytest.approx(2 * 3 * send)
+    assert overlapped.step_time == pytest.approx(8 * 3e-3 + 3 * 3e-3 + 6 * send)
+    # sends longer than the compute show their excess; an H100-like 24 of 96 SMs taken slow the compute beside them
+    long = pipeline_estimate(estimate_steps(STAGE[:2], CL, MESH, overlap="all"), 4, 8, p2p_bytes=2 * 10**5,
+                             cluster=Cluster(TOY.replace(sms=96), nodes=4, devices_per_node=2))
+    two = 2 * (1e-5 + 2e5 / 1e8)  # 4.02 ms per chunk step, against 3 ms of compute
+    assert long.p2p_time == pytest.approx(2 * 3 * two / 2 + 11 * ((two - 3e-3) + 0.25 * 3e-3))

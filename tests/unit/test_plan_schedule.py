@@ -119,8 +119,10 @@ def test_plot(tmp_path):
 
 
 def test_bad_inputs():
-    with pytest.raises(ShardingError, match="overlap must be one of"):
-        simulate(PROGRAM, CL, MESH, "all")
+    with pytest.raises(ShardingError, match="overlap must be 'none', 'grads', 'all' or a tuple"):
+        simulate(PROGRAM, CL, MESH, "everything")
+    with pytest.raises(ShardingError, match="overlap must be"):
+        simulate(PROGRAM, CL, MESH, ("grads", "pipeline"))
     with pytest.raises(ShardingError, match="device 7 but the cluster has devices 0..3"):
         estimate_steps(PROGRAM, CL, DeviceMesh("m", (8,), ("dp",)))
     with pytest.raises(ShardingError, match="model_flops"):
@@ -144,3 +146,118 @@ def test_overlapping_gradients_is_never_slower(program):
     for t in (none, grads):
         assert sum(c.exposed for c in t.costs) == pytest.approx(t.exposed_comm, abs=1e-15)
         assert all(i.end <= t.step_time * (1 + 1e-12) for i in t.intervals)
+
+
+# ---- overlap modes, each against a schedule worked out by hand (TOY: 1 ms per 1e9 FLOPs, 1 ms per 1e6 bytes of a
+# collective over tp; ``sms`` 0, so overlapped collectives take no compute unless a test gives SMs) ------------------
+
+
+def ag(ms, axis="tp"):  # an all_gather over 2 taking `ms` milliseconds on NVLink
+    return CommEvent("all_gather", (axis,), int(ms * 1e6), 2)
+
+
+def st(op, ms=0.0, phase="forward", layer=None, events=(), moves=(), reads=(), out=0, user=None):
+    return Step(op, user or op, phase, "float32", flops=int(ms * 1e9), layer=layer, events=tuple(events),
+                moves=tuple(moves), reads=tuple((v, 0) for v in reads), out=out)
+
+
+def comm_spans(t):
+    return [(round(i.start * 1e3, 6), round(i.end * 1e3, 6)) for i in t.intervals if i.stream == "comm"]
+
+
+FSDP = (  # three layers, each gathering its weight (an argument, values 1-3) before its 2 ms matmul
+    st("matmul", 2, layer="L0", events=[ag(1)], moves=[1], reads=[1, 100], out=10),
+    st("matmul", 2, layer="L1", events=[ag(1)], moves=[2], reads=[2, 10], out=11),
+    st("matmul", 2, layer="L2", events=[ag(3)], moves=[3], reads=[3, 11], out=12),
+)
+
+
+def test_params_prefetches_fsdp_gathers_one_layer_ahead():
+    assert simulate(FSDP, CL, MESH, "none").step_time == pytest.approx(11e-3)  # 1 + 2 + 1 + 2 + 3 + 2
+    t = simulate(FSDP, CL, MESH, ("params",))
+    # L1's gather may start once L0 starts (t = 0), behind L0's on the comm stream: 1-2, hidden by L0's matmul
+    # (1-3); L2's once L1 starts (3): 3-6, so L2's matmul waits until 6: 6-8
+    assert comm_spans(t) == [(0, 1), (1, 2), (3, 6)]
+    assert t.step_time == pytest.approx(8e-3) and t.exposed_comm == pytest.approx(2e-3)
+    assert simulate(FSDP, CL, MESH, "grads").step_time == pytest.approx(11e-3)  # gathers are not gradients
+
+
+def test_an_overlapped_collective_slows_the_compute_beside_it_by_the_sms_it_takes():
+    hw = TOY.replace(sms=96)  # NCCL's 24 SMs of 96: the compute runs at 3/4 of its speed beside a collective
+    cl = Cluster(hw, nodes=2, devices_per_node=2)
+    prog = (st("matmul", 2, "backward", out=20),
+            st("with_sharding", 0, "backward", events=[ar("tp", 2)], moves=[20], reads=[20], out=21,
+               user="grad of p['w']"),
+            st("matmul", 4, "backward", reads=[30], out=22))
+    # the gradient's all_reduce runs 2-4 beside the second matmul: 2 ms at 3/4 speed do 1.5 ms of its 4, the
+    # remaining 2.5 ms run alone: it ends at 6.5 (6 without the SMs)
+    assert simulate(prog, cl, MESH, "grads").step_time == pytest.approx(6.5e-3)
+    assert simulate(prog, CL, MESH, "grads").step_time == pytest.approx(6e-3)
+    assert simulate(prog, cl, MESH, "none").step_time == pytest.approx(8e-3)  # blocking: no compute beside it
+
+
+def test_tp_pipelines_a_gather_with_the_matmul_that_reads_it():
+    prog = (st("layer_norm", 0, reads=[4], out=5),  # an activation (made by a step), so not a parameter
+            st("matmul", 4, events=[ag(2)], moves=[5], reads=[5, 6], out=7))
+    assert simulate(prog, CL, MESH, "none").step_time == pytest.approx(6e-3)
+    # ring exchange in 2 chunks (the group): 1 ms transfer, then max(1, 2) while chunk 1 multiplies, then chunk 2
+    t = simulate(prog, CL, MESH, "tp")
+    assert t.step_time == pytest.approx(5e-3)
+    cl = Cluster(TOY.replace(sms=132), nodes=2, devices_per_node=2)  # the ring exchange's 1 SM of 132
+    assert simulate(prog, cl, MESH, "tp").step_time == pytest.approx((1 + (2 + 1 / 131) + 2) * 1e-3)
+
+
+def test_tp_pipelines_a_sum_with_the_matmul_that_made_it():
+    prog = (st("matmul", 4, reads=[1, 2], out=30),
+            st("add", 0, reads=[30, 3], out=31),  # a residual add between (elementwise: fused away)
+            st("multiply", 0, events=[ar("tp", 2)], moves=[31], reads=[31, 31], out=32))
+    assert simulate(prog, CL, MESH, "none").step_time == pytest.approx(6e-3)
+    # TE's pipelined reduce-scatter: 4 chunks; 1 ms of GEMM, 3 rounds of max(0.5, 1), 0.5 ms of the last transfer
+    assert simulate(prog, CL, MESH, "tp").step_time == pytest.approx(4.5e-3)
+
+
+def test_tp_bulk_overlap_starts_when_its_data_is_ready():
+    prog = (st("matmul", 3, "backward", reads=[1, 2], out=40),   # dgrad: the value to sum
+            st("matmul", 3, "backward", reads=[3, 4], out=41),   # wgrad, independent of it
+            st("add", 0, "backward", events=[ar("tp", 2)], moves=[40], reads=[40, 5], out=42))
+    assert simulate(prog, CL, MESH, "none").step_time == pytest.approx(8e-3)
+    t = simulate(prog, CL, MESH, "tp")  # the sum runs 3-5 beside the wgrad matmul (3-6)
+    assert comm_spans(t) == [(3, 5)] and t.step_time == pytest.approx(6e-3)
+
+
+def test_params_runs_the_optimizer_s_gathers_under_the_next_forward():
+    prog = (st("matmul", 2, reads=[1, 2], out=3),
+            st("matmul", 2, "backward", reads=[3, 1], out=4),
+            st("astype", 0, reads=[4], out=5),  # the update (after the backward pass) makes the new parameter
+            st("with_sharding", 0, events=[ag(1)], moves=[5], reads=[5], out=6))
+    assert simulate(prog, CL, MESH, "none").step_time == pytest.approx(5e-3)
+    t = simulate(prog, CL, MESH, ("params",))
+    assert comm_spans(t) == [(0, 1)] and t.step_time == pytest.approx(4e-3)
+    assert simulate(prog, CL, MESH, "all").step_time == pytest.approx(4e-3)
+
+
+def test_overlap_spellings():
+    from nabla.plan.schedule import overlap_modes
+    assert overlap_modes("none") == frozenset() and overlap_modes("grads") == {"grads"}
+    assert overlap_modes("all") == {"grads", "params", "tp", "p2p"} == overlap_modes(("tp", "all"))
+    assert overlap_modes(("grads", "tp")) == {"grads", "tp"} and overlap_modes(["params"]) == {"params"}
+    for bad in ((), ("grads", "bad"), 3, ("none",)):
+        with pytest.raises(ShardingError, match="overlap must be"):
+            overlap_modes(bad)
+    r = estimate_steps(PROGRAM, CL, MESH, overlap=("grads", "tp"))
+    assert r.overlaps == {"grads", "tp"} and r.step_time == pytest.approx(8e-3)  # PROGRAM's tp sum has no matmul pair
+
+
+def test_a_gradient_summed_before_a_cast_is_still_a_gradient_sum():
+    # a weight used in float8 (w.astype): its gradient arrives as partial sums that the cast back must sum first,
+    # in a step run for "gradient of astype"; what it feeds is the parameter's gradient, so "grads" overlaps it
+    prog = (st("matmul", 2, "backward", reads=[1, 2], out=50),
+            st("astype", 0, "backward", events=[ar("dp", 2)], moves=[50], reads=[50], out=51,
+               user="gradient of astype"),
+            st("with_sharding", 0, "backward", reads=[51], out=52, user="grad of p['w']"),
+            st("matmul", 3, "backward", reads=[3, 4], out=53))
+    assert simulate(prog, CL, MESH, "none").step_time == pytest.approx(7e-3)
+    t = simulate(prog, CL, MESH, "grads")
+    assert comm_spans(t) == [(2, 4)] and t.step_time == pytest.approx(5e-3)
+    r = estimate_steps(prog, CL, MESH, overlap="grads")
+    assert r.exposed_grad_comm == pytest.approx(0.0)

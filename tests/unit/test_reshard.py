@@ -220,6 +220,7 @@ from hypothesis import settings  # noqa: E402
 from nabla import storage  # noqa: E402
 from nabla.layout import grid  # noqa: E402
 from nabla.reshard import execute, lacking, lower_bound  # noqa: E402
+from nabla.reshard.exchange import _edge_colouring  # noqa: E402
 
 #: every pair of every case below, not only CI's share of the largest partial one
 EXHAUSTIVE = os.environ.get("NABLA_EXHAUSTIVE") == "1" or os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
@@ -454,13 +455,13 @@ def test_a_gather_over_many_devices_is_planned_without_working_out_an_exchange(n
 def test_regular_exchanges_colour_by_shift_and_others_by_koenig():
     n = 6
     gather = [(u, v, 1) for u in range(n) for v in range(n) if u != v]  # every device sends to every other
-    colours = reshard._edge_colouring(gather)
+    colours = _edge_colouring(gather)
     assert len(set(colours)) == n - 1  # the fewest possible: each device sends n - 1 pieces
     for c in set(colours):
         edges = [e for e, k in zip(gather, colours) if k == c]
         assert len({u for u, _, _ in edges}) == len(edges) == len({v for _, v, _ in edges})
     irregular = [(0, 1, 1), (0, 2, 1), (1, 2, 1), (3, 2, 1)]  # shift classes would need 3 colours at 2's degree 3
-    colours = reshard._edge_colouring(irregular)
+    colours = _edge_colouring(irregular)
     assert len(set(colours)) == 3
     for c in set(colours):
         edges = [e for e, k in zip(irregular, colours) if k == c]

@@ -1,0 +1,183 @@
+"""Elementwise primitives: arithmetic, comparisons, math functions, bit operations, casts, ``select_n`` and
+``clamp``. JAX's types are explicit in a jaxpr, so operands already agree; where lax and numpy differ in meaning
+(integer ``div`` and ``rem`` truncate, ``round`` away from zero, logical right shifts) it is spelled out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .. import ops as O
+from ..ops import lax_ops as X
+from ..ops.pointwise import erf
+from ..errors import ShardingError
+from . import sums
+from .table import as_tensor, primitive
+
+
+def _binary(fn):
+    return lambda ev, e, a, b: fn(a, b)
+
+
+def _unary(fn):
+    return lambda ev, e, x: fn(x)
+
+
+for _name, _fn in {
+    "max": O.maximum, "min": O.minimum,
+    "pow": O.power, "eq": O.equal, "ne": O.not_equal, "lt": O.less, "le": O.less_equal, "gt": O.greater,
+    "ge": O.greater_equal, "and": X.bitwise_and, "or": X.bitwise_or, "xor": X.bitwise_xor, "atan2": X.arctan2,
+    "shift_left": X.left_shift,
+}.items():
+    primitive(_name, elementwise=True)(_binary(_fn))
+
+for _name, _fn in {
+    "neg": O.negative, "exp": O.exp, "log": O.log, "tanh": O.tanh, "sin": O.sin, "cos": O.cos, "tan": X.tan,
+    "sqrt": O.sqrt, "abs": O.abs, "sign": O.sign, "floor": O.floor, "ceil": O.ceil, "is_finite": O.isfinite,
+    "logistic": O.sigmoid, "log1p": X.log1p, "expm1": X.expm1, "asin": X.arcsin, "acos": X.arccos,
+    "atan": X.arctan, "sinh": X.sinh, "cosh": X.cosh, "cbrt": X.cbrt, "erf": erf, "erf_inv": X.erf_inv,
+    "square": O.square, "not": X.invert, "stop_gradient": O.stop_gradient,
+}.items():
+    primitive(_name, elementwise=True)(_unary(_fn))
+
+
+primitive("add", "add_any", elementwise=True)(sums.joined(O.add))
+primitive("sub", elementwise=True)(sums.joined(O.subtract))
+primitive("mul", elementwise=True)(sums.joined(O.multiply))
+
+
+@primitive("copy", "copy_p", "optimization_barrier", "pvary", "pbroadcast", "reduce_precision_identity", elementwise=True)
+def _identity(ev, e, *xs):
+    """Identities for nabla: copies, barriers, and the varying-axes casts of shard_map code."""
+    return list(xs) if e.multi else xs[0]
+
+
+@primitive("reduce_precision", elementwise=True)
+def _reduce_precision(ev, e, x):
+    dt = np.dtype(e.out_avals[0].dtype)
+    info = ml_dtypes.finfo(dt)
+    if (e.params["exponent_bits"], e.params["mantissa_bits"]) == (info.nexp, info.nmant):
+        return x  # the value's own precision: nothing to round
+    for c in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
+        ci = ml_dtypes.finfo(c)
+        if (e.params["exponent_bits"], e.params["mantissa_bits"]) == (ci.nexp, ci.nmant):
+            return O.astype(O.astype(x, c), dt)
+    raise ShardingError(f"reduce_precision to {e.params['exponent_bits']} exponent and {e.params['mantissa_bits']} "
+                        f"mantissa bits is no dtype nabla has")
+
+
+def _is_int(x: Any) -> bool:
+    dt = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    return np.dtype(dt).kind in "iu"
+
+
+@primitive("div", elementwise=True)
+def _div(ev, e, a, b):
+    """lax's integer division truncates toward zero (numpy's floors)."""
+    if not _is_int(a):
+        return sums.joined(O.divide)(ev, e, a, b)
+    q = O.floor_divide(a, b)
+    if np.dtype(e.out_avals[0].dtype).kind == "u":
+        return q
+    inexact = O.not_equal(O.remainder(a, b), 0)
+    signs = O.not_equal(O.less(a, 0), O.less(b, 0))
+    return O.where(X.bitwise_and(inexact, signs), q + 1, q)
+
+
+@primitive("rem", elementwise=True)
+def _rem(ev, e, a, b):
+    """lax's remainder has the dividend's sign (C's fmod); numpy's the divisor's."""
+    r = O.remainder(a, b)
+    fix = X.bitwise_and(O.not_equal(r, 0), O.not_equal(O.less(r, 0), O.less(a, 0)))
+    return O.where(fix, r - b, r)
+
+
+@primitive("integer_pow", elementwise=True)
+def _integer_pow(ev, e, x):
+    """x**y by products for small y, as XLA expands it."""
+    y = int(e.params["y"])
+    if y == 0:
+        return O.multiply(x, 0) + 1
+    if y == 1:
+        return x
+    if y == 2:
+        return x * x
+    if y == 3:
+        return x * x * x
+    if y == -1:
+        return 1 / x if not _is_int(x) else O.power(x, y)
+    if y == -2 and not _is_int(x):
+        return 1 / (x * x)
+    return O.power(x, y)
+
+
+@primitive("rsqrt", elementwise=True)
+def _rsqrt(ev, e, x):
+    return 1.0 / O.sqrt(x)
+
+
+@primitive("exp2", elementwise=True)
+def _exp2(ev, e, x):
+    return O.power(np.asarray(2, dtype=e.out_avals[0].dtype)[()], x)
+
+
+@primitive("erfc", elementwise=True)
+def _erfc(ev, e, x):
+    return 1.0 - erf(x)
+
+
+@primitive("round", elementwise=True)
+def _round(ev, e, x):
+    """rounding_method 0: half away from zero; 1: half to even (numpy's)."""
+    method = int(getattr(e.params.get("rounding_method"), "value", e.params.get("rounding_method", 0)))
+    if method == 1:
+        return X.rint(x)
+    return O.sign(x) * O.floor(O.abs(x) + 0.5)
+
+
+def _shift_right(kind: str):
+    """A right shift in the operands' bits read as unsigned (``kind`` "u": logical) or signed ("i": arithmetic)."""
+    def run(ev, e, a, b):
+        dt = np.dtype(e.out_avals[0].dtype)
+        if dt.kind == kind:
+            return X.right_shift(a, b)
+        t = np.dtype(f"{kind}{dt.itemsize}")
+        return O.astype(X.right_shift(O.astype(as_tensor(a), t), O.astype(as_tensor(b), t)), dt)
+    return run
+
+
+primitive("shift_right_logical", elementwise=True)(_shift_right("u"))
+primitive("shift_right_arithmetic", elementwise=True)(_shift_right("i"))
+
+
+@primitive("convert_element_type", elementwise=True)
+def _convert(ev, e, x):
+    dt = np.dtype(e.params["new_dtype"])
+    x = as_tensor(x)
+    return x if x.dtype == dt else O.astype(x, dt)
+
+
+@primitive("bitcast_convert_type", elementwise=True)
+def _bitcast(ev, e, x):
+    return X.bitcast(as_tensor(x), e.params["new_dtype"])
+
+
+@primitive("select_n", elementwise=True)
+def _select_n(ev, e, which, *cases):
+    """``cases[which]``: a bool chooses between two; an integer among several."""
+    if len(cases) == 1:
+        return cases[0]
+    if np.dtype(which.dtype if hasattr(which, "dtype") else np.asarray(which).dtype) == np.bool_ and len(cases) == 2:
+        return O.where(which, cases[1], cases[0])
+    out = cases[0]
+    for i, c in enumerate(cases[1:], 1):
+        out = O.where(O.equal(which, i), c, out)
+    return out
+
+
+@primitive("clamp", elementwise=True)
+def _clamp(ev, e, lo, x, hi):
+    return O.minimum(O.maximum(x, lo), hi)
+

@@ -1,0 +1,278 @@
+"""Elementwise ops JAX's ``lax`` has and nabla's public API does not: bitwise logic and shifts, a bitcast, more
+transcendental functions, ``erf_inv``, and the threefry2x32 hash behind ``jax.random``. Internal ops named
+``lax_<primitive>`` (no ``nb.<name>``, no numpy name: those stay free for users' own ops): ``nb.import_jax`` runs a
+JAX program's primitives as them, so they are recorded steps like any. Each exports to ONNX (opset 21) as the
+nodes that compute it."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from math import prod
+
+import numpy as np
+
+from .. import rules as R
+from ..backends import xp as _xp
+from ..errors import ShardingError
+from ..opdef import OpDef
+from ..rules.core import PASS, build
+from .core import _call
+from .pointwise import exp, sqrt
+from .registry import elementwise, onnx_export, register
+
+
+def _with(*consts):
+    """An export of one node over the operands and the constants ``consts`` (in the result's dtype): ``Sub(x, 1)``."""
+    def make(op_type: str, before: str | None = None, after: str | None = None, **attrs):
+        @onnx_export(*[t for t in (before, op_type, after) if t])
+        def export(ex):
+            x = ex.operand(0, ex.dtype)
+            c = [ex.b.constant(v, ex.dtype) for v in consts]
+            if before:
+                x = ex.emit(before, [x], before.lower())
+            if after:
+                return ex.finish(ex.out(after, [ex.emit(op_type, [x] + c, op_type.lower(), **attrs)]), [(x, 0)])
+            return ex.finish(ex.out(op_type, [x] + c, **attrs), [(x, 0)])
+        return export
+    return make
+
+
+@onnx_export("BitShift")
+def _shift_onnx(ex):
+    """BitShift (ONNX has it for unsigned integers, whose shifts are numpy's)."""
+    return ex.one("BitShift", direction="LEFT" if ex.name == "lax_left_shift" else "RIGHT")
+
+
+# ---- bitwise logic and shifts (bools are logic) ------------------------------------------------------------------
+
+bitwise_and = elementwise("lax_bitwise_and", lambda xp, a, b: xp.bitwise_and(a, b), onnx="BitwiseAnd", public=False)
+bitwise_or = elementwise("lax_bitwise_or", lambda xp, a, b: xp.bitwise_or(a, b), onnx="BitwiseOr", public=False)
+bitwise_xor = elementwise("lax_bitwise_xor", lambda xp, a, b: xp.bitwise_xor(a, b), onnx="BitwiseXor", public=False)
+invert = elementwise("lax_invert", lambda xp, x: xp.invert(x), onnx="BitwiseNot", public=False)
+# a shift by the width or more gives 0 (a right shift of a negative signed value: -1), in numpy and in XLA alike
+left_shift = elementwise("lax_left_shift", lambda xp, a, b: xp.left_shift(a, b), onnx=_shift_onnx, public=False)
+right_shift = elementwise("lax_right_shift", lambda xp, a, b: xp.right_shift(a, b), onnx=_shift_onnx, public=False)
+
+
+# ---- more transcendental functions (float32 stays float32) --------------------------------------------------------
+
+
+@onnx_export("Sin", "Cos", "Div")
+def _tan_onnx(ex):
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("Div", [ex.emit("Sin", [x], "sin"), ex.emit("Cos", [x], "cos")]), [(x, 0)])
+
+
+@onnx_export("Div", "Atan", "Where", "Less", "Greater", "GreaterOrEqual", "Add", "Mul")
+def _arctan2_onnx(ex):
+    """atan(a / b), moved by pi toward a's side where b < 0, and +-pi/2 where b == 0 (numpy's arctan2)."""
+    a, b = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
+    c = lambda v: ex.b.constant(v, ex.dtype)  # noqa: E731
+    side = ex.emit("Where", [ex.emit("GreaterOrEqual", [a, c(0.0)], "up"), c(1.0), c(-1.0)], "side")
+    base = ex.emit("Atan", [ex.emit("Div", [a, b], "q")], "atan")
+    left = ex.emit("Add", [base, ex.emit("Mul", [side, c(math.pi)], "turn")], "left")
+    axis = ex.emit("Mul", [side, c(math.pi / 2)], "axis")
+    rest = ex.emit("Where", [ex.emit("Less", [b, c(0.0)], "neg"), left, axis], "rest")
+    return ex.finish(ex.out("Where", [ex.emit("Greater", [b, c(0.0)], "pos"), base, rest]), [(a, 0), (b, 1)])
+
+
+@onnx_export("Abs", "Pow", "Sign", "Mul")
+def _cbrt_onnx(ex):
+    x = ex.operand(0, ex.dtype)
+    root = ex.emit("Pow", [ex.emit("Abs", [x], "abs"), ex.b.constant(1.0 / 3.0, ex.dtype)], "pow")
+    return ex.finish(ex.out("Mul", [ex.emit("Sign", [x], "sign"), root]), [(x, 0)])
+
+
+log1p = elementwise("lax_log1p", lambda xp, x: xp.log1p(x), onnx=_with(1.0)("Add", after="Log"), public=False,
+                    vjp=lambda g, x, o: g / (x + 1.0))
+expm1 = elementwise("lax_expm1", lambda xp, x: xp.expm1(x), onnx=_with(1.0)("Sub", before="Exp"), public=False,
+                    vjp=lambda g, x, o: g * (o + 1.0))
+tan = elementwise("lax_tan", lambda xp, x: xp.tan(x), onnx=_tan_onnx, public=False,
+                  vjp=lambda g, x, o: g * (o * o + 1.0))
+arctan = elementwise("lax_arctan", lambda xp, x: xp.arctan(x), onnx="Atan", public=False,
+                     vjp=lambda g, x, o: g / (x * x + 1.0))
+arcsin = elementwise("lax_arcsin", lambda xp, x: xp.arcsin(x), onnx="Asin", public=False,
+                     vjp=lambda g, x, o: g / sqrt(1.0 - x * x))
+arccos = elementwise("lax_arccos", lambda xp, x: xp.arccos(x), onnx="Acos", public=False,
+                     vjp=lambda g, x, o: -g / sqrt(1.0 - x * x))
+sinh = elementwise("lax_sinh", lambda xp, x: xp.sinh(x), onnx="Sinh", public=False,
+                   vjp=lambda g, x, o: g * ((exp(x) + exp(-x)) * 0.5))
+cosh = elementwise("lax_cosh", lambda xp, x: xp.cosh(x), onnx="Cosh", public=False,
+                   vjp=lambda g, x, o: g * ((exp(x) - exp(-x)) * 0.5))
+arctan2 = elementwise("lax_arctan2", lambda xp, a, b: xp.arctan2(a, b), onnx=_arctan2_onnx, public=False,
+                      vjp=(lambda g, a, b, o: g * b / (a * a + b * b), lambda g, a, b, o: -g * a / (a * a + b * b)))
+rint = elementwise("lax_rint", lambda xp, x: xp.rint(x), onnx="Round", public=False, vjp=lambda g, x, o: g * 0.0)
+cbrt = elementwise("lax_cbrt", lambda xp, x: xp.cbrt(x), onnx=_cbrt_onnx, public=False,
+                   vjp=lambda g, x, o: g / (3.0 * o * o))
+
+# Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011): single-precision coefficients, highest first
+_ERF_INV_SMALL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+                  -0.00417768164, 0.246640727, 1.50140941)
+_ERF_INV_LARGE = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+                  0.00943887047, 1.00167406, 2.83297682)
+
+
+def _erf_inv(xp, x):
+    """The inverse error function by Giles' single-precision polynomials, as XLA evaluates it (``w = -log1p(-x^2)``;
+    within a few ulps of XLA's), +-inf at +-1."""
+    x = xp.asarray(x)
+    dt = x.dtype
+    w = -xp.log1p(-x * x).astype(dt)
+    small = w < 5.0
+    ws = (w - 2.5).astype(dt)
+    wl = (xp.sqrt(xp.where(small, 5.0, w)) - 3.0).astype(dt)
+    ps, pl = np.asarray(_ERF_INV_SMALL[0], dt), np.asarray(_ERF_INV_LARGE[0], dt)
+    for cs, cl in zip(_ERF_INV_SMALL[1:], _ERF_INV_LARGE[1:]):
+        ps = (np.asarray(cs, dt) + ps * ws).astype(dt)
+        pl = (np.asarray(cl, dt) + pl * wl).astype(dt)
+    out = xp.where(small, ps, pl) * x
+    return xp.where(xp.abs(x) == 1.0, x * np.asarray(np.inf, dt), out).astype(dt)
+
+
+@onnx_export("Mul", "Sub", "Log", "Neg", "Less", "Where", "Sqrt", "Add", "Abs", "Equal")
+def _erf_inv_onnx(ex):
+    x = ex.operand(0, ex.dtype)
+    c = lambda v: ex.b.constant(v, ex.dtype)  # noqa: E731
+    w = ex.emit("Neg", [ex.emit("Log", [ex.emit("Sub", [c(1.0), ex.emit("Mul", [x, x], "xx")], "1mxx")], "log")],
+                "w")
+    small = ex.emit("Less", [w, c(5.0)], "small")
+    ws = ex.emit("Sub", [w, c(2.5)], "ws")
+    wl = ex.emit("Sub", [ex.emit("Sqrt", [ex.emit("Where", [small, c(5.0), w], "wc")], "sq"), c(3.0)], "wl")
+
+    def horner(coefs, v, tag):
+        p = c(coefs[0])
+        for k, co in enumerate(coefs[1:]):
+            p = ex.emit("Add", [c(co), ex.emit("Mul", [p, v], f"{tag}m{k}")], f"{tag}a{k}")
+        return p
+    out = ex.emit("Mul", [ex.emit("Where", [small, horner(_ERF_INV_SMALL, ws, "s"), horner(_ERF_INV_LARGE, wl, "l")],
+                                  "p"), x], "px")
+    edge = ex.emit("Equal", [ex.emit("Abs", [x], "abs"), c(1.0)], "edge")
+    return ex.finish(ex.out("Where", [edge, ex.emit("Mul", [x, c(np.inf)], "inf"), out]), [(x, 0)])
+
+
+erf_inv = elementwise("lax_erf_inv", _erf_inv, onnx=_erf_inv_onnx, public=False,
+                      vjp=lambda g, x, o: g * (0.886226925452758 * exp(o * o)))  # sqrt(pi)/2 e^(y^2)
+
+
+# ---- bitcast ------------------------------------------------------------------------------------------------------
+
+
+def _bitcast_kernel(arrays, local):
+    x = arrays[0]
+    dt = np.dtype(local.params[0])
+    return x.view(dt) if _xp(x) is np else _jax_bitcast(x, dt)
+
+
+def _jax_bitcast(x, dt):
+    import jax  # under nb.jit only
+    return jax.lax.bitcast_convert_type(x, dt)
+
+
+@onnx_export("BitCast")
+def _bitcast_onnx(ex):
+    """ONNX has BitCast from opset 24 only; nabla writes opset 21."""
+    raise ShardingError(f"export: a bitcast of {ex.node.args[0].dtype} to {ex.dtype} has no ONNX form at opset 21 "
+                        f"(BitCast arrived in opset 24)")
+
+
+def bitcast(x, dtype) -> object:
+    """``x``'s bits read as ``dtype`` (of the same width): ``jax.lax.bitcast_convert_type``. Elementwise."""
+    dt = np.dtype(dtype)
+    src = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    if np.dtype(src).itemsize != dt.itemsize:
+        raise ShardingError(f"bitcast: {src} and {dt} differ in width ({np.dtype(src).itemsize} vs {dt.itemsize} "
+                            f"bytes); only a same-width bitcast is elementwise")
+    return _call(_BITCAST, (x,), (dt.str,))
+
+
+_BITCAST = register(OpDef("lax_bitcast_convert_type",
+                          lambda shapes, dtype: R.elementwise_rule(tuple(shapes), op="bitcast_convert_type"),
+                          _bitcast_kernel, arity=1, onnx=_bitcast_onnx, flops=lambda blocks, out, params: 0,
+                          saves="none"))
+
+
+# ---- threefry2x32 ---------------------------------------------------------------------------------------------------
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = 0x1BD11BDA
+
+
+def threefry2x32_words(xp, k1, k2, x1, x2):
+    """The Threefry-2x32 block cipher (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), 20
+    rounds, as jax.random uses it: keys ``k1, k2`` and counters ``x1, x2`` (uint32, broadcast) to two uint32 words."""
+    u = np.uint32
+    k1, k2, x1, x2 = (xp.asarray(a, dtype=u) for a in (k1, k2, x1, x2))
+    ks = (k1, k2, k1 ^ k2 ^ u(_PARITY))
+    a, b = x1 + ks[0], x2 + ks[1]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            a = a + b
+            b = (b << u(r)) | (b >> u(32 - r))
+            b = a ^ b
+        a = a + ks[(i + 1) % 3]
+        b = b + ks[(i + 2) % 3] + u(i + 1)
+    return a, b
+
+
+def _threefry_kernel(arrays, local):
+    xp = _xp(*arrays)
+    G = local.G
+    shape = local.out_chunk[:-1]
+    blocks = []
+    for a in arrays:  # each operand's block, its dims aligned to the result's trailing dims (numpy broadcasting)
+        a = xp.asarray(a)
+        rank = a.ndim - G
+        if rank < len(shape):
+            a = a.reshape(a.shape[:G] + (1,) * (len(shape) - rank) + a.shape[G:])
+        blocks.append(a)
+    w1, w2 = threefry2x32_words(xp, *blocks)
+    w1, w2 = xp.broadcast_arrays(w1, w2)
+    return xp.stack([w1, w2], axis=-1)
+
+
+@onnx_export("Add", "BitShift", "BitwiseOr", "BitwiseXor", "Expand", "Unsqueeze", "Concat")
+def _threefry_onnx(ex):
+    """The 20 rounds as uint32 nodes (ONNX's Add wraps; BitShift and the bitwise ops take uint32), both words
+    stacked on a new last dim."""
+    u = np.dtype(np.uint32)
+    k1, k2, x1, x2 = (ex.operand(i, u) for i in range(4))
+    c = lambda v: ex.b.constant(np.uint32(v), u)  # noqa: E731
+    n = [0]
+
+    def node(op, ins, **attrs):
+        n[0] += 1
+        return ex.emit(op, ins, f"t{n[0]}", **attrs)
+    ks = (k1, k2, node("BitwiseXor", [node("BitwiseXor", [k1, k2]), c(_PARITY)]))
+    a, b = node("Add", [x1, ks[0]]), node("Add", [x2, ks[1]])
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            a = node("Add", [a, b])
+            b = node("BitwiseOr", [node("BitShift", [b, c(r)], direction="LEFT"),
+                                   node("BitShift", [b, c(32 - r)], direction="RIGHT")])
+            b = node("BitwiseXor", [a, b])
+        a = node("Add", [a, ks[(i + 1) % 3]])
+        b = node("Add", [node("Add", [b, ks[(i + 2) % 3]]), c(i + 1)])
+    shape = ex.ints(ex.v.shape[:-1])
+    last = ex.ints([-1], "axis")
+    words = [node("Unsqueeze", [node("Expand", [w, shape]), last]) for w in (a, b)]
+    return ex.finish(ex.out("Concat", words, axis=-1), [(k1, 0), (k2, 1), (x1, 2), (x2, 3)])
+
+
+@lru_cache(maxsize=1024)
+def _threefry_rule(shapes: tuple) -> R.Rule:
+    """Operands broadcast to ``S`` (numpy's rule); the result is ``(*S, 2)``: both words of each hash."""
+    rule = R.elementwise_rule(shapes, op="threefry2x32")
+    rank = len(rule.sizes)
+    return build(rule.operands, list(rule.result) + [(rank,)], list(rule.sizes) + [2], [PASS] * (rank + 1))
+
+
+def threefry2x32(k1, k2, x1, x2):
+    """Both words of ``threefry2x32`` stacked on a new last dim (uint32, ``(*broadcast shape, 2)``): one step hashes
+    every counter once; the words are read with ``[..., 0]`` and ``[..., 1]``."""
+    return _call(_THREEFRY, (k1, k2, x1, x2))
+
+
+_THREEFRY = register(OpDef("lax_threefry2x32", lambda shapes: _threefry_rule(tuple(tuple(s) for s in shapes)),
+                           _threefry_kernel, dtype=np.dtype(np.uint32), arity=4, onnx=_threefry_onnx,
+                           flops=lambda blocks, out, params: 110 * prod(out) // 2, saves="none"))
