@@ -5,16 +5,20 @@ size, layers, heads, KV heads, MLP size) on 8, 64 and 512 H100s, 8 per node, as 
 
 Each case: the time autoshard takes to choose (this machine, one process), the chosen layout's estimated step
 time and memory per device against the best standard layout (DP, FSDP, Megatron TP x DP / x FSDP, with and
-without sequence parallelism), all priced by nb.estimate. The vocabulary is Llama 2's 32,000 (nabla has no
-embedding lookup yet: the input is the embedded sequence; the LM head and a log-sum-exp loss are kept).
-Memory counts mixed-precision Adam's state (16 bytes per parameter). ``run.py`` folds the JSON into
-``results.json`` under "autoshard"; run alone, this script updates that key only.
+without sequence parallelism), all priced by nb.estimate. The step starts from token ids (an embedding lookup,
+``nb.take``) and ends in the log-sum-exp loss against target ids (``nb.take_along_axis``), so three arguments
+carry the batch: the activations, the ids and the targets. The vocabulary is Llama 2's 32,000. Memory counts
+mixed-precision Adam's state (16 bytes per parameter). Where autoshard compared layouts stitched from replayed
+layers (a program of more than 600 forward steps), every standard layout is also run in full, after the timed
+search, and the row records how far each stitched step time was from its full run. ``run.py`` folds the JSON
+into ``results.json`` under "autoshard"; run alone, this script updates that key only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,18 +62,21 @@ def block(x, p, heads, kv):
 
 
 def model(heads, kv):
-    def loss(params, x):
+    def loss(params, ids, targets):
+        with nb.named_scope("embed"):
+            x = nb.take(params["embed"], ids, axis=0)
         for i, p in enumerate(params["layers"]):
             with nb.named_scope(f"layer {i}"):
                 x = block(x, p, heads, kv)
         with nb.named_scope("head"):
-            logits = rmsnorm(x, params["norm"]) @ params["head"]
-            return nb.log(nb.exp(logits.astype("float32")).sum(-1)).mean()
+            logits = (rmsnorm(x, params["norm"]) @ params["head"]).astype("float32")
+            picked = nb.take_along_axis(logits, nb.expand_dims(targets, -1), -1)
+            return (nb.log(nb.exp(logits).sum(-1, keepdims=True)) - picked).mean()
     return nb.value_and_grad(loss)
 
 
 def arguments(name: str, mesh, batch: int, seq: int = SEQ, vocab: int = VOCAB, layers: int | None = None):
-    """Data-free parameters and input, every dim open: autoshard chooses them all."""
+    """Data-free parameters, token ids and targets, every dim open: autoshard chooses them all."""
     h, n, heads, kv, f = MODELS[name]
     n = layers or n
     d = h // heads
@@ -79,8 +86,10 @@ def arguments(name: str, mesh, batch: int, seq: int = SEQ, vocab: int = VOCAB, l
 
     layer = lambda: {"attn_norm": free(h), "wq": free(h, h), "wk": free(h, kv * d), "wv": free(h, kv * d),  # noqa: E731
                      "wo": free(h, h), "mlp_norm": free(h), "w1": free(h, f), "w3": free(h, f), "w2": free(f, h)}
-    params = {"layers": [layer() for _ in range(n)], "norm": free(h), "head": free(h, vocab)}
-    return params, free(batch, seq, h), (heads, kv)
+    params = {"embed": free(vocab, h), "layers": [layer() for _ in range(n)], "norm": free(h), "head": free(h, vocab)}
+    ids = nb.abstract((batch, seq), "int32").shard(mesh, [nb.DimSpec([], is_open=True)] * 2)
+    targets = nb.abstract((batch, seq), "int32").shard(mesh, [nb.DimSpec([], is_open=True)] * 2)
+    return params, (ids, targets), (heads, kv)
 
 
 def case(name: str, devices: int) -> dict:
@@ -88,46 +97,50 @@ def case(name: str, devices: int) -> dict:
     cluster = nb.Cluster(hw, nodes=devices // 8, devices_per_node=8)
     mesh = cluster.mesh("m", (devices // 8, 8), ("dp", "tp"))
     batch = devices // 8 * PER_NODE[name]
-    params, x, (heads, kv) = arguments(name, mesh, batch=batch)
+    params, data, (heads, kv) = arguments(name, mesh, batch=batch)
     fn = model(heads, kv)
     row = {"model": name, "devices": devices, "mesh": f"({devices // 8}, 8) dp x tp", "batch": batch, "seq": SEQ}
     t = time.perf_counter()
     try:
-        plan = nb.autoshard(fn, cluster, params, x)
+        plan = nb.autoshard(fn, cluster, params, *data)
     except nb.ShardingError as e:
         row.update(seconds=time.perf_counter() - t, infeasible=str(e))
         # the search itself, timed without the limit (what it would choose with HBM to spare)
         t = time.perf_counter()
-        plan = nb.autoshard(fn, cluster, params, x, memory_limit=float("inf"))
-        row["unlimited"] = summary(plan, time.perf_counter() - t, cluster, fn, params, x)
+        plan = nb.autoshard(fn, cluster, params, *data, memory_limit=float("inf"))
+        row["unlimited"] = summary(plan, time.perf_counter() - t, cluster, fn, params, data)
         return row
-    row.update(summary(plan, time.perf_counter() - t, cluster, fn, params, x))
+    row.update(summary(plan, time.perf_counter() - t, cluster, fn, params, data))
     return row
 
 
-def summary(plan, seconds, cluster, fn, params, x) -> dict:
+def summary(plan, seconds, cluster, fn, params, data) -> dict:
     """The choice against the best standard layout that fits: both as autoshard compared them, and both run in
-    full through nb.estimate (the best baseline is run here, outside the timed search)."""
+    full through nb.estimate (the best baseline is run here, outside the timed search). Where the comparison was
+    stitched, every standard layout is run in full too: ``stitched``, name -> (stitched ms, full ms)."""
     base = {k: {"step_ms": r.step_time * 1e3, "memory_gib": m / 2**30, "fits": m <= plan.memory_limit}
             for k, (r, m) in plan.baselines.items()}
     fitting = {k: v for k, v in base.items() if v["fits"]}
     best = min(fitting, key=lambda k: fitting[k]["step_ms"]) if fitting else None
-    full = None
-    if best is not None:
-        full = plan.report.step_time * 1e3 if best in plan.same else \
-            nb.estimate(fn, cluster)(*_laid(plan.layouts[best], params, x)).step_time * 1e3
+    full = {}
+    for k in base if not plan.exact else [best] if best is not None else []:
+        full[k] = plan.report.step_time * 1e3 if k in plan.same else \
+            nb.estimate(fn, cluster)(*_laid(plan.layouts[k], params, data)).step_time * 1e3
+    stitched = {k: (base[k]["step_ms"], full[k]) for k in full} if not plan.exact else {}
     return {"seconds": seconds, "step_ms": plan.report.step_time * 1e3, "compared_ms": plan.compared.step_time * 1e3,
             "memory_gib": plan.memory / 2**30, "mfu": plan.report.mfu, "exact": plan.exact, "source": plan.source,
             "same_as": list(plan.same), "baselines": base, "best_baseline": best,
-            "best_baseline_ms": fitting[best]["step_ms"] if best else None, "best_baseline_full_ms": full,
+            "best_baseline_ms": fitting[best]["step_ms"] if best else None,
+            "best_baseline_full_ms": full.get(best), "stitched": stitched,
+            "stitched_error": max((abs(a / b - 1) for a, b in stitched.values()), default=None),
             "words": str(plan).splitlines()}
 
 
-def _laid(specs, params, x):
-    """The arguments laid out as ``specs`` (a pytree like (params, x))."""
-    flat_s, flat_a = _leaves(specs), _leaves((params, x))
+def _laid(specs, params, data):
+    """The arguments laid out as ``specs`` (a pytree like (params, ids, targets))."""
+    flat_s, flat_a = _leaves(specs), _leaves((params,) + tuple(data))
     it = iter([nb.abstract(a.shape, a.dtype).shard(s) for a, s in zip(flat_a, flat_s)])
-    return (_rebuild(params, it), next(it))
+    return (_rebuild(params, it),) + tuple(next(it) for _ in data)
 
 
 def _leaves(tree):
@@ -147,9 +160,10 @@ def _rebuild(tree, it):
 
 
 def line(r: dict) -> str:
+    err = f"; stitched within {r['stitched_error'] * 100:.2f}% of full" if r.get("stitched_error") is not None else ""
     return (f"{r['seconds']:.2f} s, chosen {r['step_ms']:.1f} ms in full ({r['source']}; compared "
             f"{r['compared_ms']:.1f} ms), {r['memory_gib']:.1f} GiB; best baseline {r['best_baseline']} "
-            f"{r['best_baseline_ms'] or 0:.1f} ms compared, {r['best_baseline_full_ms'] or 0:.1f} ms in full")
+            f"{r['best_baseline_ms'] or 0:.1f} ms compared, {r['best_baseline_full_ms'] or 0:.1f} ms in full{err}")
 
 
 def main() -> dict:
@@ -163,6 +177,7 @@ def main() -> dict:
     else:
         cases = [(m, n) for m in MODELS for n in DEVICES if not (a.quick and m == "70B")]
     import scipy.optimize  # noqa: F401 - loaded once per process, like nabla itself, before any case is timed
+    load = [os.getloadavg()[0]]  # a shared machine's other jobs show in wall times: the load says how much
     rows = []
     for m, n in cases:
         r = case(m, n)
@@ -173,8 +188,9 @@ def main() -> dict:
             print(f"   without a limit: {line(r)}", flush=True)
         else:
             print(f"{m}@{n}: {line(r)}", flush=True)
+    load.append(os.getloadavg()[0])
     res = {"rows": rows, "target_seconds": TARGET_SECONDS, "vocab": VOCAB, "seq": SEQ,
-           "hardware": "h100-sxm-80gb, 8 per node"}
+           "hardware": "h100-sxm-80gb, 8 per node", "load": load, "cpus": os.cpu_count()}
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
     else:

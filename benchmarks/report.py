@@ -461,20 +461,27 @@ def autoshard(res: dict) -> Table | None:
             "no: " + row["infeasible"].split("reaches is ")[1].split(" per device")[0] + " at least; the search "
             f"without a limit took {r['seconds']:.1f} s")
         base = f"{r['best_baseline']} {ms(r['best_baseline_full_ms'])}" if r.get("best_baseline") else "-"
+        err = r.get("stitched_error")
         rows.append([_case(row), f"{row['seconds']:.1f} s", f"{ms(r['step_ms'])} ({r['source']})",
                      f"{r['memory_gib']:.1f} GiB", base,
                      f"{r['step_ms'] / r['best_baseline_full_ms']:.3f}x" if r.get("best_baseline_full_ms") else "-",
-                     fits])
+                     "in full" if r.get("exact", True) or err is None else f"{err * 100:.2f}%", fits])
+    load = (f" Times measured at a load average of {a['load'][0]:.1f} to {a['load'][1]:.1f} on {a['cpus']} CPUs "
+            "shared with other jobs." if a.get("load") else "")
     return Table("Choosing shardings: nb.autoshard", [
         f"Llama-shaped training steps (hidden size, layers, heads, KV heads and MLP size of Llama 3.2-1B, Llama "
-        f"3-8B and Llama 2-70B; vocabulary {a['vocab']:,}; sequence {a['seq']:,}; bf16; attention scores "
-        f"materialised) on {a['hardware']}, a (nodes, 8) dp x tp mesh, every argument's dims open. **time** is "
-        "the whole `nb.autoshard` call on this machine; the chosen layout and the best standard layout that fits "
-        "(DP, FSDP, TP x DP, TP x FSDP, with and without sequence parallelism) are both run in full through "
-        "`nb.estimate`; memory counts mixed-precision Adam's state. Where no layout fits in 80 GB, the row "
-        "shows the search without a limit (its step time and memory), and the last column the least memory any "
-        "layout reaches."],
-        ["model on H100s", "time", "chosen step", "memory", "best standard layout", "chosen / best", "fits"],
+        f"3-8B and Llama 2-70B; vocabulary {a['vocab']:,}; sequence {a['seq']:,}; bf16; FlashAttention) from "
+        f"token ids (an embedding lookup) to the loss against target ids, on {a['hardware']}, a (nodes, 8) dp x "
+        "tp mesh, every argument's dims open (parameters, ids and targets). **time** is the whole `nb.autoshard` "
+        "call on this machine; the chosen layout and the best standard layout that fits (DP, FSDP, TP x DP, TP x "
+        "FSDP, with and without sequence parallelism) are both run in full through `nb.estimate`; memory counts "
+        f"mixed-precision Adam's state.{load} **stitched** is how far the step times autoshard compared (stitched "
+        "from replayed layers, for programs of more than 600 forward steps) were from full runs, at worst over the "
+        "standard layouts (\"in full\": every layout compared was run in full). Where no layout fits in 80 GB, the "
+        "row shows the search without a limit (its step time and memory), and the last column the least memory "
+        "any layout reaches."],
+        ["model on H100s", "time", "chosen step", "memory", "best standard layout", "chosen / best", "stitched",
+         "fits"],
         rows, [])
 
 

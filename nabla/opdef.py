@@ -52,13 +52,16 @@ class OpDef:
     only these alive for the backward pass and the memory log counts exactly them. ``saved_extra(operand block
     shapes, result block shape, params)``: bytes per device the VJP keeps beyond them (FlashAttention's float32
     log-sum-exp per query row). ``view``: the result shares its operand's storage when nothing moves (reshape,
-    transpose): no new bytes.
+    transpose): no new bytes. ``arrange(operands, params)``: the operands laid out as the op chooses before it is
+    planned (a cost choice its rule cannot state: which side of a lookup gives up a mesh axis both are cut over);
+    ``_call`` applies it, so the public function and a replay of the recorded op (autoshard's, under other
+    layouts) choose alike.
     Ops hash by identity: each is defined once.
     """
 
     __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp",
                  "folds", "flops", "numpy", "onnx", "reference", "domain", "arity", "public", "saves",
-                 "saved_extra", "view")
+                 "saved_extra", "view", "arrange")
 
     def __init__(self, name: str, rule: Callable[..., Rule], kernel: Callable[[list, Local], Any],
                  linear: str | None = None, linear_args: tuple[int, ...] | None = None, reduction: str = "sum",
@@ -67,13 +70,14 @@ class OpDef:
                  numpy: str | None = None, onnx: str | Callable | None = None, reference: Callable | None = None,
                  domain: tuple[float, float] | None = None, arity: int | None = None,
                  public: Callable | None = None, saves: str | Callable = "all",
-                 saved_extra: Callable | None = None, view: bool = False) -> None:
+                 saved_extra: Callable | None = None, view: bool = False, arrange: Callable | None = None) -> None:
         self.name, self.rule, self.kernel, self.linear = name, rule, kernel, linear
         self.linear_args, self.reduction, self.dtype, self.fast = linear_args, reduction, dtype, fast
         self.aux, self.vjp, self.folds, self.flops = aux, vjp, folds, flops
         self.numpy, self.onnx, self.reference, self.domain = numpy, onnx, reference, domain
         self.arity, self.public = arity, public
         self.saves, self.saved_extra, self.view = saves, saved_extra, view
+        self.arrange = arrange
 
     def residuals(self, diff: tuple[bool, ...], params: tuple = ()) -> tuple[frozenset, bool]:
         """What the VJP reads when the operands marked in ``diff`` need cotangents: (operand indices, output)."""

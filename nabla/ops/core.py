@@ -51,6 +51,8 @@ def _named(fn):
 
 def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
     vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
+    if op.arrange is not None:
+        vals = list(op.arrange(vals, params))
     if len(vals) > 1:
         for v in vals:
             if type(v) is float:

@@ -370,8 +370,19 @@ def take(a: ArrayLike, indices: ArrayLike, axis: int | None = None, mode: str | 
         elif mode not in (None, "raise", "clip"):
             raise ShardingError(f"take: mode must be 'raise' or 'clip', got {mode!r}")
         _check_range(ids, n, ax, "take")
-        a, ids = _one_side_gives_way(a, ids, ax)
-        return _call(_TAKE, (a, ids, _row_numbers(n)), (ax, n))
+        return _call(_TAKE, (a, ids, _row_numbers(n)), (ax, n))  # _one_side_gives_way first (its arrange)
+
+
+def _take_arrange(vals: list, params: tuple) -> tuple:
+    """``take``'s operands as it looks them up (``OpDef.arrange``): one side of a shared mesh axis gives way."""
+    a, ids = _one_side_gives_way(vals[0], vals[1], params[0])
+    return a, ids, vals[2]
+
+
+def _ids_give_way(vals: list, params: tuple) -> tuple:
+    """``take_along_axis``'s operands (``OpDef.arrange``): indices cut over the axes of the table's dim they
+    index are gathered over them (each device looks up along the rows it holds)."""
+    return vals[0], _free(vals[1], _gathered_refs(vals[0], params[0])), vals[2]
 
 
 def _one_side_gives_way(a: Any, ids: Any, ax: int) -> tuple:
@@ -444,8 +455,7 @@ def take_along_axis(arr: ArrayLike, indices: ArrayLike, axis: int | None = -1) -
             ids = broadcast_to(ids, tuple(o if d != ax else si[d] for d, o in enumerate(out)))
         n = sa[ax]
         _check_range(ids, n, ax, "take_along_axis")
-        ids = _free(ids, _gathered_refs(arr, ax))
-        return _call(_TAKE_ALONG, (arr, ids, _row_numbers(n)), (ax, n))
+        return _call(_TAKE_ALONG, (arr, ids, _row_numbers(n)), (ax, n))  # _ids_give_way first (its arrange)
 
 
 def scatter_add(updates: ArrayLike, indices: ArrayLike, n: int, axis: int = 0, like: ArrayLike | None = None
@@ -495,7 +505,8 @@ def _IDS(diff: tuple, params: tuple) -> tuple:
 
 _TAKE = register(OpDef("take", lambda shapes, axis, n: R.take_rule(shapes[0], shapes[1], shapes[2], axis),
                        _take_kernel, "add", (0,), dtype=lambda x, ids, rows: x, vjp=_gather_vjp(lambda: _SCATTER), numpy="take",
-                       onnx=_take_onnx, arity=3, public=take, flops=lambda blocks, out, params: 0, saves=_IDS))
+                       onnx=_take_onnx, arity=3, public=take, flops=lambda blocks, out, params: 0, saves=_IDS,
+                       arrange=_take_arrange))
 _SCATTER = register(OpDef("scatter_add", lambda shapes, axis, n: R.scatter_rule(shapes[0], shapes[1], shapes[2],
                                                                                    axis),
                           _scatter_kernel, "add", (0,), dtype=lambda g, ids, rows: g, vjp=_scatter_vjp(lambda: _TAKE),
@@ -504,7 +515,7 @@ _TAKE_ALONG = register(OpDef("take_along_axis", lambda shapes, axis, n: R.take_a
                                                                                           shapes[2], axis),
                              _take_along_kernel, "add", (0,), dtype=lambda x, ids, rows: x, vjp=_gather_vjp(lambda: _SCATTER_ALONG),
                              numpy="take_along_axis", onnx=_take_along_onnx, arity=3, public=take_along_axis,
-                             flops=lambda blocks, out, params: 0, saves=_IDS))
+                             flops=lambda blocks, out, params: 0, saves=_IDS, arrange=_ids_give_way))
 _SCATTER_ALONG = register(OpDef("scatter_add_along", lambda shapes, axis, n: R.scatter_along_rule(
     shapes[0], shapes[1], shapes[2], axis), _scatter_along_kernel, "add", (0,), dtype=lambda g, ids, rows: g,
     vjp=_scatter_vjp(lambda: _TAKE_ALONG), onnx=_scatter_along_onnx, arity=3, flops=lambda blocks, out, params: prod(blocks[0]),

@@ -191,8 +191,37 @@ def classes(segs: Sequence[Segment], leaves: dict[int, int]) -> list[LayerClass]
 
 
 def _dim_classes(seg: Segment):
-    """Union the dims of a segment's values that one factor of some op runs through (a reshape's merged dim joins
-    its major part): a sharding of one class is a consistent way to cut every value that has it."""
+    """Per input and per output of a segment, the dim class of each dim, and the pairs of classes no value of the
+    segment has both of."""
+    root, shapes = _joined(seg.steps)
+    ids: dict = {}
+
+    def cid(v, d):
+        return ids.setdefault(root(v, d), len(ids))
+
+    dims = tuple(tuple(cid(v, d) for d in range(len(shapes.get(v, ())))) for v in seg.inputs)
+    out_dims = tuple(tuple(cid(seg.steps[k].out, d) for d in range(len(seg.steps[k].out_shape))) for k in seg.outputs)
+    together = set()
+    for v, shape in shapes.items():
+        cs = {cid(v, d) for d in range(len(shape))}
+        together.update(frozenset(p) for p in combinations(sorted(cs), 2))
+    n = len(ids)
+    compat = frozenset(frozenset(p) for p in combinations(range(n), 2) if frozenset(p) not in together)
+    return dims, out_dims, compat
+
+
+def value_dims(steps: Sequence) -> dict[int, tuple[int, ...]]:
+    """Per value the ``steps`` read or make (by serial), the program-wide dim class of each of its dims: what joins
+    a batch of token ids to the targets and the logits through the ops between them."""
+    root, shapes = _joined(steps)
+    ids: dict = {}
+    return {v: tuple(ids.setdefault(root(v, d), len(ids)) for d in range(len(shape))) for v, shape in shapes.items()}
+
+
+def _joined(steps: Sequence):
+    """Union the dims of the values ``steps`` read and make that one factor of some op runs through (a relayout
+    joins a value's dims to its copy's; a reshape's merged dim joins its major part). Returns ``root(value, dim)``
+    (one key per class) and each value's shape, values named by serial."""
     parent: dict = {}
 
     def find(a):
@@ -206,58 +235,36 @@ def _dim_classes(seg: Segment):
         if ra != rb:
             parent[ra] = rb
 
-    made = {s.out: k for k, s in enumerate(seg.steps)}
-    ext = {v: e for e, v in enumerate(seg.inputs)}
     shapes: dict = {}
-
-    def slot(u, k):
-        if u.value in made and made[u.value] < k:
-            return ("i", made[u.value])
-        return ("x", ext[u.value])
-
-    for k, s in enumerate(seg.steps):
-        shapes[("i", k)] = s.out_shape
+    for k, s in enumerate(steps):
+        shapes[s.out] = s.out_shape
         for d in range(len(s.out_shape)):
-            find(("i", k, d))
-        slots = [None if u.value == 0 else slot(u, k) for u in s.uses]
-        for sl, u in zip(slots, s.uses):
-            if sl is not None:
-                shapes[sl] = u.shape
+            find((s.out, d))
+        for u in s.uses:
+            if u.value:
+                shapes.setdefault(u.value, u.shape)
                 for d in range(len(u.shape)):
-                    find(sl + (d,))
+                    find((u.value, d))
         if isinstance(s.op, str):  # a relayout or placement: the same value, dim for dim
-            for sl, u in zip(slots, s.uses):
-                if sl is not None:
+            for u in s.uses:
+                if u.value:
                     for d in range(len(s.out_shape)):
-                        union(sl + (d,), ("i", k, d))
+                        union((u.value, d), (s.out, d))
             continue
         try:
             rule = s.op.rule(tuple(u.shape if u.value else () for u in s.uses), *s.params)
         except Exception:  # noqa: BLE001 - an op whose rule cannot be rebuilt joins nothing
             continue
-        for i, (sl, dims) in enumerate(zip(slots, rule.operands)):
-            if sl is None:
+        for u, dims in zip(s.uses, rule.operands):
+            if not u.value:
                 continue
             for d, fs in enumerate(dims):
-                if fs and d < len(s.uses[i].shape):
-                    union(sl + (d,), ("f", k, fs[0]))
+                if fs and d < len(u.shape):
+                    union((u.value, d), ("f", k, fs[0]))
         for d, fs in enumerate(rule.result):
             if fs:
-                union(("i", k, d), ("f", k, fs[0]))
-    ids: dict = {}
-
-    def cid(key):
-        return ids.setdefault(find(key), len(ids))
-
-    dims = tuple(tuple(cid(("x", e, d)) for d in range(len(shapes.get(("x", e), ())))) for e in range(len(seg.inputs)))
-    out_dims = tuple(tuple(cid(("i", k, d)) for d in range(len(seg.steps[k].out_shape))) for k in seg.outputs)
-    together = set()
-    for key, shape in shapes.items():
-        cs = {cid(key + (d,)) for d in range(len(shape))}
-        together.update(frozenset(p) for p in combinations(sorted(cs), 2))
-    n = len(ids)
-    compat = frozenset(frozenset(p) for p in combinations(range(n), 2) if frozenset(p) not in together)
-    return dims, out_dims, compat
+                union((s.out, d), ("f", k, fs[0]))
+    return (lambda v, d: find((v, d))), shapes
 
 
 def without_partial(spec: Any) -> Any:
@@ -274,6 +281,8 @@ class Replayed(NamedTuple):
     gradients: tuple  # per input, the layout of its gradient (None: not differentiated)
     raw: tuple  # per input, (layout, itemsize) of its gradient as the backward pass leaves it (None: as finished)
     steps_all: tuple  # every recorded step, in the order the memory log's timeline follows
+    names: tuple = ()  # the values the steps call (ins, outs, cotangents, input gradients): per input, output,
+    # output and input, its serial (0: none), so that layers laid end to end hand them over (``renamed``)
 
 
 def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dtypes: Sequence[Any],
@@ -291,10 +300,13 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
     reach = _reaching(rep)
     which = [e for e in range(len(inputs)) if train and diff[e] and is_inexact(inputs[e].dtype) and reach[e]]
 
+    seen: dict[str, list] = {}
+
     def run(*xs):
         given = list(inputs)
         for e, x in zip(which, xs):
             given[e] = x
+        seen["ins"] = [serial(x) if isinstance(x, Tensor) else 0 for x in given]
         env: dict[int, Any] = {}
         for k, s in enumerate(rep.steps):
             args = []
@@ -313,9 +325,12 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
                 with C.user_op(s.user or s.name):
                     out = _call(s.op, args, s.params)
             env[k] = out
+        seen["outs"] = [serial(env[k]) for k in rep.outputs]
         return tuple(env[k] for k in rep.outputs)
 
     grads: list[Any] = [None] * len(inputs)
+    cts: list = []
+    gouts = [0] * len(inputs)
     with C.comm_log() as log, memory_log() as mem:
         if which:
             outs, back = vjp(run, *[inputs[e] for e in which])
@@ -323,28 +338,33 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
                                  without_partial(o.sharding)), o.shape, o.dtype) for j, o in enumerate(outs)]
             for e, g in zip(which, back(tuple(cts))):
                 grads[e] = getattr(g, "sharding", None)
+                gouts[e] = serial(g) if isinstance(g, Tensor) else 0
         else:
             outs = run()
     # An activation's gradient goes on to the layer before as it comes: the moves that lay it out as its input
-    # (what vjp does for a primal) are no steps of the program; its layout before them is the gradient's.
+    # (what vjp does for a primal) are no steps of the program, and its layout before them is the gradient's; the
+    # sums of its cotangents from several readers (also logged as "grad of" it) are steps of the program.
     label = {f"grad of xs[{i}]": e for i, e in enumerate(which)}
     kept, raw = [], {}
     for st in log.steps:
         e = label.get(str(st.user))
-        if e is not None and e not in raw and st.uses and st.uses[0].src is not None:
+        moved = e is not None and not params_[e] and isinstance(st.op, str)
+        if e is not None and e not in raw and st.uses and st.uses[0].src is not None and (params_[e] or moved):
             raw[e] = (st.uses[0].src, st.uses[0].dtype.itemsize)
-        if e is None or params_[e]:
-            kept.append(st)
-    for e, (lay, _) in raw.items():
-        if not params_[e]:
-            grads[e] = lay
+            if moved:
+                gouts[e] = st.uses[0].value  # the gradient as it goes on, before the relayout left out
+        if not moved:  # a sum of an activation's cotangents is the backward pass's, not a gradient reduction
+            kept.append(st._replace(user="gradient of an input") if e is not None and not params_[e] else st)
+    for e in which:
+        if not params_[e] and e in raw:
+            grads[e] = raw[e][0]
+    names = (tuple(seen.get("ins", ())), tuple(seen.get("outs", ())), tuple(serial(c) for c in cts), tuple(gouts))
     return Replayed(tuple(kept), tuple(o.sharding for o in outs), mem, tuple(grads),
-                    tuple(raw.get(e) for e in range(len(inputs))), tuple(log.steps))
+                    tuple(raw.get(e) for e in range(len(inputs))), tuple(log.steps), names)
 
 
 def _reaching(seg: Segment) -> list[bool]:
     """Per input, whether some output depends on it (only those get a gradient: a zero one would be real)."""
-    made = {s.out: k for k, s in enumerate(seg.steps)}
     need = {seg.steps[k].out for k in seg.outputs}
     for s in reversed(seg.steps):
         if s.out in need:
@@ -357,3 +377,22 @@ def block_bytes(spec: Any, shape: Sequence[int], itemsize: int) -> int:
     if spec is None:
         return prod(shape) * itemsize
     return prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape)) * itemsize
+
+
+def renamed(steps: Sequence, fresh: Any, label: str | None, names: dict[int, int] | None = None) -> list:
+    """One instance's copy of a replay's priced steps: its values under names of their own (fusion reads a value's
+    last reader by name: two instances sharing names would look like one value read far ahead; the schedule starts
+    a collective when the value it moves is made), those in ``names`` under the names given (what the layer before
+    hands over, what the layer after hands back), and its label."""
+    names = {} if names is None else names
+
+    def name(v: int) -> int:
+        if not v:
+            return v
+        if v not in names:
+            names[v] = next(fresh)
+        return names[v]
+
+    return [x._replace(reads=tuple((name(v), b) for v, b in x.reads), out=name(x.out), layer=label,
+                       **({"moves": tuple(name(v) for v in x.moves)} if hasattr(x, "moves") else {}))
+            if hasattr(x, "_replace") else x for x in steps]

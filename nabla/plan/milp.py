@@ -25,7 +25,8 @@ class Group(NamedTuple):
 
 
 class Edge(NamedTuple):
-    """Seconds ``cost[i][j]`` when group ``a`` takes option ``i`` and group ``b`` option ``j``."""
+    """Seconds ``cost[i][j]`` when group ``a`` takes option ``i`` and group ``b`` option ``j`` (infinite: the two
+    options never go together)."""
 
     a: int
     b: int
@@ -38,42 +39,58 @@ class Solution(NamedTuple):
     memory: float  # the peak per device the model predicts (held plus the largest transient)
 
 
+#: HiGHS stops within this relative gap of the optimum (its default, 1e-4, lets a 0.01% slower choice through)
+GAP = 1e-9
+
+
 def _program(groups: Sequence[Group], edges: Sequence[Edge]):
-    """Variables: x (one binary per group option), then e (one per edge option pair, in [0, 1]), then T (the
-    largest chosen transient). Rows: one option per group; each edge's pair variables sum to its endpoints'
-    choices (Alpa's linearisation of the product); T >= each chosen transient."""
+    """Variables: x (one binary per group option), then e (one per pair of an edge's options that may go together:
+    a finite cost; an infinite one rules the pair out), then T (the largest chosen transient). Rows: one option
+    per group; each edge's pair variables sum to its endpoints' choices (Alpa's linearisation of the product: an
+    option with no allowed partner is never taken); T >= each chosen transient. The rows are sparse (a class fed
+    by another has hundreds of options, its edge tens of thousands of pairs)."""
     off, n = [], 0
     for g in groups:
         off.append(n)
         n += len(g.time)
-    eoff = []
+    pairs = []  # per edge, the allowed (i, j) and their variables' first index
     for e in edges:
-        eoff.append(n)
-        n += e.cost.size
+        ii, jj = np.nonzero(np.isfinite(e.cost))
+        pairs.append((ii, jj, n))
+        n += len(ii)
     t_var = n
     n += 1
-    rows, lo, hi = [], [], []
+    # memory in units of the largest number in it (HiGHS calls a program whose coefficients span 1 to 1e12 bytes
+    # infeasible): the rows below and ``mem``, ``late`` are bytes / ``scale``, and so is T
+    scale = max([1.0] + [float(max(list(g.memory) + list(g.transient) + list(g.late if g.late is not None else [])))
+                         for g in groups if len(g.time)])
+    r_idx: list = []  # (row, column, value) of the nonzero entries
+    c_idx: list = []
+    vals: list = []
+    lo: list = []
+    hi: list = []
 
-    def row(entries: dict, low: float, high: float) -> None:
-        r = np.zeros(n)
-        for k, v in entries.items():
-            r[k] += v
-        rows.append(r)
+    def row(cols: Sequence[int], coefs: Sequence[float], low: float, high: float) -> None:
+        r_idx.extend([len(lo)] * len(cols))
+        c_idx.extend(cols)
+        vals.extend(coefs)
         lo.append(low)
         hi.append(high)
 
     for g, o in zip(groups, off):
-        row({o + i: 1.0 for i in range(len(g.time))}, 1.0, 1.0)
-    for e, o in zip(edges, eoff):
+        row(range(o, o + len(g.time)), [1.0] * len(g.time), 1.0, 1.0)
+    for e, (ii, jj, o) in zip(edges, pairs):
         na, nb = e.cost.shape
-        for i in range(na):
-            row({**{o + i * nb + j: 1.0 for j in range(nb)}, off[e.a] + i: -1.0}, 0.0, 0.0)
-        for j in range(nb):
-            row({**{o + i * nb + j: 1.0 for i in range(na)}, off[e.b] + j: -1.0}, 0.0, 0.0)
+        for side, count, owner in ((ii, na, off[e.a]), (jj, nb, off[e.b])):
+            order = np.argsort(side, kind="stable")
+            bounds = np.searchsorted(side[order], np.arange(count + 1))
+            for k in range(count):
+                cols = (o + order[bounds[k]:bounds[k + 1]]).tolist()
+                row(cols + [owner + k], [1.0] * len(cols) + [-1.0], 0.0, 0.0)
     for g, o in zip(groups, off):
         for i, t in enumerate(g.transient):
             if t > 0:
-                row({o + i: float(t), t_var: -1.0}, -np.inf, 0.0)
+                row([o + i, t_var], [float(t) / scale, -1.0], -np.inf, 0.0)
     time = np.zeros(n)
     mem = np.zeros(n)
     late = np.zeros(n)
@@ -81,13 +98,23 @@ def _program(groups: Sequence[Group], edges: Sequence[Edge]):
         time[o:o + len(g.time)] = g.time
         mem[o:o + len(g.memory)] = g.memory
         late[o:o + len(g.memory)] = g.memory if g.late is None else g.late
-    for e, o in zip(edges, eoff):
-        time[o:o + e.cost.size] = e.cost.reshape(-1)
+    for e, (ii, jj, o) in zip(edges, pairs):
+        time[o:o + len(ii)] = e.cost[ii, jj]
+    mem /= scale
+    late /= scale
     mem[t_var] = late[t_var] = 1.0
     integral = np.zeros(n)
     for g, o in zip(groups, off):
         integral[o:o + len(g.time)] = 1
-    return off, t_var, np.array(rows), np.array(lo), np.array(hi), time, mem, late, integral
+    A = _sparse().coo_array((vals, (r_idx, c_idx)), shape=(len(lo), n)).tocsr()
+    return off, t_var, A, np.array(lo), np.array(hi), time, mem, late, integral, scale
+
+
+def _sparse():
+    """``scipy.sparse`` (the plan extra, loaded with the solver)."""
+    _scipy()
+    import scipy.sparse  # noqa: PLC0415 - the plan extra, loaded here only
+    return scipy.sparse
 
 
 def _scipy() -> tuple:
@@ -107,7 +134,7 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
     the least time, the one with the least memory (a second solve). ``exclude``: choices not to return again.
     ``None`` when no choice fits."""
     Bounds, LinearConstraint, milp = _scipy()
-    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
+    off, t_var, A, lo, hi, time, mem, late, integral, scale = _program(groups, edges)
     n = len(time)
     extra = []
     for ch in exclude:  # at most len-1 of an excluded choice's options may be taken again
@@ -118,19 +145,23 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
     bounds = Bounds(np.zeros(n), np.r_[np.ones(n - 1), np.inf])
 
     def run(c: np.ndarray, more: list) -> np.ndarray | None:
-        rows = [A] + [r[None, :] for r, _, _ in more]
-        cons = LinearConstraint(np.vstack(rows), np.r_[lo, [l for _, l, _ in more]], np.r_[hi, [h for _, _, h in more]])
-        res = milp(c, constraints=cons, integrality=integral, bounds=bounds)
+        rows = [A] + [_sparse().csr_array(r[None, :]) for r, _, _ in more]
+        cons = LinearConstraint(_sparse().vstack(rows, format="csr"), np.r_[lo, [l for _, l, _ in more]],
+                                np.r_[hi, [h for _, _, h in more]])
+        res = milp(c, constraints=cons, integrality=integral, bounds=bounds, options={"mip_rel_gap": GAP})
         return res.x if res.status == 0 and res.x is not None else None
 
-    cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit)),
-                                                     (late, -np.inf, float(memory_limit))]
+    cap = [] if not np.isfinite(memory_limit) else [(mem, -np.inf, float(memory_limit) / scale),
+                                                     (late, -np.inf, float(memory_limit) / scale)]
+    # time in units of the largest option's: HiGHS's absolute gap and feasibility tolerances (1e-6, 1e-7) are
+    # a good part of a step of 100 microseconds
+    time = time / max(1e-30, float(np.abs(time[np.isfinite(time)]).max(initial=0.0)))
     x = run(time, cap + extra)
     if x is None:
         return None
     best = float(time @ x)
     # ties: the least memory, as the larger peak (an extra variable M >= both peaks, minimised)
-    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-15)])
+    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-12)])
     if x2 is not None:
         x = x2
     choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
@@ -141,22 +172,25 @@ def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
     """Minimise M >= both peaks subject to the program's rows and ``more``; the solution without M."""
     Bounds, LinearConstraint, milp = _scipy()
     n = A.shape[1]
-    pad = lambda r: np.r_[r, 0.0]  # noqa: E731
-    rows = [np.c_[A, np.zeros(len(A))]] + [pad(r)[None, :] for r, _, _ in more]
-    rows += [np.r_[mem, -1.0][None, :], np.r_[late, -1.0][None, :]]
-    cons = LinearConstraint(np.vstack(rows), np.r_[lo, [l for _, l, _ in more], -np.inf, -np.inf],
+    sp = _sparse()
+    dense = [np.r_[r, 0.0] for r, _, _ in more] + [np.r_[mem, -1.0], np.r_[late, -1.0]]
+    rows = [sp.hstack([A, sp.csr_array((A.shape[0], 1))]), sp.csr_array(np.array(dense))]
+    cons = LinearConstraint(sp.vstack(rows, format="csr"), np.r_[lo, [l for _, l, _ in more], -np.inf, -np.inf],
                             np.r_[hi, [h for _, _, h in more], 0.0, 0.0])
     c = np.zeros(n + 1)
-    c[-1] = 1.0 / max(1.0, float(max(mem.max(), late.max())))
+    c[-1] = 1.0
     res = milp(c, constraints=cons, integrality=np.r_[integral, 0],
-               bounds=Bounds(np.zeros(n + 1), np.r_[np.ones(n - 1), np.inf, np.inf]))
+               bounds=Bounds(np.zeros(n + 1), np.r_[np.ones(n - 1), np.inf, np.inf]), options={"mip_rel_gap": GAP})
     return res.x[:n] if res.status == 0 and res.x is not None else None
 
 
 def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = ()) -> Solution:
     """The choice with the least predicted memory per device."""
-    off, t_var, A, lo, hi, time, mem, late, integral = _program(groups, edges)
+    off, t_var, A, lo, hi, time, mem, late, integral, _ = _program(groups, edges)
     x = _least(A, lo, hi, integral, mem, late, [])
+    if x is None:
+        raise ShardingError("autoshard: HiGHS found no choice of one layout per layer class that its neighbours "
+                            "accept (each class fed by another takes only the layouts that one hands over)")
     choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
     return Solution(choice, *evaluate(groups, edges, choice))
 

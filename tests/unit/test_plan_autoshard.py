@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import nabla as nb
+from nabla.plan import autoshard as autoshard_module
 from nabla.plan import milp
+from nabla.plan.search import Search
 
 pytest.importorskip("scipy")
 
@@ -115,7 +117,7 @@ def test_mlp_data_parallel_when_the_model_fits_easily():
         assert all(not d.axes for d in w.dim_specs)  # replicated weights
     assert [d.axes for d in plan.specs[1].dim_specs] == [("dp", "tp"), ()]  # the batch over every device
     assert "DP" in plan.same
-    _describes(plan, "w1 replicated", "batch-sharded over dp", "batch-sharded over tp")
+    _describes(plan, "w1 replicated", "x batch-sharded over dp and tp", "gradients summed over dp and tp (all_reduce)")
 
 
 def rmsnorm(x, g, eps=1e-5):
@@ -179,6 +181,154 @@ def test_llama_block_data_parallel_when_the_model_fits_easily():
     assert "DP" in plan.same
 
 
+# ---- every input that carries the batch -------------------------------------------------------------------
+
+
+def lm_loss(p, ids, targets, mask, pos):
+    """A token model: ids looked up, a position table added, an MLP, the vocabulary's log-sum-exp less the target's
+    logit, weighted by a mask. ids, targets and mask carry the batch (their first dim is joined to it by take,
+    take_along_axis and the multiply); pos (sequence, hidden) does not."""
+    with nb.named_scope("embed"):
+        x = nb.take(p["embed"], ids, axis=0) + pos
+    x = x + nb.relu(x @ p["w1"]) @ p["w2"]
+    logits = (x @ p["head"]).astype("float32")
+    picked = nb.take_along_axis(logits, nb.expand_dims(targets, -1), -1)
+    nll = nb.log(nb.exp(logits).sum(-1, keepdims=True)) - picked
+    return (nll[..., 0] * mask).mean()
+
+
+LM = nb.value_and_grad(lm_loss)
+
+
+def test_data_parallel_cuts_every_input_that_carries_the_batch():
+    """Token ids, targets and a loss mask are cut over every device as the hand-written DP layout cuts them (and
+    the position table, which has no batch dim, is not): the choice is that layout, with its memory exactly."""
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    B, S, D, H, V = 64, 128, 256, 1024, 2048
+    shapes = {"embed": (V, D), "w1": (D, H), "w2": (H, D), "head": (D, V)}
+    p = {k: free(mesh, v) for k, v in shapes.items()}
+    plan = nb.autoshard(LM, cluster, p, free(mesh, (B, S), "int32"), free(mesh, (B, S), "int32"),
+                        free(mesh, (B, S), "float32"), free(mesh, (S, D)))
+    batch = nb.ShardingSpec(mesh, [("dp", "tp"), None])
+    hand = ({k: nb.abstract(v, "bfloat16").shard(mesh, [None, None]) for k, v in shapes.items()},
+            nb.abstract((B, S), "int32").shard(batch), nb.abstract((B, S), "int32").shard(batch),
+            nb.abstract((B, S), "float32").shard(batch), nb.abstract((S, D), "bfloat16").shard(mesh, [None, None]))
+    rep = nb.estimate(LM, cluster)(*hand)
+    memory = max(rep.memory.peak.values()) + sum(adam_bytes(w.sharding, w.shape, 2) for w in hand[0].values())
+    assert plan.layouts["DP"][1:] == tuple(x.sharding for x in hand[1:])
+    assert plan.baselines["DP"][1] == memory  # the DP row is the hand-written layout, run in full
+    assert "DP" in plan.same and plan.specs[1:] == plan.layouts["DP"][1:]
+    assert plan.memory == memory and plan.report.step_time == pytest.approx(rep.step_time, rel=1e-12)
+    _describes(plan, "ids batch-sharded over dp and tp", "targets batch-sharded over dp and tp",
+               "mask batch-sharded over dp and tp")
+
+
+def test_a_plan_fits_when_run_in_full_where_the_model_said_otherwise(monkeypatch):
+    """Stitched estimates that understate memory by half: the fastest layout by the model (Megatron's) needs more
+    than the limit when run in full, so autoshard falls back, in order, to one that fits when run in full."""
+    real = Search.stitched
+
+    def optimistic(self, choice):
+        rep, memory, extra = real(self, choice)
+        return rep, memory / 2, extra
+
+    monkeypatch.setattr(Search, "stitched", optimistic)
+    monkeypatch.setattr(autoshard_module, "EXACT_STEPS", 0)  # stitch even this small program
+    cluster = nb.Cluster(H100, nodes=8, devices_per_node=4)
+    mesh = cluster.mesh("m", (8, 4), ("dp", "tp"))
+    D, H = 4096, 16384
+    p, x = {"w1": free(mesh, (D, H)), "w2": free(mesh, (H, D))}, free(mesh, (65536, D))
+    limit = 1.0 * GIB
+    plan = nb.autoshard(MLP, cluster, p, x, memory_limit=limit)
+    fastest, model = plan.baselines["TP x DP"]
+    assert model <= limit and plan.report.step_time > fastest.step_time  # it fit by the model: not chosen
+    applied = plan.apply(p, x)
+    rep = nb.estimate(MLP, cluster)(*applied)
+    memory = max(rep.memory.peak.values()) + sum(adam_bytes(w.sharding, w.shape, 2) for w in applied[0].values())
+    assert memory == plan.memory <= limit
+    assert rep.step_time == pytest.approx(plan.report.step_time, rel=1e-12)
+
+
+def test_stitched_estimates_agree_with_full_runs_within_one_percent():
+    """docs/planning.md: a large program's layouts are compared by their replayed layers laid end to end; on a
+    Llama-shaped step with token ids and targets, every standard layout's stitched step time is within 1% of its
+    full run (measured: 0.2% at most); the memory the model charges, within 5% (measured: 3.4% under at most)."""
+    cluster = nb.Cluster(H100, nodes=1, devices_per_node=4)
+    mesh = cluster.mesh("m", (1, 4), ("dp", "tp"))
+    fn, args = token_llama(mesh, layers=2, B=8, S=256, h=512, f=2048, V=4096)
+    s = Search(fn, cluster, args, None, None, "grads")
+    s.solve()
+    names = [n for n in s.named[0] if all(n in nm for nm in s.named)]
+    assert {"DP", "FSDP", "TP", "TP + SP"} <= set(names)
+    for name in names:
+        choice = [nm[name] for nm in s.named]
+        stitched, memory, _ = s.stitched(choice)
+        full, full_memory, _, _ = s.measure(s.realize(choice))
+        assert stitched.step_time == pytest.approx(full.step_time, rel=0.01), name
+        assert memory == pytest.approx(full_memory, rel=0.05), name
+
+
+def token_llama(mesh, layers, B, S, h, f, V):
+    """A Llama-shaped step from token ids: an embedding lookup, ``layers`` blocks (FlashAttention, causal), a head
+    and the log-sum-exp loss against targets, as benchmarks/autoshard.py writes it; every dim open."""
+    def layer():
+        return {"g1": free(mesh, (h,)), "wq": free(mesh, (h, h)), "wk": free(mesh, (h, h)), "wv": free(mesh, (h, h)),
+                "wo": free(mesh, (h, h)), "g2": free(mesh, (h,)), "w1": free(mesh, (h, f)), "w3": free(mesh, (h, f)),
+                "w2": free(mesh, (f, h))}
+
+    def block(x, p):
+        b, s, d = x.shape
+        y = rmsnorm(x, p["g1"])
+        q, k, v = ((y @ p[w]).reshape(b, s, d // 128, 128) for w in ("wq", "wk", "wv"))
+        x = (x + nb.dot_product_attention(q, k, v, is_causal=True).reshape(b, s, d) @ p["wo"]).astype(x.dtype)
+        y = rmsnorm(x, p["g2"])
+        u, w = y @ p["w1"], y @ p["w3"]
+        return (x + ((u * nb.sigmoid(u)) * w) @ p["w2"]).astype(x.dtype)
+
+    def loss(p, ids, targets):
+        with nb.named_scope("embed"):
+            x = nb.take(p["embed"], ids, axis=0)
+        for i, lp in enumerate(p["layers"]):
+            with nb.named_scope(f"layer {i}"):
+                x = block(x, lp)
+        with nb.named_scope("head"):
+            logits = (rmsnorm(x, p["norm"]) @ p["head"]).astype("float32")
+            picked = nb.take_along_axis(logits, nb.expand_dims(targets, -1), -1)
+            return (nb.log(nb.exp(logits).sum(-1, keepdims=True)) - picked).mean()
+
+    p = {"embed": free(mesh, (V, h)), "layers": [layer() for _ in range(layers)], "norm": free(mesh, (h,)),
+         "head": free(mesh, (h, V))}
+    return nb.value_and_grad(loss), (p, free(mesh, (B, S), "int32"), free(mesh, (B, S), "int32"))
+
+
+# ---- names ------------------------------------------------------------------------------------------------
+
+
+def test_layouts_are_named_as_they_are():
+    """A standard layout the user's closed dims change is not named as it ("(given dims kept)"), rows are distinct
+    layouts (a standard layout equal to another row is folded into it), and with every dim closed there is
+    nothing to choose: the layout given, estimated in full, and no baseline rows."""
+    cluster = nb.Cluster(H100, nodes=2, devices_per_node=4)
+    mesh = cluster.mesh("m", (2, 4), ("dp", "tp"))
+    D, H = 1024, 4096
+    p = {"w1": free(mesh, (D, H)), "w2": free(mesh, (H, D))}
+    x = nb.abstract((65536, D), "bfloat16").shard(mesh, ["dp", None])  # DP would cut the batch over tp too
+    plan = nb.autoshard(MLP, cluster, p, x)
+    assert "DP" not in plan.baselines and any(n.startswith("DP") and n.endswith("(given dims kept)")
+                                              for n in plan.baselines)
+    assert "TP x DP" in plan.baselines  # x as TP x DP lays it out: that layout, by its name
+    rows = [tuple(str(s) for s in nb.pytree.flatten(lay)[0]) for lay in plan.layouts.values()]
+    assert len(set(rows)) == len(rows)
+    assert all(not n.endswith("(given dims kept)") for n in plan.same)
+    given = {"w1": nb.abstract((D, H), "bfloat16").shard(mesh, [None, "tp"]),
+             "w2": nb.abstract((H, D), "bfloat16").shard(mesh, ["tp", None])}
+    plan = nb.autoshard(MLP, cluster, given, x)
+    assert plan.source == "given" and plan.baselines == {} and plan.same == ()
+    assert "every dim is closed or fixed: the layout given" in str(plan)
+    assert plan.report.step_time == nb.estimate(MLP, cluster)(given, x).step_time
+
+
 # ---- repeated layers, fixed, apply ------------------------------------------------------------------------
 
 
@@ -237,8 +387,14 @@ def test_an_infeasible_limit_names_the_least_memory_and_what_dominates_it():
     assert "no layout fits in 0.50 GiB per device" in msg
     assert "the least memory any layout reaches is" in msg
     least = float(msg.split("reaches is ")[1].split(" GiB")[0])
-    assert 0.5 < least < 2.0
-    assert "parameters and optimizer state of mlp" in msg and "p['w1']" in msg
+    # FSDP written by hand (every weight and the batch cut over all 8 devices), run in full, is no better
+    fsdp = ({"w1": nb.abstract((4096, 16384), "bfloat16").shard(mesh, [None, ("dp", "tp")]),
+             "w2": nb.abstract((16384, 4096), "bfloat16").shard(mesh, [("dp", "tp"), None])},
+            nb.abstract((8192, 4096), "bfloat16").shard(mesh, [("dp", "tp"), None]))
+    rep = nb.estimate(MLP, cluster)(*fsdp)
+    hand = max(rep.memory.peak.values()) + sum(adam_bytes(w.sharding, w.shape, 2) for w in fsdp[0].values())
+    assert 0.5 < least <= hand / GIB + 0.005
+    assert "optimizer state (Adam, assumed)" in msg and "p['w1']" in msg
 
 
 def test_arguments_off_the_cluster_are_refused():
@@ -266,9 +422,11 @@ def test_milp_matches_brute_force_with_edges_and_memory():
         sizes = rng.integers(1, 5, size=3)
         groups = [milp.Group(rng.random(n), rng.random(n), rng.random(n) * 0.3, rng.random(n)) for n in sizes]
         edges = [milp.Edge(0, 1, rng.random((sizes[0], sizes[1]))), milp.Edge(1, 2, rng.random((sizes[1], sizes[2])))]
+        if trial % 2:  # pairs ruled out (a fed class's candidates take only what their producer hands over)
+            edges[0].cost[rng.random(edges[0].cost.shape) < 0.4] = np.inf
         limit = float(rng.uniform(1.0, 2.5))
         everything = [(milp.evaluate(groups, edges, c), c) for c in itertools.product(*(range(n) for n in sizes))]
-        fits = [(t, m, c) for (t, m), c in everything if m <= limit + 1e-9]
+        fits = [(t, m, c) for (t, m), c in everything if m <= limit + 1e-9 and np.isfinite(t)]
         sol = milp.solve(groups, edges, limit)
         if not fits:
             assert sol is None
@@ -277,4 +435,4 @@ def test_milp_matches_brute_force_with_edges_and_memory():
         assert sol.time == pytest.approx(best, abs=1e-6)
         assert sol.memory == pytest.approx(min(m for t, m, _ in fits if t <= best + 1e-6), abs=1e-6)
         least = milp.least_memory(groups, edges)
-        assert least.memory == pytest.approx(min(m for (_, m), _ in everything), abs=1e-6)
+        assert least.memory == pytest.approx(min(m for (t, m), _ in everything if np.isfinite(t)), abs=1e-6)
