@@ -17,6 +17,7 @@ from ..tensor import Tensor
 from . import milp
 from .cluster import Cluster
 from .report import Report
+from .schedule import overlap_modes
 from .search import CLOSE, EXACT_STEPS, Search, Tried
 from .wording import infeasible, plan_words
 
@@ -119,8 +120,7 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
     naming the least memory any layout reaches and what dominates it."""
     if not isinstance(cluster, Cluster):
         raise ShardingError(f"autoshard: cluster must be an nb.Cluster, got {type(cluster).__name__}")
-    if overlap not in ("none", "grads"):
-        raise ShardingError(f"autoshard: overlap must be 'none' or 'grads', got {overlap!r}")
+    overlap_modes(overlap, "autoshard")  # the estimator's modes: "none", "grads", "all" or a tuple of them
     if memory_limit is not None and (not isinstance(memory_limit, (int, float)) or memory_limit <= 0):
         raise ShardingError(f"autoshard: memory_limit must be a number of bytes > 0, got {memory_limit!r}")
     s = Search(fn, cluster, args, memory_limit, fixed, overlap)
