@@ -80,7 +80,7 @@ def test_values_equal_jax_on_every_sharding(data):
     close(got, want, np.dtype(np.float32))
 
 
-@settings(max_examples=examples(8))
+@settings(max_examples=examples(5))
 @given(st.data())
 def test_gradients_equal_jax_grad_on_every_sharding(data):
     draw = data.draw
