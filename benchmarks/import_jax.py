@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from _env import write_results  # noqa: E402
 import nabla as nb  # noqa: E402
 import train_llama as L  # noqa: E402
 from _timing import alternating, paired  # noqa: E402
@@ -231,7 +232,8 @@ def main() -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parts", default="eager,estimate,import")
-    ap.add_argument("--json", type=Path, default=HERE / "import_jax.json")
+    ap.add_argument("--json", type=Path, default=None, help="write here (default: benchmarks/results.json's "
+                    "import_jax key, read by report.py for the README)")
     a = ap.parse_args()
     parts = a.parts.split(",")
     res: dict = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "threads": os.environ["OPENBLAS_NUM_THREADS"],
@@ -248,7 +250,7 @@ def main() -> dict:
         print("import first call s", round(res["import"]["first_call_s"], 3), "(a new import of it:",
               res["import"]["again_first_call_s"], ")", flush=True)
     res["load_after"] = load()
-    a.json.write_text(json.dumps(res, indent=1) + "\n")
+    write_results({"import_jax": res}, a.json)
     return res
 
 

@@ -78,6 +78,24 @@ def targets(res: dict) -> Table:
     def add(what, target, measured, ok):
         rows.append([what, target, measured, met(ok)])
 
+    ij = res.get("import_jax", {})
+    if "eager" in ij:
+        e = ij["eager"]
+        lo, hi = e["ratio_spread"]
+        add("nb.import_jax: a Llama-style training step imported from JAX, eager / the same step written in nabla "
+            f"({e['layout']}, 8 simulated devices; load {ij['load_before'].split('average:')[-1].strip()})",
+            f"≤ {e['target']:g}x", f"{e['ratio']:.2f}x (round-by-round quartiles {lo:.2f}-{hi:.2f}x)",
+            e["ratio"] <= e["target"])
+    if "estimate" in ij:
+        e = ij["estimate"]
+        add(f"nb.import_jax: nb.estimate of an imported 32-layer scanned model on {e['mesh'].split(', ')[-1]}, "
+            "first call / the native model's", f"≤ {e['target']:g}x",
+            f"{e['ratio']:.2f}x ({e['imported_s']:.2f} s / {e['native_s']:.2f} s; traced {e['ratio_traced']:.2f}x)",
+            e["ratio"] <= e["target"])
+    if "import" in ij:
+        e = ij["import"]
+        add("nb.import_jax: a Flax GPT + optax AdamW step, trace and first run, first in a process",
+            f"< {e['target']:g} s", f"{e['first_call_s']:.2f} s", e["first_call_s"] < e["target"])
     d = res.get("dispatch", {}).get("rows", [])
     ew = [r for r in d if r["target_us"] == ELEMENTWISE_US]
     for what, rs, goal in (("a cached elementwise op on sharded operands", ew, ELEMENTWISE_US),
