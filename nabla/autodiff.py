@@ -628,8 +628,10 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
     collectives in the comm log and their FLOPs in ``nb.flops``), then its backward. ``policy="save_matmuls"``
     keeps the outputs of its matmuls (einsums, convolutions) and recomputes the rest. As ``jax.checkpoint``.
     ``policy="regather"`` recomputes only gathers: ``fn`` keeps what its ops' VJPs read, except that a value an
-    all_gather made (``with_sharding``) is kept as the shard it was gathered from and gathered again in the
-    backward pass (Megatron-LM's sequence parallelism: a norm's output kept 1/t as large, one all_gather more)."""
+    all_gather made (``with_sharding``, or an op gathering its operand) is kept as the shard it was gathered from
+    and gathered again, once, in the backward pass (Megatron-LM's sequence parallelism: a norm's output kept 1/t
+    as large, one all_gather more). Without it, an activation an op gathers is gathered once and that copy serves
+    its later uses, the backward pass's included, as XLA keeps it."""
     if policy not in ("full", "save_matmuls", "regather"):
         raise ShardingError(f"checkpoint: policy must be 'full', 'save_matmuls' or 'regather', got {policy!r}")
     name = getattr(fn, "__name__", "fn")

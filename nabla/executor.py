@@ -27,7 +27,7 @@ from .propagation import current_strategy, propagate
 from .rules.core import Rule
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
-from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, tracked
+from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, gathered_copy, tracked
 from .value import Value
 
 SCALARS = (bool, int, float, complex, np.generic)
@@ -190,13 +190,14 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
             uses.append(Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None,
                             const=a))
             continue
-        events, reused, inside = sink[i] or ((), False, ())
+        events, reused, inside, cached = sink[i] or ((), False, (), False)
         dst = preps[i].target if preps is not None and preps[i].target is not None else a._spec
         k = kept[i] if i < len(kept) else None
         copy = serial(k) if isinstance(k, Value) and k._serial and k is not orig and k._serial != serial(orig) and \
             k._spec == dst else 0  # the moved operand the node keeps (a recompute's gathered weight)
         uses.append(Use(serial(a), a._shape, a._dtype, a._spec, dst, tuple(C.stamped(e, user) for e in events),
-                        reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a, kept=copy))
+                        reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a, kept=copy,
+                        cached=cached))
     post = tuple(C.stamped(e, user) for e in sink[-1] or ())
     if type(prog) is Program:
         flops = prog.flops
@@ -362,14 +363,16 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i
         a = Value(np.asarray(a, dtype=prog.dtype), None, (), prog.dtype)
         p = p._replace(kind="host")
     if p.kind == "sharded":
-        x, reused = _move(a, p.plan, p.target, be)
+        cache = gathered_copy(a) if p.plan.events and a._node is not None and \
+            all(e.kind == "all_gather" for e in p.plan.events) else None
+        x, reused = _move(a, p.plan, p.target, be, cache)
         if sink is not None:
-            sink[i] = (() if reused else p.plan.events, reused, local_events)
+            sink[i] = (() if reused else p.plan.events, reused, local_events, cache is not None and not reused)
         if moved is not None and not reused and p.plan.events and all(e.kind == "all_gather" for e in p.plan.events):
             moved.append((i, x, p.target))  # (a recompute's gathered operand: its backward pass reads it)
     else:
         if sink is not None and local_events:
-            sink[i] = ((), False, local_events)
+            sink[i] = ((), False, local_events, False)
         if be is None:
             x = None
         else:
@@ -387,13 +390,14 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i
     return x
 
 
-def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be) -> tuple[Any, bool]:
-    """Carry out ``plan`` on ``v``'s blocks; a partial value's summed layouts are remembered on the value, so a
-    later use in the same layout reuses them (then the second result is True: nothing moved)."""
+def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be, cache: str | None = None) -> tuple[Any, bool]:
+    """Carry out ``plan`` on ``v``'s blocks; a partial value's summed layouts (and, given ``cache``, the gathered
+    copy a traced value keeps: ``trace.gathered_copy``) are remembered on the value, so a later use in the same
+    layout reuses them (then the second result is True: nothing moved)."""
     if not plan.segments:
         return v._data, False
-    key = target.layout()
-    if v._spec.partial_axes:
+    key = target.layout() if not cache else (target.layout(), cache)
+    if v._spec.partial_axes or cache is not None:
         if v._moved is None:
             v._moved = {}
         elif key in v._moved:
@@ -401,7 +405,7 @@ def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be) -> tuple[Any, 
     x = reshard.execute(None if be is None else v._data, plan)  # abstract: plan only, move nothing
     if x is not None and be is not backends.NUMPY:  # blocks that moved go to the devices that own them
         x = be.commit(x, target)
-    if v._spec.partial_axes:
+    if v._spec.partial_axes or cache is not None:
         v._moved[key] = x
     return x, False
 

@@ -56,7 +56,7 @@ def repeated_partials(args: Sequence[Any]) -> list:
 def reused_sum(a: Any) -> Any:
     """A partial value that an earlier use already summed is used summed: it is the same value (the same
     serial), and its sum has been paid for (tensors are immutable)."""
-    if isinstance(a, Value) and a._moved:
+    if isinstance(a, Value) and a._moved and a._spec.partial_axes:
         for spec, data in a._moved.items():
             if not spec.partial_axes:
                 v = Value(data, spec, a._shape, a._dtype)

@@ -47,6 +47,7 @@ class Use(NamedTuple):
     inside: tuple = ()
     settled: bool = False  # ``src`` is a summed copy an earlier use made, not the value's own (partial) layout
     kept: int = 0  # the serial of the moved copy the op keeps for the backward pass (a recompute's gathered weight)
+    cached: bool = False  # the moved copy stays on the value for its later uses (a traced value's gathered copy)
 
     @property
     def block_bytes(self) -> int:

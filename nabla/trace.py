@@ -143,7 +143,7 @@ def _summed(a: Any) -> Any:
     """A pending sum the op had made of ``a`` (kept on it for later uses) is what the node keeps: the same value,
     summed, so the summands need not outlive the forward pass."""
     moved = a._moved
-    if not moved:
+    if not moved or not a._spec.partial_axes:  # (a kept gathered copy stays on the value: read by later uses)
         return a
     for spec, data in moved.items():
         if not spec.partial_axes:
@@ -204,6 +204,19 @@ def _setting(var: contextvars.ContextVar, value: Any, result: Any = None) -> Ite
 
 def remat(r: Remat | None) -> Any:
     return _setting(_remat, r)
+
+
+def gathered_copy(v: Any) -> str | None:
+    """Where an op's gathered copy of ``v`` is kept on it for later uses in the same layout: None (not kept),
+    "" (for every later use: the forward pass's and the backward pass's, as XLA keeps a forward all_gather's
+    result for the transposed matmul) or the phase (``policy="regather"``: forward uses share one gather, the
+    backward pass gathers once more, as Megatron-LM's sequence parallelism does). Only a traced value an op made
+    keeps one: a parameter's gathered copy never is (FSDP gathers each weight again), nor an untraced value's
+    (nothing says when its later uses end)."""
+    node = v._node
+    if node is None or node.op == LEAF:
+        return None
+    return _phase.get() if _regather.get() else ""
 
 
 def regathering() -> Any:

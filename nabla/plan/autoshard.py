@@ -14,6 +14,7 @@ from ..errors import ShardingError
 from ..pytree import flatten, unflatten
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
+from ..trace import regathering
 from . import milp
 from .cluster import Cluster
 from .report import Report
@@ -26,11 +27,12 @@ class ShardingPlan:
     """What ``nb.autoshard`` chose: ``specs`` (a pytree of ``ShardingSpec`` shaped like the arguments), ``report``
     (``nb.estimate``'s report of the chosen layout, with ``.baselines``: name -> report of each standard layout),
     ``memory`` (bytes per device the choice needs, optimizer state included), ``layouts`` (name -> the specs of
-    each standard layout), ``apply(*args)``;
+    each standard layout), ``policy`` (None, or ``"regather"`` where the layout fits only with its gathered
+    activations kept as shards: run ``nb.checkpoint(fn, policy="regather")``), ``apply(*args)``;
     ``print(plan)`` says what it chose per layer, in words, against each baseline."""
 
     def __init__(self, specs, tree, paths, report, baselines, memory, memory_limit, source, words, seconds,
-                 assumed_optimizer, mesh, exact, same=(), compared=None):
+                 assumed_optimizer, mesh, exact, same=(), compared=None, policy=None):
         self.specs = specs
         self._tree, self.paths = tree, paths
         self.report = report
@@ -45,6 +47,7 @@ class ShardingPlan:
         self.exact = exact  # every compared layout ran in full (else: the baselines are stitched from layers)
         self.same = tuple(same)  # the standard layouts whose layout is the one chosen (as they are, no dim kept)
         self.compared = compared or report  # the chosen layout priced as the baselines were (stitched or in full)
+        self.policy = policy  # "regather": run fn as nb.checkpoint(fn, policy="regather") (gathered copies not kept)
 
     @property
     def step_time(self) -> float:
@@ -86,6 +89,9 @@ class ShardingPlan:
                if self.source == "search" else f"the {self.source} layout (the search found nothing faster)")
         lines = [f"autoshard on {self.mesh!r}: {how}, in {self.seconds:.2f} s"]
         lines += [f"  {w}" for w in self.words]
+        if self.policy:
+            lines.append(f"  run it as nb.checkpoint(fn, policy={self.policy!r}): activations it gathers are kept as "
+                         f"shards and gathered again in the backward pass (the layout does not fit otherwise)")
         extra = f" (incl. {self.assumed_optimizer / gib:.2f} GiB of Adam state the program does not hold)" \
             if self.assumed_optimizer else ""
         lines.append(f"chosen: step {self.report.step_time * 1e3:.3f} ms, memory {self.memory / gib:.2f} GiB per "
@@ -170,6 +176,8 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
                          key=lambda t: t.report.step_time)
     if chosen is None:  # the model can err either way: the others that fit by it, then the rest in order of time
         chosen = next((c for c in map(in_full, pool) if c is not None), None)
+    lean = _regathered(s, chosen, pool) if exact else None  # (a small program: each try is one more full run)
+    chosen, policy = (lean, "regather") if lean is not None else (chosen, None)
     if chosen is None:  # the least memory: as the model counts it where nothing fits by it, else as run in full
         least = [price("the least-memory layout", milp.least_memory(s.groups, s.edges).choice)] + found + \
             list(baselines.values()) if not fits and not given else ran
@@ -183,16 +191,32 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
             chosen = second
     same = [n for n, t in baselines.items() if t.specs == chosen.specs and n not in s.kept_rows]
     source = "given" if given else "search" if any(f.specs == chosen.specs for f in found) else chosen.name
-    compared = next(t for t in pool if t.specs == chosen.specs).report  # as the baselines were priced
+    compared = chosen.report if policy else next(t for t in pool if t.specs == chosen.specs).report  # (as the
+    # baselines were priced)
     report = _with_baselines(chosen.report, {n: t.report for n, t in baselines.items()})
     words = plan_words(s, chosen)
     out_specs = unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, chosen.specs)])
     plan = ShardingPlan(out_specs, s.tree, [lf.path for lf in s.info], report,
                         {n: (t.report, t.memory) for n, t in baselines.items()}, chosen.memory, s.limit, source,
-                        words, _time.perf_counter() - s.t0, chosen.extra, s.mesh, exact, same, compared)
+                        words, _time.perf_counter() - s.t0, chosen.extra, s.mesh, exact, same, compared, policy)
     plan.layouts = {n: unflatten(s.tree, [sp if isinstance(x, Tensor) else None for x, sp in zip(s.leaves, t.specs)])
                     for n, t in baselines.items()}
     return plan
+
+
+def _regathered(s: Search, chosen: Tried | None, pool: Sequence[Tried]) -> Tried | None:
+    """A faster layout that is over the limit only by the gathered copies of activations it keeps, run as
+    ``nb.checkpoint(fn, policy="regather")`` runs it: each kept as its shard and gathered again in the backward
+    pass (Megatron-LM's sequence parallelism: one all_gather more for less memory); the first two that are
+    faster than ``chosen`` as they run are tried (where every layout ran in full: a small program)."""
+    best = chosen.report.step_time if chosen is not None else float("inf")
+    ahead = [t for t in pool if t.report.step_time < best and (chosen is None or t.specs != chosen.specs)]
+    for t in ahead[:2]:
+        with regathering():
+            rep, mem, extra, sums = s.measure(t.specs)
+        if mem <= s.limit and mem < t.memory and rep.step_time < best:
+            return t._replace(report=rep, memory=mem, extra=extra, full=True, sums=sums)
+    return None
 
 
 def _baselines(s: Search, price: Callable[[str, Sequence[int]], Tried]) -> dict[str, Tried]:

@@ -77,6 +77,10 @@ def _mesh_of(steps: list, args: Any) -> Any:
     meshes = {getattr(s.out_spec, "mesh", None) for s in steps} | \
         {x.sharding.mesh for x in flatten(args)[0] if isinstance(x, Tensor) and x.sharding is not None}
     meshes.discard(None)
+    if not meshes:
+        raise ShardingError("estimate: no tensor of the function is on a mesh: place its arguments on one made with "
+                            "cluster.mesh(...), e.g. x.shard(mesh, spec) or nb.abstract(shape, dtype).shard(mesh, "
+                            "spec)")
     if len(meshes) != 1:
         raise ShardingError(f"estimate: the function must run on one mesh (made with cluster.mesh(...)); it uses "
                             f"{len(meshes)}: {sorted(map(repr, meshes))}")

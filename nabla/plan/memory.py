@@ -85,6 +85,8 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
     late = sorted(((i, s) for s, (i, *_) in made_at.items()), reverse=True)
     sized: dict[tuple, tuple] = {}  # (id(layout), shape, dtype) -> (mesh, bytes): the program's few hundred layouts
     keep_alive = []  # (the layouts whose ids key ``sized``)
+    copies: dict[tuple, int] = {}  # (serial, layout) -> buffer of the gathered copy made last
+    copy_end: dict[int, int] = {}  # buffer of a gathered copy -> the last step reading it
 
     def size(layout: Any, shape: Any, dtype: Any) -> tuple[Any, int]:
         key = (id(layout), shape, dtype)
@@ -102,7 +104,8 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
         if tied is None:
             of[s] = len(buf) - 1
 
-    for s in start:
+    start_set = set(start)
+    for s in start_set:
         if s not in of and s in first:
             alloc(s, -1, *first[s])
     for s, (spec, *_) in first.items():
@@ -120,10 +123,14 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
                 continue
             if s not in of:  # made before the steps: alive from the start
                 alloc(s, -1, *first.get(s, (u.src, u.shape, u.dtype)))
+                if s not in of and isinstance(u.dst, ShardingSpec):  # a host value: on the devices as read
+                    alloc(s, -1 if s in start_set else i, u.dst, u.shape, u.dtype)
             phases.setdefault(s, set()).add(st.phase)
             src = u.src
             summands = isinstance(src, ShardingSpec) and src.partial_axes and not u.settled and not u.reused
-            if s in pending and not summands:
+            if u.reused and (s, u.dst) in copies:
+                copy_end[copies[s, u.dst]] = i  # the gathered copy an earlier use made, read again
+            elif s in pending and not summands:
                 last_sum[s] = i  # the sum made of it before, read again
             else:
                 last[s] = i
@@ -131,7 +138,10 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
                 alloc(u.kept, i, u.dst, u.shape, u.dtype)
                 made[u.kept] = st.phase
             elif kernel and u.events and not u.reused:
-                if summands:
+                if u.cached:  # a gathered copy kept on the value for its later uses: until the last of them
+                    alloc(s, i, u.dst, u.shape, u.dtype, tied=-s)
+                    copies[s, u.dst] = copy_end[len(buf) - 1] = len(buf) - 1
+                elif summands:
                     alloc(s, i, u.dst, u.shape, u.dtype, tied=s)  # a summed copy, kept on the value for later uses
                 else:
                     mesh, b = size(u.dst, u.shape, u.dtype)
@@ -181,8 +191,10 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
         if e > ends[k]:
             ends[k] = e
     for k, b in enumerate(buf):
-        if b[5] is not None:  # a summed copy: until its last read (the end, when its value is held)
+        if b[5] is not None and b[5] > 0:  # a summed copy: until its last read (the end, when its value is held)
             ends[k] = max(ends[k], n if b[5] in held else last_sum.get(b[5], -2))
+    for k, e in copy_end.items():  # a gathered copy: until its last read, as a compiled program frees it
+        ends[k] = e
 
     def kind_of(s: int) -> str:
         seen = 0
@@ -198,7 +210,7 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
         sharers.setdefault(k, []).append(s)
     kinds = []
     for k, b in enumerate(buf):
-        root = b[5] if b[5] is not None else b[4]
+        root = abs(b[5]) if b[5] is not None else b[4]
         names = sharers.get(of.get(root, k), [root]) if b[5] is not None else sharers.get(k, [root])
         kind = next((kind_of(s) for s in names if kind_of(s)), "")
         if not kind:
@@ -239,7 +251,7 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
         live[mesh] = int(sum(b[1] for k, b in enumerate(buf) if b[0] == mesh and ends[k] >= n))
         if not timeline:
             timeline = [int(x) for x in total[1:]]
-    buffers = [Buffer(b[5] if b[5] is not None else b[4], b[0], b[1], kinds[k], b[2], min(ends[k], n))
+    buffers = [Buffer(abs(b[5]) if b[5] is not None else b[4], b[0], b[1], kinds[k], b[2], min(ends[k], n))
                for k, b in enumerate(buf)]
     turn = next((i for i, st in enumerate(steps) if st.phase in ("backward", "recompute")), n)
     kept: dict = {mesh: 0 for mesh in series}
@@ -403,7 +415,8 @@ class MemoryLog:
         rows.append(("peak (all kinds at once)", f"{max(self.peak.values(), default=0):,}"))
         rows.append(("held at the end", f"{max(self.live.values(), default=0):,}"))
         w = max(len(r[0]) for r in rows)
-        return "\n".join(f"{a.ljust(w)}  {b}" for a, b in rows)
+        note = "" if self.peak else "\n(no value was on a mesh: place tensors with .shard(...) to count device memory)"
+        return "\n".join(f"{a.ljust(w)}  {b}" for a, b in rows) + note
 
     def __str__(self) -> str:
         return self.summary()

@@ -36,6 +36,16 @@ class MemoryReport:
             return None
         return all(v <= self.capacity for v in self.peak.values())
 
+    def __str__(self) -> str:
+        """The most bytes any device holds, per kind, against the capacity (as ``nb.memory_log``'s summary)."""
+        gib = 2 ** 30
+        if not self.recorded:
+            return f"memory: not recorded (capacity {self.capacity / gib:.2f} GiB per device)"
+        top = max(self.peak.values(), default=0)
+        kinds = ", ".join(f"{k} {max(v.values(), default=0) / gib:.2f}" for k, v in self.by_kind.items())
+        return (f"memory: peak {top / gib:.2f} GiB of {self.capacity / gib:.2f} GiB per device "
+                f"({'fits' if self.fits else 'DOES NOT FIT'}); by kind (GiB): {kinds}")
+
     @classmethod
     def of(cls, record: Any, capacity: int) -> "MemoryReport":
         """From a memory record (anything with ``.peak`` and ``.by_kind`` mappings, and optionally ``.timeline``,

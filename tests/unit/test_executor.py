@@ -79,6 +79,47 @@ def test_a_partial_value_is_summed_once_for_many_uses():
     np.testing.assert_allclose(e.numpy(), np.exp(ref), rtol=1e-5, atol=1e-6)
 
 
+def _shared_gather(policy=None):
+    """A sequence-sharded activation read by three column-parallel matmuls, differentiated in every argument."""
+    mesh = DeviceMesh("tp4", (4,), ("tp",))
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((2, 16, 32)).astype(np.float32)
+    w0 = [rng.standard_normal((32, 512)).astype(np.float32) for _ in range(3)]
+    x = nb.tensor(x0).shard(mesh, [None, "tp", None])
+    ws = [nb.tensor(w).shard(mesh, [None, "tp"]) for w in w0]
+
+    def loss(x, a, b, c):
+        y = nb.tanh(x)
+        return sum(((y @ w) ** 2).sum() for w in (a, b, c))
+
+    run = nb.checkpoint(loss, policy=policy) if policy else loss
+    with nb.comm_log() as log, nb.memory_log() as mem:
+        grads = nb.grad(run, argnums=(0, 1, 2, 3))(x, *ws)
+    y = np.tanh(x0)  # d/dw sum((y w)^2) = 2 y^T (y w); d/dx = (1 - y^2) * sum_w 2 (y w) w^T
+    want = [(1 - y * y) * sum(2 * (y @ w) @ w.T for w in w0)] + [np.einsum("bsk,bsn->kn", y, 2 * (y @ w)) for w in w0]
+    for g, r in zip(grads, want):
+        np.testing.assert_allclose(g.numpy(), r, rtol=1e-4, atol=1e-3 * np.abs(r).max())
+    return log, mem
+
+
+def test_a_traced_activation_is_gathered_once_and_its_copy_kept_for_the_backward_pass():
+    """As XLA does (tests/integration/test_xla_parity.py, sequence_parallel_shared_gather_grads): the gathered
+    copy of tanh(x) serves all three matmuls and the weights' gradients. The analytic minimum: one all_gather of
+    the (2, 16, 32) float32 activation (3/4 of 4 KiB to each device) and one reduce_scatter of x's gradient."""
+    log, mem = _shared_gather()
+    assert log.counts == {"all_gather": 1, "reduce_scatter": 1}
+    assert [e.phase for e in log.events] == ["forward", "backward"]
+    assert log.total_bytes == 3072 + 3072
+    # the kept copy counts for the backward pass: the gathered 4 KiB on top of what policy="regather" keeps
+    _, lean = _shared_gather("regather")
+    assert max(mem.kept.values()) - max(lean.kept.values()) == 2 * 16 * 32 * 4
+
+
+def test_regather_keeps_the_shard_and_gathers_again():
+    """Megatron-LM's sequence parallelism: the shard is kept and the backward pass gathers it again."""
+    log, _ = _shared_gather("regather")
+    assert {e.phase for e in log.events if e.kind == "all_gather"} == {"forward", "backward"}
+
 
 MESH24 = DeviceMesh("m24", (2, 4), ("dp", "tp"))
 

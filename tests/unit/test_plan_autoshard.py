@@ -374,6 +374,38 @@ def test_apply_lays_real_tensors_out_as_chosen():
     np.testing.assert_allclose(value.numpy(), want, rtol=1e-4)
 
 
+def _shared_activation(mesh):
+    """A sequence-sharded activation read by three matmuls: under Megatron's layout it is all_gathered once and
+    the copy serves the weights' gradients too (as XLA keeps it), unless the shard is kept and gathered again."""
+    def loss(p, x):
+        y = nb.tanh(x * p["g"])
+        return sum(((y @ p[w]) ** 2).sum() for w in ("a", "b", "c"))
+
+    p = {w: free(mesh, (1024, 8192)) for w in "abc"}
+    p["g"] = free(mesh, (1024,))
+    return nb.value_and_grad(loss), p, nb.abstract((1, 1024, 1024), "bfloat16").shard(mesh, [None, "tp", None])
+
+
+def test_a_layout_that_fits_only_regathering_is_chosen_with_that_policy():
+    """Bytes against memory: where keeping each gathered activation for the backward pass is what puts the
+    fastest layout over the limit, autoshard keeps the shards instead (one all_gather more per activation) and
+    says so; the plan's estimate is what nb.estimate gives for nb.checkpoint(fn, policy="regather")."""
+    cluster = nb.Cluster(H100, nodes=1, devices_per_node=4)
+    mesh = cluster.mesh("m", (1, 4), ("dp", "tp"))
+    fn, p, x = _shared_activation(mesh)
+    free_plan = nb.autoshard(fn, cluster, p, x)
+    assert free_plan.policy is None
+    limit = free_plan.memory - 1.5 * 2**20  # (keeping the gathered (1, 1024, 1024) bf16 activation costs 2 MiB)
+    plan = nb.autoshard(fn, cluster, p, x, memory_limit=limit)
+    assert plan.policy == "regather" and plan.memory <= limit
+    assert all(m > limit for _, m in plan.baselines.values())
+    laid = plan.apply(p, x)
+    rep = nb.estimate(nb.checkpoint(fn, policy="regather"), cluster)(*laid)
+    assert rep.step_time == pytest.approx(plan.report.step_time, rel=1e-12)
+    assert rep.step_time > free_plan.report.step_time  # the gathers again cost time
+    _describes(plan, "policy='regather'")
+
+
 # ---- refusals ---------------------------------------------------------------------------------------------
 
 

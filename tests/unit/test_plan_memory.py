@@ -264,6 +264,23 @@ def test_views_share_their_source_bytes():
     assert a.shape == (32, 2, 32) and b.shape == (32, 64) and c.sharding == x.sharding
 
 
+def test_a_host_value_read_by_a_device_kernel_counts_on_every_device_as_placed():
+    """An unplaced tensor added to a sharded one is placed for the kernel (replicated, as jax.device_put puts a
+    host array on every device): it costs each device the same as placing it first."""
+    mesh = nb.DeviceMesh("m", (4,), ("d",))
+    x = nb.tensor(np.ones((256, 256), np.float32)).shard(mesh, [None, None])
+    b = nb.tensor(np.ones((256, 256), np.float32))
+    peaks = []
+    for bb in (b, b.shard(mesh, [None, None])):
+        with nb.memory_log() as mem:
+            nb.tanh(x + bb)
+        peaks.append(mem.peak)
+    assert peaks[0] == peaks[1] == {d: 4 * 256 * 256 * F32 for d in range(4)}  # x, b, x + b, tanh(x + b)
+    with nb.memory_log() as mem:
+        nb.tanh(b)
+    assert mem.peak == {} and "no value was on a mesh" in mem.summary()
+
+
 def test_arguments_count_from_the_start_read_or_not():
     """The peak does not depend on the order a function reads its arguments, nor on whether it reads them."""
     cluster = nb.Cluster(nb.Hardware.preset("a100-sxm-80gb"), nodes=1, devices_per_node=2)
