@@ -13,6 +13,7 @@ jax = pytest.importorskip("jax")
 pytestmark = pytest.mark.usefixtures("jax_x32")  # these programs are written for 32-bit jax
 import jax.numpy as jnp  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nabla as nb  # noqa: E402
@@ -159,6 +160,9 @@ CASES = {
     "calls": (lambda a: (jax.jit(lambda x: x * 2 + 1)(a), _clip_grad(a) * a, jax.checkpoint(lambda x: jnp.sin(x) * x)(a),
                          jax.checkpoint(lambda x: jnp.tanh(x @ x.T), policy=jax.checkpoint_policies.dots_saveable)(a)),
               (f32(4, 8),), (0,)),
+    "checkpoint_name": (lambda a: jax.checkpoint(lambda x: jnp.sin(checkpoint_name(x @ x.T, "h")) * 2,
+                                                 policy=jax.checkpoint_policies.save_only_these_names("h"))(a),
+                        (f32(4, 8),), (0,)),
     "scan": (_scan_cumsum, (f32(5, 4, 8),), (0,)),
     "fori_loop": (_fori, (f32(4, 8),), (0,)),
     "while_loop": (_while, (f32(4, 8), np.int32(3)), None),  # (JAX has no reverse-mode rule for while)
