@@ -52,6 +52,12 @@ def _clip_grad(x):
 _clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
 
 
+def _window(x, op, window, strides, padding, **kw):
+    """``lax.reduce_window`` with ``op``'s identity as its initial value (JAX maps it to reduce_window_max/_min/_sum)."""
+    init = {jax.lax.max: -jnp.inf, jax.lax.min: jnp.inf, jax.lax.add: 0.0}[op]
+    return jax.lax.reduce_window(x, init, op, window, strides, padding, **kw)
+
+
 @jax.custom_jvp
 def _softplus(x):
     return jnp.log1p(jnp.exp(x))
@@ -157,6 +163,20 @@ CASES = {
                               jax.lax.conv_general_dilated(x, v, (1, 1), "VALID", feature_group_count=2,
                                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))),
              (f32(2, 8, 6, 4), f32(3, 3, 4, 6), f32(2, 2, 2, 6)), (0, 1, 2)),
+    # Flax's pools as flax/linen/pooling.py writes them (lax.reduce_window with max or add over NHWC's (1, h, w, 1);
+    # avg_pool divides the sum, by the counted ones without the padding), a min window, a 1-d pool over (N, L): their
+    # gradients are select_and_scatter_add, and pad + a sum window
+    "pools": (lambda x: (_window(x, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "SAME"),
+                         _window(x, jax.lax.add, (1, 3, 3, 1), (1, 2, 1, 1), ((0, 0), (1, 1), (1, 1), (0, 0))) / 9,
+                         _window(x, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+                         / _window(jnp.ones_like(x), jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME"),
+                         _window(x, jax.lax.min, (1, 2, 2, 1), (1, 1, 2, 1), "VALID"),
+                         _window(x[:, :, 0, 0], jax.lax.max, (1, 3), (1, 2), ((0, 0), (1, 0))),
+                         _window(jnp.stack([x, 2 * x]), jax.lax.max, (1, 1, 2, 2, 1), (1, 1, 2, 2, 1), "VALID")),
+              (f32(2, 8, 6, 4),), (0,)),
+    "dilated_pool": (lambda x: _window(x, jax.lax.max, (1, 3, 1, 1), (1, 1, 1, 1), "SAME",
+                                       window_dilation=(1, 2, 1, 1)),  # (JAX has no VJP for it)
+                     (f32(2, 8, 6, 4),), None),
     "calls": (lambda a: (jax.jit(lambda x: x * 2 + 1)(a), _clip_grad(a) * a, jax.checkpoint(lambda x: jnp.sin(x) * x)(a),
                          jax.checkpoint(lambda x: jnp.tanh(x @ x.T), policy=jax.checkpoint_policies.dots_saveable)(a)),
               (f32(4, 8),), (0,)),
@@ -331,6 +351,21 @@ def test_an_unsupported_primitive_names_itself_and_the_line_and_runs_nothing():
         nb.import_jax(f)(x)
     assert "'population_count'" in str(err.value) and f"test_import_jax.py:{line}" in str(err.value)
     assert log.steps == []
+
+
+def test_a_window_no_nabla_pool_expresses_names_the_primitive_its_line_and_why():
+    def dilated(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 1, 1, 1), "VALID", (1, 2, 1, 1))
+
+    def product(x):
+        return jax.lax.reduce_window(x, 1.0, jax.lax.mul, (1, 2, 2, 1), (1, 1, 1, 1), "VALID")
+    x = nb.tensor(f32(2, 8, 6, 4)).shard(MESH, ["x", None, "y", None])
+    for f, prim, why in ((dilated, "reduce_window_max", "base_dilation"), (product, "reduce_window", "max, min or add")):
+        with nb.comm_log() as log, pytest.raises(nb.ShardingError) as err:
+            nb.import_jax(f)(x)
+        line = f.__code__.co_firstlineno + 1
+        assert f"primitive {prim!r} at" in str(err.value) and f"test_import_jax.py:{line}" in str(err.value)
+        assert why in str(err.value) and "nothing was run" in str(err.value) and log.steps == []
 
 
 def test_cond_on_an_abstract_value_names_the_primitive_and_line():
