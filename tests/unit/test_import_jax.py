@@ -464,6 +464,55 @@ def test_memory_log_counts_an_imported_steps_parameters_and_gradients():
     assert mem.by_kind["grads"][0] > 0 and mem.by_kind["optimizer"][0] == 0
 
 
+def test_an_imported_mlp_step_has_the_memory_kinds_of_the_same_step_written_in_nabla():
+    """Parameters, gradients and optimizer state as the native program has them: the differentiated weights are
+    parameters also under a bare jax.grad, and a gradient's partial blocks (fc2's, row-parallel, before their sum
+    over tp and dp) are temporaries, not gradients besides their sum."""
+    nn = pytest.importorskip("flax.linen")
+    optax = pytest.importorskip("optax")
+    mesh = nb.DeviceMesh("m", (2, 2), ("dp", "tp"))
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(64, name="fc2")(nn.relu(nn.Dense(256, name="fc1")(x)))
+
+    def loss(p, x, y):
+        return ((MLP().apply(p, x) - y) ** 2).mean()
+
+    def step(p, s, x, y):
+        g = jax.grad(loss)(p, x, y)
+        u, s = optax.adam(1e-3).update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    def native_loss(p, x, y):
+        q = p["params"]
+        h = nb.relu(x @ q["fc1"]["kernel"] + q["fc1"]["bias"])
+        return ((h @ q["fc2"]["kernel"] + q["fc2"]["bias"] - y) ** 2).mean()
+
+    def native_step(p, s, x, y):
+        return nb.optim.Adam(1e-3).update(nb.grad(native_loss)(p, x, y), s, p)
+
+    x, y = f32(32, 64), f32(32, 64)
+    params = jax.tree_util.tree_map(np.asarray, MLP().init(jax.random.PRNGKey(0), x))
+    dims = lambda path, a: (["tp", None] if "fc2" in path and a.ndim == 2 else  # noqa: E731
+                            [None] * (a.ndim - 1) + ["tp"] if "fc1" in path else [None] * a.ndim)
+    place = lambda t: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda path, a: nb.tensor(a).shard(mesh, dims(jax.tree_util.keystr(path), a)), t)
+    data = (nb.tensor(x).shard(mesh, ["dp", None]), nb.tensor(y).shard(mesh, ["dp", None]))
+    kinds = {}
+    for name, run in {"imported": lambda p: nb.import_jax(step)(p, place(optax.adam(1e-3).init(params)), *data),
+                      "native": lambda p: native_step(p, nb.optim.Adam(1e-3).init(p), *data),
+                      "imported grad": lambda p: nb.import_jax(jax.grad(loss))(p, *data),
+                      "native grad": lambda p: nb.grad(native_loss)(p, *data)}.items():
+        p = place(params)
+        with nb.memory_log() as mem:
+            run(p)
+        kinds[name] = {k: mem.by_kind[k][0] for k in ("params", "grads", "optimizer")}
+    assert kinds["imported"] == kinds["native"] and kinds["imported grad"] == kinds["native grad"], kinds
+    assert kinds["native"]["grads"] == kinds["native"]["params"] > 0 and kinds["native grad"]["params"] > 0
+
+
 def test_autoshard_chooses_for_a_jax_program_and_hands_jax_the_layout():
     step, params = _sgd_mlp()
     cluster = nb.Cluster(nb.Hardware.preset("h100-sxm-80gb"), nodes=1, devices_per_node=8)
