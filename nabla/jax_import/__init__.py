@@ -4,7 +4,7 @@ prices nothing itself: every op it runs is a recorded step like any, labelled wi
 
 from __future__ import annotations
 
-from . import control, conv, elementwise, indexing, random, reduce, shape, spmd  # noqa: F401 - they fill the table
+from . import control, conv, elementwise, indexing, random, reduce, shape, spmd, windowed  # noqa: F401 - they fill the table
 from .program import Imported, import_jax
 
 __all__ = ["Imported", "import_jax"]

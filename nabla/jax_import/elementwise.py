@@ -48,9 +48,11 @@ primitive("sub", elementwise=True)(sums.joined(O.subtract))
 primitive("mul", elementwise=True)(sums.joined(O.multiply))
 
 
-@primitive("copy", "copy_p", "optimization_barrier", "pvary", "pbroadcast", "reduce_precision_identity", elementwise=True)
+@primitive("copy", "copy_p", "optimization_barrier", "pvary", "pbroadcast", "reduce_precision_identity", "name",
+           elementwise=True)
 def _identity(ev, e, *xs):
-    """Identities for nabla: copies, barriers, and the varying-axes casts of shard_map code."""
+    """Identities for nabla: copies, barriers, the varying-axes casts of shard_map code, and ``checkpoint_name``'s
+    ``name`` (a tag only ``jax.checkpoint``'s policy reads, when JAX traces; nabla's checkpoint keeps its own)."""
     return list(xs) if e.multi else xs[0]
 
 

@@ -38,7 +38,8 @@ JOINS = frozenset({"add", "add_any", "sub", "mul", "div"})
 
 def find_returned(prog: Any) -> None:
     """Mark in ``prog.returned`` the results of the traced function that its backward pass makes (the gradients it
-    returns), each with the differentiated input of its shape it is the gradient of, and its label."""
+    returns), each with the differentiated input of its shape it is the gradient of, and its label; and that input
+    in ``prog.kinds`` as "params"."""
     made = {v: ins for ins in prog.instrs for v in ins.outs if v is not None}
     read = {a for ins in prog.instrs if ins.site.differentiated and not ins.site.backward for a in ins.ins
             if _is_var(a)}
@@ -55,8 +56,10 @@ def find_returned(prog: Any) -> None:
         key = (_shape(v), str(v.aval.dtype))
         cands = by_type.get(key, [])
         k = seen[key] = seen.get(key, -1) + 1
-        out.append((v, cands[k % len(cands)] if cands else None,
-                    f"grad of {'/'.join(ins.site.path) or ins.site.user or 'a parameter'}"))
+        of = cands[k % len(cands)] if cands else None
+        out.append((v, of, f"grad of {'/'.join(ins.site.path) or ins.site.user or 'a parameter'}"))
+        if of is not None:  # a differentiated input is a parameter, as nb.grad tags one (api: from creation)
+            prog.kinds.setdefault(of, "params")
     prog.returned = tuple(out)
 
 
@@ -178,14 +181,15 @@ def early(v: Any, partners: tuple, env: dict) -> Any:
 
 def settle(g: Any, like: Any, label: str | None) -> Any:
     """``g`` with its pending sums made, laid out as ``like`` is (where ``like`` is on its mesh and of its shape).
-    With a ``label``: a gradient, told to the memory log as one, summed in phase "backward" under that label;
-    without: a value summed under the running op's label."""
+    With a ``label``: a gradient, told to the memory log as one (its summed value: the partial blocks before the
+    sum are temporaries, as nabla's autodiff leaves them), summed in phase "backward" under that label; without: a
+    value summed under the running op's label."""
     if not isinstance(g, Tensor):
         return g
-    if label is not None:
-        C.tag([g], "grads")
     spec = g.sharding
     if spec is None or not getattr(spec, "partial_axes", ()):
+        if label is not None:
+            C.tag([g], "grads")
         return g
     own = like.sharding if isinstance(like, Tensor) else None
     if own is not None and hasattr(own, "dim_specs") and own.mesh == spec.mesh and like.shape == g.shape:

@@ -32,7 +32,7 @@ from .nn import (_LOG_SOFTMAX, _LOGSUMEXP, _ONE_HOT, _STOP, cross_entropy, log_s
                  stop_gradient)
 from .attention import _ATTENTION, _DBIAS, _DKV, _DQ, dot_product_attention
 from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
-                   global_avg_pool, layer_norm, max_pool)
+                   global_avg_pool, layer_norm, max_pool, max_pool_scatter)
 
 def __getattr__(name: str):
     """An op registered after import, by name (PEP 562)."""

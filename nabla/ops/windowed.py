@@ -301,7 +301,14 @@ def _max_pool_vjp(g, node, out):
     x, = node.args
     if not _is_diff(x):
         return (None,)
-    kernel, stride, pads, dilation = node.params
+    return (max_pool_scatter(x, g, out, *node.params),)
+
+
+def max_pool_scatter(x: Tensor, g: Tensor, out: Tensor, kernel: tuple, stride: tuple, pads: tuple,
+                     dilation: tuple) -> Tensor:
+    """``max_pool``'s input gradient: each window's cotangent ``g`` added at the first tap of ``x`` holding the
+    window's max ``out`` (XLA's ``select_and_scatter_add`` with ``ge``, which a JAX program's max pool gradient
+    holds). Parameters as ``max_pool``'s, normalised: one int per spatial dim, (before, after) pairs."""
     outs = g.shape[2:]
     xp = _padded(x, pads, -np.inf)
     parts, taken = [], None
@@ -311,7 +318,7 @@ def _max_pool_vjp(g, node, out):
             hit = where(taken, False, hit)
         taken = hit if taken is None else where(taken, True, hit)
         parts.append((tap, where(hit, g, 0.0)))
-    return (_scatter_taps(parts, _shape(x), pads, stride, dilation, outs),)
+    return _scatter_taps(parts, _shape(x), pads, stride, dilation, outs)
 
 
 @onnx_export("MaxPool")

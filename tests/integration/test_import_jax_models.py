@@ -280,3 +280,44 @@ def test_model_step_sends_no_more_than_xla(key, layout):
     xla = H.bytes_per_device(colls)
     assert log.total_bytes <= xla, f"{key} {layout}: nabla {log.total_bytes} B/device, XLA {xla}\n{log.summary()}\n" \
                                    + "\n".join(map(repr, colls))
+
+
+class CNN(nn.Module):
+    """Convolutions with Flax's max and average pools between them, and a dense head (NHWC, as Flax lays out)."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(8, (3, 3), padding="SAME", name="conv1")(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = nn.relu(nn.Conv(8, (3, 3), padding="SAME", name="conv2")(x))
+        x = nn.avg_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+        return nn.Dense(10, name="head")(x.reshape(x.shape[0], -1))
+
+
+#: the image batch's layout: data parallel, spatially cut (rows over dp, columns over tp), and both
+CNN_LAYOUTS = {"dp": [("dp", "tp"), None, None, None], "spatial": [None, "dp", "tp", None],
+               "dp_rows": ["dp", "tp", None, None]}
+
+
+@pytest.mark.parametrize("layout", sorted(CNN_LAYOUTS))
+def test_flax_cnn_with_pools_and_its_gradients_equal_jax_jit(layout):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 16, 16, 3)).astype(np.float32)
+    y = rng.integers(0, 10, (8,)).astype(np.int32)
+    model = CNN()
+    params = jax.tree_util.tree_map(np.asarray, model.init(jax.random.PRNGKey(0), x))
+
+    def loss(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+    def step(p, x, y):
+        return jax.value_and_grad(loss)(p, x, y)
+    want = [np.asarray(w) for w in jax.tree_util.tree_leaves(jax.jit(step)(params, x, y))]
+    p = jax.tree_util.tree_map(lambda a: nb.tensor(a).shard(MESH, [None] * a.ndim), params)
+    rows = CNN_LAYOUTS[layout][0]
+    got = nb.import_jax(step)(p, nb.tensor(x).shard(MESH, CNN_LAYOUTS[layout]),
+                              nb.tensor(y).shard(MESH, [rows] if rows else [None]))
+    got = [g.numpy() for g in jax.tree_util.tree_leaves(got)]
+    assert len(got) == len(want) == 7  # the loss and six parameters
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()), err_msg=f"{layout} {k}")

@@ -13,6 +13,7 @@ jax = pytest.importorskip("jax")
 pytestmark = pytest.mark.usefixtures("jax_x32")  # these programs are written for 32-bit jax
 import jax.numpy as jnp  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
+from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import nabla as nb  # noqa: E402
@@ -49,6 +50,12 @@ def _clip_grad(x):
 
 
 _clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+
+
+def _window(x, op, window, strides, padding, **kw):
+    """``lax.reduce_window`` with ``op``'s identity as its initial value (JAX maps it to reduce_window_max/_min/_sum)."""
+    init = {jax.lax.max: -jnp.inf, jax.lax.min: jnp.inf, jax.lax.add: 0.0}[op]
+    return jax.lax.reduce_window(x, init, op, window, strides, padding, **kw)
 
 
 @jax.custom_jvp
@@ -156,9 +163,26 @@ CASES = {
                               jax.lax.conv_general_dilated(x, v, (1, 1), "VALID", feature_group_count=2,
                                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))),
              (f32(2, 8, 6, 4), f32(3, 3, 4, 6), f32(2, 2, 2, 6)), (0, 1, 2)),
+    # Flax's pools as flax/linen/pooling.py writes them (lax.reduce_window with max or add over NHWC's (1, h, w, 1);
+    # avg_pool divides the sum, by the counted ones without the padding), a min window, a 1-d pool over (N, L): their
+    # gradients are select_and_scatter_add, and pad + a sum window
+    "pools": (lambda x: (_window(x, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "SAME"),
+                         _window(x, jax.lax.add, (1, 3, 3, 1), (1, 2, 1, 1), ((0, 0), (1, 1), (1, 1), (0, 0))) / 9,
+                         _window(x, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+                         / _window(jnp.ones_like(x), jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME"),
+                         _window(x, jax.lax.min, (1, 2, 2, 1), (1, 1, 2, 1), "VALID"),
+                         _window(x[:, :, 0, 0], jax.lax.max, (1, 3), (1, 2), ((0, 0), (1, 0))),
+                         _window(jnp.stack([x, 2 * x]), jax.lax.max, (1, 1, 2, 2, 1), (1, 1, 2, 2, 1), "VALID")),
+              (f32(2, 8, 6, 4),), (0,)),
+    "dilated_pool": (lambda x: _window(x, jax.lax.max, (1, 3, 1, 1), (1, 1, 1, 1), "SAME",
+                                       window_dilation=(1, 2, 1, 1)),  # (JAX has no VJP for it)
+                     (f32(2, 8, 6, 4),), None),
     "calls": (lambda a: (jax.jit(lambda x: x * 2 + 1)(a), _clip_grad(a) * a, jax.checkpoint(lambda x: jnp.sin(x) * x)(a),
                          jax.checkpoint(lambda x: jnp.tanh(x @ x.T), policy=jax.checkpoint_policies.dots_saveable)(a)),
               (f32(4, 8),), (0,)),
+    "checkpoint_name": (lambda a: jax.checkpoint(lambda x: jnp.sin(checkpoint_name(x @ x.T, "h")) * 2,
+                                                 policy=jax.checkpoint_policies.save_only_these_names("h"))(a),
+                        (f32(4, 8),), (0,)),
     "scan": (_scan_cumsum, (f32(5, 4, 8),), (0,)),
     "fori_loop": (_fori, (f32(4, 8),), (0,)),
     "while_loop": (_while, (f32(4, 8), np.int32(3)), None),  # (JAX has no reverse-mode rule for while)
@@ -329,6 +353,21 @@ def test_an_unsupported_primitive_names_itself_and_the_line_and_runs_nothing():
     assert log.steps == []
 
 
+def test_a_window_no_nabla_pool_expresses_names_the_primitive_its_line_and_why():
+    def dilated(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 1, 1, 1), "VALID", (1, 2, 1, 1))
+
+    def product(x):
+        return jax.lax.reduce_window(x, 1.0, jax.lax.mul, (1, 2, 2, 1), (1, 1, 1, 1), "VALID")
+    x = nb.tensor(f32(2, 8, 6, 4)).shard(MESH, ["x", None, "y", None])
+    for f, prim, why in ((dilated, "reduce_window_max", "base_dilation"), (product, "reduce_window", "max, min or add")):
+        with nb.comm_log() as log, pytest.raises(nb.ShardingError) as err:
+            nb.import_jax(f)(x)
+        line = f.__code__.co_firstlineno + 1
+        assert f"primitive {prim!r} at" in str(err.value) and f"test_import_jax.py:{line}" in str(err.value)
+        assert why in str(err.value) and "nothing was run" in str(err.value) and log.steps == []
+
+
 def test_cond_on_an_abstract_value_names_the_primitive_and_line():
     def f(x):
         return jax.lax.cond(x.sum() > 0, lambda a: a * 2.0, lambda a: -a, x)
@@ -423,6 +462,55 @@ def test_memory_log_counts_an_imported_steps_parameters_and_gradients():
     nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(params))
     assert mem.by_kind["params"][0] == nbytes  # replicated: every device holds them all
     assert mem.by_kind["grads"][0] > 0 and mem.by_kind["optimizer"][0] == 0
+
+
+def test_an_imported_mlp_step_has_the_memory_kinds_of_the_same_step_written_in_nabla():
+    """Parameters, gradients and optimizer state as the native program has them: the differentiated weights are
+    parameters also under a bare jax.grad, and a gradient's partial blocks (fc2's, row-parallel, before their sum
+    over tp and dp) are temporaries, not gradients besides their sum."""
+    nn = pytest.importorskip("flax.linen")
+    optax = pytest.importorskip("optax")
+    mesh = nb.DeviceMesh("m", (2, 2), ("dp", "tp"))
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(64, name="fc2")(nn.relu(nn.Dense(256, name="fc1")(x)))
+
+    def loss(p, x, y):
+        return ((MLP().apply(p, x) - y) ** 2).mean()
+
+    def step(p, s, x, y):
+        g = jax.grad(loss)(p, x, y)
+        u, s = optax.adam(1e-3).update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    def native_loss(p, x, y):
+        q = p["params"]
+        h = nb.relu(x @ q["fc1"]["kernel"] + q["fc1"]["bias"])
+        return ((h @ q["fc2"]["kernel"] + q["fc2"]["bias"] - y) ** 2).mean()
+
+    def native_step(p, s, x, y):
+        return nb.optim.Adam(1e-3).update(nb.grad(native_loss)(p, x, y), s, p)
+
+    x, y = f32(32, 64), f32(32, 64)
+    params = jax.tree_util.tree_map(np.asarray, MLP().init(jax.random.PRNGKey(0), x))
+    dims = lambda path, a: (["tp", None] if "fc2" in path and a.ndim == 2 else  # noqa: E731
+                            [None] * (a.ndim - 1) + ["tp"] if "fc1" in path else [None] * a.ndim)
+    place = lambda t: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda path, a: nb.tensor(a).shard(mesh, dims(jax.tree_util.keystr(path), a)), t)
+    data = (nb.tensor(x).shard(mesh, ["dp", None]), nb.tensor(y).shard(mesh, ["dp", None]))
+    kinds = {}
+    for name, run in {"imported": lambda p: nb.import_jax(step)(p, place(optax.adam(1e-3).init(params)), *data),
+                      "native": lambda p: native_step(p, nb.optim.Adam(1e-3).init(p), *data),
+                      "imported grad": lambda p: nb.import_jax(jax.grad(loss))(p, *data),
+                      "native grad": lambda p: nb.grad(native_loss)(p, *data)}.items():
+        p = place(params)
+        with nb.memory_log() as mem:
+            run(p)
+        kinds[name] = {k: mem.by_kind[k][0] for k in ("params", "grads", "optimizer")}
+    assert kinds["imported"] == kinds["native"] and kinds["imported grad"] == kinds["native grad"], kinds
+    assert kinds["native"]["grads"] == kinds["native"]["params"] > 0 and kinds["native grad"]["params"] > 0
 
 
 def test_autoshard_chooses_for_a_jax_program_and_hands_jax_the_layout():
