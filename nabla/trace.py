@@ -211,12 +211,30 @@ def gathered_copy(v: Any) -> str | None:
     "" (for every later use: the forward pass's and the backward pass's, as XLA keeps a forward all_gather's
     result for the transposed matmul) or the phase (``policy="regather"``: forward uses share one gather, the
     backward pass gathers once more, as Megatron-LM's sequence parallelism does). Only a traced value an op made
-    keeps one: a parameter's gathered copy never is (FSDP gathers each weight again), nor an untraced value's
-    (nothing says when its later uses end)."""
+    keeps one: a parameter's gathered copy never is, nor that of a value made from parameters alone (a bf16 cast
+    of a float32 weight: FSDP gathers each weight again), nor an untraced value's (nothing says when its later
+    uses end)."""
     node = v._node
-    if node is None or node.op == LEAF:
+    if node is None or node.op == LEAF or _from_leaves(node, 4):
         return None
     return _phase.get() if _regather.get() else ""
+
+
+def _from_leaves(node: Node, depth: int) -> bool:
+    """Whether ``node``'s value is made from traced inputs alone (within ``depth`` ops: casts, transposes)."""
+    if depth == 0:
+        return False
+    seen = False
+    for a in node.args:
+        n = getattr(a, "_node", None)
+        if n is None:
+            if getattr(a, "_shape", None) is not None:  # an untraced tensor: data, not a parameter
+                return False
+            continue
+        if n.op != LEAF and not _from_leaves(n, depth - 1):
+            return False
+        seen = True
+    return seen
 
 
 def regathering() -> Any:

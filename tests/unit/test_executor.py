@@ -80,45 +80,68 @@ def test_a_partial_value_is_summed_once_for_many_uses():
 
 
 def _shared_gather(policy=None):
-    """A sequence-sharded activation read by three column-parallel matmuls, differentiated in every argument."""
+    """An activation, sequence-sharded, read by three column-parallel matmuls; the gradients of its gain and the
+    three weights (the data ``x`` is not differentiated)."""
     mesh = DeviceMesh("tp4", (4,), ("tp",))
     rng = np.random.default_rng(0)
     x0 = rng.standard_normal((2, 16, 32)).astype(np.float32)
+    g0 = rng.standard_normal(32).astype(np.float32)
     w0 = [rng.standard_normal((32, 512)).astype(np.float32) for _ in range(3)]
     x = nb.tensor(x0).shard(mesh, [None, "tp", None])
+    g = nb.tensor(g0).shard(mesh, [None])
     ws = [nb.tensor(w).shard(mesh, [None, "tp"]) for w in w0]
 
-    def loss(x, a, b, c):
-        y = nb.tanh(x)
+    def loss(g, a, b, c, x):
+        y = nb.tanh(x * g)
         return sum(((y @ w) ** 2).sum() for w in (a, b, c))
 
     run = nb.checkpoint(loss, policy=policy) if policy else loss
     with nb.comm_log() as log, nb.memory_log() as mem:
-        grads = nb.grad(run, argnums=(0, 1, 2, 3))(x, *ws)
-    y = np.tanh(x0)  # d/dw sum((y w)^2) = 2 y^T (y w); d/dx = (1 - y^2) * sum_w 2 (y w) w^T
-    want = [(1 - y * y) * sum(2 * (y @ w) @ w.T for w in w0)] + [np.einsum("bsk,bsn->kn", y, 2 * (y @ w)) for w in w0]
-    for g, r in zip(grads, want):
-        np.testing.assert_allclose(g.numpy(), r, rtol=1e-4, atol=1e-3 * np.abs(r).max())
+        grads = nb.grad(run, argnums=(0, 1, 2, 3))(g, *ws, x)
+    y = np.tanh(x0 * g0)  # d/dw sum((y w)^2) = 2 y^T (y w); d/dg = sum over rows of x (1 - y^2) sum_w 2 (y w) w^T
+    dy = sum(2 * (y @ w) @ w.T for w in w0)
+    want = [(x0 * (1 - y * y) * dy).sum((0, 1))] + [np.einsum("bsk,bsn->kn", y, 2 * (y @ w)) for w in w0]
+    for got, r in zip(grads, want):
+        np.testing.assert_allclose(got.numpy(), r, rtol=1e-4, atol=1e-3 * np.abs(r).max())
     return log, mem
 
 
 def test_a_traced_activation_is_gathered_once_and_its_copy_kept_for_the_backward_pass():
     """As XLA does (tests/integration/test_xla_parity.py, sequence_parallel_shared_gather_grads): the gathered
-    copy of tanh(x) serves all three matmuls and the weights' gradients. The analytic minimum: one all_gather of
-    the (2, 16, 32) float32 activation (3/4 of 4 KiB to each device) and one reduce_scatter of x's gradient."""
+    copy of tanh(x * g) serves all three matmuls and the weights' gradients. The analytic minimum: one all_gather
+    of the (2, 16, 32) float32 activation (3/4 of 4 KiB to each device); its cotangent, summed over the weights'
+    column shards, back to the sequence shards (a reduce_scatter, as Megatron's sequence parallelism has it); the
+    gain's gradient summed over the sequence shards (an all_reduce of 32 float32s)."""
     log, mem = _shared_gather()
-    assert log.counts == {"all_gather": 1, "reduce_scatter": 1}
-    assert [e.phase for e in log.events] == ["forward", "backward"]
-    assert log.total_bytes == 3072 + 3072
+    assert log.counts == {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 1}
+    assert [(e.phase, e.kind, e.bytes) for e in log.events if e.kind == "all_gather"] == [("forward", "all_gather",
+                                                                                            3072)]
     # the kept copy counts for the backward pass: the gathered 4 KiB on top of what policy="regather" keeps
     _, lean = _shared_gather("regather")
     assert max(mem.kept.values()) - max(lean.kept.values()) == 2 * 16 * 32 * 4
 
 
-def test_regather_keeps_the_shard_and_gathers_again():
-    """Megatron-LM's sequence parallelism: the shard is kept and the backward pass gathers it again."""
+def test_regather_keeps_the_shard_and_gathers_again_once():
+    """Megatron-LM's sequence parallelism: the shard is kept, and the backward pass gathers it once more."""
     log, _ = _shared_gather("regather")
-    assert {e.phase for e in log.events if e.kind == "all_gather"} == {"forward", "backward"}
+    assert [e.phase for e in log.events if e.kind == "all_gather"] == ["forward", "backward"]
+
+
+def test_a_weight_cast_for_compute_is_gathered_again_not_kept():
+    """FSDP with mixed precision: a float32 weight cast to bfloat16 and gathered for the forward matmul is gathered
+    again for the backward pass (as PyTorch FSDP does), not kept: a value made from parameters alone."""
+    mesh = DeviceMesh("dp4", (4,), ("dp",))
+    w = nb.abstract((256, 256), "float32").shard(mesh, ["dp", None])
+    x = nb.abstract((64, 256), "bfloat16").shard(mesh, ["dp", None])
+
+    def loss(w, x):
+        h = nb.tanh(x @ w.astype("bfloat16"))
+        return (h @ w.astype("bfloat16")).astype("float32").sum()  # (the second use needs dh: w read again)
+
+    with nb.comm_log() as log:
+        nb.grad(loss)(w, x)
+    gathers = [e.phase for e in log.events if e.kind == "all_gather"]
+    assert gathers.count("backward") >= 1 and gathers.count("forward") >= 1, log.summary()
 
 
 MESH24 = DeviceMesh("m24", (2, 4), ("dp", "tp"))
