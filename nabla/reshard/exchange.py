@@ -110,8 +110,8 @@ def _pieces(shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec) -> _Pi
     holders = np.searchsorted(key_of[by_key], key, side="right") - start
     if np.any(holders == 0):
         e = int(np.argmax(holders == 0))
-        raise ShardingError(f"internal: no device holds block {tuple(blocks[j][k[e, j]].tolist() for j in range(rank))} "
-                            f"of {src!r}")
+        block = tuple(tuple(blocks[j][k[e, j]].tolist()) for j in range(rank))
+        raise ShardingError(f"internal: no device holds block {block} of {src!r}")
     keep = key != key_of[recv]  # the receiver holds it already
     recv, lo, hi, start, holders = recv[keep], lo[keep], hi[keep], start[keep], holders[keep]
     size = np.prod(hi - lo, axis=1)
