@@ -139,10 +139,10 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
     the least time, the one with the least memory (a second solve). ``exclude``: choices not to return again.
     ``None`` when no choice fits. Up to ``enumerate_up_to`` choices the edges allow: every one evaluated
     (exact; ties toward less memory, then less time, then the earlier options: the standard layouts)."""
+    Bounds, LinearConstraint, milp = _scipy()  # (the plan extra: needed whichever way the program is solved)
     every = _choices(groups, edges, enumerate_up_to)
     if every is not None:
         return _best(groups, edges, every, memory_limit, exclude)
-    Bounds, LinearConstraint, milp = _scipy()
     off, t_var, A, lo, hi, time, mem, late, integral, scale = _program(groups, edges)
     n = len(time)
     extra = []
@@ -196,6 +196,7 @@ def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
 def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = (), enumerate_up_to: int = ENUMERATE
                  ) -> Solution:
     """The choice with the least predicted memory per device."""
+    _scipy()
     every = _choices(groups, edges, enumerate_up_to)
     if every is not None:
         t, m = _evaluate_all(groups, edges, every)
