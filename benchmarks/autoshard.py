@@ -3,14 +3,14 @@ size, layers, heads, KV heads, MLP size) on 8, 64 and 512 H100s, 8 per node, as 
 
     python benchmarks/autoshard.py [--quick] [--json PATH] [--cases 1B@8,8B@64]
 
-Each case: the time autoshard takes to choose (this machine, one process: wall and CPU time), the chosen
-layout's estimated step time and memory per device against the best standard layout (DP, FSDP, Megatron TP x
-DP / x FSDP, with and without sequence parallelism), all priced by nb.estimate. The step starts from token
-ids (an embedding lookup, ``nb.take``) and ends in the log-sum-exp loss against target ids
-(``nb.take_along_axis``), so three arguments carry the batch: the activations, the ids and the targets. The
-vocabulary is Llama 2's 32,000. Memory counts mixed-precision Adam's state (16 bytes per parameter). Where autoshard compared layouts stitched from replayed
-layers (a program of more than 600 forward steps), every standard layout is also run in full, after the timed
-search, and the row records how far each stitched step time was from its full run. ``run.py`` folds the JSON
+Each case: the time autoshard takes to choose (this machine, one process: wall and CPU time), the chosen layout's
+estimated step time and memory per device against the best standard layout (DP, FSDP, Megatron TP x DP / x FSDP,
+with and without sequence parallelism), all priced by nb.estimate. The step starts from token ids (an embedding
+lookup, ``nb.take``) and ends in the log-sum-exp loss against target ids (``nb.take_along_axis``), so three
+arguments carry the batch: the activations, the ids and the targets. The vocabulary is Llama 2's 32,000. Memory
+counts mixed-precision Adam's state (16 bytes per parameter). Where autoshard compared layouts stitched from
+replayed layers (a program of more than 600 forward steps), every standard layout is also run in full, after the
+timed search, and the row records how far each stitched step time was from its full run. ``run.py`` folds the JSON
 into ``results.json`` under "autoshard"; run alone, this script updates that key only.
 """
 
