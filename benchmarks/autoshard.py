@@ -3,14 +3,14 @@ size, layers, heads, KV heads, MLP size) on 8, 64 and 512 H100s, 8 per node, as 
 
     python benchmarks/autoshard.py [--quick] [--json PATH] [--cases 1B@8,8B@64]
 
-Each case: the time autoshard takes to choose (this machine, one process), the chosen layout's estimated step
-time and memory per device against the best standard layout (DP, FSDP, Megatron TP x DP / x FSDP, with and
-without sequence parallelism), all priced by nb.estimate. The step starts from token ids (an embedding lookup,
-``nb.take``) and ends in the log-sum-exp loss against target ids (``nb.take_along_axis``), so three arguments
-carry the batch: the activations, the ids and the targets. The vocabulary is Llama 2's 32,000. Memory counts
-mixed-precision Adam's state (16 bytes per parameter). Where autoshard compared layouts stitched from replayed
-layers (a program of more than 600 forward steps), every standard layout is also run in full, after the timed
-search, and the row records how far each stitched step time was from its full run. ``run.py`` folds the JSON
+Each case: the time autoshard takes to choose (this machine, one process: wall and CPU time), the chosen layout's
+estimated step time and memory per device against the best standard layout (DP, FSDP, Megatron TP x DP / x FSDP,
+with and without sequence parallelism), all priced by nb.estimate. The step starts from token ids (an embedding
+lookup, ``nb.take``) and ends in the log-sum-exp loss against target ids (``nb.take_along_axis``), so three
+arguments carry the batch: the activations, the ids and the targets. The vocabulary is Llama 2's 32,000. Memory
+counts mixed-precision Adam's state (16 bytes per parameter). Where autoshard compared layouts stitched from
+replayed layers (a program of more than 600 forward steps), every standard layout is also run in full, after the
+timed search, and the row records how far each stitched step time was from its full run. ``run.py`` folds the JSON
 into ``results.json`` under "autoshard"; run alone, this script updates that key only.
 """
 
@@ -100,21 +100,23 @@ def case(name: str, devices: int) -> dict:
     params, data, (heads, kv) = arguments(name, mesh, batch=batch)
     fn = model(heads, kv)
     row = {"model": name, "devices": devices, "mesh": f"({devices // 8}, 8) dp x tp", "batch": batch, "seq": SEQ}
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()  # wall time, and this process's CPU time (other jobs
+    # on a shared machine stretch the first, hardly the second)
     try:
         plan = nb.autoshard(fn, cluster, params, *data)
     except nb.ShardingError as e:
-        row.update(seconds=time.perf_counter() - t, infeasible=str(e))
+        row.update(seconds=time.perf_counter() - t, cpu_seconds=time.process_time() - cpu, infeasible=str(e))
         # the search itself, timed without the limit (what it would choose with HBM to spare)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         plan = nb.autoshard(fn, cluster, params, *data, memory_limit=float("inf"))
-        row["unlimited"] = summary(plan, time.perf_counter() - t, cluster, fn, params, data)
+        row["unlimited"] = summary(plan, time.perf_counter() - t, cluster, fn, params, data,
+                                   time.process_time() - cpu)
         return row
-    row.update(summary(plan, time.perf_counter() - t, cluster, fn, params, data))
+    row.update(summary(plan, time.perf_counter() - t, cluster, fn, params, data, time.process_time() - cpu))
     return row
 
 
-def summary(plan, seconds, cluster, fn, params, data) -> dict:
+def summary(plan, seconds, cluster, fn, params, data, cpu_seconds=None) -> dict:
     """The choice against the best standard layout that fits: both as autoshard compared them, and both run in
     full through nb.estimate (the best baseline is run here, outside the timed search). Where the comparison was
     stitched, every standard layout is run in full too: ``stitched``, name -> (stitched ms, full ms)."""
@@ -127,7 +129,8 @@ def summary(plan, seconds, cluster, fn, params, data) -> dict:
         full[k] = plan.report.step_time * 1e3 if k in plan.same else \
             nb.estimate(fn, cluster)(*_laid(plan.layouts[k], params, data)).step_time * 1e3
     stitched = {k: (base[k]["step_ms"], full[k]) for k in full} if not plan.exact else {}
-    return {"seconds": seconds, "step_ms": plan.report.step_time * 1e3, "compared_ms": plan.compared.step_time * 1e3,
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "step_ms": plan.report.step_time * 1e3,
+            "compared_ms": plan.compared.step_time * 1e3,
             "memory_gib": plan.memory / 2**30, "mfu": plan.report.mfu, "exact": plan.exact, "source": plan.source,
             "same_as": list(plan.same), "baselines": base, "best_baseline": best,
             "best_baseline_ms": fitting[best]["step_ms"] if best else None,
@@ -161,7 +164,8 @@ def _rebuild(tree, it):
 
 def line(r: dict) -> str:
     err = f"; stitched within {r['stitched_error'] * 100:.2f}% of full" if r.get("stitched_error") is not None else ""
-    return (f"{r['seconds']:.2f} s, chosen {r['step_ms']:.1f} ms in full ({r['source']}; compared "
+    return (f"{r['seconds']:.2f} s (CPU {r.get('cpu_seconds') or 0:.2f} s), chosen {r['step_ms']:.1f} ms in full "
+            f"({r['source']}; compared "
             f"{r['compared_ms']:.1f} ms), {r['memory_gib']:.1f} GiB; best baseline {r['best_baseline']} "
             f"{r['best_baseline_ms'] or 0:.1f} ms compared, {r['best_baseline_full_ms'] or 0:.1f} ms in full{err}")
 
@@ -183,7 +187,8 @@ def main() -> dict:
         r = case(m, n)
         rows.append(r)
         if "infeasible" in r:
-            print(f"{m}@{n}: no layout fits ({r['seconds']:.2f} s): {r['infeasible']}", flush=True)
+            print(f"{m}@{n}: no layout fits ({r['seconds']:.2f} s, CPU {r['cpu_seconds']:.2f} s): {r['infeasible']}",
+                  flush=True)
             r = r["unlimited"]
             print(f"   without a limit: {line(r)}", flush=True)
         else:

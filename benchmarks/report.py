@@ -149,9 +149,12 @@ def targets(res: dict) -> Table:
         rows_a = [dict(r.get("unlimited", r), model=r["model"], devices=r["devices"]) for r in a["rows"]]
         slow = max(a["rows"] + [dict(r["unlimited"], model=r["model"], devices=r["devices"]) for r in a["rows"]
                                 if "unlimited" in r], key=lambda r: r["seconds"])
+        every = a["rows"] + [r["unlimited"] for r in a["rows"] if "unlimited" in r]
+        cpu = max((r.get("cpu_seconds") or 0 for r in every), default=0)
+        load = f", load {max(a['load']):.1f} on {a['cpus']} CPUs" if a.get("load") else ""
         add("nb.autoshard: time to choose (Llama 1B-70B shapes, 8-512 H100s), this machine",
-            f"< {AUTOSHARD_SECONDS:g} s", f"{slow['seconds']:.1f} s at most ({_case(slow)})",
-            slow["seconds"] < AUTOSHARD_SECONDS)
+            f"< {AUTOSHARD_SECONDS:g} s", f"{slow['seconds']:.1f} s at most ({_case(slow)}{load})" +
+            (f"; CPU time {cpu:.1f} s at most" if cpu else ""), slow["seconds"] < AUTOSHARD_SECONDS)
         worse = [r for r in rows_a if r.get("best_baseline_full_ms") and r["step_ms"] > r["best_baseline_full_ms"] * (1 + 1e-9)]
         add("nb.autoshard: chosen step time against the best standard layout that fits (both in full)", "≤ 1.00x",
             f"{max(r['step_ms'] / r['best_baseline_full_ms'] for r in rows_a if r.get('best_baseline_full_ms')):.3f}x "
@@ -480,7 +483,8 @@ def autoshard(res: dict) -> Table | None:
             f"without a limit took {r['seconds']:.1f} s")
         base = f"{r['best_baseline']} {ms(r['best_baseline_full_ms'])}" if r.get("best_baseline") else "-"
         err = r.get("stitched_error")
-        rows.append([_case(row), f"{row['seconds']:.1f} s", f"{ms(r['step_ms'])} ({r['source']})",
+        cpu = f" (CPU {row['cpu_seconds']:.1f} s)" if row.get("cpu_seconds") is not None else ""
+        rows.append([_case(row), f"{row['seconds']:.1f} s{cpu}", f"{ms(r['step_ms'])} ({r['source']})",
                      f"{r['memory_gib']:.1f} GiB", base,
                      f"{r['step_ms'] / r['best_baseline_full_ms']:.3f}x" if r.get("best_baseline_full_ms") else "-",
                      "in full" if r.get("exact", True) or err is None else f"{err * 100:.2f}%", fits])
@@ -491,8 +495,9 @@ def autoshard(res: dict) -> Table | None:
         f"3-8B and Llama 2-70B; vocabulary {a['vocab']:,}; sequence {a['seq']:,}; bf16; FlashAttention) from "
         f"token ids (an embedding lookup) to the loss against target ids, on {a['hardware']}, a (nodes, 8) dp x "
         "tp mesh, every argument's dims open (parameters, ids and targets). **time** is the whole `nb.autoshard` "
-        "call on this machine; the chosen layout and the best standard layout that fits (DP, FSDP, TP x DP, TP x "
-        "FSDP, with and without sequence parallelism) are both run in full through `nb.estimate`; memory counts "
+        "call on this machine (wall time, and the process's CPU time: other jobs stretch the first); the chosen "
+        "layout and the best standard layout that fits (DP, FSDP, TP x DP, TP x FSDP, with and without sequence "
+        "parallelism) are both run in full through `nb.estimate`; memory counts "
         f"mixed-precision Adam's state.{load} **stitched** is how far the step times autoshard compared (stitched "
         "from replayed layers, for programs of more than 600 forward steps) were from full runs, at worst over the "
         "standard layouts (\"in full\": every layout compared was run in full). Where no layout fits in 80 GB, the "

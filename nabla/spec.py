@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 from typing import Any, Iterable, Sequence
 
@@ -88,6 +89,54 @@ def is_unconstrained(entry: Any) -> bool:
     return entry is getattr(PartitionSpec, "UNCONSTRAINED", object())
 
 
+def _check(mesh: DeviceMesh, dim_specs: Iterable[Any], replicated_axes: Iterable[str], partial_axes: Iterable[str]
+           ) -> tuple:
+    """A spec's canonical parts, checked: (dim specs, replicated axes, partial axes, parsed refs, hash)."""
+    entries = _bounded_tuple(dim_specs, "ShardingSpec: dim_specs (one entry per dim)", MAX_RANK)
+    dims = []
+    for i, d in enumerate(entries):
+        try:
+            dims.append(DimSpec.coerce(d))
+        except ShardingError as e:
+            raise ShardingError(f"ShardingSpec on @{mesh.name}, dim {i}: {e}") from None
+    dims = tuple(dims)
+    rep = _axis_tuple(replicated_axes, "replicated_axes")
+    par = _axis_tuple(partial_axes, "partial_axes")
+    # Canonical axis names: "x:(1)8" on an axis of size 8 is just "x".
+    refs_by_dim = []
+    raw: list[tuple[AxisRef, str]] = []  # every axis as written, before neighbours merge
+    for i, d in enumerate(dims):
+        written = [_ref(mesh, a, f"dim {i}") for a in d.axes]
+        raw += [(r, f"dim {i}") for r in written]
+        refs = merge_adjacent(written)
+        refs_by_dim.append(refs)
+        canon = tuple(str(r) for r in refs)
+        if canon != d.axes:
+            dims = dims[:i] + (DimSpec(canon, d.is_open, d.priority),) + dims[i + 1:]
+    # replicated and partial axes are sets: kept in mesh order so equal specs compare equal
+    in_mesh_order = lambda r: (mesh.axis_index(r.name), r.pre)  # noqa: E731
+    # ... and neighbouring pieces of one axis merge: partial over {"x:(1)2", "x:(2)2"} is partial over {"x"}
+    rep_written = [_ref(mesh, a, "replicated_axes") for a in rep]
+    par_written = [_ref(mesh, a, "partial_axes") for a in par]
+    raw += [(r, "replicated_axes") for r in rep_written] + [(r, "partial_axes") for r in par_written]
+    rep_refs = merge_adjacent(sorted(rep_written, key=in_mesh_order))
+    par_refs = merge_adjacent(sorted(par_written, key=in_mesh_order))
+    # Checked as written: merging first would fold a repeated axis of size 1 ("x", "x") into one.
+    for (a, wa), (b, wb) in combinations(raw, 2):
+        if a.overlaps(b):
+            what = "is used twice" if a == b else f"overlaps {str(b)!r}"
+            raise ShardingError(
+                f"ShardingSpec on @{mesh.name}: axis {str(a)!r} ({wa}) {what} ({wb}); an axis may appear "
+                f"in one place of a spec only: one dim, or replicated_axes, or partial_axes")
+    rep_s, par_s = tuple(str(r) for r in rep_refs), tuple(str(r) for r in par_refs)
+    return dims, rep_s, par_s, (tuple(refs_by_dim), par_refs), hash((mesh, dims, rep_s, par_s))
+
+
+#: specs of DimSpecs and axis names, checked once each (a search builds the same few hundred tens of thousands
+#: of times); equal meshes give equal parts
+_checked = lru_cache(maxsize=16384)(_check)
+
+
 class ShardingSpec:
     """Per-dim axes plus explicitly replicated and partial (unreduced-sum) axes, on one mesh.
 
@@ -103,49 +152,21 @@ class ShardingSpec:
             raise ShardingError(f"ShardingSpec: mesh must be a DeviceMesh, got {type(mesh).__name__} {_show(mesh)}")
         if isinstance(dim_specs, (str, DimSpec)) or dim_specs is None:
             raise ShardingError(f"ShardingSpec: dim_specs must be a list with one entry per dim, got {_show(dim_specs)}")
-        entries = _bounded_tuple(dim_specs, "ShardingSpec: dim_specs (one entry per dim)", MAX_RANK)
-        dims = []
-        for i, d in enumerate(entries):
-            try:
-                dims.append(DimSpec.coerce(d))
-            except ShardingError as e:
-                raise ShardingError(f"ShardingSpec on @{mesh.name}, dim {i}: {e}") from None
-        dims = tuple(dims)
-        rep = _axis_tuple(replicated_axes, "replicated_axes")
-        par = _axis_tuple(partial_axes, "partial_axes")
-        # Canonical axis names: "x:(1)8" on an axis of size 8 is just "x".
-        refs_by_dim = []
-        raw: list[tuple[AxisRef, str]] = []  # every axis as written, before neighbours merge
-        for i, d in enumerate(dims):
-            written = [_ref(mesh, a, f"dim {i}") for a in d.axes]
-            raw += [(r, f"dim {i}") for r in written]
-            refs = merge_adjacent(written)
-            refs_by_dim.append(refs)
-            canon = tuple(str(r) for r in refs)
-            if canon != d.axes:
-                dims = dims[:i] + (DimSpec(canon, d.is_open, d.priority),) + dims[i + 1:]
-        # replicated and partial axes are sets: kept in mesh order so equal specs compare equal
-        in_mesh_order = lambda r: (mesh.axis_index(r.name), r.pre)  # noqa: E731
-        # ... and neighbouring pieces of one axis merge: partial over {"x:(1)2", "x:(2)2"} is partial over {"x"}
-        rep_written = [_ref(mesh, a, "replicated_axes") for a in rep]
-        par_written = [_ref(mesh, a, "partial_axes") for a in par]
-        raw += [(r, "replicated_axes") for r in rep_written] + [(r, "partial_axes") for r in par_written]
-        rep_refs = merge_adjacent(sorted(rep_written, key=in_mesh_order))
-        par_refs = merge_adjacent(sorted(par_written, key=in_mesh_order))
-        # Checked as written: merging first would fold a repeated axis of size 1 ("x", "x") into one.
-        for (a, wa), (b, wb) in combinations(raw, 2):
-            if a.overlaps(b):
-                what = "is used twice" if a == b else f"overlaps {str(b)!r}"
-                raise ShardingError(
-                    f"ShardingSpec on @{mesh.name}: axis {str(a)!r} ({wa}) {what} ({wb}); an axis may appear "
-                    f"in one place of a spec only: one dim, or replicated_axes, or partial_axes")
+        if type(dim_specs) in (tuple, list) and type(replicated_axes) in (tuple, list) and \
+                type(partial_axes) in (tuple, list) and all(type(d) is DimSpec for d in dim_specs) and \
+                all(type(a) is str for a in replicated_axes) and all(type(a) is str for a in partial_axes):
+            # the executor's and the planner's specs (DimSpecs, axis names): checked once per distinct spec
+            got = _checked(mesh, tuple(dim_specs), tuple(replicated_axes), tuple(partial_axes))
+        else:
+            got = _check(mesh, dim_specs, replicated_axes, partial_axes)
+        dims, rep, par, refs, h = got
         set_ = object.__setattr__
         set_(self, "mesh", mesh)
         set_(self, "dim_specs", dims)
-        set_(self, "replicated_axes", tuple(str(r) for r in rep_refs))
-        set_(self, "partial_axes", tuple(str(r) for r in par_refs))
-        set_(self, "_refs", (tuple(refs_by_dim), par_refs))
-        set_(self, "_hash", hash((mesh, dims, self.replicated_axes, self.partial_axes)))
+        set_(self, "replicated_axes", rep)
+        set_(self, "partial_axes", par)
+        set_(self, "_refs", refs)
+        set_(self, "_hash", h)
         set_(self, "_layout", None)
 
     def __setattr__(self, key, value):

@@ -41,6 +41,11 @@ class Solution(NamedTuple):
 
 #: HiGHS stops within this relative gap of the optimum (its default, 1e-4, lets a 0.01% slower choice through)
 GAP = 1e-9
+#: a program with at most this many choices its edges allow is solved by trying them all (a chain of fed
+#: classes, embedding -> layers -> head, has a few thousand: HiGHS took 1-2 s over what numpy does in milliseconds)
+ENUMERATE = 1_000_000
+#: times within this fraction of the least are taken as ties (broken toward less memory)
+TIE = 1e-6
 
 
 def _program(groups: Sequence[Group], edges: Sequence[Edge]):
@@ -129,11 +134,15 @@ def _scipy() -> tuple:
 
 
 def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: float = np.inf,
-          exclude: Sequence[Sequence[int]] = ()) -> Solution | None:
+          exclude: Sequence[Sequence[int]] = (), enumerate_up_to: int = ENUMERATE) -> Solution | None:
     """The least-time choice whose memory stays within ``memory_limit``; among those within a relative 1e-6 of
     the least time, the one with the least memory (a second solve). ``exclude``: choices not to return again.
-    ``None`` when no choice fits."""
-    Bounds, LinearConstraint, milp = _scipy()
+    ``None`` when no choice fits. Up to ``enumerate_up_to`` choices the edges allow: every one evaluated
+    (exact; ties toward less memory, then less time, then the earlier options: the standard layouts)."""
+    Bounds, LinearConstraint, milp = _scipy()  # (the plan extra: needed whichever way the program is solved)
+    every = _choices(groups, edges, enumerate_up_to)
+    if every is not None:
+        return _best(groups, edges, every, memory_limit, exclude)
     off, t_var, A, lo, hi, time, mem, late, integral, scale = _program(groups, edges)
     n = len(time)
     extra = []
@@ -161,7 +170,7 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
         return None
     best = float(time @ x)
     # ties: the least memory, as the larger peak (an extra variable M >= both peaks, minimised)
-    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + 1e-6) + 1e-12)])
+    x2 = _least(A, lo, hi, integral, mem, late, cap + extra + [(time, -np.inf, best * (1 + TIE) + 1e-12)])
     if x2 is not None:
         x = x2
     choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
@@ -184,15 +193,80 @@ def _least(A, lo, hi, integral, mem, late, more) -> np.ndarray | None:
     return res.x[:n] if res.status == 0 and res.x is not None else None
 
 
-def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = ()) -> Solution:
+def least_memory(groups: Sequence[Group], edges: Sequence[Edge] = (), enumerate_up_to: int = ENUMERATE
+                 ) -> Solution:
     """The choice with the least predicted memory per device."""
+    _scipy()
+    every = _choices(groups, edges, enumerate_up_to)
+    if every is not None:
+        t, m = _evaluate_all(groups, edges, every)
+        if not len(t):
+            raise ShardingError(_NONE_ALLOWED)
+        k = np.lexsort((np.arange(len(t)), t, m))[0]
+        return Solution(tuple(int(i) for i in every[k]), float(t[k]), float(m[k]))
     off, t_var, A, lo, hi, time, mem, late, integral, _ = _program(groups, edges)
     x = _least(A, lo, hi, integral, mem, late, [])
     if x is None:
-        raise ShardingError("autoshard: HiGHS found no choice of one layout per layer class that its neighbours "
-                            "accept (each class fed by another takes only the layouts that one hands over)")
+        raise ShardingError(_NONE_ALLOWED)
     choice = tuple(int(np.argmax(x[o:o + len(g.time)])) for g, o in zip(groups, off))
     return Solution(choice, *evaluate(groups, edges, choice))
+
+
+_NONE_ALLOWED = ("autoshard: there is no choice of one layout per layer class that its neighbours accept (each "
+                 "class fed by another takes only the layouts that one hands over)")
+
+
+def _choices(groups: Sequence[Group], edges: Sequence[Edge], cap: int) -> np.ndarray | None:
+    """Every choice (one row, an option per group, rows in lexicographic order) no edge rules out (an infinite
+    cost), built group by group; None when some step would hold more than ``cap`` rows."""
+    rows = np.zeros((1, 0), dtype=np.int64)
+    for g, grp in enumerate(groups):
+        k = len(grp.time)
+        if len(rows) * k > cap:
+            return None
+        prev = np.repeat(rows, k, axis=0)
+        mine = np.tile(np.arange(k, dtype=np.int64), len(rows))
+        ok = np.ones(len(prev), dtype=bool)
+        for e in edges:
+            if e.b == g and e.a < g:
+                ok &= np.isfinite(e.cost[prev[:, e.a], mine])
+            elif e.a == g and e.b < g:
+                ok &= np.isfinite(e.cost[mine, prev[:, e.b]])
+            elif e.a == g == e.b:
+                ok &= np.isfinite(e.cost[mine, mine])
+        rows = np.column_stack([prev[ok], mine[ok]])
+    return rows
+
+
+def _evaluate_all(groups: Sequence[Group], edges: Sequence[Edge], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``evaluate`` of every row of choices: (times, memories)."""
+    t = np.zeros(len(rows))
+    first, second, top = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+    for g, grp in enumerate(groups):
+        c = rows[:, g]
+        t += np.asarray(grp.time, dtype=float)[c]
+        first += np.asarray(grp.memory, dtype=float)[c]
+        second += np.asarray(grp.memory if grp.late is None else grp.late, dtype=float)[c]
+        top = np.maximum(top, np.asarray(grp.transient, dtype=float)[c])
+    for e in edges:
+        t += np.asarray(e.cost, dtype=float)[rows[:, e.a], rows[:, e.b]]
+    return t, np.maximum(first, second) + top
+
+
+def _best(groups: Sequence[Group], edges: Sequence[Edge], rows: np.ndarray, memory_limit: float,
+          exclude: Sequence[Sequence[int]]) -> Solution | None:
+    """``solve`` over the rows of choices: the least time within the limit, then among the ties the least memory."""
+    t, m = _evaluate_all(groups, edges, rows)
+    ok = m <= memory_limit
+    for ch in exclude:
+        ok &= np.any(rows != np.asarray(ch, dtype=np.int64), axis=1)
+    if not ok.any():
+        return None
+    scale = max(1e-30, float(np.abs(t).max(initial=0.0)))  # as the MILP sees times: in units of the largest
+    best = float(t[ok].min()) / scale
+    tied = np.flatnonzero(ok & (t / scale <= best * (1 + TIE) + 1e-12))
+    k = tied[np.lexsort((np.arange(len(tied)), t[tied], m[tied]))[0]]
+    return Solution(tuple(int(i) for i in rows[k]), float(t[k]), float(m[k]))
 
 
 def evaluate(groups: Sequence[Group], edges: Sequence[Edge], choice: Sequence[int]) -> tuple[float, float]:

@@ -253,6 +253,14 @@ def _step_ends(timeline: Timeline) -> list[float]:
     return ends
 
 
+def step_time(steps: Sequence[StepLike], cluster: Cluster, mesh: DeviceMesh, overlap: Any = "grads") -> float:
+    """``estimate_steps(...).step_time`` alone: no timeline kept, no memory report, no second layout for the
+    gradient sums' share (what autoshard's search compares, once per candidate, hundreds of times)."""
+    steps = tuple(steps)
+    cluster.tier(mesh, ())
+    return step_end(steps, kernel_times(steps, cluster.hardware, True), cluster, mesh, overlap, False, {})
+
+
 def estimate_steps(steps: Iterable[StepLike], cluster: Cluster, mesh: DeviceMesh, overlap: Any = "grads",
                    model_flops: float | None = None, memory: Any = None, peak_dtype: Any = None,
                    fusion: bool = True) -> Report:

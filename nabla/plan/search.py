@@ -21,7 +21,7 @@ from . import milp
 from .candidates import (Candidate, Slot, _ways, all_layouts, arg_leaves, axis_options, baseline_options,
                          data_dims_only, given_layout, layout_key, layout_of, megatron_classes, mesh_of, reshard_time)
 from .estimate import _priced, estimate
-from .report import Report, estimate_steps
+from .report import Report, estimate_steps, step_time
 
 #: a class whose arguments have at most this many layouts together is searched over all of them
 EXHAUSTIVE = 256
@@ -279,7 +279,7 @@ class Search:
             cts = new
             r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
         steps = tuple(_priced(s) for s in r.steps)
-        rep = estimate_steps(steps, self.cluster, self.mesh, self.overlap, memory=r.memory)
+        time = step_time(steps, self.cluster, self.mesh, self.overlap)
         opt = self.opt_ratio[0]
         held = params = 0.0
         for e, (s, lay) in enumerate(zip(slots, cand.layouts)):
@@ -301,7 +301,7 @@ class Search:
         held += params * (1 + opt)
         late = held + params if self.train else held
         held += saved
-        return Priced(steps, rep.step_time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late, r.gradients,
+        return Priced(steps, time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late, r.gradients,
                       r.names)
 
     # -- the program as a MILP --

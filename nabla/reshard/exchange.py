@@ -1,10 +1,10 @@
 """General exchanges: who sends which piece to whom when every device receives exactly the pieces of its target
-block that it lacks, as collective_permute rounds (a proper edge colouring of senders and receivers)."""
+block that it lacks, as collective_permute rounds (a proper edge colouring of senders and receivers). Worked out
+on arrays (a 512-device exchange has a quarter of a million pieces): the rounds' sizes for pricing, the pieces
+themselves only for ``exchange_detail``'s callers (lowering)."""
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from functools import lru_cache
 from math import prod
 from typing import NamedTuple
@@ -22,8 +22,8 @@ def exchange_rounds(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, ds
     """The collective_permute rounds of a general exchange from ``src`` to ``dst`` (equal partial axes): per
     round, (bytes per device, mesh axes data crosses, devices that send). Every device sends the same slab
     shape in a round (the largest piece's extent per dim), so that is what a round costs."""
-    return tuple((prod(r.slab) * itemsize, r.crossed, len(r.pieces)) for r in exchange_detail(shape, src, dst)
-                 if prod(r.slab))
+    p = _pieces(shape, src, dst)
+    return tuple((prod(slab) * itemsize, crossed, n) for slab, crossed, n in _summary(src.mesh, p) if prod(slab))
 
 
 class Round(NamedTuple):
@@ -40,148 +40,203 @@ def exchange_detail(shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec
     """Who sends which piece to whom in an exchange from ``src`` to ``dst``. Pieces are cut at source block
     boundaries; each comes from a holder with the receiver's partial coordinates (the least loaded replica);
     rounds are a proper edge colouring, so each device sends and receives at most one piece a round."""
+    p = _pieces(shape, src, dst)
+    u, v, lo, hi = (p.sender[p.order].tolist(), p.receiver[p.order].tolist(), p.lo[p.order].tolist(),
+                    p.hi[p.order].tolist())
+    rounds, k = [], 0
+    for (slab, crossed, n) in _summary(src.mesh, p):
+        es = tuple((u[e], v[e], tuple(zip(lo[e], hi[e]))) for e in range(k, k + n))
+        rounds.append(Round(es, slab, crossed))
+        k += n
+    return tuple(rounds)
+
+
+class _Pieces(NamedTuple):
+    """An exchange's pieces in the order they are cut (receivers in mesh order, each one's pieces in row-major
+    order of source blocks): sender, receiver, box (``lo``, ``hi``: start and stop per dim), round; ``order``
+    sorts them by round, each round's pieces in cut order."""
+
+    sender: np.ndarray
+    receiver: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    colour: np.ndarray
+    order: np.ndarray
+
+
+def _pieces(shape: tuple[int, ...], src: ShardingSpec, dst: ShardingSpec) -> _Pieces:
+    """Every receiver's lacking pieces, cut at source block boundaries, each with its sender, and their rounds."""
     mesh = src.mesh
     sb, tb = boxes(src, shape), boxes(dst, shape)
     gs = grid(src)
-    devs = mesh.devices
-    pos = {}  # (source block start per dim, partial coordinates) -> holders in mesh order
-    pcoords = []
-    for i, d in enumerate(devs):
-        coords = mesh.coords(d)
-        pc = tuple(gs.atoms[a].coord(coords[mesh.axis_index(gs.atoms[a].name)]) for a in gs.partial)
-        pcoords.append(pc)
-        pos.setdefault((tuple(sb[i, :, 0]), tuple(sb[i, :, 1]), pc), []).append(i)
-    replica = {}
-    for holders in pos.values():
-        for r, i in enumerate(holders):
-            replica[i] = r
-    starts = [sorted({(int(sb[i, j, 0]), int(sb[i, j, 1])) for i in range(len(devs))}) for j in range(len(shape))]
-    ends = [[s1 for _, s1 in st] for st in starts]  # source blocks along a dim do not overlap: sorted by end too
-    edges, regions = [], []
-    load: dict[int, int] = {}  # elements each holder sends so far: pick the least loaded replica
-    for i in range(len(devs)):
-        per_dim = []
-        for j in range(len(shape)):
-            a, b = int(tb[i, j, 0]), int(tb[i, j, 1])
-            got, st = [], starts[j]
-            for k in range(bisect.bisect_right(ends[j], a), len(st)):  # the first block ending past a, onwards
-                s0, s1 = st[k]
-                if s0 >= b:
-                    break
-                if min(b, s1) > max(a, s0):
-                    got.append((s0, s1, max(a, s0), min(b, s1)))
-            per_dim.append(got)
-        if any(not p for p in per_dim):
-            continue
-        pc = pcoords[i]
-        for pieces in itertools.product(*per_dim):
-            key = (tuple([p[0] for p in pieces]), tuple([p[1] for p in pieces]), pc)
-            holders = pos.get(key)
-            if holders is None:
-                raise ShardingError(f"internal: no device holds block {key} of {src!r}")
-            if i in holders:
-                continue
-            size = prod(p[3] - p[2] for p in pieces)
-            if len(holders) == 1:
-                sender = holders[0]
-            else:
-                preferred = holders[replica.get(i, 0) % len(holders)]
-                sender = min(holders, key=lambda h: (load.get(h, 0), h != preferred))
-            load[sender] = load.get(sender, 0) + size
-            edges.append((sender, i, int(size)))
-            regions.append(tuple((p[2], p[3]) for p in pieces))
-    colours = _edge_colouring(edges)
-    by_colour: dict[int, list] = {}
-    for edge, box, c in zip(edges, regions, colours):
-        by_colour.setdefault(c, []).append((edge[0], edge[1], box))
-    rounds = []
-    coords = grid_coords(mesh.shape)  # edges name devices by mesh position
-    for c in sorted(by_colour):
-        es = tuple(by_colour[c])
-        ends = np.array([[b - a for a, b in box] for _, _, box in es], dtype=np.int64).reshape(len(es), len(shape))
-        slab = tuple(int(x) for x in ends.max(axis=0)) if len(es) else (0,) * len(shape)
-        u = np.fromiter((e[0] for e in es), dtype=np.int64, count=len(es))
-        v = np.fromiter((e[1] for e in es), dtype=np.int64, count=len(es))
-        moved = (coords[u] != coords[v]).any(axis=0)
-        crossed = tuple(n for n, m in zip(mesh.axis_names, moved) if m)
-        rounds.append(Round(es, slab, crossed))
-    return tuple(rounds)
+    n, rank = mesh.size, len(shape)
+    coords = grid_coords(mesh.shape)
+    # the partial coordinates of each device (summands are sent only to receivers with the same ones)
+    pc = np.zeros(n, dtype=np.int64)
+    for a in gs.partial:
+        atom = gs.atoms[a]
+        pc = pc * atom.size + (coords[:, mesh.axis_index(atom.name)] // atom.minor) % atom.size
+    # source blocks along each dim (they do not overlap: sorted by start, also sorted by end); each device's
+    blocks, own = [], np.zeros((n, rank), dtype=np.int64)
+    for j in range(rank):
+        st, idx = np.unique(sb[:, j, :], axis=0, return_inverse=True)
+        blocks.append(st)
+        own[:, j] = idx.reshape(-1)
+    # per receiver and dim, the source blocks its target block overlaps: [first, stop)
+    first, count = np.zeros((n, rank), dtype=np.int64), np.zeros((n, rank), dtype=np.int64)
+    for j in range(rank):
+        a, b = tb[:, j, 0], tb[:, j, 1]
+        k0 = np.searchsorted(blocks[j][:, 1], a, side="right")
+        k1 = np.searchsorted(blocks[j][:, 0], b, side="left")
+        first[:, j], count[:, j] = k0, np.where(a < b, np.maximum(k1 - k0, 0), 0)
+    total = np.prod(count, axis=1)
+    recv = np.repeat(np.arange(n, dtype=np.int64), total)
+    t = np.arange(len(recv), dtype=np.int64) - np.repeat(np.cumsum(total) - total, total)
+    k = np.zeros((len(recv), rank), dtype=np.int64)
+    lo, hi = np.zeros_like(k), np.zeros_like(k)
+    stride = np.ones(len(recv), dtype=np.int64)
+    for j in reversed(range(rank)):  # row-major over the dims: the last dim's blocks vary fastest
+        c = count[recv, j]
+        k[:, j] = first[recv, j] + (t // stride) % c
+        stride = stride * c
+        lo[:, j] = np.maximum(tb[recv, j, 0], blocks[j][k[:, j], 0])
+        hi[:, j] = np.minimum(tb[recv, j, 1], blocks[j][k[:, j], 1])
+    # the holders of each (source block, partial coordinates): devices in mesh order
+    sizes = [len(b) for b in blocks] + [int(pc.max(initial=0)) + 1]
+    key_of = np.ravel_multi_index(tuple(own.T) + (pc,), sizes)
+    key = np.ravel_multi_index(tuple(k.T) + (pc[recv],), sizes)
+    by_key = np.argsort(key_of, kind="stable")
+    start = np.searchsorted(key_of[by_key], key, side="left")
+    holders = np.searchsorted(key_of[by_key], key, side="right") - start
+    if np.any(holders == 0):
+        e = int(np.argmax(holders == 0))
+        block = tuple(tuple(blocks[j][k[e, j]].tolist()) for j in range(rank))
+        raise ShardingError(f"internal: no device holds block {block} of {src!r}")
+    keep = key != key_of[recv]  # the receiver holds it already
+    recv, lo, hi, start, holders = recv[keep], lo[keep], hi[keep], start[keep], holders[keep]
+    size = np.prod(hi - lo, axis=1)
+    if np.all(holders == 1):
+        sender = by_key[start]
+    else:
+        sender = _least_loaded(by_key, key_of, recv, start, holders, size)
+    colour = np.asarray(_colouring(sender, recv, size), dtype=np.int64).reshape(-1)
+    return _Pieces(sender, recv, lo, hi, colour, np.argsort(colour, kind="stable"))
+
+
+def _least_loaded(by_key: np.ndarray, key_of: np.ndarray, recv: np.ndarray, start: np.ndarray,
+                  holders: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Each piece's sender where blocks have replicas: in cut order, the holder that has sent the fewest elements
+    so far, the receiver's own replica index among them preferred on a tie (a replica sends to its own kind)."""
+    rank_in = np.empty(len(by_key), dtype=np.int64)  # a device's index among the holders of its own block
+    first = np.searchsorted(key_of[by_key], key_of[by_key], side="left")
+    rank_in[by_key] = np.arange(len(by_key)) - first
+    order, rk = by_key.tolist(), rank_in.tolist()
+    load = [0] * len(by_key)
+    out = []
+    for i, s, h, z in zip(recv.tolist(), start.tolist(), holders.tolist(), size.tolist()):
+        hs = order[s:s + h]
+        if h == 1:
+            sender = hs[0]
+        else:
+            preferred = hs[rk[i] % h]
+            sender = min(hs, key=lambda d: (load[d], d != preferred))
+        load[sender] += z
+        out.append(sender)
+    return np.array(out, dtype=np.int64)
+
+
+def _summary(mesh, p: _Pieces) -> list[tuple[tuple[int, ...], tuple[str, ...], int]]:
+    """Per round (in colour order): the slab (the largest piece's extent per dim), the mesh axes some piece
+    crosses, and how many pieces it moves."""
+    if not len(p.order):
+        return []
+    c = p.colour[p.order]
+    cuts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    ext = (p.hi - p.lo)[p.order]
+    slabs = np.maximum.reduceat(ext, cuts, axis=0) if ext.shape[1] else np.zeros((len(cuts), 0), dtype=np.int64)
+    coords = grid_coords(mesh.shape)  # devices as mesh positions
+    moved = (coords[p.sender[p.order]] != coords[p.receiver[p.order]]).astype(np.int64)
+    crossed = np.maximum.reduceat(moved, cuts, axis=0) if moved.shape[1] else np.zeros((len(cuts), 0), np.int64)
+    counts = np.diff(np.r_[cuts, len(c)])
+    return [(tuple(int(x) for x in s), tuple(nm for nm, m in zip(mesh.axis_names, cr) if m), int(n))
+            for s, cr, n in zip(slabs.tolist(), crossed.tolist(), counts.tolist())]
 
 
 def _edge_colouring(edges: list[tuple[int, int, int]]) -> list[int]:
     """A proper colouring of a bipartite multigraph (senders, receivers) with max-degree colours (Koenig). The
     regular exchanges of a mesh (a gather, a transpose) colour by shift: edges that move data the same number of
     mesh positions form one round when each sends and receives once (O(edges)); otherwise Koenig's method."""
-    by_shift = _shift_colouring(edges)
-    return by_shift if by_shift is not None else _koenig(edges)
+    e = np.asarray(edges, dtype=np.int64).reshape(len(edges), 3)
+    return list(_colouring(e[:, 0], e[:, 1], e[:, 2]))
 
 
-def _shift_colouring(edges: list[tuple[int, int, int]]) -> list[int] | None:
+def _colouring(u: np.ndarray, v: np.ndarray, size: np.ndarray) -> list[int] | np.ndarray:
+    """``_edge_colouring`` of the edges (``u[k]``, ``v[k]``, ``size[k]``)."""
+    by_shift = _shift_colouring(u, v)
+    return by_shift if by_shift is not None else _koenig(u.tolist(), v.tolist(), size.tolist())
+
+
+def _shift_colouring(u: np.ndarray, v: np.ndarray) -> np.ndarray | None:
     """Colour each edge (u, v) by ``v - u``, when that is proper and uses as many colours as the largest degree
-    (the fewest any colouring can); None otherwise."""
-    if not edges:
-        return []
-    n = max(max(u, v) for u, v, _ in edges) + 1
-    classes: dict[int, int] = {}
-    sends: set = set()
-    gets: set = set()
-    deg_u: dict[int, int] = {}
-    deg_v: dict[int, int] = {}
-    colour = []
-    for u, v, _ in edges:
-        shift = (v - u) % n
-        c = classes.setdefault(shift, len(classes))
-        if (u, c) in sends or (v, c) in gets:
-            return None
-        sends.add((u, c))
-        gets.add((v, c))
-        deg_u[u] = deg_u.get(u, 0) + 1
-        deg_v[v] = deg_v.get(v, 0) + 1
-        colour.append(c)
-    if len(classes) != max(max(deg_u.values()), max(deg_v.values())):
+    (the fewest any colouring can); None otherwise. Colours are numbered in order of first use."""
+    if not len(u):
+        return np.zeros(0, dtype=np.int64)
+    n = int(max(u.max(), v.max())) + 1
+    shifts, first, inv = np.unique((v - u) % n, return_index=True, return_inverse=True)
+    k = len(shifts)
+    rank = np.empty(k, dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(k)
+    colour = rank[inv.reshape(-1)]
+    if _repeats(u * k + colour) or _repeats(v * k + colour):
+        return None  # a device would send, or receive, twice in a round
+    if k != max(int(np.bincount(u).max()), int(np.bincount(v).max())):
         return None
     return colour
 
 
-def _koenig(edges: list[tuple[int, int, int]]) -> list[int]:
-    """Koenig's edge colouring: where the first colour free at the sender is taken at the receiver, swap an
-    alternating path."""
-    at_u: dict[int, dict[int, int]] = {}
-    at_v: dict[int, dict[int, int]] = {}
-    colour = [-1] * len(edges)
+def _repeats(x: np.ndarray) -> bool:
+    """Whether some value occurs twice in ``x``."""
+    x = np.sort(x)
+    return bool(np.any(x[1:] == x[:-1]))
 
-    def free(table: dict[int, int]) -> int:
-        c = 0
-        while c in table:
-            c += 1
-        return c
 
-    order = sorted(range(len(edges)), key=lambda e: -edges[e][2])  # big pieces first: they share rounds
-    for e in order:
-        u, v, _ = edges[e]
-        cu, cv = at_u.setdefault(u, {}), at_v.setdefault(v, {})
-        a, b = free(cu), free(cv)
-        if a in cv:
-            # walk v -a- u1 -b- v2 -a- ... and swap a and b along the path; then a is free at v
-            path, node, side, want = [], v, "v", a
+def _koenig(us: list[int], vs: list[int], sizes: list[int]) -> list[int]:
+    """Koenig's edge colouring of the edges (``us[k]``, ``vs[k]``), big pieces first (they share rounds): where
+    the first colour free at the sender is taken at the receiver, swap the colours of an alternating path. Per
+    node, a table colour -> edge (-1: free)."""
+    if not us:
+        return []
+    n = max(max(us), max(vs)) + 1
+    width = max(max(np.bincount(us)), max(np.bincount(vs))) + 1
+    at_u = [[-1] * width for _ in range(n)]
+    at_v = [[-1] * width for _ in range(n)]
+    colour = [-1] * len(us)
+    for e in sorted(range(len(us)), key=lambda e: -sizes[e]):
+        u, v = us[e], vs[e]
+        cu, cv = at_u[u], at_v[v]
+        a, b = cu.index(-1), cv.index(-1)
+        if cv[a] != -1:  # walk v -a- u1 -b- v2 -a- ... and swap a and b along the path; then a is free at v
+            path, node = [], v
             while True:
-                table = at_v[node] if side == "v" else at_u[node]
-                if want not in table:
+                f = at_v[node][a]
+                if f < 0:
                     break
-                f = table[want]
                 path.append(f)
-                fu, fv, _ = edges[f]
-                node, side = (fu, "u") if side == "v" else (fv, "v")
-                want = b if want == a else a
+                node = us[f]
+                f = at_u[node][b]
+                if f < 0:
+                    break
+                path.append(f)
+                node = vs[f]
             for f in path:
-                fu, fv, _ = edges[f]
-                del at_u[fu][colour[f]]
-                del at_v[fv][colour[f]]
+                c = colour[f]
+                at_u[us[f]][c] = -1
+                at_v[vs[f]][c] = -1
             for f in path:
-                fu, fv, _ = edges[f]
-                colour[f] = b if colour[f] == a else a
-                at_u[fu][colour[f]] = f
-                at_v[fv][colour[f]] = f
+                c = b if colour[f] == a else a
+                colour[f] = c
+                at_u[us[f]][c] = f
+                at_v[vs[f]][c] = f
         colour[e] = a
         cu[a] = e
         cv[a] = e

@@ -448,7 +448,19 @@ def test_import_nabla_leaves_scipy_unloaded():
 # ---- the MILP ---------------------------------------------------------------------------------------------
 
 
-def test_milp_matches_brute_force_with_edges_and_memory():
+def test_enumerated_milp_breaks_exact_ties_toward_less_memory_then_the_earlier_option():
+    """Options alike in time and memory (two cuts of a weight the model prices the same): the first listed
+    (the standard layouts come first); an excluded choice is not returned again."""
+    groups = [milp.Group([1.0, 1.0, 1.0, 2.0], [3.0, 2.0, 2.0, 1.0], [0.0] * 4),
+              milp.Group([1.0, 1.0], [1.0, 1.0], [0.0] * 2)]
+    edges = [milp.Edge(0, 1, np.array([[0.0, 0.0], [np.inf, 0.0], [0.0, 0.0], [0.0, 0.0]]))]
+    assert milp.solve(groups, edges).choice == (1, 1)  # (0, *) needs more memory; (1, 0) is ruled out
+    assert milp.solve(groups, edges, exclude=[(1, 1)]).choice == (2, 0)
+    assert milp.solve(groups, edges, memory_limit=2.5).choice == (3, 0)
+
+
+@pytest.mark.parametrize("enumerate_up_to", [0, milp.ENUMERATE])  # HiGHS, and every choice tried
+def test_milp_matches_brute_force_with_edges_and_memory(enumerate_up_to):
     rng = np.random.default_rng(1)
     for trial in range(20):
         sizes = rng.integers(1, 5, size=3)
@@ -459,12 +471,12 @@ def test_milp_matches_brute_force_with_edges_and_memory():
         limit = float(rng.uniform(1.0, 2.5))
         everything = [(milp.evaluate(groups, edges, c), c) for c in itertools.product(*(range(n) for n in sizes))]
         fits = [(t, m, c) for (t, m), c in everything if m <= limit + 1e-9 and np.isfinite(t)]
-        sol = milp.solve(groups, edges, limit)
+        sol = milp.solve(groups, edges, limit, enumerate_up_to=enumerate_up_to)
         if not fits:
             assert sol is None
             continue
         best = min(t for t, _, _ in fits)
         assert sol.time == pytest.approx(best, abs=1e-6)
         assert sol.memory == pytest.approx(min(m for t, m, _ in fits if t <= best + 1e-6), abs=1e-6)
-        least = milp.least_memory(groups, edges)
+        least = milp.least_memory(groups, edges, enumerate_up_to=enumerate_up_to)
         assert least.memory == pytest.approx(min(m for (t, m), _ in everything if np.isfinite(t)), abs=1e-6)
