@@ -105,8 +105,8 @@ def _conv_act_kernel(arrays, local):
         x = _ops._pad_spatial(x, padding, 0)
     G = local.G
     live = local.aux[0] if local.windowed and local.aux else ()
-    y = _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1], live)
-    return _windows.epilogue(y, G, arrays[2] if len(arrays) > 2 else None, relu)
+    return _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1], live,
+                         arrays[2] if len(arrays) > 2 else None, relu)
 
 
 def _conv_act_aux(spec, cuts, shapes, params):
@@ -154,7 +154,21 @@ def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool):
     return _ops._call(CONV_ACT, (x, w) if bias is None else (x, w, bias), params)
 
 
+# Elements per chunk of ``_add_relu`` on numpy: the sum stays in cache for the relu (256 KB of float32).
+_ADD_RELU_CHUNK = 1 << 16
+
+
 def _add_relu(xp, a, b):
+    if xp is np and type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape and \
+            a.dtype == b.dtype and a.flags.c_contiguous and b.flags.c_contiguous and a.size > _ADD_RELU_CHUNK:
+        out = np.empty_like(a)  # chunk by chunk: add then relu while the chunk is in cache (one pass over memory)
+        fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+        zero = out.dtype.type(0)
+        for i in range(0, fo.size, _ADD_RELU_CHUNK):
+            o = fo[i:i + _ADD_RELU_CHUNK]
+            np.add(fa[i:i + _ADD_RELU_CHUNK], fb[i:i + _ADD_RELU_CHUNK], out=o)
+            np.maximum(o, zero, out=o)
+        return out
     out = xp.add(a, b)
     if xp is np and isinstance(out, np.ndarray) and out.flags.writeable:
         return np.maximum(out, out.dtype.type(0), out=out)
