@@ -67,10 +67,11 @@ _THIN = 64
 
 def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | None = None,
          dilation: int | Sequence[int] | None = None, groups: int = 1,
-         live: Sequence[tuple[int, int]] = (), bias: np.ndarray | None = None, relu: bool = False) -> np.ndarray:
+         live: Sequence[tuple[int, int]] = (), bias: np.ndarray | None = None, relu: bool = False,
+         res: np.ndarray | None = None) -> np.ndarray:
     """Valid cross-correlation of windows ``x (*grid, N, C, *spatial)`` with ``w (*grid, O, C/groups, *kernel)``
-    (grids broadcast) -> ``(*grid, N, O, *out)``, contiguous; then :func:`epilogue`'s ``bias (*grid, O)`` and
-    relu, applied while each chunk of output is still in cache. A weight shared by every device (grid all 1)
+    (grids broadcast) -> ``(*grid, N, O, *out)``, contiguous; then :func:`epilogue`'s ``bias (*grid, O)``,
+    residual ``res`` (the output's shape) and relu, applied while each chunk of output is still in cache. A weight shared by every device (grid all 1)
     makes one kernel call for all blocks: grid and batch are one leading dim; otherwise one call per block.
     ``live``: ``(grid axis, n)`` pairs saying only the first ``n`` blocks along that axis hold real output
     rows (the others are all padding of a ceil-rule split): those others are not computed (zeros, through the
@@ -78,10 +79,10 @@ def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | Non
     nd = w.ndim - G - 2
     kernel = w.shape[G + 2:]
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
-    if _xp(x, w) is not np or (bias is not None and _xp(bias) is not np):
+    if _xp(x, w) is not np or any(a is not None and _xp(a) is not np for a in (bias, res)):
         y = _jax_windows(lambda a, b: __import__("jax").lax.conv_general_dilated(
             a, b, stride, "VALID", rhs_dilation=dilation, feature_group_count=groups), G, x, w)
-        return epilogue(y, G, bias, relu)
+        return epilogue(y, G, bias, relu, res)
     N, C = x.shape[G:G + 2]
     O, Cg = w.shape[G:G + 2]
     if x.ndim != G + 2 + nd or C != Cg * groups or O % groups:
@@ -92,27 +93,30 @@ def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | Non
     grid = np.broadcast_shapes(gx, gw, gb)
     outs = tuple((n - _span(k, d)) // s + 1 for n, k, d, s in zip(x.shape[G + 2:], kernel, dilation, stride))
     live = tuple((a, n) for a, n in live if n < gx[a] and gw[a] == 1 and gb[a] == 1)
+    if res is not None and res.shape != grid + (N, O) + outs:  # a broadcast residual: added after, as it is
+        return epilogue(conv(x, w, G, stride, dilation, groups, live, bias), G, None, relu, res)
     if all(s == 1 for s in gw + gb):
         w1 = w.reshape(w.shape[G:])
         b1 = None if bias is None else bias.reshape(O)
         if not live:
-            return _conv_block(x, w1, stride, dilation, groups, dtype, None, b1, relu)
+            return _conv_block(x, w1, stride, dilation, groups, dtype, None, b1, relu, res)
         out = np.empty(grid + (N, O) + outs, dtype)
         key = [slice(None)] * G
         for a, n in live:
             dead = [slice(None)] * G
             dead[a] = slice(n, None)
             out[tuple(dead)] = 0
-            epilogue(out[tuple(dead)], G, bias, relu)
+            epilogue(out[tuple(dead)], G, bias, relu, None if res is None else res[tuple(dead)])
             key[a] = slice(0, n)
-        _conv_block(x[tuple(key)], w1, stride, dilation, groups, dtype, out[tuple(key)], b1, relu)
+        _conv_block(x[tuple(key)], w1, stride, dilation, groups, dtype, out[tuple(key)], b1, relu,
+                    None if res is None else res[tuple(key)])
         return out
     out = np.empty(grid + (N, O) + outs, dtype)
     for i in np.ndindex(*grid):
         xi = x[tuple(j if s > 1 else 0 for j, s in zip(i, gx))]
         wi = w[tuple(j if s > 1 else 0 for j, s in zip(i, gw))]
         bi = None if bias is None else bias[tuple(j if s > 1 else 0 for j, s in zip(i, gb))]
-        _conv_block(xi, wi, stride, dilation, groups, dtype, out[i], bi, relu)
+        _conv_block(xi, wi, stride, dilation, groups, dtype, out[i], bi, relu, None if res is None else res[i])
     return out
 
 
@@ -129,9 +133,10 @@ def _as_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 
 def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation: tuple[int, ...], groups: int,
                 dtype: np.dtype, out: np.ndarray | None = None, bias: np.ndarray | None = None,
-                relu: bool = False) -> np.ndarray:
+                relu: bool = False, res: np.ndarray | None = None) -> np.ndarray:
     """``x (*lead, C, *S)`` with one weight ``w (O, C/groups, *K)`` -> ``(*lead, O, *out)`` (written into
-    ``out`` when given, else a new contiguous array), then ``+ bias (O,)`` and ``max(., 0)`` when asked.
+    ``out`` when given, else a new contiguous array), then ``+ bias (O,)``, ``+ res`` (the output's shape)
+    and ``max(., 0)`` when asked.
 
     Per image, ``W (O, C*K) @ cols (C*K, out)`` gives the output rows in place (no transpose after): a 1x1
     stride-1 conv's cols are the input itself (no copy), a KxK conv's are an im2col copy of a window view.
@@ -161,11 +166,12 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
         v = v[(Ellipsis,) + tuple(slice(None, None, s) for s in stride) + tuple(slice(None, None, d) for d in dilation)]
         taps, shape = tuple(range(2 + nd, 2 + 2 * nd)), (C,) + kernel  # C, then the taps
     # the images as (image, C, *out[, *kernel]) runs: one flat run when the strides allow, else one per prefix
-    flat_v, flat_o = _as_view(v, (L,) + v.shape[nl:]), _as_view(out, (L, O) + outs)
-    if flat_v is not None and flat_o is not None:
-        runs = [(flat_v, flat_o)]
+    r = out if res is None else res  # stands in for an absent residual (never read then)
+    flat = (_as_view(v, (L,) + v.shape[nl:]), _as_view(out, (L, O) + outs), _as_view(r, (L, O) + outs))
+    if all(f is not None for f in flat):
+        runs = [flat]
     else:
-        runs = [(v[i], out[i]) for i in np.ndindex(*lead[:-1])] if nl else [(v[None], out[None])]
+        runs = [(v[i], out[i], r[i]) for i in np.ndindex(*lead[:-1])] if nl else [(v[None], out[None], r[None])]
     fold = P < _THIN and L > 1
     # a folded chunk has at least as many columns as the weight has rows: each chunk's GEMM reads all of it
     n = _chunk((C * K + O) * P, dtype.itemsize, -(-max(_THIN, O) // P) if fold else 1)
@@ -177,7 +183,7 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
     else:  # cols (n, C, *K, *out): one GEMM per image (numpy batches them)
         buf = None if K == 1 and groups == 1 else np.empty((n,) + shape + outs, dtype)
         src_order = (0, 1) + taps + spatial
-    for vr, orr in runs:
+    for vr, orr, rr in runs:
         for i in range(0, vr.shape[0], n):
             src, dst = vr[i:i + n], orr[i:i + n]
             m = src.shape[0]
@@ -204,6 +210,8 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
                     np.matmul(wm, cols, out=d)
                 if b is not None:
                     np.add(dst, b, out=dst, casting="unsafe")
+            if res is not None:
+                np.add(dst, rr[i:i + n], out=dst, casting="unsafe")
             if relu:
                 np.maximum(dst, dst.dtype.type(0), out=dst)
     return out
@@ -218,9 +226,10 @@ def _chunk(elems_per_image: int, itemsize: int, least: int = 1) -> int:
     return max(1, least, _CHUNK_BYTES // max(1, elems_per_image * itemsize))
 
 
-def epilogue(y, G: int, bias=None, relu: bool = False):
-    """``y (*grid, N, O, *out)`` plus ``bias (*grid, O)`` per channel, then ``max(., 0)``: in place on a numpy
-    block the kernel just made (one pass each, no new array), functionally otherwise (jax)."""
+def epilogue(y, G: int, bias=None, relu: bool = False, res=None):
+    """``y (*grid, N, O, *out)`` plus ``bias (*grid, O)`` per channel, plus ``res`` (broadcastable to ``y``),
+    then ``max(., 0)``: in place on a numpy block the kernel just made (one pass each, no new array),
+    functionally otherwise (jax)."""
     nd = y.ndim - G - 2
     if bias is not None:
         bias = bias.reshape(bias.shape[:G] + (1, bias.shape[-1]) + (1,) * nd)
@@ -228,9 +237,13 @@ def epilogue(y, G: int, bias=None, relu: bool = False):
         xp = _xp(y)
         if bias is not None:
             y = y + bias.astype(y.dtype)
+        if res is not None:
+            y = y + xp.asarray(res).astype(y.dtype)
         return xp.maximum(y, y.dtype.type(0)) if relu else y
     if bias is not None:
         np.add(y, bias, out=y, casting="unsafe")
+    if res is not None:
+        np.add(y, res, out=y, casting="unsafe")
     if relu:
         np.maximum(y, y.dtype.type(0), out=y)
     return y
