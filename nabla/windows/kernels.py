@@ -262,8 +262,29 @@ def max_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
     few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
     if few is not None:
         return np.max(few, axis=tuple(range(-nd, 0)))
+    lead = x.shape[:x.ndim - nd]
+    flat = _as_view(x, (prod(lead),) + x.shape[x.ndim - nd:])
+    if flat is None:
+        return _max_taps(x, kernel, stride, dilation)
+    # a few images' channels at a time: the running max stays in cache through every tap
+    n = max(1, _CHUNK_BYTES // max(1, prod(x.shape[x.ndim - nd:]) * x.dtype.itemsize))
+    out = None
+    for i in range(0, flat.shape[0], n):
+        part = _max_taps(flat[i:i + n], kernel, stride, dilation, None if out is None else out[i:i + n])
+        if out is None:
+            out = np.empty((flat.shape[0],) + part.shape[1:], x.dtype)
+            out[:part.shape[0]] = part
+    return out.reshape(lead + out.shape[1:])
+
+
+def _max_taps(x: np.ndarray, kernel: tuple[int, ...], stride, dilation, out: np.ndarray | None = None) -> np.ndarray:
+    nd = len(kernel)
     taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
-    out = next(taps).copy()
+    first = next(taps)
+    if out is None:
+        out = first.copy()
+    else:
+        out[...] = first
     for t in taps:
         np.maximum(out, t, out=out)
     return out
