@@ -192,11 +192,10 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
                 cols[...] = src.transpose(src_order)
                 y = ybuf[..., :m * P] if m < n else ybuf
                 np.matmul(wm, cols.reshape(groups, Cg * K, m * P), out=y)
-                y = y.reshape((O, m) + outs).transpose((1, 0) + spatial)
-                if b is None:
-                    dst[...] = y
-                else:  # the transposing copy adds the bias on the way
-                    np.add(y, b, out=dst, casting="unsafe")
+                y = y.reshape((O, m) + outs)
+                if b is not None:  # on the GEMM's contiguous result: faster than in the transposing copy
+                    np.add(y, b[:, None], out=y, casting="unsafe")
+                dst[...] = y.transpose((1, 0) + spatial)
             else:
                 cols = _as_view(src, (m, C, P)) if buf is None else None
                 if cols is None:
