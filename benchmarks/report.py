@@ -425,8 +425,8 @@ def _quartile_ms(j: dict, side: str) -> str:
 
 
 def onnx_cpu(o: dict) -> str:
-    """The CPU a ResNet-50 measurement ran on (the ratio to onnxruntime depends on it: 2.06x on an Intel Xeon
-    was 2.64x on an AMD EPYC, both with 2 cores)."""
+    """The CPU a ResNet-50 measurement ran on (the ratio to onnxruntime depends on it: at one commit, 2.06x on
+    an Intel Xeon was 2.64x on an AMD EPYC, both with 2 cores)."""
     env = o.get("env", o)
     cores = env.get("cores")
     return f"{env.get('cpu', 'an unrecorded CPU')}" + (f" ({cores} cores)" if cores else "")

@@ -517,9 +517,9 @@ def main() -> None:
 
 
 def keep_other_cpus(new: dict | None, old: dict | None) -> None:
-    """ResNet-50's ratio to onnxruntime depends on the CPU (2.06x on an Intel Xeon, 2.64x on an AMD EPYC): the
-    ratios measured on other CPUs stay in the new record, under ``other_cpus``, and the previous run's join them
-    when it ran on another CPU, so the README says which CPU each number came from."""
+    """ResNet-50's ratio to onnxruntime depends on the CPU (at one commit 2.06x on an Intel Xeon, 2.64x on an AMD
+    EPYC): the ratios measured on other CPUs stay in the new record, under ``other_cpus``, and the previous run's
+    join them when it ran on another CPU, so the README says which CPU each number came from."""
     if not new or not old:
         return
 

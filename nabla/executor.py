@@ -18,7 +18,7 @@ from . import backends, reshard, services, storage
 from . import collectives as C
 from .cost import current as current_cost_model
 from .errors import ShardingError
-from .factors import LocalStep, OperandContext
+from .factors import LocalStep, OperandContext, merge_windows
 from .layout import chunks, grid, merge_cuts, spec_cuts
 from .opdef import Local, OpDef
 from .pending import (KEEPS, STRICT, breaks_linearity, cheaper_to_sum_now, mask_zero, overflowed, repeated_partials,
@@ -646,7 +646,7 @@ def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ..
         step = kind.prepare(ctx, tuple(dims))
         if step is not None:
             steps.append(step)
-    return tuple(steps)
+    return merge_windows(steps)
 
 
 def _strip_partial(spec: ShardingSpec) -> ShardingSpec:

@@ -40,6 +40,34 @@ class LocalStep(NamedTuple):
     apply: Callable[[Any], Any]
     events: tuple = ()
     lower: Callable[[Any, Any], Any] | None = None
+    windows: tuple | None = None  # (G, fill, extend_many's dims): a window step :func:`merge_windows` may join
+
+
+def merge_windows(steps: tuple[LocalStep, ...] | list[LocalStep]) -> tuple[LocalStep, ...]:
+    """Window steps of one operand (one per windowed dim, same fill) as one: a numpy block is copied once into
+    a buffer of all its windows (``extend_many`` over every dim) rather than once per dim. Same blocks, same
+    collectives (the steps' events in order); other backends still run the steps one after another."""
+    out: list[LocalStep] = []
+    for step in steps:
+        prev = out[-1] if out else None
+        if prev is None or prev.windows is None or step.windows is None or prev.windows[:2] != step.windows[:2] \
+                or {d[0] for d in prev.windows[2]} & {d[0] for d in step.windows[2]}:
+            out.append(step)
+            continue
+        first, second = prev, step
+        G, fill_, dims = first.windows[0], first.windows[1], first.windows[2] + second.windows[2]
+
+        def apply(x, first=first, second=second, G=G, fill_=fill_, dims=dims):
+            if type(x) is np.ndarray:
+                return W.extend_many(x, G, dims, fill_)
+            return second.apply(first.apply(x))
+
+        def lower(x, dev, first=first, second=second):
+            return second.lower(first.lower(x, dev), dev)
+
+        out[-1] = LocalStep(apply, first.events + second.events, lower if first.lower and second.lower else None,
+                            (G, fill_, dims))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -224,7 +252,10 @@ class Window(FactorKind):
                     x = _halo_lower(x, d, spec.dim_refs[d], h, self.fill, dev)
             return x
 
-        return LocalStep(apply, tuple(events), lower)
+        many = None if any(isinstance(h, int) for _, _, h in plans) else \
+            (G, self.fill, tuple((d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation, win.pad_lo)
+                                 for d, atoms, _ in plans))
+        return LocalStep(apply, tuple(events), lower, many)
 
 
 def _halo_pieces(h, src):

@@ -100,19 +100,20 @@ def _attr(node: onnx.NodeProto, name: str, default):
 
 def _conv_act_kernel(arrays, local):
     x, w = arrays[:2]
-    stride, padding, dilation, groups, relu = local.params
+    stride, padding, dilation, groups, relu, residual = local.params
     if not local.windowed:
         x = _ops._pad_spatial(x, padding, 0)
     G = local.G
     live = local.aux[0] if local.windowed and local.aux else ()
-    y = _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1], live)
-    return _windows.epilogue(y, G, arrays[2] if len(arrays) > 2 else None, relu)
+    bias = arrays[2] if len(arrays) > 2 + residual else None
+    return _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1], live, bias, relu,
+                         arrays[-1] if residual else None)
 
 
 def _conv_act_aux(spec, cuts, shapes, params):
     """Per spatial dim sharded on one grid axis: how many of its blocks hold real output rows (with the ceil
     rule, 28 rows over 8 devices leave the last one only padding), so the kernel skips the rest."""
-    stride, padding, dilation, _, _ = params
+    stride, padding, dilation = params[:3]
     x, w = shapes[0], shapes[1]
     g = grid(spec, cuts)
     live = []
@@ -128,33 +129,61 @@ def _conv_act_aux(spec, cuts, shapes, params):
     return (tuple(live),)
 
 
-@onnx_export("Conv", "Relu")
+@onnx_export("Conv", "Add", "Relu")
 def _conv_act_onnx(ex):
-    """Conv with its bias, then Relu when fused."""
-    stride, pads, dilation, groups, relu = ex.params
+    """Conv with its bias, then the residual Add and Relu when fused."""
+    stride, pads, dilation, groups, relu, residual = ex.params
     ins = [ex.operand(i, ex.dtype) for i in range(len(ex.node.args))]
     attrs = dict(strides=list(stride), pads=_onnx_pads(pads), dilations=list(dilation), group=int(groups),
                  kernel_shape=[int(k) for k in ex.node.args[1]._shape[2:]])
     main = [(x, i) for i, x in enumerate(ins)]
+    conv_ins = ins[:-1] if residual else ins
+    if not relu and not residual:
+        return ex.finish(ex.out("Conv", conv_ins, **attrs), main)
+    y = ex.emit("Conv", conv_ins, "conv", **attrs)
     if not relu:
-        return ex.finish(ex.out("Conv", ins, **attrs), main)
-    return ex.finish(ex.out("Relu", [ex.emit("Conv", ins, "conv", **attrs)]), main)
+        return ex.finish(ex.out("Add", [y, ins[-1]]), main)
+    if residual:
+        y = ex.emit("Add", [y, ins[-1]], "sum")
+    return ex.finish(ex.out("Relu", [y]), main)
 
 
-CONV_ACT = register(OpDef("conv_act", lambda shapes, stride, padding, dilation, groups, relu: _conv_rules.conv_rule(
-    shapes[0], shapes[1], stride, padding, dilation, groups, shapes[2] if len(shapes) > 2 else None, True),
-    _conv_act_kernel, dtype=lambda *d: np.result_type(*d), aux=_conv_act_aux, onnx=_conv_act_onnx))
+def _conv_act_rule(shapes, stride, padding, dilation, groups, relu, residual):
+    bias = shapes[2] if len(shapes) > 2 + residual else None
+    return _conv_rules.conv_rule(shapes[0], shapes[1], stride, padding, dilation, groups, bias, True,
+                                 shapes[-1] if residual else None)
 
 
-def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool):
-    """``relu(conv(x, w) + bias)`` (``relu`` optional) as one op: input channels needed whole (never partial)."""
+CONV_ACT = register(OpDef("conv_act", _conv_act_rule, _conv_act_kernel, dtype=lambda *d: np.result_type(*d),
+                          aux=_conv_act_aux, onnx=_conv_act_onnx))
+
+
+def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool, residual=None):
+    """``relu(conv(x, w) + bias + residual)`` (bias, residual and relu optional) as one op: input channels
+    needed whole (never partial); the residual (the output's shape, as a ResNet's shortcut) is added while
+    the kernel's output is in cache, where an Add after the conv would read and write it all again."""
     nd = x.ndim - 2
     params = (_ops._per_dim(stride, nd, "stride", "conv"), _ops._pads(padding, nd, "conv"),
-              _ops._per_dim(dilation, nd, "dilation", "conv"), int(groups), bool(relu))
-    return _ops._call(CONV_ACT, (x, w) if bias is None else (x, w, bias), params)
+              _ops._per_dim(dilation, nd, "dilation", "conv"), int(groups), bool(relu), residual is not None)
+    args = (x, w) + (() if bias is None else (bias,)) + (() if residual is None else (residual,))
+    return _ops._call(CONV_ACT, args, params)
+
+
+# Elements per chunk of ``_add_relu`` on numpy: the sum stays in cache for the relu (256 KB of float32).
+_ADD_RELU_CHUNK = 1 << 16
 
 
 def _add_relu(xp, a, b):
+    if xp is np and type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape and \
+            a.dtype == b.dtype and a.flags.c_contiguous and b.flags.c_contiguous and a.size > _ADD_RELU_CHUNK:
+        out = np.empty_like(a)  # chunk by chunk: add then relu while the chunk is in cache (one pass over memory)
+        fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+        zero = out.dtype.type(0)
+        for i in range(0, fo.size, _ADD_RELU_CHUNK):
+            o = fo[i:i + _ADD_RELU_CHUNK]
+            np.add(fa[i:i + _ADD_RELU_CHUNK], fb[i:i + _ADD_RELU_CHUNK], out=o)
+            np.maximum(o, zero, out=o)
+        return out
     out = xp.add(a, b)
     if xp is np and isinstance(out, np.ndarray) and out.flags.writeable:
         return np.maximum(out, out.dtype.type(0), out=out)

@@ -367,8 +367,9 @@ def _check_shape(shape: tuple[int, ...], name: str, vi: onnx.ValueInfoProto | No
 class _Runner(Walker):
     """The walk ``run`` makes: a Conv -> BatchNormalization pair with constant parameters runs as one conv
     with folded weights and bias, the norm passing its input through; a conv's bias and a Relu that only it
-    feeds run in the conv's kernel, and an Add (or a Sum of two) that only feeds a Relu runs with it (see
-    ``fuse``)."""
+    feeds run in the conv's kernel, and an Add (or a Sum of two) that only feeds a Relu runs with it: in the
+    kernel of the conv that feeds it, when that conv runs after the Add's other operand is made (a ResNet's
+    shortcut), else as one elementwise op (see ``fuse``)."""
 
     def __init__(self, prog: Program, mesh: DeviceMesh | None, folds: list[Fold]) -> None:
         super().__init__(prog, mesh)
@@ -378,6 +379,8 @@ class _Runner(Walker):
         self.lazy: dict[str, np.ndarray] = {}  # initializers not placed yet
         self.relu_after: dict[int, int] = {}  # Conv, Add or Sum node -> the Relu that is its only consumer
         self.fused: set[int] = set()  # Relu nodes whose work an earlier node did (in this run)
+        self.into_add: dict[int, tuple[int, int]] = {}  # Conv node -> (the Add it only feeds, operand index)
+        self.summed: dict[int, int] = {}  # Add node -> the operand holding its result, a conv made it (this run)
         g = prog.graph
         consumers: dict[str, list[int]] = {}
         for k, n in enumerate(g.node):
@@ -393,14 +396,24 @@ class _Runner(Walker):
             if step.proto.domain not in _DOMAINS or step.proto.op_type not in ("Conv", "Add", "Sum") or \
                     len(step.proto.output) != 1:
                 continue
-            k = only_consumer(step.proto.output[0])
+            fed = step.proto.output[0]
+            k = only_consumer(fed)
             if k is not None and k in self.passthrough:  # through a folded BatchNormalization
-                k = only_consumer(g.node[k].output[0]) if len(g.node[k].output) == 1 else None
+                fed = g.node[k].output[0] if len(g.node[k].output) == 1 else None
+                k = only_consumer(fed) if fed else None
             if k is None:
                 continue
             relu = prog.steps[k]
             if relu.proto.op_type == "Relu" and relu.proto.domain in _DOMAINS and not relu.specs:
                 self.relu_after[step.index] = k
+            elif step.proto.op_type == "Conv" and relu.proto.op_type in ("Add", "Sum") and not relu.specs and \
+                    relu.proto.domain in _DOMAINS and len(relu.proto.input) == 2 and len(set(relu.proto.input)) == 2:
+                self.into_add[step.index] = (k, list(relu.proto.input).index(fed))
+        # an Add fed by two convs: the later one adds the other's result (made by then)
+        last: dict[int, int] = {}
+        for c, (a, _) in self.into_add.items():
+            last[a] = max(last.get(a, -1), c)
+        self.into_add = {c: v for c, v in self.into_add.items() if last[v[0]] == c and v[0] in self.relu_after}
 
     def load_initializers(self) -> None:
         need = {p for f in self.folds.values() for p in (f.weight, f.bias, f.scale, f.shift, f.mean, f.var) if p}
@@ -428,23 +441,39 @@ class _Runner(Walker):
     def call(self, step: CheckedNode, ins: list[Tensor | None]) -> list[Tensor | None]:
         if step.index in self.passthrough or step.index in self.fused:
             return [ins[0]]
+        if step.index in self.summed:
+            return [ins[self.summed[step.index]]]
         relu = self.relu_after.get(step.index)
         if step.proto.op_type == "Conv" and step.proto.domain in _DOMAINS and 2 <= len(ins) <= 3 and \
                 all(t is not None for t in ins[:2]):
-            try:
-                out = conv_act(step.node, ins[0], ins[1], ins[2] if len(ins) > 2 else None, relu is not None)
-            except ShardingError:
-                out = None  # left to the Conv entry itself, which names the node in its error
-            if out is not None:
-                if relu is not None:
-                    self.fused.add(relu)
-                return [out]
+            b = ins[2] if len(ins) > 2 else None
+            add, pos = self.into_add.get(step.index, (None, 0))
+            res = self.env.get(self.prog.graph.node[add].input[1 - pos]) if add is not None else None
+            if res is not None and (_layout(res) != _layout(ins[0]) or res.dtype != np.result_type(
+                    *(t.dtype for t in ins if t is not None))):
+                res = None  # the residual must already have the result's layout and dtype: nothing else moves
+            for r in ((res, None) if res is not None else (None,)):
+                try:
+                    out = conv_act(step.node, ins[0], ins[1], b, relu is not None or r is not None, r)
+                except ShardingError:
+                    out = None  # left to the Conv entry itself, which names the node in its error
+                if out is not None:
+                    if relu is not None:
+                        self.fused.add(relu)
+                    if r is not None:
+                        self.summed[add] = pos
+                        self.fused.add(self.relu_after[add])
+                    return [out]
         if relu is not None and step.proto.op_type in ("Add", "Sum") and len(ins) == 2 and all(t is not None for t in ins):
             a, b = ins
             self.fused.add(relu)
             with _node_errors(step):
                 return [_call(ADD_RELU, (a, b))]
         return super().call(step, ins)
+
+
+def _layout(t: Tensor) -> ShardingSpec | None:
+    return None if t.sharding is None else t.sharding.layout()
 
 
 _MEMORY_KEPT = False

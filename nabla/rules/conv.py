@@ -35,11 +35,12 @@ def _before(outs, wins, i: int) -> tuple:
 @lru_cache(maxsize=4096)
 def conv_rule(x: tuple[int, ...], w: tuple[int, ...], stride: tuple[int, ...], padding: tuple[tuple[int, int], ...],
               dilation: tuple[int, ...], groups: int, bias: tuple[int, ...] | None = None,
-              whole: bool = False) -> Rule:
+              whole: bool = False, residual: tuple[int, ...] | None = None) -> Rule:
     """``x (N, C, *S)`` with ``w (O, C/groups, *K)``: factors n, g (groups), c (C/groups, contracted),
     o (O/groups), one window factor per spatial dim, one whole factor per kernel dim. ``bias (O,)``, when
     given, is a third operand on (g, o). ``whole``: c is needed whole rather than contracted (no partial
-    sums), for a kernel that applies something non-linear to the sums (a fused epilogue)."""
+    sums), for a kernel that applies something non-linear to the sums (a fused epilogue). ``residual``, when
+    given, is a last operand of the result's shape and factors, added in that epilogue."""
     nd = len(x) - 2
     if nd < 1 or nd > 3 or len(w) != len(x):
         raise ShardingError(f"conv: x must be (N, C, *spatial) with 1 to 3 spatial dims and w (O, C/groups, "
@@ -64,16 +65,23 @@ def conv_rule(x: tuple[int, ...], w: tuple[int, ...], stride: tuple[int, ...], p
     n, g = new(N, PASS), new(groups, PASS)
     c, o = new(Cg, REPLICATE if whole else REDUCE), new(O // groups, PASS)
     wins = [WindowSpec(x[2 + i], kernel[i], stride[i], dilation[i], padding[i][0]) for i in range(nd)]
-    sp = [new(outs[i], Window(outs[i], (wins[i], None), 0.0, _before(outs, wins, i))) for i in range(nd)]
+    # one window per operand: x reads its windows; w, bias and a residual have none (a residual's rows are
+    # the result's own)
+    sp = [new(outs[i], Window(outs[i], (wins[i], None, None, None), 0.0, _before(outs, wins, i))) for i in range(nd)]
     kk = [new(kernel[i], REPLICATE) for i in range(nd)]
     xd = [dim(n), dim(g, c)] + [dim(f) for f in sp]
     wd = [dim(g, o), dim(c)] + [dim(f) for f in kk]
     rd = [dim(n), dim(g, o)] + [dim(f) for f in sp]
-    if bias is None:
-        return build([xd, wd], rd, sizes, kinds)
-    if tuple(bias) != (O,):
-        raise ShardingError(f"conv: bias must have shape ({O},) (one per output channel), got {bias}")
-    return build([xd, wd, [dim(g, o)]], rd, sizes, kinds)
+    operands = [xd, wd]
+    if bias is not None:
+        if tuple(bias) != (O,):
+            raise ShardingError(f"conv: bias must have shape ({O},) (one per output channel), got {bias}")
+        operands.append([dim(g, o)])
+    if residual is not None:
+        if tuple(residual) != (N, O, *outs):
+            raise ShardingError(f"conv: the residual must have the result's shape {(N, O, *outs)}, got {residual}")
+        operands.append(rd)
+    return build(operands, rd, sizes, kinds)
 
 
 @lru_cache(maxsize=4096)

@@ -67,45 +67,56 @@ _THIN = 64
 
 def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | None = None,
          dilation: int | Sequence[int] | None = None, groups: int = 1,
-         live: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+         live: Sequence[tuple[int, int]] = (), bias: np.ndarray | None = None, relu: bool = False,
+         res: np.ndarray | None = None) -> np.ndarray:
     """Valid cross-correlation of windows ``x (*grid, N, C, *spatial)`` with ``w (*grid, O, C/groups, *kernel)``
-    (grids broadcast) -> ``(*grid, N, O, *out)``, contiguous. A weight shared by every device (grid all 1)
+    (grids broadcast) -> ``(*grid, N, O, *out)``, contiguous; then :func:`epilogue`'s ``bias (*grid, O)``,
+    residual ``res`` (the output's shape) and relu, applied while each chunk of output is still in cache. A weight shared by every device (grid all 1)
     makes one kernel call for all blocks: grid and batch are one leading dim; otherwise one call per block.
     ``live``: ``(grid axis, n)`` pairs saying only the first ``n`` blocks along that axis hold real output
-    rows (the others are all padding of a ceil-rule split): those others are zeros, not computed."""
+    rows (the others are all padding of a ceil-rule split): those others are not computed (zeros, through the
+    epilogue)."""
     nd = w.ndim - G - 2
     kernel = w.shape[G + 2:]
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
-    if _xp(x, w) is not np:
-        return _jax_windows(lambda a, b: __import__("jax").lax.conv_general_dilated(
+    if _xp(x, w) is not np or any(a is not None and _xp(a) is not np for a in (bias, res)):
+        y = _jax_windows(lambda a, b: __import__("jax").lax.conv_general_dilated(
             a, b, stride, "VALID", rhs_dilation=dilation, feature_group_count=groups), G, x, w)
+        return epilogue(y, G, bias, relu, res)
     N, C = x.shape[G:G + 2]
     O, Cg = w.shape[G:G + 2]
     if x.ndim != G + 2 + nd or C != Cg * groups or O % groups:
         raise ValueError(f"conv shapes x {x.shape}, w {w.shape} (G={G}) do not fit groups={groups}")
     gx, gw = x.shape[:G], w.shape[:G]
+    gb = (1,) * G if bias is None else bias.shape[:G]
     dtype = np.result_type(x, w)
-    grid = np.broadcast_shapes(gx, gw)
+    grid = np.broadcast_shapes(gx, gw, gb)
     outs = tuple((n - _span(k, d)) // s + 1 for n, k, d, s in zip(x.shape[G + 2:], kernel, dilation, stride))
-    live = tuple((a, n) for a, n in live if n < gx[a] and gw[a] == 1)
-    if all(s == 1 for s in gw):
+    live = tuple((a, n) for a, n in live if n < gx[a] and gw[a] == 1 and gb[a] == 1)
+    if res is not None and res.shape != grid + (N, O) + outs:  # a broadcast residual: added after, as it is
+        return epilogue(conv(x, w, G, stride, dilation, groups, live, bias), G, None, relu, res)
+    if all(s == 1 for s in gw + gb):
         w1 = w.reshape(w.shape[G:])
+        b1 = None if bias is None else bias.reshape(O)
         if not live:
-            return _conv_block(x, w1, stride, dilation, groups, dtype)
+            return _conv_block(x, w1, stride, dilation, groups, dtype, None, b1, relu, res)
         out = np.empty(grid + (N, O) + outs, dtype)
         key = [slice(None)] * G
         for a, n in live:
             dead = [slice(None)] * G
             dead[a] = slice(n, None)
             out[tuple(dead)] = 0
+            epilogue(out[tuple(dead)], G, bias, relu, None if res is None else res[tuple(dead)])
             key[a] = slice(0, n)
-        _conv_block(x[tuple(key)], w1, stride, dilation, groups, dtype, out[tuple(key)])
+        _conv_block(x[tuple(key)], w1, stride, dilation, groups, dtype, out[tuple(key)], b1, relu,
+                    None if res is None else res[tuple(key)])
         return out
     out = np.empty(grid + (N, O) + outs, dtype)
     for i in np.ndindex(*grid):
         xi = x[tuple(j if s > 1 else 0 for j, s in zip(i, gx))]
         wi = w[tuple(j if s > 1 else 0 for j, s in zip(i, gw))]
-        _conv_block(xi, wi, stride, dilation, groups, dtype, out[i])
+        bi = None if bias is None else bias[tuple(j if s > 1 else 0 for j, s in zip(i, gb))]
+        _conv_block(xi, wi, stride, dilation, groups, dtype, out[i], bi, relu, None if res is None else res[i])
     return out
 
 
@@ -121,60 +132,103 @@ def _as_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 
 
 def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation: tuple[int, ...], groups: int,
-                dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+                dtype: np.dtype, out: np.ndarray | None = None, bias: np.ndarray | None = None,
+                relu: bool = False, res: np.ndarray | None = None) -> np.ndarray:
     """``x (*lead, C, *S)`` with one weight ``w (O, C/groups, *K)`` -> ``(*lead, O, *out)`` (written into
-    ``out`` when given, else a new contiguous array).
+    ``out`` when given, else a new contiguous array), then ``+ bias (O,)``, ``+ res`` (the output's shape)
+    and ``max(., 0)`` when asked.
 
     Per image, ``W (O, C*K) @ cols (C*K, out)`` gives the output rows in place (no transpose after): a 1x1
-    stride-1 conv's cols are the input itself (no copy), a KxK conv's are one im2col copy of a window view.
-    Thin images are folded into the columns of one GEMM instead; groups are a batch dim of the GEMM."""
+    stride-1 conv's cols are the input itself (no copy), a KxK conv's are an im2col copy of a window view.
+    Thin images (few output positions) are folded into the columns of one GEMM instead, its result transposed
+    into place. Images go a few at a time (:func:`_chunk`), so a chunk's cols and output stay in cache from
+    the copy through the GEMM to the epilogue: one im2col buffer for a whole block is tens of MB, and reading
+    it back from memory cost as much as the GEMM. Groups are a batch dim of the GEMM."""
     nd = w.ndim - 2
     kernel = w.shape[2:]
     O, Cg = w.shape[:2]
-    lead = x.shape[:x.ndim - nd - 1]
-    C = x.shape[len(lead)]
+    nl = x.ndim - nd - 1
+    lead, C = x.shape[:nl], x.shape[nl]
     L, K = prod(lead), prod(kernel)
     spans = tuple(_span(k, d) for k, d in zip(kernel, dilation))
-    outs = tuple((n - sp) // s + 1 for n, sp, s in zip(x.shape[len(lead) + 1:], spans, stride))
+    outs = tuple((n - sp) // s + 1 for n, sp, s in zip(x.shape[nl + 1:], spans, stride))
     P = prod(outs)
     x = x.astype(dtype, copy=False)
     wm = w.astype(dtype, copy=False).reshape(groups, O // groups, Cg * K)
     if out is None:
         out = np.empty(lead + (O,) + outs, dtype)
-    fold = P < _THIN and L > 1
-    nl = len(lead)
+    b = None if bias is None else bias.reshape((O,) + (1,) * nd)
     if K == 1:  # a 1x1 conv reads a strided sub-grid: the view is its own im2col
         v = x[(Ellipsis,) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(outs, stride))]
-        order, shape = (nl,), (C,)
+        taps, shape = (), (C,)
     else:
         v = sliding_window_view(x, spans, axis=tuple(range(nl + 1, nl + 1 + nd)))
         v = v[(Ellipsis,) + tuple(slice(None, None, s) for s in stride) + tuple(slice(None, None, d) for d in dilation)]
-        order, shape = (nl,) + tuple(range(nl + 1 + nd, nl + 1 + 2 * nd)), (C,) + kernel  # C, then the taps
-    lead_ax, out_ax = tuple(range(nl)), tuple(range(nl + 1, nl + 1 + nd))
-    if fold:  # cols (groups, C/groups*K, L*P): one GEMM per group over every image
-        cols = np.empty(shape + lead + outs, dtype)
-        cols[...] = v.transpose(order + lead_ax + out_ax)
-        y = np.matmul(wm, cols.reshape(groups, Cg * K, L * P))  # (groups, O/groups, L*P)
-        y = y.reshape((O,) + lead + (P,)).transpose(tuple(range(1, nl + 1)) + (0, nl + 1))
-        out[...] = y.reshape(lead + (O,) + outs)
-        return out
-    if K == 1 and groups == 1 and (cols := _as_view(v, lead + (C, P))) is not None:
-        pass  # no copy
+        taps, shape = tuple(range(2 + nd, 2 + 2 * nd)), (C,) + kernel  # C, then the taps
+    # the images as (image, C, *out[, *kernel]) runs: one flat run when the strides allow, else one per prefix
+    r = out if res is None else res  # stands in for an absent residual (never read then)
+    flat = (_as_view(v, (L,) + v.shape[nl:]), _as_view(out, (L, O) + outs), _as_view(r, (L, O) + outs))
+    if all(f is not None for f in flat):
+        runs = [flat]
     else:
-        cols = np.empty(lead + shape + outs, dtype)
-        cols[...] = v.transpose(lead_ax + order + out_ax)
-    cols = cols.reshape(lead + (groups, Cg * K, P))
-    dst = _as_view(out, lead + (groups, O // groups, P))
-    if dst is None:
-        out[...] = np.matmul(wm, cols).reshape(out.shape)
-    else:
-        np.matmul(wm, cols, out=dst)  # (*lead, groups, O/groups, P)
+        runs = [(v[i], out[i], r[i]) for i in np.ndindex(*lead[:-1])] if nl else [(v[None], out[None], r[None])]
+    fold = P < _THIN and L > 1
+    # a folded chunk has at least as many columns as the weight has rows: each chunk's GEMM reads all of it
+    n = _chunk((C * K + O) * P, dtype.itemsize, -(-max(_THIN, O) // P) if fold else 1)
+    spatial = tuple(range(2, 2 + nd))
+    if fold:  # cols (C, *K, n, *out): the chunk's images are the GEMM's columns
+        buf = np.empty(shape + (n,) + outs, dtype)
+        ybuf = np.empty((groups, O // groups, n * P), dtype)
+        src_order = (1,) + taps + (0,) + spatial
+    else:  # cols (n, C, *K, *out): one GEMM per image (numpy batches them)
+        buf = None if K == 1 and groups == 1 else np.empty((n,) + shape + outs, dtype)
+        src_order = (0, 1) + taps + spatial
+    for vr, orr, rr in runs:
+        for i in range(0, vr.shape[0], n):
+            src, dst = vr[i:i + n], orr[i:i + n]
+            m = src.shape[0]
+            if fold:
+                cols = buf[(slice(None),) * len(shape) + (slice(0, m),)] if m < n else buf
+                cols[...] = src.transpose(src_order)
+                y = ybuf[..., :m * P] if m < n else ybuf
+                np.matmul(wm, cols.reshape(groups, Cg * K, m * P), out=y)
+                y = y.reshape((O, m) + outs)
+                if b is not None:  # on the GEMM's contiguous result: faster than in the transposing copy
+                    np.add(y, b[:, None], out=y, casting="unsafe")
+                dst[...] = y.transpose((1, 0) + spatial)
+            else:
+                cols = _as_view(src, (m, C, P)) if buf is None else None
+                if cols is None:
+                    cols = buf[:m] if buf is not None else np.empty((m,) + shape + outs, dtype)
+                    cols[...] = src.transpose(src_order)
+                cols = cols.reshape(m, groups, Cg * K, P)
+                d = _as_view(dst, (m, groups, O // groups, P))
+                if d is None:
+                    dst[...] = np.matmul(wm, cols).reshape(dst.shape)
+                else:
+                    np.matmul(wm, cols, out=d)
+                if b is not None:
+                    np.add(dst, b, out=dst, casting="unsafe")
+            if res is not None:
+                np.add(dst, rr[i:i + n], out=dst, casting="unsafe")
+            if relu:
+                np.maximum(dst, dst.dtype.type(0), out=dst)
     return out
 
 
-def epilogue(y, G: int, bias=None, relu: bool = False):
-    """``y (*grid, N, O, *out)`` plus ``bias (*grid, O)`` per channel, then ``max(., 0)``: in place on a numpy
-    block the kernel just made (one pass each, no new array), functionally otherwise (jax)."""
+# How many bytes of one chunk's operands (cols and output) :func:`_conv_block` aims to keep in cache.
+_CHUNK_BYTES = 1 << 21
+
+
+def _chunk(elems_per_image: int, itemsize: int, least: int = 1) -> int:
+    """Images per chunk: as many as fit :data:`_CHUNK_BYTES`, at least ``least``."""
+    return max(1, least, _CHUNK_BYTES // max(1, elems_per_image * itemsize))
+
+
+def epilogue(y, G: int, bias=None, relu: bool = False, res=None):
+    """``y (*grid, N, O, *out)`` plus ``bias (*grid, O)`` per channel, plus ``res`` (broadcastable to ``y``),
+    then ``max(., 0)``: in place on a numpy block the kernel just made (one pass each, no new array),
+    functionally otherwise (jax)."""
     nd = y.ndim - G - 2
     if bias is not None:
         bias = bias.reshape(bias.shape[:G] + (1, bias.shape[-1]) + (1,) * nd)
@@ -182,9 +236,13 @@ def epilogue(y, G: int, bias=None, relu: bool = False):
         xp = _xp(y)
         if bias is not None:
             y = y + bias.astype(y.dtype)
+        if res is not None:
+            y = y + xp.asarray(res).astype(y.dtype)
         return xp.maximum(y, y.dtype.type(0)) if relu else y
     if bias is not None:
         np.add(y, bias, out=y, casting="unsafe")
+    if res is not None:
+        np.add(y, res, out=y, casting="unsafe")
     if relu:
         np.maximum(y, y.dtype.type(0), out=y)
     return y
@@ -203,8 +261,29 @@ def max_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
     few = _few_windows(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
     if few is not None:
         return np.max(few, axis=tuple(range(-nd, 0)))
+    lead = x.shape[:x.ndim - nd]
+    flat = _as_view(x, (prod(lead),) + x.shape[x.ndim - nd:])
+    if flat is None:
+        return _max_taps(x, kernel, stride, dilation)
+    # a few images' channels at a time: the running max stays in cache through every tap
+    n = max(1, _CHUNK_BYTES // max(1, prod(x.shape[x.ndim - nd:]) * x.dtype.itemsize))
+    out = None
+    for i in range(0, flat.shape[0], n):
+        part = _max_taps(flat[i:i + n], kernel, stride, dilation, None if out is None else out[i:i + n])
+        if out is None:
+            out = np.empty((flat.shape[0],) + part.shape[1:], x.dtype)
+            out[:part.shape[0]] = part
+    return out.reshape(lead + out.shape[1:])
+
+
+def _max_taps(x: np.ndarray, kernel: tuple[int, ...], stride, dilation, out: np.ndarray | None = None) -> np.ndarray:
+    nd = len(kernel)
     taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
-    out = next(taps).copy()
+    first = next(taps)
+    if out is None:
+        out = first.copy()
+    else:
+        out[...] = first
     for t in taps:
         np.maximum(out, t, out=out)
     return out

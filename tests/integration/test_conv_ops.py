@@ -422,6 +422,27 @@ def test_fused_conv_bias_relu_equals_the_reference(spec, relu):
     assert_sharded_allclose(strided, np.maximum(want2, 0) if relu else want2, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("spec", [[None, None, "x", None], ["x", None, None, None], [None, None, None, "x"]], ids=str)
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("n", [2, 16])
+def test_fused_conv_adds_a_residual_in_its_kernel(spec, relu, n):
+    """``relu(conv + bias + residual)`` in one op: the residual, laid out as the result, moves nowhere (the
+    collectives are the conv's own) and is added in the order an Add after the conv would (exactly equal);
+    7 rows on 8 devices leave a padding block; 16 images of 2x3 fold into one GEMM."""
+    fuse = pytest.importorskip("nabla.onnx.fuse")
+    x, w, b = R.standard_normal((n, 8, 7, 3)), R.standard_normal((5, 8, 3, 3)), R.standard_normal(5)
+    t = nb.tensor(x).shard(M8, spec)
+    with nb.comm_log() as conv_only:
+        y = fuse.conv_act(t, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, False)
+    r = nb.tensor(R.standard_normal(y.shape)).shard(M8, spec)
+    with nb.comm_log() as log:
+        out = fuse.conv_act(t, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, relu, r)
+    assert [(e.kind, e.bytes) for e in log.events] == [(e.kind, e.bytes) for e in conv_only.events]
+    want = y.numpy() + r.numpy()
+    np.testing.assert_array_equal(out.numpy(), np.maximum(want, 0) if relu else want)
+    assert out.sharding.layout() == y.sharding.layout()
+
+
 @pytest.mark.parametrize("xs,spec", [((2, 3, 5, 9), ["a", None, "b", None]), ((2, 3, 5, 30), [None, None, "b", "a"]),
                                      ((4, 3, 9, 40), ["a", None, "b", None])], ids=str)
 def test_fused_conv_skips_padding_blocks_on_a_later_grid_axis(xs, spec):

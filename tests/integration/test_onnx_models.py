@@ -380,6 +380,57 @@ def test_conv_batch_norm_folding(shared, bias, dims):
     assert a["y"].sharding.layout() == ShardingSpec(MESH, [None, ("dp", "tp"), None, None])
 
 
+def residual_block(shortcut: str, swap: bool, op: str = "Add"):
+    """x -> Conv -> BN -> Relu -> Conv -> BN, added to the shortcut (x itself, or a 1x1 conv of x made before
+    or after the branch), then Relu; ``swap`` puts the shortcut first in the Add."""
+    C = 4
+    inits = [numpy_helper.from_array(rand(C, C, 3, 3), "Wa"), numpy_helper.from_array(rand(C, C, 3, 3), "Wb"),
+             numpy_helper.from_array(rand(C, C, 1, 1), "Wp"), numpy_helper.from_array(rand(C), "bp")]
+    for p in "ab":
+        inits += [numpy_helper.from_array(rand(C), f"s{p}"), numpy_helper.from_array(rand(C), f"t{p}"),
+                  numpy_helper.from_array(rand(C), f"m{p}"), numpy_helper.from_array(np.abs(rand(C)) + 0.5, f"v{p}")]
+    branch = [helper.make_node("Conv", ["x", "Wa"], ["ca"], pads=[1, 1, 1, 1]),
+              helper.make_node("BatchNormalization", ["ca", "sa", "ta", "ma", "va"], ["na"]),
+              helper.make_node("Relu", ["na"], ["ra"]),
+              helper.make_node("Conv", ["ra", "Wb"], ["cb"], pads=[1, 1, 1, 1]),
+              helper.make_node("BatchNormalization", ["cb", "sb", "tb", "mb", "vb"], ["nb"])]
+    proj = [helper.make_node("Conv", ["x", "Wp", "bp"], ["p"])]
+    nodes = {"identity": branch, "conv first": proj + branch, "conv last": branch + proj}[shortcut]
+    ins = ["x" if shortcut == "identity" else "p", "nb"]
+    nodes += [helper.make_node(op, ins[::-1] if swap else ins, ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    outs = [helper.make_tensor_value_info("y", F, [2, C, 8, 8])]
+    g = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", F, [2, C, 8, 8])], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("shortcut", ["identity", "conv first", "conv last"])
+@pytest.mark.parametrize("swap, op", [(False, "Add"), (True, "Add"), (False, "Sum")])
+@pytest.mark.parametrize("dims", [[None, None, None, None], ["dp", None, "tp", None], [None, None, ("dp", "tp"), None]],
+                         ids=str)
+def test_residual_add_and_relu_run_in_the_conv_kernel(shortcut, swap, op, dims):
+    """A ResNet block's Add and Relu run in the kernel of the conv that feeds them last (the other operand is
+    made by then): the result and every collective are the unfused run's (the sum also a graph output)."""
+    from nabla.onnx import graph
+    x = rand(2, 4, 8, 8)
+    m = residual_block(shortcut, swap, op)
+    want = ort_run(m, {"x": x})["y"]
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph, "_call", lambda op, args: calls.append(op) or nb.ops._call(op, args))
+        with nb.comm_log() as fused:
+            got = nox.run(m, {"x": nb.tensor(x).shard(MESH, dims)})["y"]
+    assert not calls  # no separate Add + Relu
+    plain_model = onnx.ModelProto()
+    plain_model.CopyFrom(m)  # the sum also a graph output: nothing fuses with the Relu
+    plain_model.graph.output.append(helper.make_tensor_value_info("s", F, [2, 4, 8, 8]))
+    with nb.comm_log() as plain:
+        ref = nox.run(plain_model, {"x": nb.tensor(x).shard(MESH, dims)})["y"]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got.numpy(), ref.numpy())
+    assert [(e.kind, e.bytes) for e in fused.events] == [(e.kind, e.bytes) for e in plain.events]
+    assert got.sharding == ref.sharding
+
+
 @pytest.mark.parametrize("case", LIGHT, ids=ids)
 def test_annotate_writes_only_what_check_accepts_and_runs_as_onnxruntime(case):
     """Rows sharded over 4 devices shrink below 4 deep in the network (64 x 64 input: 2 rows at resnet's last

@@ -139,10 +139,11 @@ def _conv(n, x, w, b=None):
                    groups=n.attr("group", 1))
 
 
-def conv_act(n: Node, x: Tensor, w: Tensor, b: Tensor | None, relu: bool) -> Tensor | None:
-    """The Conv node with its bias (and a following Relu) as one op (``fuse.CONV_ACT``), or None when that
-    does not apply: input channels sharded (their partial sums must be added before any bias or relu), or
-    operands that are not a plain conv's."""
+def conv_act(n: Node, x: Tensor, w: Tensor, b: Tensor | None, relu: bool,
+             residual: Tensor | None = None) -> Tensor | None:
+    """The Conv node with its bias (and a following residual Add and Relu) as one op (``fuse.CONV_ACT``), or
+    None when that does not apply: input channels sharded (their partial sums must be added before any bias
+    or relu), or operands that are not a plain conv's."""
 
     def whole_channels(t: Tensor) -> bool:
         sp = t.sharding
@@ -156,7 +157,7 @@ def conv_act(n: Node, x: Tensor, w: Tensor, b: Tensor | None, relu: bool) -> Ten
     if list(kernel) != list(w.shape[2:]):
         return None
     strides, dil, pads = _window(n, x, kernel)
-    return fused(x, w, b, tuple(strides), tuple(pads), tuple(dil), n.attr("group", 1), relu)
+    return fused(x, w, b, tuple(strides), tuple(pads), tuple(dil), n.attr("group", 1), relu, residual)
 
 
 def _check_pool(n: Node) -> None:
