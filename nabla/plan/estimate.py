@@ -16,7 +16,7 @@ from .fusion import REDUCE_OPS
 from .memory import memory_log
 from .report import Report, estimate_steps
 from .schedule import overlap_modes
-from .steps import MATMUL_OPS, Step as PricedStep
+from .steps import MATMUL_OPS, PricedStep
 
 def _abstract(args: Any) -> Any:
     """The same arguments with every tensor replaced by a data-free one of its shape, dtype and layout."""
