@@ -22,7 +22,7 @@ from .errors import ShardingError
 from .lax import as_manual, in_vjp, manual_constant, out_vjp, settle
 from .shard_map import SM_IN, SM_OUT, ManualSpec
 from .executor import relayout_bucket
-from .pytree import flatten, unflatten
+from .pytree import flatten, leaf_paths, unflatten
 from .sharding import specs_like
 from .spec import ShardingSpec
 from .layout import chunks
@@ -439,10 +439,10 @@ def _ones_like(t: Tensor) -> Tensor:
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False):
     """``out, vjp_fn = nb.vjp(f, *primals)``: ``vjp_fn(cotangent)`` returns one gradient pytree per primal."""
-    return _vjp(f, primals, has_aux, [_arg_name(f, i) for i in range(len(primals))])
+    return _vjp(f, primals, has_aux, [arg_name(f, i) for i in range(len(primals))])
 
 
-def _arg_name(f: Callable, i: int) -> str:
+def arg_name(f: Callable, i: int) -> str:
     """The name of ``f``'s positional parameter ``i`` (``args[2]`` for a ``*args``), for the comm log."""
     try:
         params = list(inspect.signature(f).parameters.values())
@@ -454,15 +454,6 @@ def _arg_name(f: Callable, i: int) -> str:
         if j == i and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
             return p.name
     return f"arg{i}"
-
-
-def _paths(tree: Any, prefix: str) -> list[str]:
-    """Each leaf's path in ``tree`` (as ``flatten`` orders them), JAX's keystr style: ``p['w1']``, ``layers[0]``."""
-    if isinstance(tree, dict):
-        return [q for k, v in tree.items() for q in _paths(v, f"{prefix}[{k!r}]")]
-    if isinstance(tree, (list, tuple)):
-        return [q for i, v in enumerate(tree) for q in _paths(v, f"{prefix}[{i}]")]
-    return [] if tree is None else [prefix]
 
 
 def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool = True,
@@ -480,7 +471,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         traced.append([_leaf(x, who) for x in leaves])
         if params:  # to a memory log: the values being differentiated are the parameters (the caller holds them)
             C.tag(leaves + traced[-1], "params")
-        for t, path in zip(traced[-1], _paths(p, names[i])):
+        for t, path in zip(traced[-1], leaf_paths(p, names[i])):
             labels[by_node(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
     with differentiating():
         res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
@@ -580,7 +571,7 @@ def _value_and_grad(f: Callable, argnums: int | Sequence[int], has_aux: bool, bu
                 full[n] = d
             return f(*full, **kwargs)
 
-        res = _vjp(g, [args[n] for n in nums], has_aux, [_arg_name(f, n % len(args)) for n in nums],
+        res = _vjp(g, [args[n] for n in nums], has_aux, [arg_name(f, n % len(args)) for n in nums],
                    bucket_bytes=bucket_bytes, grad_specs=None if grad_specs is None else
                    ((grad_specs,) if single else tuple(grad_specs)), who=name)
         out, fn = res[0], res[1]

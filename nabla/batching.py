@@ -19,7 +19,7 @@ from .value import Value
 from .factors import Window
 from .opdef import Local, OpDef
 from .ops import broadcast_to, expand_dims, sum as _sum, tensor, transpose
-from .ops.core import _call
+from .ops.core import apply
 from .rules.core import PASS, Rule
 from .spec import DimSpec, ShardingSpec
 from .tensor import Tensor
@@ -139,12 +139,8 @@ def _batched_vjp(op: OpDef) -> Callable:
 @contextlib.contextmanager
 def _tracing() -> Iterator[None]:
     """Record ops on stand-ins (backward passes inside too), publishing nothing to open comm logs."""
-    token = C._logs.set(())
-    try:
-        with differentiating(), recorded(), replay_trace():
-            yield
-    finally:
-        C._logs.reset(token)
+    with C.unlogged(), differentiating(), recorded(), replay_trace():
+        yield
 
 
 _STAND_IN = Node(LEAF, ("vmap",), diff=False)
@@ -188,7 +184,7 @@ def _replay(outputs: Sequence[Any], env: dict[int, Any]) -> list[tuple[Any, bool
                 if isinstance(orig, Value) and id(orig) not in batched_ids:  # the same for every batch element
                     a = expand_dims(a, 0)
                 ins.append(a)
-            out = _call(batched(node.op), ins, node.params)
+            out = apply(batched(node.op), ins, node.params)
         else:
             raise ShardingError(f"vmap: cannot batch {getattr(node.op, 'name', node.op)!r} (only nabla's registered "
                                 f"ops, with_sharding and placements are batched)")

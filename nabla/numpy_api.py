@@ -112,7 +112,7 @@ def _np_arg(name: str):
         with C.user_op(name):
             r = getattr(ops, name)(a, axis)
             if _np_default(keepdims, False):
-                nd = ops._ndim(a)
+                nd = np.ndim(a)
                 r = ops.reshape(r, (1,) * nd) if axis is None else ops.expand_dims(r, int(axis) % nd)
         return r
     return f
@@ -197,7 +197,7 @@ def _np_einsum(subscripts, *operands, out=None, dtype=None, order="K", casting="
 
 def _np_dot(a, b, out=None):
     _reject("dot", out=out)
-    ra, rb = ops._ndim(a), ops._ndim(b)
+    ra, rb = np.ndim(a), np.ndim(b)
     if ra == 0 or rb == 0:
         return ops.multiply(a, b)
     if ra <= 2 and rb <= 2:
@@ -213,7 +213,7 @@ def _np_clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoVal
 
 
 def _np_moveaxis(a, source, destination):
-    nd = ops._ndim(a)
+    nd = np.ndim(a)
     src = [int(s) % nd for s in np.atleast_1d(source)]
     dst = [int(d) % nd for d in np.atleast_1d(destination)]
     if len(src) != len(dst):

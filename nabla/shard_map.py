@@ -17,7 +17,7 @@ from .spec import ShardingSpec
 from .executor import record_step, register_manual
 from .tensor import Tensor
 from .trace import Node, tracked
-from .sharding import _is_pspec
+from .sharding import is_pspec
 from .layout import grid
 from .executor import Local, Value, _dtype
 from .backends import xp
@@ -127,7 +127,7 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
         # JAX (a pytree prefix), one PartitionSpec or ShardingSpec serves every output
         ospecs = [out_specs] if single and _one_spec(out_specs) else \
             _per_item(out_specs, len(outs), "out_specs", "output",
-                      share=_is_pspec(out_specs) or isinstance(out_specs, ShardingSpec) or out_specs is None)
+                      share=is_pspec(out_specs) or isinstance(out_specs, ShardingSpec) or out_specs is None)
         results = [_from_manual(o, mesh, s, i) for i, (o, s) in enumerate(zip(outs, ospecs))]
         return results[0] if single else type(out)(results)
 
@@ -136,7 +136,7 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
 
 def _spec_like(s: Any) -> bool:
     """Whether ``s`` spells a whole value's layout (not one dim's entry)."""
-    return s is None or isinstance(s, (list, tuple, ShardingSpec)) or _is_pspec(s)
+    return s is None or isinstance(s, (list, tuple, ShardingSpec)) or is_pspec(s)
 
 
 def _dim_like(e: Any) -> bool:
@@ -146,14 +146,14 @@ def _dim_like(e: Any) -> bool:
 
 def _one_spec(s: Any) -> bool:
     """Whether ``s`` is one value's spec: a PartitionSpec, a ShardingSpec, None, or a bare list of dim entries."""
-    return isinstance(s, ShardingSpec) or _is_pspec(s) or s is None or (
+    return isinstance(s, ShardingSpec) or is_pspec(s) or s is None or (
         isinstance(s, (list, tuple)) and all(_dim_like(e) for e in s))
 
 
 def _per_item(specs: Any, n: int, what: str, item: str, share: bool) -> list:
     """One spec per argument or output: ``specs`` lists one each; or, where ``share`` (in_specs, a prefix of the
     arguments as in JAX), one spec serves them all. Otherwise the error says how many of each there are."""
-    listed = isinstance(specs, (list, tuple)) and not _is_pspec(specs) and all(_spec_like(e) for e in specs)
+    listed = isinstance(specs, (list, tuple)) and not is_pspec(specs) and all(_spec_like(e) for e in specs)
     if listed and len(specs) == n:
         return list(specs)
     one = _one_spec(specs)

@@ -53,7 +53,7 @@ class Use(NamedTuple):
         """Bytes of one device's block of the operand as the kernel reads it."""
         if self.value == 0:
             return 0
-        return _block_elems(self.dst, self.shape) * self.dtype.itemsize
+        return block_elems(self.dst, self.shape) * self.dtype.itemsize
 
 
 class Step(NamedTuple):
@@ -101,10 +101,11 @@ class Step(NamedTuple):
     @property
     def bytes_out(self) -> int:
         """Bytes of one device's result block."""
-        return _block_elems(self.out_spec, self.out_shape) * self.out_dtype.itemsize
+        return block_elems(self.out_spec, self.out_shape) * self.out_dtype.itemsize
 
 
-def _block_elems(spec: Any, shape: tuple[int, ...]) -> int:
+def block_elems(spec: Any, shape: tuple[int, ...]) -> int:
+    """Elements of one device's block (the largest: a dim that does not divide evenly rounds up)."""
     if spec is None or not hasattr(spec, "num_shards"):
         return prod(shape)
     return prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape))

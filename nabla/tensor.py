@@ -250,7 +250,7 @@ class Tensor(Value):
             with user_op("power"):  # the comm log names what the user wrote
                 if o == 2:  # numpy's square is x * x (a pending sum is made first: it is two factors of it)
                     return ops.multiply(self, self)
-                return ops.sqrt(self) if o == 0.5 else ops._call(ops._RECIPROCAL, (self,))
+                return ops.sqrt(self) if o == 0.5 else ops.apply(ops._RECIPROCAL, (self,))
         if self._dtype.kind == "b" and type(o) is int and o == 2:  # numpy's square: int8
             ops = _ops()
             x = ops.astype(self, np.int8)

@@ -26,7 +26,7 @@ from ..tensor import Tensor
 from ..trace import LEAF_NODE, Node, tracked, tracing_whole, whole
 from . import program as P
 from .lower import _DEVICE_COPIES, CompiledProgram  # noqa: F401 - the device copies are read by tests
-from ..sharding import NamedSharding, _is_pspec
+from ..sharding import NamedSharding, is_pspec
 from ..sharding import NamedSharding, to_spec
 from ..autodiff import vjp
 from ..ops import tensor
@@ -168,7 +168,7 @@ class _JitCall:
 
 
 def _is_sharding(x: Any) -> bool:
-    return x is None or isinstance(x, (NamedSharding, ShardingSpec)) or _is_pspec(x)
+    return x is None or isinstance(x, (NamedSharding, ShardingSpec)) or is_pspec(x)
 
 
 def _meshes_of(tree: Any) -> set:
@@ -268,13 +268,8 @@ class Lowered:
                 twins.append(x)
         # a trace of its own: every op recorded (even when called from a backward pass, where recording is
         # paused), its steps in its own log only (an enclosing log sees them when the program runs)
-        rec, logs = _trace._recording.set(True), C._logs.set(())
-        try:
-            with whole(), C.comm_log(keep_values=True) as log:
-                out = fn(*unflatten(tree, twins))
-        finally:
-            C._logs.reset(logs)
-            _trace._recording.reset(rec)
+        with _trace.recorded(), C.unlogged(), whole(), C.comm_log(keep_values=True) as log:
+            out = fn(*unflatten(tree, twins))
         outs, self._out_tree = flatten(out)
         for o in outs:
             if not isinstance(o, Tensor):

@@ -23,7 +23,7 @@ from .. import ops as _ops
 from .. import windows as _windows
 from ..opdef import OpDef
 from ..ops import elementwise, onnx_export, register
-from ..ops.windowed import _onnx_pads
+from ..ops.windowed import onnx_pads
 from ..rules import conv as _conv_rules
 from ..layout import grid
 
@@ -102,7 +102,7 @@ def _conv_act_kernel(arrays, local):
     x, w = arrays[:2]
     stride, padding, dilation, groups, relu = local.params
     if not local.windowed:
-        x = _ops._pad_spatial(x, padding, 0)
+        x = _ops.pad_spatial(x, padding, 0)
     G = local.G
     live = local.aux[0] if local.windowed and local.aux else ()
     y = _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1], live)
@@ -133,7 +133,7 @@ def _conv_act_onnx(ex):
     """Conv with its bias, then Relu when fused."""
     stride, pads, dilation, groups, relu = ex.params
     ins = [ex.operand(i, ex.dtype) for i in range(len(ex.node.args))]
-    attrs = dict(strides=list(stride), pads=_onnx_pads(pads), dilations=list(dilation), group=int(groups),
+    attrs = dict(strides=list(stride), pads=onnx_pads(pads), dilations=list(dilation), group=int(groups),
                  kernel_shape=[int(k) for k in ex.node.args[1]._shape[2:]])
     main = [(x, i) for i, x in enumerate(ins)]
     if not relu:
@@ -149,9 +149,9 @@ CONV_ACT = register(OpDef("conv_act", lambda shapes, stride, padding, dilation, 
 def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool):
     """``relu(conv(x, w) + bias)`` (``relu`` optional) as one op: input channels needed whole (never partial)."""
     nd = x.ndim - 2
-    params = (_ops._per_dim(stride, nd, "stride", "conv"), _ops._pads(padding, nd, "conv"),
-              _ops._per_dim(dilation, nd, "dilation", "conv"), int(groups), bool(relu))
-    return _ops._call(CONV_ACT, (x, w) if bias is None else (x, w, bias), params)
+    params = (_ops.per_dim(stride, nd, "stride", "conv"), _ops.spatial_pads(padding, nd, "conv"),
+              _ops.per_dim(dilation, nd, "dilation", "conv"), int(groups), bool(relu))
+    return _ops.apply(CONV_ACT, (x, w) if bias is None else (x, w, bias), params)
 
 
 def _add_relu(xp, a, b):

@@ -9,10 +9,9 @@ import sys
 from .. import services
 
 from . import registry
-from .core import ArrayLike, _align, _arg, _axes, _call, _is_diff, _mask, _named, _ndim, _shape, _unbroadcast
+from .core import ArrayLike, _align, _arg, _axes, apply, _is_diff, _mask, _named, _ndim, _shape, _unbroadcast
 from .registry import REGISTRY, by_numpy, by_onnx, elementwise, function, lookup, onnx_export, register, unregister
-from .creation import (_ML_DTYPE_NAMES, _MAX_DIM, _allocate, _dtype_arg, _int_like, _is_ml_dtype, _numeric_array,
-                       _shape_arg, abstract, arange, full, ones, tensor, zeros)
+from .creation import _numeric_array, abstract, arange, full, ones, tensor, zeros
 from .pointwise import (_ASTYPE, _BINARY, _RECIPROCAL, _UNARY, _WHERE, abs, add, astype, clip, cos, divide, equal, exp,
                         greater, greater_equal, less, less_equal, log, maximum, minimum, multiply, negative, not_equal,
                         power, relu, sigmoid, sin, sqrt, subtract, tanh, where)
@@ -31,7 +30,7 @@ from .sorting import argsort, sort, top_k
 from .nn import (_LOG_SOFTMAX, _LOGSUMEXP, _ONE_HOT, _STOP, cross_entropy, log_softmax, logsumexp, one_hot,
                  stop_gradient)
 from .attention import _ATTENTION, _DBIAS, _DKV, _DQ, dot_product_attention
-from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
+from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, pad_spatial, spatial_pads, per_dim, avg_pool, batch_norm, conv,
                    global_avg_pool, layer_norm, max_pool)
 
 def __getattr__(name: str):

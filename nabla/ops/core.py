@@ -14,7 +14,7 @@ from ..collectives import user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, run
 from ..value import Value
-from ..mesh import _show
+from ..args import short_repr
 from ..opdef import Local, OpDef
 from ..tensor import Tensor
 from ..spec import DimSpec, ShardingSpec
@@ -49,7 +49,7 @@ def _named(fn):
     return wrapped
 
 
-def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
+def apply(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
     vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
     if op.arrange is not None:
         vals = list(op.arrange(vals, params))
@@ -110,11 +110,11 @@ def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
         axes = tuple(axis)
     else:  # numpy raises TypeError here; nabla's errors about op arguments are ShardingErrors (ValueErrors)
         raise ShardingError(f"{op}: axis must be None, an int or a tuple of ints, got {type(axis).__name__} "
-                            f"{_show(axis)}")
+                            f"{short_repr(axis)}")
     out = []
     for a in axes:
         if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
-            raise ShardingError(f"{op}: axis {_show(axis)} holds {type(a).__name__} {_show(a)}; axes are ints")
+            raise ShardingError(f"{op}: axis {short_repr(axis)} holds {type(a).__name__} {short_repr(a)}; axes are ints")
         if not -ndim <= a < ndim:
             raise ShardingError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
         out.append(int(a) % ndim)

@@ -45,7 +45,7 @@ from .. import rules as R
 from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..opdef import OpDef
-from .core import _align, _call, _is_diff, _unbroadcast
+from .core import _align, apply, _is_diff, _unbroadcast
 
 #: op name -> OpDef, in registration order (random programs draw in this order)
 REGISTRY: dict[str, OpDef] = {}
@@ -231,7 +231,7 @@ def _function(op: OpDef, operands: tuple[str, ...], doc: str | None) -> Callable
                 args = sig.bind(*args, **kwargs).args  # a TypeError naming what is missing, as a def gives
             elif kwargs:
                 raise TypeError(f"{op.name}() takes its operands by position")
-        return _call(op, args)
+        return apply(op, args)
 
     f.__name__ = f.__qualname__ = op.name
     f.__module__ = "nabla"
