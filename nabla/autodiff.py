@@ -5,10 +5,6 @@ and its collectives show in the comm log as ``backward``; each gradient ends wit
 
 from __future__ import annotations
 
-import sys
-
-from . import services
-
 import contextlib
 import inspect
 from math import prod
@@ -20,7 +16,8 @@ from .dtypes import is_float, is_inexact
 from . import collectives as C
 from .errors import ShardingError
 from .lax import as_manual, in_vjp, manual_constant, out_vjp, settle
-from .shard_map import SM_IN, SM_OUT, ManualSpec
+from .manual import ManualSpec
+from .shard_map import SM_IN, SM_OUT
 from .executor import relayout_bucket
 from .pytree import flatten, leaf_paths, unflatten
 from .sharding import specs_like
@@ -64,11 +61,6 @@ def _leaf(t: Tensor, what: str) -> Tensor:
 
 
 GRAD_LEAF = Node(LEAF, ("autodiff",), diff=True)  # a value being differentiated (not a twin nb.explain or ONNX export traces)
-
-
-def differentiated(t: Tensor) -> bool:
-    """Whether ``t`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
-    return t._node is not None and t._node.diff and recording()
 
 
 def _from_local_vjp(g, node, out):
@@ -713,4 +705,19 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
             v.grad = g if v.grad is None else v.grad + g
 
 
-services.provide("autodiff", sys.modules[__name__])  # what Tensor's methods call (tensor.py cannot import this)
+def _trace_method(self: Tensor) -> Tensor:
+    """A leaf to differentiate with respect to: after ``loss.backward()``, its ``.grad`` holds the gradient."""
+    return trace(self)
+
+
+def _backward_method(self: Tensor, cotangent: Any = None) -> None:
+    """Accumulate into ``.grad`` of every traced leaf this value depends on (a scalar's cotangent is 1)."""
+    backward(self, cotangent)
+
+
+# the Nabla sharding README's spelling (t.trace(), loss.backward(); nb.grad and friends are the functional form),
+# set here, where it is answered: tensor.py sits below this module
+_trace_method.__name__, _trace_method.__qualname__ = "trace", "Tensor.trace"
+_backward_method.__name__, _backward_method.__qualname__ = "backward", "Tensor.backward"
+Tensor.trace = _trace_method  # type: ignore[attr-defined]
+Tensor.backward = _backward_method  # type: ignore[attr-defined]

@@ -6,15 +6,13 @@ is made of is ``value``'s; when a pending sum is made, ``pending`` decides (the 
 
 from __future__ import annotations
 
-import itertools
-import threading
 from functools import lru_cache
 from math import prod
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from . import backends, reshard, services, storage
+from . import backends, reshard, storage
 from . import collectives as C
 from .cost import current as current_cost_model
 from .errors import ShardingError
@@ -29,67 +27,11 @@ from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
 from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, tracked
 from .value import Value
+from .manual import manual_run
+from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature, signatures_of
 
 SCALARS = (bool, int, float, complex, np.generic)
 MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
-
-
-def register_manual(fn: Callable) -> None:
-    """Install the runner of ops on per-device values (``fn(op, args, params, make)``): ``nb.shard_map``
-    registers it, so the executor does not import it."""
-    services.provide("manual", fn)
-
-
-# The signature intern table: signature -> id and back. Ids are never reused; when the table holds
-# ``_SIG_LIMIT`` signatures it is emptied (a program run with so many shapes would not reuse most of them), and
-# values holding an id from before are given a new one on their next use (``_StaleSignature``).
-_SIG_IDS: dict[tuple, int] = {}
-_SIGS: dict[int, tuple] = {}
-_SCALAR_IDS: dict[type, int] = {}
-_SIG_LIMIT = 1 << 15
-_NEXT_SID = itertools.count()  # (taken under _SIG_LOCK)
-_SIG_LOCK = threading.Lock()
-
-
-class _StaleSignature(Exception):
-    """A signature id from before the intern table was emptied."""
-
-
-def _sig_id(sig: tuple) -> int:
-    i = _SIG_IDS.get(sig)
-    if i is None:
-        with _SIG_LOCK:  # two threads meeting a new signature at once must not share an id
-            i = _SIG_IDS.get(sig)
-            if i is None:
-                if len(_SIG_IDS) >= _SIG_LIMIT:
-                    _SIG_IDS.clear()
-                    _SIGS.clear()
-                    _SCALAR_IDS.clear()
-                i = next(_NEXT_SID)
-                _SIG_IDS[sig] = i
-                _SIGS[i] = sig
-    return i
-
-
-def _sig_of(a: Any) -> tuple:
-    if isinstance(a, Value):
-        return ("s" if a._spec is not None else "h", a._shape, a._dtype, a._spec)
-    return ("c", type(a))
-
-
-def sid_of(a: Any) -> int:
-    """A small int naming ``a``'s signature: ``("s"|"h", shape, dtype, spec)``, or ``("c", type)`` for scalars."""
-    if isinstance(a, Value):
-        i = a._sid
-        if i < 0:
-            i = a._sid = _sig_id(_sig_of(a))
-        return i
-    t = type(a)
-    i = _SCALAR_IDS.get(t)
-    if i is None:
-        i = _sig_id(("c", t))
-        _SCALAR_IDS[t] = i
-    return i
 
 
 # ---- planning (cached) ---------------------------------------------------------------------------
@@ -279,7 +221,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     epoch = C.epoch()
     try:
         prog = _program(op, sids, params, strat, model, STRICT.get(), epoch)
-    except _StaleSignature:  # the intern table was emptied since these values got their ids
+    except StaleSignature:  # the intern table was emptied since these values got their ids
         for a in args:
             if isinstance(a, Value):
                 a._sid = -1
@@ -288,7 +230,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
-        return services.get("manual")(op, args, params, make), MANUAL
+        return manual_run(op, args, params, make), MANUAL
     if prog.checks and breaks_linearity(prog.checks, args):
         prog = _program(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY:
@@ -475,10 +417,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     """``strict``: no pending sum survives the op (True: its values would break linearity; "cost": passing it
     on costs more than making it). ``epoch``: the collective registry's (a newly registered collective is
     planned with from then on)."""
-    try:
-        sigs = tuple(_SIGS[i] for i in sids)
-    except KeyError:
-        raise _StaleSignature() from None
+    sigs = signatures_of(sids)
     if not any(s[0] == "s" for s in sigs):
         return None
     if any(s[0] == "s" and not isinstance(s[3], ShardingSpec) for s in sigs):
@@ -497,7 +436,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
                             f"{how}")
     mesh = meshes.pop()
     rule = op.rule(shapes, *params)
-    dtype = _dtype(op, sigs, params)
+    dtype = result_dtype(op, sigs, params)
     keep, keep_by = surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
     linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
     reserved = tuple(sorted(keep))
@@ -555,7 +494,7 @@ def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
     out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
     post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None
     padded = any(_padded(t, shp) for t, shp in zip(targets, shapes) if t is not None) or _padded(kspec, result_shape)
-    result_sid = _sig_id(("s", result_shape, dtype, result))
+    result_sid = sig_id(("s", result_shape, dtype, result))
     aux = op.aux(kspec, cuts, shapes, params) if op.aux is not None else ()
     checks = survival_checks(op, sigs, keep_by, dtype) if keep else ()
     local = Local(G, chunks(kspec, result_shape), params, True, aux)
@@ -649,34 +588,19 @@ def _strip_partial(spec: ShardingSpec) -> ShardingSpec:
     return spec if not spec.partial_axes else ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
 
 
-@lru_cache(maxsize=4096)
-def _dtype(op: OpDef, sigs: tuple, params: tuple) -> np.dtype:
-    if callable(op.dtype) and not isinstance(op.dtype, type):  # from the operands' dtypes
-        return np.dtype(op.dtype(*(s[2] for s in sigs if s[0] != "c")))
-    if op.dtype == "same":
-        return next(s[2] for s in sigs if s[0] != "c")
-    if op.dtype != "sample":
-        return np.dtype(op.dtype)
-    samples = [np.zeros((1,) * len(s[1]), dtype=s[2]) if s[0] != "c" else s[1](0) for s in sigs]
-    shape = op.rule(tuple(s[1] if s[0] != "c" else () for s in sigs), *params).result_shape
-    with np.errstate(all="ignore"):
-        out = op.kernel(samples, Local(0, tuple(1 for _ in shape), params))
-    return np.asarray(out).dtype
-
-
 def _run_host(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> Any:
     shapes = tuple(a._shape if isinstance(a, Value) else () for a in args)
     rule = op.rule(shapes, *params)  # validates shapes and gives the result shape
     shape = rule.result_shape
     if any(isinstance(a, Value) and a._data is None for a in args):
-        sigs = tuple(_sig_of(a) for a in args)
-        return make(None, None, shape, _dtype(op, sigs, params))
+        sigs = tuple(signature(a) for a in args)
+        return make(None, None, shape, result_dtype(op, sigs, params))
     arrays = [a._data if isinstance(a, Value) else a for a in args]
     out = np.asarray(op.kernel(arrays, Local(0, shape, params)))
     if out.shape != shape:
         raise ShardingError(f"internal: {op.name} kernel gave shape {out.shape}, rule says {shape}")
     if op.dtype != "sample":  # a dtype rule of its own (a bf16 matmul is bf16, whatever its kernel computes in)
-        dt = _dtype(op, tuple(_sig_of(a) for a in args), params)
+        dt = result_dtype(op, tuple(signature(a) for a in args), params)
         if out.dtype != dt:
             out = out.astype(dt)
     if out.flags.writeable:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import warnings
 from math import prod
 from typing import Any
 
@@ -15,8 +16,7 @@ from .errors import ShardingError
 from .layout import dim_position
 from .args import MAX_RANK, bounded_tuple, short_repr
 from .mesh import MAX_DEVICE_ID, AxisRef, DeviceMesh, merge_adjacent
-from . import services
-from .spec import DimSpec, ShardingSpec, _mhlo_args, check_rank_arg, is_unconstrained
+from .spec import DimSpec, ShardingSpec, check_rank_arg, is_unconstrained
 
 
 # ---- HLO sharding strings ------------------------------------------------------------------------
@@ -368,4 +368,31 @@ def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> ShardingSpec:
         raise ShardingError(f"from_partition_spec: {short_repr(pspec)}: {e}") from None
 
 
-services.provide("formats", sys.modules[__name__])  # ShardingSpec's format methods call these
+def _mhlo_args(a: Any, b: Any, who: str) -> tuple[DeviceMesh, Any]:
+    """``(mesh, text)`` from either order; the old ``(text, mesh)`` warns."""
+    if isinstance(b, DeviceMesh) and not isinstance(a, DeviceMesh):
+        warnings.warn(f"{who}(text, mesh, rank) is deprecated; pass the mesh first: {who}(mesh, text, rank)",
+                      DeprecationWarning, stacklevel=3)  # the caller of from_mhlo
+        a, b = b, a
+    if not isinstance(a, DeviceMesh):
+        raise ShardingError(f"{who}(mesh, text, rank=None): mesh must be a DeviceMesh, got "
+                            f"{type(a).__name__} {short_repr(a)}")
+    return a, b
+
+
+def _from_mhlo_method(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingSpec:
+    """The spec an HLO sharding string (``"{devices=[2,1]0,1}"``) describes on ``mesh``.
+
+    ``rank`` is needed for ``{replicated}`` and must agree with the tile dims when given. The old
+    order ``from_mhlo(text, mesh, rank)`` still works, with a ``DeprecationWarning``.
+    """
+    mesh, text = _mhlo_args(mesh, text, "from_mhlo")
+    return from_mhlo(mesh, text, rank)
+
+
+# ShardingSpec's format methods, set here where the formats are (spec.py sits below this module)
+_from_mhlo_method.__name__, _from_mhlo_method.__qualname__ = "from_mhlo", "ShardingSpec.from_mhlo"
+ShardingSpec.to_mhlo = to_mhlo  # type: ignore[attr-defined]
+ShardingSpec.from_mhlo = staticmethod(_from_mhlo_method)  # type: ignore[attr-defined]
+ShardingSpec.to_partition_spec = to_partition_spec  # type: ignore[attr-defined]
+ShardingSpec.from_partition_spec = staticmethod(from_partition_spec)  # type: ignore[attr-defined]

@@ -16,7 +16,8 @@ from .errors import ShardingError
 from .executor import record_step
 from .layout import grid
 from .mesh import DeviceMesh
-from .shard_map import SM_IN, SM_OUT, ManualSpec, _axes_of, _to_manual
+from .manual import ManualSpec
+from .shard_map import SM_IN, SM_OUT, _axes_of, _to_manual
 from .spec import ShardingSpec
 from .tensor import Tensor
 from .trace import Node, recording, tracked, tracing_whole

@@ -4,10 +4,6 @@ the user's back (that would hide communication). ``np.asarray(t)`` stays the exp
 
 from __future__ import annotations
 
-import sys
-
-from . import services
-
 from typing import Any
 
 import numpy as np
@@ -302,4 +298,15 @@ def function(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     return handler(*args, **kwargs)
 
 
-services.provide("numpy_api", sys.modules[__name__])  # what Tensor's methods call (tensor.py cannot import this)
+def _array_ufunc(self: Tensor, ufunc_: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    return ufunc(ufunc_, method, inputs, kwargs)
+
+
+def _array_function(self: Tensor, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    return function(func, types, args, kwargs)
+
+
+# numpy's protocols on tensors: np.exp(t), np.sum(t), np.matmul(t, u) give sharded tensors (set here, where they are
+# answered: tensor.py sits below the ops this module builds on)
+Tensor.__array_ufunc__ = _array_ufunc  # type: ignore[attr-defined]
+Tensor.__array_function__ = _array_function  # type: ignore[attr-defined]

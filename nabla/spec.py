@@ -6,14 +6,12 @@ Follows the Nabla sharding README (the Nabla sharding README) and Shardy's notat
 from __future__ import annotations
 
 import sys
-import warnings
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import services
 from .errors import ShardingError
 from .layout import shard_slices
 from .args import MAX_RANK, bounded_tuple, is_int, short_repr
@@ -223,35 +221,12 @@ class ShardingSpec:
         shape = _global_shape(self, global_shape, "shard_shape")
         return tuple(s.stop - s.start for s in shard_slices(self, shape, _device_id(self, device_id, "shard_shape")))
 
-    # ---- formats -----------------------------------------------------------------------------
-    def to_mhlo(self) -> str:
-        return _formats().to_mhlo(self)
-
-    @staticmethod
-    def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> "ShardingSpec":
-        """The spec an HLO sharding string (``"{devices=[2,1]0,1}"``) describes on ``mesh``.
-
-        ``rank`` is needed for ``{replicated}`` and must agree with the tile dims when given. The old
-        order ``from_mhlo(text, mesh, rank)`` still works, with a ``DeprecationWarning``.
-        """
-        mesh, text = _mhlo_args(mesh, text, "from_mhlo")
-        return _formats().from_mhlo(mesh, text, rank)
-
-    def to_partition_spec(self):
-        return _formats().to_partition_spec(self)
-
-    @staticmethod
-    def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> "ShardingSpec":
-        return _formats().from_partition_spec(mesh, pspec)
+    # ---- formats: to_mhlo, from_mhlo, to_partition_spec, from_partition_spec are set by ``nabla.formats``,
+    # which builds on this module ------------------------------------------------------------------------
 
     @staticmethod
     def replicated(mesh: DeviceMesh, rank: int, is_open: bool = False) -> "ShardingSpec":
         return ShardingSpec(mesh, [DimSpec((), is_open)] * check_rank_arg(rank, "ShardingSpec.replicated"))
-
-
-def _formats() -> Any:
-    """The module of the text and JAX formats, which builds on this one and registers itself on import."""
-    return services.get("formats")
 
 
 def _global_shape(spec: "ShardingSpec", shape: Any, who: str) -> tuple[int, ...]:
@@ -295,18 +270,6 @@ def check_rank_arg(rank: Any, who: str, may_be_none: bool = False) -> int:
         raise ShardingError(f"{who}: rank must be an int in [0, {MAX_RANK}]{' (or None)' if may_be_none else ''}, "
                             f"got {type(rank).__name__} {short_repr(rank)}")
     return int(rank)
-
-
-def _mhlo_args(a: Any, b: Any, who: str) -> tuple[DeviceMesh, Any]:
-    """``(mesh, text)`` from either order; the old ``(text, mesh)`` warns."""
-    if isinstance(b, DeviceMesh) and not isinstance(a, DeviceMesh):
-        warnings.warn(f"{who}(text, mesh, rank) is deprecated; pass the mesh first: {who}(mesh, text, rank)",
-                      DeprecationWarning, stacklevel=3)  # the caller of from_mhlo
-        a, b = b, a
-    if not isinstance(a, DeviceMesh):
-        raise ShardingError(f"{who}(mesh, text, rank=None): mesh must be a DeviceMesh, got "
-                            f"{type(a).__name__} {short_repr(a)}")
-    return a, b
 
 
 def _ref(mesh: DeviceMesh, axis: str, where: str) -> AxisRef:

@@ -177,6 +177,11 @@ def recording() -> bool:
     return _recording.get()
 
 
+def differentiated(v: Any) -> bool:
+    """Whether ``v`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
+    return v._node is not None and v._node.diff and recording()
+
+
 class Remat:
     """What ``nb.checkpoint`` keeps of a function's forward run: the outputs of its ``saved`` ops (matmuls under
     ``policy="save_matmuls"``), in the order they ran; ``replay`` hands them back, in order, to the recompute.

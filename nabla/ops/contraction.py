@@ -14,8 +14,8 @@ from ..dtypes import is_float
 from ..errors import ShardingError
 from ..args import short_repr
 from ..opdef import OpDef
-from .core import ArrayLike, Tensor, apply, _is_diff, _named, _ndim, _shape, _unbroadcast
-from .registry import onnx_export, register
+from .core import ArrayLike, Tensor, apply, _is_diff, _named, _ndim, _shape
+from .registry import _unbroadcast, onnx_export, register
 from .shape import broadcast_to, expand_dims, reshape, squeeze, swapaxes
 
 

@@ -8,7 +8,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import services
 from ..dtypes import is_float, is_inexact
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError
@@ -145,21 +144,6 @@ def _laid_like(t: Tensor, x: Any) -> Tensor:
         return t  # its pending sum lies on the axes x's dims use: summing it here would be a reduce_scatter
     dims = [DimSpec(d.axes, is_open=True) for d in own.dim_specs]
     return t.with_sharding(ShardingSpec(own.mesh, dims, partial_axes=spec.partial_axes))
-
-
-def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
-    """The cotangent of an operand that broadcasting stretched: summed back to its shape, in its dtype."""
-    if not _is_diff(x):
-        return None
-    shape = x._shape
-    lead = g.ndim - len(shape)
-    reduce = services.get("ops").reduce_cotangent  # (ops/reduction.py builds on this module)
-    if lead:
-        g = reduce(g, tuple(range(lead)), False)
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
-    if axes:
-        g = reduce(g, axes, True)
-    return g if g.dtype == x._dtype else g.astype(x._dtype)
 
 
 def _mask(cond: Tensor, like: Any) -> Tensor:

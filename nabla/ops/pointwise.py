@@ -15,8 +15,8 @@ from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..value import Value
 from ..opdef import OpDef
-from .core import ArrayLike, Tensor, apply, _is_diff, _mask, _unbroadcast
-from .registry import elementwise, onnx_export, register
+from .core import ArrayLike, Tensor, apply, _is_diff, _mask
+from .registry import _unbroadcast, elementwise, onnx_export, register
 from ..collectives import user_op
 from ..args import dtype_arg
 

@@ -132,14 +132,6 @@ def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = 
     return out if accumulation(dt) == dt else astype(out, dt)
 
 
-def reduce_cotangent(g: Tensor, axes: tuple[int, ...], keepdims: bool) -> Tensor:
-    """The sum a VJP makes of a broadcast operand's cotangent, with ``jax.lax.reduce_sum``'s meaning (JAX's
-    transpose of a broadcast): in ``g``'s dtype, each device accumulating its block in float32 and rounding it,
-    a partial sum carried in ``g``'s dtype. So bf16 gradients are reduce_scattered (or all_reduced) in bf16 at
-    the end, as Megatron and XLA on GPU sum them, not all_reduced in float32 where the sum is made."""
-    return apply(_SUM, (g,), (tuple(axes), bool(keepdims), False))
-
-
 def max(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return apply(_MAX, (x,), (_axes(axis, _ndim(x), "max"), bool(keepdims)))
 

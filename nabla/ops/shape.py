@@ -13,9 +13,9 @@ from ..errors import ShardingError
 from ..layout import global_rows
 from ..opdef import OpDef
 from ..value import Value
-from .core import ArrayLike, Tensor, _align, _axes, apply, _is_diff, _ndim, _shape, _unbroadcast
+from .core import ArrayLike, Tensor, _align, _axes, apply, _is_diff, _ndim, _shape
 from .creation import tensor, zeros
-from .registry import onnx_export, register
+from .registry import _unbroadcast, onnx_export, register
 
 
 def _reshape_vjp(g, node, out):

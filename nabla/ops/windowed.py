@@ -18,13 +18,13 @@ from ..errors import ShardingError
 from ..layout import grid
 from ..opdef import OpDef
 from ..windows import out_size
-from .core import ArrayLike, Tensor, _align, _axes, apply, _is_diff, _named, _ndim, _shape, _unbroadcast
+from .core import ArrayLike, Tensor, _align, _axes, apply, _is_diff, _named, _ndim, _shape
 from .contraction import einsum
 from .creation import full, tensor
 from .indexing import getitem
 from .pointwise import add, astype, divide, equal, multiply, sqrt, subtract, where
 from .reduction import mean
-from .registry import onnx_export, register
+from .registry import _unbroadcast, onnx_export, register
 from .shape import _pad_dim, _scatter_slice, concatenate, expand_dims, reshape
 
 
