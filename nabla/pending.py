@@ -25,7 +25,7 @@ from .step import serial
 from .value import Value
 
 if TYPE_CHECKING:
-    from .executor import Program
+    from .program import Program
 
 #: the last check of a program that keeps a pending sum of floats
 KEEPS = (-1, "keeps", None)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backends, storage
-from .autodiff import record_from_local
+from .backprop import record_from_local
 from .dtypes import is_inexact
 from .errors import ShardingError
 from .layout import chunks, dim_position, grid, grid_index

@@ -12,7 +12,7 @@ import numpy as np
 from .. import collectives as C
 from ..cost import current as current_cost_model
 from ..errors import ShardingError
-from ..executor import Program
+from ..program import Program
 from ..jit import inlined
 from ..propagation import current_strategy, project_dim
 from ..rules.core import factor_names

@@ -10,7 +10,8 @@ from typing import Any, NamedTuple, Sequence
 from .. import collectives as C
 from .. import reshard
 from ..errors import ShardingError
-from ..executor import MANUAL, Program, Value
+from ..program import MANUAL, Program
+from ..value import Value
 from ..spec import DimSpec, ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step
 from .. import executor

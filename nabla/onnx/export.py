@@ -94,7 +94,7 @@ def _paths(tree: Any, prefix: str) -> list[str]:
 
 
 def _traced(t: Tensor) -> Tensor:
-    """A traced twin of ``t``: the same blocks, recording every op that uses it (autodiff's ``_leaf``)."""
+    """A traced twin of ``t``: the same blocks, recording every op that uses it (backprop's ``traced_leaf``)."""
     leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
     leaf._node = LEAF_NODE
     return leaf

@@ -15,7 +15,7 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..dtypes import is_float
 from ..errors import ShardingError
-from ..executor import Program
+from ..program import Program
 from ..args import short_repr
 from ..opdef import OpDef
 from ..spec import DimSpec, ShardingSpec
