@@ -13,7 +13,7 @@ from .dtypes import is_float
 from .errors import ShardingError
 from .pytree import flatten, leaf_paths, unflatten
 from .sharding import specs_like
-from .step import serial
+from .value import serial
 from .tensor import Tensor
 from .trace import (LEAF, Node, Remat, Watch, by_node, differentiating, outer_live, recorded, recording,
                     regathering, remat, swapped, topological, watching)
@@ -235,11 +235,9 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
         inputs = tuple(leaves[i] for i in diff) + tuple(outer)
         res = []
         for k, o in enumerate(outs):
-            s = serial(o)
-            o = Tensor(o._data, o._spec, o._shape, o._dtype, o._sid)
-            o._serial = s  # the same value fn made (its bytes counted once, where fn made it)
-            o._node = Node(op, (k,), inputs, diff=True)
-            res.append(o)
+            # the same value fn made (its bytes counted once, where fn made it)
+            res.append(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, Node(op, (k,), inputs, diff=True),
+                              serial(o)))
         return unflatten(out_tree, res)
 
     wrapped.__name__ = f"checkpoint_{name}"

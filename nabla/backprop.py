@@ -20,7 +20,7 @@ from .shard_map import SM_IN, SM_OUT
 from .executor import relayout_bucket
 from .spec import ShardingSpec
 from .layout import chunks
-from .step import serial
+from .value import serial
 from .tensor import Tensor
 from .trace import (HUSK, LEAF, PLACE, RELAYOUT, Node, by_node, husk, outer_live, paused, recording, topological,
                     tracing_for_replay, tracing_whole)
@@ -48,12 +48,11 @@ def traced_leaf(t: Tensor, what: str) -> Tensor:
     if not is_inexact(t.dtype):
         raise ShardingError(f"{what}: differentiating with respect to a {t.dtype} tensor of shape {t.shape}; "
                             f"gradients need float or complex inputs (cast with .astype('float32'))")
-    leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
     # a leaf made from a traced value remembers it (a whole-program trace computes it from there)
-    # (each leaf its own node: a backward pass names values by their node)
-    leaf._node = Node(LEAF, GRAD_LEAF.params, () if t._node is None else (t,), diff=True)
-    leaf._serial = serial(t)  # the same value: steps that read the leaf read ``t``
-    return leaf
+    # (each leaf its own node: a backward pass names values by their node); the same value as ``t`` (its serial):
+    # steps that read the leaf read ``t``
+    return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid,
+                  Node(LEAF, GRAD_LEAF.params, () if t._node is None else (t,), diff=True), serial(t))
 
 
 GRAD_LEAF = Node(LEAF, ("autodiff",), diff=True)  # a value being differentiated (not a twin nb.explain or ONNX export traces)
@@ -66,26 +65,19 @@ def _from_local_vjp(g, node, out):
     return tuple(getitem(g, spec.shard_slices(out.shape, d)) if d in holders else None for d in devices)
 
 
-_FROM_LOCAL = None
-
-
-def record_from_local(out: Tensor, blocks: dict, spec: Any, holders: set) -> None:
-    """``nb.from_local`` of traced blocks: the result records them, so gradients reach them."""
-    global _FROM_LOCAL
+def from_local_node(blocks: dict, spec: Any, holders: set) -> Node | None:
+    """The record of ``nb.from_local`` of traced blocks (device -> block), so gradients reach them; None when
+    nothing is recorded."""
     if not recording():
-        return
-    if _FROM_LOCAL is None:
-        _FROM_LOCAL = VjpOp("from_local", _from_local_vjp)
+        return None
     devices = tuple(blocks)
-    out._node = Node(_FROM_LOCAL, (spec, devices, frozenset(holders)), tuple(blocks[d] for d in devices))
+    return Node(_FROM_LOCAL, (spec, devices, frozenset(holders)), tuple(blocks[d] for d in devices))
 
 
 def detach(t: Any) -> Any:
     """The value without its record (a whole-program trace, nb.jit's, keeps it: the value is computed there)."""
     if isinstance(t, Tensor) and t._node is not None and not tracing_whole():
-        out = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
-        out._serial = serial(t)
-        return out
+        return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, serial=serial(t))
     return t
 
 
@@ -105,6 +97,9 @@ class VjpOp:
 
     def __repr__(self) -> str:
         return f"VjpOp({self.name})"
+
+
+_FROM_LOCAL = VjpOp("from_local", _from_local_vjp)
 
 
 # a sharded gradient read back for a host primal: its cotangent is the host cotangent, as it is
@@ -242,7 +237,8 @@ def _regathered(node: Node, done: dict) -> Node:
         got = done.get(k)
         if got is None:
             got = src.with_sharding(layout)  # (a step of the backward pass: its all_gather is logged there)
-            got._node = args[i]._node  # the operand it stands for (its cotangent goes there)
+            # recording the operand it stands for (its cotangent goes there)
+            got = Tensor(got._data, got._spec, got._shape, got._dtype, got._sid, args[i]._node, serial(got))
             done[k] = got
         args[i] = got
     return node._replace(args=tuple(args), regather=())
@@ -314,10 +310,9 @@ def _fans_out(node: Any, needed: set) -> bool:
 
 def _to_host(g: Tensor) -> Tensor:
     """A sharded gradient as a host tensor (a host read), still differentiable when it is being recorded."""
-    out = Tensor(None, None, g.shape, g.dtype) if g.is_abstract else tensor(g.numpy())
-    if g._node is not None and recording() and not tracing_whole():
-        out._node = Node(_TO_HOST, (), (g,))
-    return out
+    data = None if g.is_abstract else tensor(g.numpy())._data  # (nb.tensor: a read-only copy)
+    node = Node(_TO_HOST, (), (g,)) if g._node is not None and recording() and not tracing_whole() else None
+    return Tensor(data, None, g.shape, g.dtype, node=node)
 
 
 def _finish(g: Tensor | None, primal: Tensor, spec: Any = "primal") -> Tensor:

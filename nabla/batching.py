@@ -152,9 +152,8 @@ def _stand_in(v: Value, diff: bool) -> Tensor:
     spec = v._spec
     if spec is not None and not isinstance(spec, ShardingSpec):
         raise ShardingError("vmap: cannot batch per-device values (inside nb.shard_map)")
-    t = Tensor(None, None if spec is None else _unbatched_spec(spec), tuple(v._shape[1:]), v._dtype)
-    t._node = _STAND_IN_DIFF if diff else _STAND_IN
-    return t
+    return Tensor(None, None if spec is None else _unbatched_spec(spec), tuple(v._shape[1:]), v._dtype,
+                  node=_STAND_IN_DIFF if diff else _STAND_IN)
 
 
 def _replay(outputs: Sequence[Any], env: dict[int, Any]) -> list[tuple[Any, bool]]:

@@ -21,11 +21,11 @@ from .pending import KEEPS, STRICT, breaks_linearity, overflowed, repeated_parti
 from .program import MANUAL, Prep, Program, program_for, strip_partial
 from .propagation import current_strategy
 from .spec import ShardingSpec
-from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
+from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use
 from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, tracked
-from .value import Value
+from .value import Value, serial
 from .manual import manual_run
-from .signatures import StaleSignature, result_dtype, sid_of, signature
+from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
 
 SCALARS = (bool, int, float, complex, np.generic)
 
@@ -56,7 +56,10 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         out, prog = _rerun_strict(op, used, params, make, sink)
     if tracked(args):
         settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
-        out._node = Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved)
+        node = Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved)
+        # the value recording its node (made after it: the node keeps what the VJP reads of the result; the same
+        # blocks, and the serial the node's copy of it took, if it took one)
+        out = make(out._data, out._spec, out._shape, out._dtype, out._sid, node, out._serial, out._moved)
     if rec:
         _publish(op, params, args, used, out, prog, sink)
     if r is not None and op.name in r.ops:
@@ -72,11 +75,10 @@ def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Calla
     except StopIteration:
         raise ShardingError(f"checkpoint: the recompute ran more {op.name} ops than the forward run; the function "
                             f"must run the same ops each time") from None
-    out = make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid)
-    out._serial, out._moved = serial(kept), kept._moved  # the same value: sums made of it are reused
-    if tracked(args):
-        out._node = Node(op, params, tuple(args), prog, result=out)
-    return out
+    # the same value: sums made of it are reused; its node keeps what the op's VJP reads of it (of ``kept``: the
+    # same blocks, serial and sums)
+    node = Node(op, params, tuple(args), prog, result=kept) if tracked(args) else None
+    return make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid, node, serial(kept), kept._moved)
 
 
 def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any], out: Any, prog: Any,
@@ -182,10 +184,8 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     try:
         prog = program_for(op, sids, params, strat, model, STRICT.get(), epoch)
     except StaleSignature:  # the intern table was emptied since these values got their ids
-        for a in args:
-            if isinstance(a, Value):
-                a._sid = -1
-        sids = tuple(sid_of(a) for a in args)
+        sids = tuple(a.signature_id(lambda a=a: sig_id(signature(a)), stale=True) if isinstance(a, Value) else
+                     sid_of(a) for a in args)
         prog = program_for(op, sids, params, strat, model, STRICT.get(), epoch)
     if prog is None:
         return _run_host(op, args, params, make), None
@@ -295,16 +295,13 @@ def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be) -> tuple[Any, 
     if not plan.segments:
         return v._data, False
     key = target.layout()
-    if v._spec.partial_axes:
-        if v._moved is None:
-            v._moved = {}
-        elif key in v._moved:
-            return v._moved[key], True
+    if v._spec.partial_axes and v._moved and key in v._moved:
+        return v._moved[key], True
     x = reshard.execute(None if be is None else v._data, plan)  # abstract: plan only, move nothing
     if x is not None and be is not backends.NUMPY:  # blocks that moved go to the devices that own them
         x = be.commit(x, target)
     if v._spec.partial_axes:
-        v._moved[key] = x
+        v.keep_sum(key, x)
     return x, False
 
 
@@ -354,9 +351,7 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
     out, reused = _move(v, p, target.layout(), be)
     if out is not None:
         out = be.commit(out, target)
-    res = make(out, target, v._shape, v._dtype)
-    if tracked((v,)):
-        res._node = Node(RELAYOUT, (target,), (v,), p)
+    res = make(out, target, v._shape, v._dtype, -1, Node(RELAYOUT, (target,), (v,), p) if tracked((v,)) else None)
     if C.logging():
         user = C.current_op() or RELAYOUT_STEP
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
@@ -401,9 +396,7 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
 def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     """``shard`` of a host value: each device keeps its block of it (no communication)."""
     data = None if v._data is None else storage.place(v._data, spec)
-    res = make(data, spec, v._shape, v._dtype)
-    if tracked((v,)):
-        res._node = Node(PLACE, (spec,), (v,))
+    res = make(data, spec, v._shape, v._dtype, -1, Node(PLACE, (spec,), (v,)) if tracked((v,)) else None)
     if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
         C.publish(Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,

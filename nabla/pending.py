@@ -21,8 +21,7 @@ from .layout import chunks
 from .mesh import AxisRef
 from .opdef import OpDef
 from .spec import ShardingSpec
-from .step import serial
-from .value import Value
+from .value import Value, serial
 
 if TYPE_CHECKING:
     from .program import Program
@@ -59,9 +58,7 @@ def reused_sum(a: Any) -> Any:
     if isinstance(a, Value) and a._moved:
         for spec, data in a._moved.items():
             if not spec.partial_axes:
-                v = Value(data, spec, a._shape, a._dtype)
-                v._serial = serial(a)
-                return v
+                return Value(data, spec, a._shape, a._dtype, serial=serial(a))
     return a
 
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backends, storage
-from .backprop import record_from_local
+from .backprop import from_local_node
 from .dtypes import is_inexact
 from .errors import ShardingError
 from .layout import chunks, dim_position, grid, grid_index
@@ -103,11 +103,10 @@ def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: S
     data = backends.active().commit(data, spec)
     if isinstance(data, np.ndarray):
         data.flags.writeable = False
-    out = Tensor(data, spec, shape, dtype)
     traced = {d: b for d, b in by_dev.items() if isinstance(b, Tensor) and b._node is not None}
-    if traced:  # blocks computed from values being differentiated: gradients reach them
-        record_from_local(out, traced, spec, set(holder.values()))
-    return out
+    # blocks computed from values being differentiated: gradients reach them
+    node = from_local_node(traced, spec, set(holder.values())) if traced else None
+    return Tensor(data, spec, shape, dtype, node=node)
 
 
 def device_put(x: Any, sharding: Any) -> Tensor:

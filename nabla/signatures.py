@@ -57,9 +57,7 @@ def sid_of(a: Any) -> int:
     """A small int naming ``a``'s signature: ``("s"|"h", shape, dtype, spec)``, or ``("c", type)`` for scalars."""
     if isinstance(a, Value):
         i = a._sid
-        if i < 0:
-            i = a._sid = sig_id(signature(a))
-        return i
+        return i if i >= 0 else a.signature_id(lambda: sig_id(signature(a)))
     t = type(a)
     i = _SCALAR_IDS.get(t)
     if i is None:

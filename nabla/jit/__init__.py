@@ -21,7 +21,7 @@ from ..pytree import flatten, unflatten
 from ..errors import ShardingError
 from ..executor import record_step
 from ..spec import ShardingSpec
-from ..step import serial
+from ..value import serial
 from ..tensor import Tensor
 from ..trace import LEAF_NODE, Node, tracked, tracing_whole, whole
 from . import program as P
@@ -260,8 +260,7 @@ class Lowered:
         twins = []
         for x in leaves:
             if isinstance(x, Tensor):
-                t = Tensor(None, x.sharding, x.shape, x.dtype)
-                t._node = LEAF_NODE
+                t = Tensor(None, x.sharding, x.shape, x.dtype, node=LEAF_NODE)
                 serial(t)
                 twins.append(t)
             else:
@@ -318,9 +317,9 @@ class Lowered:
         outs, tree = flatten(out)
         op = _JitCall(self, leaves)
         args = tuple(leaves[i] for i in self._inputs)
-        for k, o in enumerate(outs):
-            o._node = Node(op, (k,), args)
-        return out
+        # each result recorded (the same value: its blocks and serial)
+        return unflatten(tree, [Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, Node(op, (k,), args), serial(o),
+                                       o._moved) for k, o in enumerate(outs)])
 
     def _run(self, leaves: list) -> Any:
         fn = self.compile()

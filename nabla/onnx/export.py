@@ -95,9 +95,7 @@ def _paths(tree: Any, prefix: str) -> list[str]:
 
 def _traced(t: Tensor) -> Tensor:
     """A traced twin of ``t``: the same blocks, recording every op that uses it (backprop's ``traced_leaf``)."""
-    leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
-    leaf._node = LEAF_NODE
-    return leaf
+    return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, LEAF_NODE)
 
 
 def _rebuild(tree: Any, leaves: list) -> Any:

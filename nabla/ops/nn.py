@@ -15,10 +15,9 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..dtypes import accumulation, is_inexact
 from ..errors import ShardingError
-from ..value import Value
+from ..value import Value, serial
 from ..layout import global_rows
 from ..opdef import OpDef
-from ..step import serial
 from ..trace import Node, paused, tracked
 from .core import ArrayLike, Tensor, _axes, apply, _is_diff, _ndim, _shape
 from ..args import dtype_arg
@@ -42,10 +41,9 @@ def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor])
         return run()
     with paused():
         out = run()
-    res = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid)
-    res._serial = serial(out)  # the same value
-    res._node = Node(op, params, tuple(args), result=res)
-    return res
+    # the same value, recording ``op`` (its node keeps what the VJP reads of ``out``: the same blocks and serial)
+    return Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, Node(op, params, tuple(args), result=out),
+                  serial(out))
 
 
 def _sharded_along(x: Any, axes: Sequence[int]) -> bool:
@@ -61,8 +59,9 @@ def stop_gradient(x: ArrayLike) -> Tensor:
     nothing, keeping ``x``'s sharding (pending sums included). What is computed from it alone is not
     differentiated: no cotangent is made for it."""
     out = apply(_STOP, (x,))
-    if out._node is not None and out._node.diff:
-        out._node = out._node._replace(diff=False)
+    if out._node is not None and out._node.diff:  # the same value, recorded as not differentiated
+        out = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, out._node._replace(diff=False),
+                     serial(out), out._moved)
     return out
 
 

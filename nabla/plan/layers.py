@@ -16,7 +16,8 @@ from ..autodiff import vjp
 from ..dtypes import is_inexact
 from ..ops.core import apply
 from ..spec import ShardingSpec
-from ..step import MOVE, PLACE, RELAYOUT, serial
+from ..step import MOVE, PLACE, RELAYOUT
+from ..value import serial
 from ..tensor import Tensor
 from .memory import memory_log
 
