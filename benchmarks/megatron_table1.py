@@ -52,7 +52,7 @@ import nabla as nb  # noqa: E402
 from nabla.collectives import CommEvent  # noqa: E402
 from nabla.pytree import flatten, unflatten  # noqa: E402
 from _env import write_results  # noqa: E402
-from nabla.plan import (MATMUL_OPS, Cluster, Hardware, PipelineReport, Report, Step, estimate_steps,  # noqa: E402
+from nabla.plan import (MATMUL_OPS, Cluster, Hardware, PipelineReport, Report, PricedStep, estimate_steps,  # noqa: E402
                         gpt_flops, pipeline_estimate, priced_step)
 
 SOURCE = "Narayanan et al., SC'21, arXiv:2104.04473, Table 1"
@@ -403,7 +403,7 @@ def _is_dp_sum(e: CommEvent) -> bool:
     return e.kind == "all_reduce" and tuple(e.axes) == ("dp",)
 
 
-def bucketed(steps: list[Step], dp: int, bucket_bytes: int) -> list[Step]:
+def bucketed(steps: list[PricedStep], dp: int, bucket_bytes: int) -> list[PricedStep]:
     """The gradient sums over ``dp`` fused into buckets of at most ``bucket_bytes`` per device, in the order the
     backward pass makes them, as DDP packs them: each bucket one all_reduce, placed where it fills. The bytes
     are the recorded ones; only the number of collectives (their latency) changes. (``nb.value_and_grad``'s
@@ -412,11 +412,11 @@ def bucketed(steps: list[Step], dp: int, bucket_bytes: int) -> list[Step]:
     if dp == 1:
         return steps
     ring = 2 * (dp - 1) / dp  # an all_reduce sends 2(k-1)/k of the block in a ring
-    out: list[Step] = []
+    out: list[PricedStep] = []
     pending, layer = 0, None
 
     def flush():
-        out.append(Step("bucket", "grad of bucket", "backward", DTYPE, 0, 0, 0,
+        out.append(PricedStep("bucket", "grad of bucket", "backward", DTYPE, 0, 0, 0,
                         (CommEvent("all_reduce", ("dp",), int(pending), dp),), layer))
 
     for s in steps:
@@ -569,24 +569,24 @@ class LayerCost(NamedTuple):
     grad_bytes: int
 
 
-def stage_steps(cost: LayerCost, layers: int, extra_flops: int = 0) -> list[Step]:
+def stage_steps(cost: LayerCost, layers: int, extra_flops: int = 0) -> list[PricedStep]:
     """The steps of one pipeline stage for one microbatch: ``layers`` identical layers forward (a matmul step,
     a memory-bound step carrying the tensor-parallel all_reduces over ``tp``), the logit GEMMs' share
     ``extra_flops``, then the layers backward, each followed by its gradient all_reduce over ``dp``."""
-    def layer(i: int, phase: str, flops: int, nbytes: int, comm: int) -> list[Step]:
+    def layer(i: int, phase: str, flops: int, nbytes: int, comm: int) -> list[PricedStep]:
         events = (CommEvent("all_reduce", ("tp",), comm),) if comm else ()
-        return [Step("matmul", "layer", phase, "bfloat16", flops, 0, 0, (), f"layer {i}"),
-                Step("add", "layer", phase, "bfloat16", 0, nbytes, 0, events, f"layer {i}")]
+        return [PricedStep("matmul", "layer", phase, "bfloat16", flops, 0, 0, (), f"layer {i}"),
+                PricedStep("add", "layer", phase, "bfloat16", 0, nbytes, 0, events, f"layer {i}")]
 
-    out: list[Step] = []
+    out: list[PricedStep] = []
     for i in range(layers):
         out += layer(i, "forward", cost.fwd_flops, cost.fwd_bytes, cost.fwd_comm_bytes)
     if extra_flops:
-        out.append(Step("matmul", "logits", "forward", "bfloat16", extra_flops, 0, 0, (), "logits"))
+        out.append(PricedStep("matmul", "logits", "forward", "bfloat16", extra_flops, 0, 0, (), "logits"))
     for i in reversed(range(layers)):
         out += layer(i, "backward", cost.bwd_flops, cost.bwd_bytes, cost.bwd_comm_bytes)
         if cost.grad_bytes:
-            out.append(Step("with_sharding", f"grad of p['layer {i}']", "backward", "bfloat16", 0, 0, 0,
+            out.append(PricedStep("with_sharding", f"grad of p['layer {i}']", "backward", "bfloat16", 0, 0, 0,
                             (CommEvent("all_reduce", ("dp",), cost.grad_bytes),), f"layer {i}"))
     return out
 

@@ -20,7 +20,8 @@ from .ops import (abstract, arange, ones, tensor, zeros,  # making tensors
 from .ops import registry as _registry
 from .propagation import strategy
 from .spec import DimSpec, ShardingSpec
-from .tensor import Tensor, device_put, from_local, with_sharding_constraint
+from .tensor import Tensor
+from .placement import device_put, from_local, with_sharding_constraint
 from .sharding import NamedSharding
 from .debug import explain, visualize_sharding
 from . import parallel

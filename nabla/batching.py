@@ -19,7 +19,7 @@ from .value import Value
 from .factors import Window
 from .opdef import Local, OpDef
 from .ops import broadcast_to, expand_dims, sum as _sum, tensor, transpose
-from .ops.core import _call
+from .ops.core import apply
 from .rules.core import PASS, Rule
 from .spec import DimSpec, ShardingSpec
 from .tensor import Tensor
@@ -139,12 +139,8 @@ def _batched_vjp(op: OpDef) -> Callable:
 @contextlib.contextmanager
 def _tracing() -> Iterator[None]:
     """Record ops on stand-ins (backward passes inside too), publishing nothing to open comm logs."""
-    token = C._logs.set(())
-    try:
-        with differentiating(), recorded(), replay_trace():
-            yield
-    finally:
-        C._logs.reset(token)
+    with C.unlogged(), differentiating(), recorded(), replay_trace():
+        yield
 
 
 _STAND_IN = Node(LEAF, ("vmap",), diff=False)
@@ -156,9 +152,8 @@ def _stand_in(v: Value, diff: bool) -> Tensor:
     spec = v._spec
     if spec is not None and not isinstance(spec, ShardingSpec):
         raise ShardingError("vmap: cannot batch per-device values (inside nb.shard_map)")
-    t = Tensor(None, None if spec is None else _unbatched_spec(spec), tuple(v._shape[1:]), v._dtype)
-    t._node = _STAND_IN_DIFF if diff else _STAND_IN
-    return t
+    return Tensor(None, None if spec is None else _unbatched_spec(spec), tuple(v._shape[1:]), v._dtype,
+                  node=_STAND_IN_DIFF if diff else _STAND_IN)
 
 
 def _replay(outputs: Sequence[Any], env: dict[int, Any]) -> list[tuple[Any, bool]]:
@@ -188,7 +183,7 @@ def _replay(outputs: Sequence[Any], env: dict[int, Any]) -> list[tuple[Any, bool
                 if isinstance(orig, Value) and id(orig) not in batched_ids:  # the same for every batch element
                     a = expand_dims(a, 0)
                 ins.append(a)
-            out = _call(batched(node.op), ins, node.params)
+            out = apply(batched(node.op), ins, node.params)
         else:
             raise ShardingError(f"vmap: cannot batch {getattr(node.op, 'name', node.op)!r} (only nabla's registered "
                                 f"ops, with_sharding and placements are batched)")

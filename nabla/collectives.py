@@ -12,9 +12,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from .backends import xp
-from .commlog import (NAMES_WIDTH, CommLog, _logs, _op, _phase, _scope, abbreviate, comm_log,  # noqa: F401
+from .commlog import (NAMES_WIDTH, CommLog, _op, _phase, _scope, abbreviate, comm_log,  # noqa: F401
                       current_op, current_phase, current_scope, in_scope, logging, named_scope, phase, publish,
-                      recording, replaces, step_user, tag, user_op)
+                      recording, replaces, step_user, tag, unlogged, user_op)
 from .cost import current as current_cost_model
 from .errors import ShardingError
 from .storage import sum_summands

@@ -132,6 +132,17 @@ def recording(recorder: Any) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def unlogged() -> Iterator[None]:
+    """Steps published inside reach no open log: a trace whose steps the logs see when its program runs, or a
+    value computed to stand in for one (computed, not communicated)."""
+    token = _logs.set(())
+    try:
+        yield
+    finally:
+        _logs.reset(token)
+
+
+@contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
     """Label the collectives run inside (``"backward"`` during a backward pass)."""
     token = _phase.set(name)

@@ -10,14 +10,15 @@ import numpy as np
 
 
 @lru_cache(maxsize=256)
-def _ml(dt: np.dtype) -> bool:
+def is_ml(dt: np.dtype) -> bool:
+    """A dtype of the ``ml_dtypes`` package (bfloat16, the float8 and int4 types), which numpy files under kind ``V``."""
     return getattr(dt.type, "__module__", "").startswith("ml_dtypes")
 
 
 def is_float(dt: Any) -> bool:
     """A real floating dtype: numpy's float16/32/64, and bfloat16 and the float8 types of ``ml_dtypes``."""
     dt = np.dtype(dt)
-    return dt.kind == "f" or (dt.kind == "V" and _ml(dt) and "float" in dt.name)
+    return dt.kind == "f" or (dt.kind == "V" and is_ml(dt) and "float" in dt.name)
 
 
 def is_inexact(dt: Any) -> bool:
@@ -25,7 +26,7 @@ def is_inexact(dt: Any) -> bool:
     got = _INEXACT.get(dt)
     if got is None:
         d = np.dtype(dt)
-        got = d.kind in "fc" or (d.kind == "V" and _ml(d) and "float" in d.name)
+        got = d.kind in "fc" or (d.kind == "V" and is_ml(d) and "float" in d.name)
         if isinstance(dt, np.dtype):
             _INEXACT[dt] = got  # (a few dozen dtypes: bounded)
     return got
@@ -37,7 +38,7 @@ _INEXACT: dict = {}
 def finfo(dt: Any) -> Any:
     """``np.finfo`` for every float dtype nabla holds (``ml_dtypes.finfo`` for theirs)."""
     dt = np.dtype(dt)
-    if _ml(dt):
+    if is_ml(dt):
         import ml_dtypes
         return ml_dtypes.finfo(dt)
     return np.finfo(dt)
@@ -50,4 +51,4 @@ def accumulation(dt: Any) -> np.dtype:
     the same two (``jax.numpy``'s ``_upcast_f16``), and XLA's SPMD partitioner then all-reduces the float32
     partial sums, rounding once at the end."""
     dt = np.dtype(dt)
-    return np.dtype(np.float32) if dt == np.float16 or (_ml(dt) and dt.name == "bfloat16") else dt
+    return np.dtype(np.float32) if dt == np.float16 or (is_ml(dt) and dt.name == "bfloat16") else dt

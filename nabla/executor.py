@@ -6,127 +6,29 @@ is made of is ``value``'s; when a pending sum is made, ``pending`` decides (the 
 
 from __future__ import annotations
 
-import itertools
-import threading
-from functools import lru_cache
 from math import prod
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import backends, reshard, services, storage
+from . import backends, reshard, storage
 from . import collectives as C
 from .cost import current as current_cost_model
 from .errors import ShardingError
-from .factors import LocalStep, OperandContext, merge_windows
-from .layout import chunks, grid, merge_cuts, spec_cuts
+from .layout import chunks
 from .opdef import Local, OpDef
-from .pending import (KEEPS, STRICT, breaks_linearity, cheaper_to_sum_now, mask_zero, overflowed, repeated_partials,
-                      reused_sum, surviving_partials, survival_checks)
-from .propagation import current_strategy, propagate
-from .rules.core import Rule
+from .pending import KEEPS, STRICT, breaks_linearity, overflowed, repeated_partials, reused_sum
+from .program import MANUAL, Prep, Program, program_for, strip_partial
+from .propagation import current_strategy
 from .spec import ShardingSpec
-from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, serial
+from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use
 from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, gathered_copy, tracked
-from .value import Value
+from .value import Value, serial
+from .manual import manual_run
+from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
 
 SCALARS = (bool, int, float, complex, np.generic)
-MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
 
-
-def register_manual(fn: Callable) -> None:
-    """Install the runner of ops on per-device values (``fn(op, args, params, make)``): ``nb.shard_map``
-    registers it, so the executor does not import it."""
-    services.provide("manual", fn)
-
-
-# The signature intern table: signature -> id and back. Ids are never reused; when the table holds
-# ``_SIG_LIMIT`` signatures it is emptied (a program run with so many shapes would not reuse most of them), and
-# values holding an id from before are given a new one on their next use (``_StaleSignature``).
-_SIG_IDS: dict[tuple, int] = {}
-_SIGS: dict[int, tuple] = {}
-_SCALAR_IDS: dict[type, int] = {}
-_SIG_LIMIT = 1 << 15
-_NEXT_SID = itertools.count()  # (taken under _SIG_LOCK)
-_SIG_LOCK = threading.Lock()
-
-
-class _StaleSignature(Exception):
-    """A signature id from before the intern table was emptied."""
-
-
-def _sig_id(sig: tuple) -> int:
-    i = _SIG_IDS.get(sig)
-    if i is None:
-        with _SIG_LOCK:  # two threads meeting a new signature at once must not share an id
-            i = _SIG_IDS.get(sig)
-            if i is None:
-                if len(_SIG_IDS) >= _SIG_LIMIT:
-                    _SIG_IDS.clear()
-                    _SIGS.clear()
-                    _SCALAR_IDS.clear()
-                i = next(_NEXT_SID)
-                _SIG_IDS[sig] = i
-                _SIGS[i] = sig
-    return i
-
-
-def _sig_of(a: Any) -> tuple:
-    if isinstance(a, Value):
-        return ("s" if a._spec is not None else "h", a._shape, a._dtype, a._spec)
-    return ("c", type(a))
-
-
-def sid_of(a: Any) -> int:
-    """A small int naming ``a``'s signature: ``("s"|"h", shape, dtype, spec)``, or ``("c", type)`` for scalars."""
-    if isinstance(a, Value):
-        i = a._sid
-        if i < 0:
-            i = a._sid = _sig_id(_sig_of(a))
-        return i
-    t = type(a)
-    i = _SCALAR_IDS.get(t)
-    if i is None:
-        i = _sig_id(("c", t))
-        _SCALAR_IDS[t] = i
-    return i
-
-
-# ---- planning (cached) ---------------------------------------------------------------------------
-
-
-class Prep(NamedTuple):
-    kind: str  # "sharded", "host", "scalar"
-    target: ShardingSpec | None
-    plan: reshard.Plan | None
-    mask_axes: tuple[str, ...]  # partial axes this operand must be added once over
-    grid_shape: tuple[int, ...]  # its stored shape in the kernel's common grid
-    local: tuple[LocalStep, ...] = ()  # what the factor kinds do to it before the kernel
-    direct: bool = False  # sharded, nothing moves (or only local cuts) and nothing changes: its stored blocks ...
-    view: tuple | None = None  # ... seen through this chain of reshapes and transposes (None: as stored)
-    zero: Any = None  # what the add-once mask leaves on other devices (None: -0.0, IEEE's additive identity)
-
-
-class Program(NamedTuple):
-    preps: tuple[Prep, ...]
-    G: int
-    kspec: ShardingSpec  # the layout the kernel's output is in
-    result: ShardingSpec  # the layout handed back (differs when max/min must be reduced across devices)
-    result_shape: tuple[int, ...]
-    out_grid: tuple[int, ...]  # the kernel's output on the common grid
-    kspec_grid: tuple[int, ...]  # the same output on kspec's own grid
-    local: Local
-    post: reshard.Plan | None
-    dtype: np.dtype
-    result_sid: int  # the result's signature id
-    padded: bool  # some block runs past its dim's end: what the padding computes is ignored, silently
-    fast: tuple | None  # nothing moves, op.fast applies: per operand, the shape to view it as (None: as is), or
-    # a chain of views (an operand cut locally: each device's block is a view of what it holds)
-    checks: tuple = ()  # (operand, "finite"|"nonzero"): a pending sum survives this product only if it holds
-    final: tuple = ()  # the result's stored shape (its own grid, its block)
-    folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
-    flops: int = 0  # of one device's kernel (the largest block)
-    decision: Any = None  # what propagation decided (per factor), for nb.explain to tell
 
 
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
@@ -154,7 +56,10 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         out, prog = _rerun_strict(op, used, params, make, sink)
     if tracked(args):
         settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
-        out._node = Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved)
+        node = Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved)
+        # the value recording its node (made after it: the node keeps what the VJP reads of the result; the same
+        # blocks, and the serial the node's copy of it took, if it took one)
+        out = make(out._data, out._spec, out._shape, out._dtype, out._sid, node, out._serial, out._moved)
     if rec:
         _publish(op, params, args, used, out, prog, sink)
     if r is not None and op.name in r.ops:
@@ -170,11 +75,10 @@ def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Calla
     except StopIteration:
         raise ShardingError(f"checkpoint: the recompute ran more {op.name} ops than the forward run; the function "
                             f"must run the same ops each time") from None
-    out = make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid)
-    out._serial, out._moved = serial(kept), kept._moved  # the same value: sums made of it are reused
-    if tracked(args):
-        out._node = Node(op, params, tuple(args), prog, result=out)
-    return out
+    # the same value: sums made of it are reused; its node keeps what the op's VJP reads of it (of ``kept``: the
+    # same blocks, serial and sums)
+    node = Node(op, params, tuple(args), prog, result=kept) if tracked(args) else None
+    return make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid, node, serial(kept), kept._moved)
 
 
 def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any], out: Any, prog: Any,
@@ -237,7 +141,7 @@ def _residual_record(op: OpDef, params: tuple, out: Any, uses: list) -> tuple[tu
 
 def _sum_now(op: OpDef, a: Value) -> None:
     """Make ``a``'s pending sum before ``op`` (remembered on ``a``: later uses reuse it), and log the move."""
-    target = _strip_partial(a._spec)
+    target = strip_partial(a._spec)
     plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
     _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
     if not reused:  # (a sum made before is only read: no step)
@@ -279,19 +183,17 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     strat, model = current_strategy(), current_cost_model()
     epoch = C.epoch()
     try:
-        prog = _program(op, sids, params, strat, model, STRICT.get(), epoch)
-    except _StaleSignature:  # the intern table was emptied since these values got their ids
-        for a in args:
-            if isinstance(a, Value):
-                a._sid = -1
-        sids = tuple(sid_of(a) for a in args)
-        prog = _program(op, sids, params, strat, model, STRICT.get(), epoch)
+        prog = program_for(op, sids, params, strat, model, STRICT.get(), epoch)
+    except StaleSignature:  # the intern table was emptied since these values got their ids
+        sids = tuple(a.signature_id(lambda a=a: sig_id(signature(a)), stale=True) if isinstance(a, Value) else
+                     sid_of(a) for a in args)
+        prog = program_for(op, sids, params, strat, model, STRICT.get(), epoch)
     if prog is None:
         return _run_host(op, args, params, make), None
     if prog is MANUAL:
-        return services.get("manual")(op, args, params, make), MANUAL
+        return manual_run(op, args, params, make), MANUAL
     if prog.checks and breaks_linearity(prog.checks, args):
-        prog = _program(op, sids, params, strat, model, True, epoch)
+        prog = program_for(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY:
         arrays = []
         for a, view in zip(args, prog.fast):
@@ -397,16 +299,14 @@ def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be, cache: str | N
     if not plan.segments:
         return v._data, False
     key = target.layout() if not cache else (target.layout(), cache)
-    if v._spec.partial_axes or cache is not None:
-        if v._moved is None:
-            v._moved = {}
-        elif key in v._moved:
-            return v._moved[key], True
+    keeps = v._spec.partial_axes or cache is not None
+    if keeps and v._moved and key in v._moved:
+        return v._moved[key], True
     x = reshard.execute(None if be is None else v._data, plan)  # abstract: plan only, move nothing
     if x is not None and be is not backends.NUMPY:  # blocks that moved go to the devices that own them
         x = be.commit(x, target)
-    if v._spec.partial_axes or cache is not None:
-        v._moved[key] = x
+    if keeps:
+        v.keep_sum(key, x)
     return x, False
 
 
@@ -414,53 +314,6 @@ def _view(x: Any, chain: tuple) -> Any:
     for kind, arg in chain:
         x = x.reshape(arg) if kind == "reshape" else x.transpose(arg)
     return x
-
-
-class _ShapeOnly:
-    """Stands in for stored blocks while a plan of local cuts is run once on shapes only, to record the
-    reshapes and transposes it amounts to; anything else (padding, trimming) is refused."""
-
-    def __init__(self, shape: tuple[int, ...], ops: list) -> None:
-        self.shape, self.ndim, self._ops = tuple(shape), len(shape), ops
-
-    def reshape(self, shape):
-        shape = tuple(shape)
-        if prod(shape) != prod(self.shape):
-            raise ValueError("not a reshape")
-        self._ops.append(("reshape", shape))
-        return _ShapeOnly(shape, self._ops)
-
-    def transpose(self, perm):
-        self._ops.append(("transpose", tuple(perm)))
-        return _ShapeOnly(tuple(self.shape[a] for a in perm), self._ops)
-
-
-def _local_only(plan: reshard.Plan) -> bool:
-    return all(C.REGISTRY[s.kind].local for seg in plan.segments for s in seg.steps)
-
-
-def _view_chain(stored: tuple[int, ...], plan: reshard.Plan, gshape: tuple[int, ...]) -> tuple | None:
-    """A plan of local cuts as a chain of views (no copy, no Python per step), or None when it needs more."""
-    ops: list = []
-    try:
-        out = reshard.execute(_ShapeOnly(stored, ops), plan).reshape(gshape)
-    except (ValueError, TypeError, AttributeError, IndexError):
-        return None
-    chain: list = []
-    shape = stored
-    for kind, arg in ops:
-        if kind == "transpose":
-            if arg == tuple(range(len(arg))):
-                continue
-            shape = tuple(shape[a] for a in arg)
-        elif arg == shape:
-            continue  # a reshape to the shape it has
-        else:
-            if chain and chain[-1][0] == "reshape":
-                chain.pop()  # two reshapes in a row are the last one
-            shape = arg
-        chain.append((kind, arg))
-    return tuple(chain) if out.shape == gshape else None
 
 
 def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None
@@ -473,214 +326,19 @@ def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable,
         STRICT.reset(token)
 
 
-@lru_cache(maxsize=4096)
-def _program(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
-             strict: bool | str = False, epoch: int = 0) -> Program | None:
-    """``strict``: no pending sum survives the op (True: its values would break linearity; "cost": passing it
-    on costs more than making it). ``epoch``: the collective registry's (a newly registered collective is
-    planned with from then on)."""
-    try:
-        sigs = tuple(_SIGS[i] for i in sids)
-    except KeyError:
-        raise _StaleSignature() from None
-    if not any(s[0] == "s" for s in sigs):
-        return None
-    if any(s[0] == "s" and not isinstance(s[3], ShardingSpec) for s in sigs):
-        return MANUAL  # per-device values inside nb.shard_map
-    shapes = tuple(s[1] if s[0] != "c" else () for s in sigs)
-    meshes = {s[3].mesh for s in sigs if s[0] == "s"}
-    if len(meshes) > 1:
-        ms = [(i, s[3].mesh) for i, s in enumerate(sigs) if s[0] == "s"]
-        (i, a), (j, b) = ms[0], next((k, m) for k, m in ms if m != ms[0][1])
-        same = (f" (two different meshes share the name {a.name!r}: a mesh is its name, axes and devices)"
-                if a.name == b.name else "")
-        how = ("move one with t.with_sharding(other_mesh, dims) (the meshes hold the same devices: a logged "
-               "relabel)" if sorted(a.devices) == sorted(b.devices) else
-               "the meshes hold different devices: copy one through the host, nb.tensor(t.numpy()).shard(...)")
-        raise ShardingError(f"{op.name}: operand {i} is on mesh {a!r} but operand {j} is on mesh {b!r}{same}; "
-                            f"{how}")
-    mesh = meshes.pop()
-    rule = op.rule(shapes, *params)
-    dtype = _dtype(op, sigs, params)
-    keep, keep_by = surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
-    linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
-    reserved = tuple(sorted(keep))
-    prop_specs = tuple(_strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
-    dec = propagate(rule, prop_specs, mesh, strat, reserved)
-    reduced = list(dec.result.partial_axes)
-    result_shape = rule.result_shape
-    result_partial = tuple(sorted(keep)) + tuple(reduced) if op.reduction == "sum" else tuple(sorted(keep))
-    post_src = None
-    computed, wanted = _result_dims(dec, result_shape, dtype, mesh)
-    result = ShardingSpec(mesh, wanted, partial_axes=result_partial)
-    if op.reduction != "sum" and reduced or computed != wanted:
-        post_src = ShardingSpec(mesh, computed, partial_axes=tuple(sorted(keep)) + tuple(reduced)
-                                if op.reduction != "sum" else result_partial)
-    targets = []
-    for i, s in enumerate(sigs):
-        if s[0] == "c":
-            targets.append(None)
-            continue
-        targets.append(ShardingSpec(mesh, dec.operands[i].dim_specs, partial_axes=sorted(keep_by[i])))
-    kernel_specs = [t for t in targets if t is not None] + [post_src or result]
-    cuts = merge_cuts(*(spec_cuts(t) for t in kernel_specs))
-    if cuts is None:
-        raise ShardingError(f"{op.name}: the operands' sub-axes do not nest into one device grid "
-                            f"({[repr(t) for t in kernel_specs]})")
-    G = len(grid(post_src or result, cuts).atoms)  # (the result may be cut finer: post slices it)
-    preps = []
-    for i, (s, t) in enumerate(zip(sigs, targets)):
-        add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
-        zero = mask_zero(op, i)
-        if s[0] == "c":
-            if not add_once:
-                preps.append(Prep("scalar", None, None, (), ()))
-                continue
-            t = ShardingSpec(mesh, [])  # a scalar added to a partial sum: placed, then added once
-        tt = t if not add_once else ShardingSpec(mesh, t.dim_specs,
-                                                 partial_axes=sorted(set(t.partial_axes) | set(add_once)))
-        gshape = grid(tt, cuts).shape + chunks(tt, shapes[i])
-        local = _local_steps(rule, i, OperandContext(tt, cuts, shapes[i], s[2] if s[0] != "c" else dtype,
-                                                     op.reduction, i))
-        if s[0] == "c":
-            preps.append(Prep("scalar", t, None, add_once, gshape, zero=zero))
-        elif s[0] == "h":
-            preps.append(Prep("host", t, None, add_once, gshape, local, zero=zero))
-        else:
-            plan = reshard.plan(shapes[i], s[2].itemsize, s[3], t)
-            stored = grid(s[3]).shape + chunks(s[3], shapes[i])
-            view = None if stored == gshape else (("reshape", gshape),)  # a chain of views to take
-            direct = not add_once and not local and (not plan.segments or _local_only(plan))
-            if direct and plan.segments:
-                view = _view_chain(stored, plan, gshape)
-                direct = view is not None
-            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct, view, zero))
-    kspec = post_src or result
-    out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
-    post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None
-    padded = any(_padded(t, shp) for t, shp in zip(targets, shapes) if t is not None) or _padded(kspec, result_shape)
-    result_sid = _sig_id(("s", result_shape, dtype, result))
-    aux = op.aux(kspec, cuts, shapes, params) if op.aux is not None else ()
-    checks = survival_checks(op, sigs, keep_by, dtype) if keep else ()
-    local = Local(G, chunks(kspec, result_shape), params, True, aux)
-    final = grid(kspec).shape + chunks(kspec, result_shape)
-    fold = _fold(op, post, G, out_grid) if not padded else ()
-    if fold:  # the kernel does the all_reduce; the plan is still carried out for the log (on no data)
-        out_grid = final = post.segments[0].end_grid + out_grid[G:]
-        local = local._replace(fold=fold)
-    if keep and op.linear == "mul" and op.fast is None and cheaper_to_sum_now(mesh, sigs, shapes, keep_by, result,
-                                                                                 result_shape, dtype):
-        return _program(op, sids, params, strat, model, "cost", epoch)
-    blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
-    flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
-    prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
-                   result_sid, padded, None, checks, final, bool(fold), int(flops), (rule, dec, reserved, strict))
-    return prog._replace(fast=_fast_views(op, prog, sigs))
-
-
-def _fold(op: OpDef, post: reshard.Plan | None, G: int, out_grid: tuple[int, ...]) -> tuple[int, ...]:
-    """The grid axes of a max/min whose post plan is one all_reduce of the kernel's own grid: the kernel can
-    reduce over them too, in the same call (what XLA fuses as well: a reduce feeding an all-reduce)."""
-    if not op.folds or post is None or len(post.segments) != 1:
-        return ()
-    seg = post.segments[0]
-    if len(seg.steps) != 1 or seg.steps[0].kind != "all_reduce" or seg.enter != (G, G) or \
-            seg.start_grid != out_grid[:G]:
-        return ()
-    atoms = seg.steps[0].atoms
-    if seg.end_grid != tuple(1 if i in atoms else n for i, n in enumerate(seg.start_grid)):
-        return ()
-    return tuple(sorted(atoms))
-
-
-def _result_dims(dec, shape: tuple[int, ...], dtype: np.dtype, mesh) -> tuple[tuple, tuple]:
-    """The result's dims as the kernel computes them, and as handed back: propagation may give the result
-    factors its operands' dims cannot hold (Shardy's reshape keeps them); the kernel's output is then sliced
-    to that layout on each device, when that moves no data (else the computed layout is handed back)."""
-    if dec.computed is None or dec.computed.dim_specs == dec.result.dim_specs:
-        return dec.result.dim_specs, dec.result.dim_specs
-    src, dst = ShardingSpec(mesh, dec.computed.dim_specs), ShardingSpec(mesh, dec.result.dim_specs)
-    if reshard.plan(shape, dtype.itemsize, src, dst).collectives:
-        return dec.computed.dim_specs, dec.computed.dim_specs
-    return dec.computed.dim_specs, dec.result.dim_specs
-
-
-def _padded(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:
-    return any(n % spec.num_shards(d) for d, n in enumerate(shape))
-
-
-def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
-    """When nothing moves, nothing is padded and no factor kind acts, ``op.fast`` runs on the stored blocks
-    as they are (viewed on the common grid): per operand, the shape to view it as, None for as is, False
-    for a scalar, or a chain of views when the operand is only cut locally. Otherwise None."""
-    if op.fast is None or prog.padded or prog.post is not None or prog.kspec_grid + prog.local.out_chunk != \
-            prog.out_grid:
-        return None
-    views = []
-    grids = []
-    for s, p in zip(sigs, prog.preps):
-        if p.kind == "scalar" and not p.mask_axes:
-            views.append(False)
-            continue
-        if p.kind != "sharded" or p.mask_axes or p.local or len(p.grid_shape) != len(prog.out_grid) or \
-                p.plan.segments and not (p.direct and p.view):
-            return None
-        stored = grid(s[3]).shape + chunks(s[3], s[1])
-        views.append(p.view if p.plan.segments else None if stored == p.grid_shape else p.grid_shape)
-        grids.append(p.grid_shape[:prog.G])
-    if np.broadcast_shapes(*grids) != prog.out_grid[:prog.G]:
-        return None
-    return tuple(views)
-
-
-def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ...]:
-    """Ask each factor kind of operand ``i`` what it does to the dims holding it (grouped per kind)."""
-    by_kind: dict[Any, list[int]] = {}
-    for d, factors in enumerate(rule.operands[i]):
-        for f in factors:
-            by_kind.setdefault(rule.kinds[f], [])
-            if d not in by_kind[rule.kinds[f]]:
-                by_kind[rule.kinds[f]].append(d)
-    steps = []
-    for kind, dims in by_kind.items():
-        step = kind.prepare(ctx, tuple(dims))
-        if step is not None:
-            steps.append(step)
-    return merge_windows(steps)
-
-
-def _strip_partial(spec: ShardingSpec) -> ShardingSpec:
-    return spec if not spec.partial_axes else ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
-
-
-@lru_cache(maxsize=4096)
-def _dtype(op: OpDef, sigs: tuple, params: tuple) -> np.dtype:
-    if callable(op.dtype) and not isinstance(op.dtype, type):  # from the operands' dtypes
-        return np.dtype(op.dtype(*(s[2] for s in sigs if s[0] != "c")))
-    if op.dtype == "same":
-        return next(s[2] for s in sigs if s[0] != "c")
-    if op.dtype != "sample":
-        return np.dtype(op.dtype)
-    samples = [np.zeros((1,) * len(s[1]), dtype=s[2]) if s[0] != "c" else s[1](0) for s in sigs]
-    shape = op.rule(tuple(s[1] if s[0] != "c" else () for s in sigs), *params).result_shape
-    with np.errstate(all="ignore"):
-        out = op.kernel(samples, Local(0, tuple(1 for _ in shape), params))
-    return np.asarray(out).dtype
-
-
 def _run_host(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> Any:
     shapes = tuple(a._shape if isinstance(a, Value) else () for a in args)
     rule = op.rule(shapes, *params)  # validates shapes and gives the result shape
     shape = rule.result_shape
     if any(isinstance(a, Value) and a._data is None for a in args):
-        sigs = tuple(_sig_of(a) for a in args)
-        return make(None, None, shape, _dtype(op, sigs, params))
+        sigs = tuple(signature(a) for a in args)
+        return make(None, None, shape, result_dtype(op, sigs, params))
     arrays = [a._data if isinstance(a, Value) else a for a in args]
     out = np.asarray(op.kernel(arrays, Local(0, shape, params)))
     if out.shape != shape:
         raise ShardingError(f"internal: {op.name} kernel gave shape {out.shape}, rule says {shape}")
     if op.dtype != "sample":  # a dtype rule of its own (a bf16 matmul is bf16, whatever its kernel computes in)
-        dt = _dtype(op, tuple(_sig_of(a) for a in args), params)
+        dt = result_dtype(op, tuple(signature(a) for a in args), params)
         if out.dtype != dt:
             out = out.astype(dt)
     if out.flags.writeable:
@@ -698,9 +356,7 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
     out, reused = _move(v, p, target.layout(), be)
     if out is not None:
         out = be.commit(out, target)
-    res = make(out, target, v._shape, v._dtype)
-    if tracked((v,)):
-        res._node = Node(RELAYOUT, (target,), (v,), p)
+    res = make(out, target, v._shape, v._dtype, -1, Node(RELAYOUT, (target,), (v,), p) if tracked((v,)) else None)
     if C.logging():
         user = C.current_op() or RELAYOUT_STEP
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
@@ -745,9 +401,7 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
 def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     """``shard`` of a host value: each device keeps its block of it (no communication)."""
     data = None if v._data is None else storage.place(v._data, spec)
-    res = make(data, spec, v._shape, v._dtype)
-    if tracked((v,)):
-        res._node = Node(PLACE, (spec,), (v,))
+    res = make(data, spec, v._shape, v._dtype, -1, Node(PLACE, (spec,), (v,)) if tracked((v,)) else None)
     if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
         C.publish(Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,

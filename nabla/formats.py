@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import warnings
 from math import prod
 from typing import Any
 
@@ -13,9 +14,9 @@ import numpy as np
 
 from .errors import ShardingError
 from .layout import dim_position
-from .mesh import MAX_DEVICE_ID, MAX_RANK, AxisRef, DeviceMesh, _bounded_tuple, _show, merge_adjacent
-from . import services
-from .spec import DimSpec, ShardingSpec, _mhlo_args, check_rank_arg, is_unconstrained
+from .args import MAX_RANK, bounded_tuple, short_repr
+from .mesh import MAX_DEVICE_ID, AxisRef, DeviceMesh, merge_adjacent
+from .spec import DimSpec, ShardingSpec, check_rank_arg, is_unconstrained
 
 
 # ---- HLO sharding strings ------------------------------------------------------------------------
@@ -78,7 +79,7 @@ class _Parser:
         if (expected is not None and tok != expected) or (kind is not None and m.lastgroup != kind):
             while self.pos < len(self.text) and self.text[self.pos].isspace():
                 self.pos += 1
-            raise self.fail(f"expected {expected or kind}, found {_show(tok, 40)}")
+            raise self.fail(f"expected {expected or kind}, found {short_repr(tok, 40)}")
         self.pos = m.end()
         return tok
 
@@ -107,7 +108,7 @@ class _Parser:
     def end(self) -> None:
         rest = self.text[self.pos:].strip()
         if rest:
-            raise self.fail(f"unexpected text {_show(rest, 40)} after the closing brace")
+            raise self.fail(f"unexpected text {short_repr(rest, 40)} after the closing brace")
 
 
 def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingSpec:
@@ -120,7 +121,7 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
     """
     mesh, text = _mhlo_args(mesh, text, "from_mhlo")
     if not isinstance(text, str):
-        raise ShardingError(f"from_mhlo: text must be a str, got {type(text).__name__} {_show(text)}")
+        raise ShardingError(f"from_mhlo: text must be a str, got {type(text).__name__} {short_repr(text)}")
     if rank is not None:
         rank = check_rank_arg(rank, "from_mhlo", may_be_none=True)
     p = _Parser(text)
@@ -140,7 +141,7 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
         p.end()
         if dev not in mesh.devices:
             raise ShardingError(f"from_mhlo: maximal device={dev} is not in mesh @{mesh.name} "
-                                f"(devices {_show(list(mesh.devices))})")
+                                f"(devices {short_repr(list(mesh.devices))})")
         if mesh.size != 1:
             raise ShardingError(
                 f"from_mhlo: {text.strip()!r} puts the whole value on device {dev} alone, but nabla has no "
@@ -156,7 +157,7 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
                             f"itself (write per-device code with nb.shard_map)")
     if head != "devices":
         p.pos -= len(head)
-        raise p.fail(f"expected 'replicated', 'maximal' or 'devices', found {_show(head, 40)}")
+        raise p.fail(f"expected 'replicated', 'maximal' or 'devices', found {short_repr(head, 40)}")
     p.take("=")
     p.take("[")
     n = mesh.size
@@ -164,7 +165,7 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
     total = prod(dims)  # at most MAX_RANK + 1 factors below 2**63: a small product, compared before any use
     if total != n:
         held = total if total <= MAX_DEVICE_ID else "more than 2**63"
-        raise ShardingError(f"from_mhlo: tile dims {_show(dims)} hold {held} devices but mesh @{mesh.name} "
+        raise ShardingError(f"from_mhlo: tile dims {short_repr(dims)} hold {held} devices but mesh @{mesh.name} "
                             f"{list(mesh.shape)} has {n}")
     if p.peek() == "<=":  # XLA's iota form: <=[reshape dims] with an optional T(perm)
         p.take("<=")
@@ -172,8 +173,8 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
         iota = p.ints("]", "iota dim", hi=MAX_DEVICE_ID, lo=1, most=MAX_RANK)
         if prod(iota) != n:
             held = prod(iota) if prod(iota) <= MAX_DEVICE_ID else "more than 2**63"
-            raise ShardingError(f"from_mhlo: iota dims {_show(iota)} hold {held} devices but the tile dims "
-                                f"{_show(dims)} (and mesh @{mesh.name}) hold {n}")
+            raise ShardingError(f"from_mhlo: iota dims {short_repr(iota)} hold {held} devices but the tile dims "
+                                f"{short_repr(dims)} (and mesh @{mesh.name}) hold {n}")
         ids = np.arange(n).reshape(iota)
         if p.peek() == "T":
             p.take("T")
@@ -184,8 +185,8 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
             ids = ids.transpose(perm)
         ids = ids.reshape(-1).tolist()
         if sorted(mesh.devices) != list(range(n)):  # the iota form names devices 0..n-1
-            raise ShardingError(f"from_mhlo: {_show(text.strip())} names devices 0..{n - 1}, which are not the "
-                                f"devices of mesh @{mesh.name} {_show(list(mesh.devices))}")
+            raise ShardingError(f"from_mhlo: {short_repr(text.strip())} names devices 0..{n - 1}, which are not the "
+                                f"devices of mesh @{mesh.name} {short_repr(list(mesh.devices))}")
     else:
         known = set(mesh.devices)
         ids = []
@@ -197,7 +198,7 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
                 if d not in known:
                     p.pos = at
                     raise p.fail(f"device {d} is not in mesh @{mesh.name}: the devices listed are not the "
-                                 f"devices of mesh @{mesh.name} {_show(list(mesh.devices), 60)}")
+                                 f"devices of mesh @{mesh.name} {short_repr(list(mesh.devices), 60)}")
                 ids.append(d)
                 listed += 1
             else:  # too many: the rest is only counted (no per-number work), for the message
@@ -212,13 +213,13 @@ def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingS
                 break
             p.take(",")
         if listed != n:
-            raise ShardingError(f"from_mhlo: tile dims {_show(dims)} hold {n} devices but {listed} are listed in "
-                                f"{_show(text.strip(), 120)}")
+            raise ShardingError(f"from_mhlo: tile dims {short_repr(dims)} hold {n} devices but {listed} are listed in "
+                                f"{short_repr(text.strip(), 120)}")
         if len(set(ids)) != n:
             from collections import Counter
             dup = sorted(d for d, k in Counter(ids).items() if k > 1)
-            raise ShardingError(f"from_mhlo: device(s) {_show(dup)} are listed more than once in "
-                                f"{_show(text.strip(), 120)}; each device of mesh @{mesh.name} appears once")
+            raise ShardingError(f"from_mhlo: device(s) {short_repr(dup)} are listed more than once in "
+                                f"{short_repr(text.strip(), 120)}; each device of mesh @{mesh.name} appears once")
     replicate = False
     if p.peek() == "last_tile_dim_replicate":
         p.take("last_tile_dim_replicate")
@@ -233,7 +234,7 @@ def _from_tiles(dims: list[int], ids: list[int], replicate: bool, mesh: DeviceMe
     # the caller has checked: prod(dims) == len(ids) == mesh.size, and ids are the mesh's devices, once each
     tiles = dims[:-1] if replicate else dims
     if rank is not None and rank != len(tiles):
-        raise ShardingError(f"from_mhlo: {_show(text.strip(), 120)} tiles {len(tiles)} dims but rank={rank} was given")
+        raise ShardingError(f"from_mhlo: {short_repr(text.strip(), 120)} tiles {len(tiles)} dims but rank={rank} was given")
     if len(tiles) > MAX_RANK:
         raise ShardingError(f"from_mhlo: {len(tiles)} tile dims; a spec has at most {MAX_RANK}")
     arr = np.array(ids).reshape(dims if replicate else dims + [1])
@@ -275,7 +276,7 @@ def _from_tiles(dims: list[int], ids: list[int], replicate: bool, mesh: DeviceMe
 
 def _unexpressible(text: str, mesh: DeviceMesh, dim: int | None) -> ShardingError:
     where = f" (tile dim {dim})" if dim is not None else ""
-    return ShardingError(f"from_mhlo: the device order of {_show(text.strip(), 200)}{where} is not a tiling of mesh "
+    return ShardingError(f"from_mhlo: the device order of {short_repr(text.strip(), 200)}{where} is not a tiling of mesh "
                          f"{mesh!r} by its axes or sub-axes")
 
 
@@ -331,7 +332,7 @@ def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> ShardingSpec:
     """
     if not isinstance(mesh, DeviceMesh):
         raise ShardingError(f"from_partition_spec(mesh, pspec): mesh must be a DeviceMesh, got "
-                            f"{type(mesh).__name__} {_show(mesh)}")
+                            f"{type(mesh).__name__} {short_repr(mesh)}")
     unreduced: Any = ()
     P = _jax_pspec()
     if P is not None and isinstance(pspec, P):
@@ -340,13 +341,13 @@ def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> ShardingSpec:
         unreduced = getattr(pspec, "unreduced", None) or ()
         reduced = getattr(pspec, "reduced", None)
         if reduced:
-            raise ShardingError(f"from_partition_spec: {_show(pspec)} has reduced axes {sorted(reduced)}; nabla has "
+            raise ShardingError(f"from_partition_spec: {short_repr(pspec)} has reduced axes {sorted(reduced)}; nabla has "
                                 f"no `reduced` placement (a replicated value whose gradient is left unreduced)")
     elif isinstance(pspec, (tuple, list)):  # older jax's PartitionSpec is a tuple subclass
-        entries = _bounded_tuple(pspec, "from_partition_spec: pspec", MAX_RANK)
+        entries = bounded_tuple(pspec, "from_partition_spec: pspec", MAX_RANK)
     else:
         raise ShardingError(f"from_partition_spec: pspec must be a jax PartitionSpec or a tuple of its entries, "
-                            f"got {type(pspec).__name__} {_show(pspec)}")
+                            f"got {type(pspec).__name__} {short_repr(pspec)}")
     if len(entries) > MAX_RANK:
         raise ShardingError(f"from_partition_spec: {len(entries)} entries; a spec has at most {MAX_RANK} dims")
     dims = []
@@ -358,13 +359,40 @@ def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> ShardingSpec:
         elif is_unconstrained(e):
             dims.append(DimSpec((), is_open=True))
         else:
-            raise ShardingError(f"from_partition_spec: entry {i} of {_show(pspec)} is {type(e).__name__} {_show(e)}; "
+            raise ShardingError(f"from_partition_spec: entry {i} of {short_repr(pspec)} is {type(e).__name__} {short_repr(e)}; "
                                 f"an entry is None, an axis name (str), a tuple of axis names or "
                                 f"PartitionSpec.UNCONSTRAINED")
     try:
         return ShardingSpec(mesh, dims, partial_axes=sorted(unreduced, key=str))
     except ShardingError as e:
-        raise ShardingError(f"from_partition_spec: {_show(pspec)}: {e}") from None
+        raise ShardingError(f"from_partition_spec: {short_repr(pspec)}: {e}") from None
 
 
-services.provide("formats", sys.modules[__name__])  # ShardingSpec's format methods call these
+def _mhlo_args(a: Any, b: Any, who: str) -> tuple[DeviceMesh, Any]:
+    """``(mesh, text)`` from either order; the old ``(text, mesh)`` warns."""
+    if isinstance(b, DeviceMesh) and not isinstance(a, DeviceMesh):
+        warnings.warn(f"{who}(text, mesh, rank) is deprecated; pass the mesh first: {who}(mesh, text, rank)",
+                      DeprecationWarning, stacklevel=3)  # the caller of from_mhlo
+        a, b = b, a
+    if not isinstance(a, DeviceMesh):
+        raise ShardingError(f"{who}(mesh, text, rank=None): mesh must be a DeviceMesh, got "
+                            f"{type(a).__name__} {short_repr(a)}")
+    return a, b
+
+
+def _from_mhlo_method(mesh: DeviceMesh, text: str, rank: int | None = None) -> ShardingSpec:
+    """The spec an HLO sharding string (``"{devices=[2,1]0,1}"``) describes on ``mesh``.
+
+    ``rank`` is needed for ``{replicated}`` and must agree with the tile dims when given. The old
+    order ``from_mhlo(text, mesh, rank)`` still works, with a ``DeprecationWarning``.
+    """
+    mesh, text = _mhlo_args(mesh, text, "from_mhlo")
+    return from_mhlo(mesh, text, rank)
+
+
+# ShardingSpec's format methods, set here where the formats are (spec.py sits below this module)
+_from_mhlo_method.__name__, _from_mhlo_method.__qualname__ = "from_mhlo", "ShardingSpec.from_mhlo"
+ShardingSpec.to_mhlo = to_mhlo  # type: ignore[attr-defined]
+ShardingSpec.from_mhlo = staticmethod(_from_mhlo_method)  # type: ignore[attr-defined]
+ShardingSpec.to_partition_spec = to_partition_spec  # type: ignore[attr-defined]
+ShardingSpec.from_partition_spec = staticmethod(from_partition_spec)  # type: ignore[attr-defined]

@@ -16,7 +16,8 @@ from .errors import ShardingError
 from .executor import record_step
 from .layout import grid
 from .mesh import DeviceMesh
-from .shard_map import SM_IN, SM_OUT, ManualSpec, _axes_of, _to_manual
+from .manual import ManualSpec
+from .shard_map import SM_IN, SM_OUT, _axes_of, _to_manual
 from .spec import ShardingSpec
 from .tensor import Tensor
 from .trace import Node, recording, tracked, tracing_whole
@@ -108,10 +109,9 @@ def _result(x: Tensor, data, shape, varying, name: str, params: tuple, event: C.
         if xp is np:
             data = np.ascontiguousarray(data)
             data.flags.writeable = False
-    out = Tensor(data, spec, tuple(shape), x.dtype if name != "axis_index" else np.dtype(np.int32))
     op = LaxOp(name, params)
-    if tracked((x,)):
-        out._node = Node(op, params, (x,), "manual")
+    out = Tensor(data, spec, tuple(shape), x.dtype if name != "axis_index" else np.dtype(np.int32),
+                 node=Node(op, params, (x,), "manual") if tracked((x,)) else None)
     record_step(op, params, (x,), out, (event,) if event is not None else (), "manual")
     return out
 
@@ -303,10 +303,9 @@ def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:
     order = sorted(range(len(names)), key=lambda i: mesh.axis_index(names[i]))
     data = np.ascontiguousarray(ids.transpose(order)).reshape(grid)
     data.flags.writeable = False
-    out = Tensor(data, ManualSpec(mesh, names), (), np.dtype(np.int32))
     op = LaxOp("axis_index", (names,))
-    if tracing_whole():  # nb.jit computes it on each device
-        out._node = Node(op, (names,), (), "manual")
+    out = Tensor(data, ManualSpec(mesh, names), (), np.dtype(np.int32),  # (nb.jit computes it on each device)
+                 node=Node(op, (names,), (), "manual") if tracing_whole() else None)
     record_step(op, (names,), (), out, (), "manual")
     return out
 
@@ -438,9 +437,7 @@ def in_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
     if g._data is not None:
         data = _xp(g._data).broadcast_to(g._data, ManualSpec(mesh, split + extra).grid() + g.shape).reshape(
             grid(gspec).shape + g.shape)
-    res = Tensor(data, gspec, t.shape, g.dtype)
-    if tracked((g,)):
-        res._node = Node(SM_OUT, (gspec,), (g,))
+    res = Tensor(data, gspec, t.shape, g.dtype, node=Node(SM_OUT, (gspec,), (g,)) if tracked((g,)) else None)
     record_step(SM_OUT, (gspec,), (g,), res)
     return (res,)
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Set
 from functools import lru_cache
-from itertools import islice
 from math import prod
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from .args import bounded_tuple, is_int, short_repr
 from .errors import ShardingError
 
 _SUB_AXIS = re.compile(r"^(?P<name>[^:()\s]+):\((?P<pre>[0-9]+)\)(?P<size>[0-9]+)$")
@@ -21,58 +20,10 @@ _SUB_AXIS = re.compile(r"^(?P<name>[^:()\s]+):\((?P<pre>[0-9]+)\)(?P<size>[0-9]+
 MAX_DEVICES = 1 << 20  # a mesh (planned without data: nb.abstract)
 #: the most devices a mesh holding data may have (every block lives on this host)
 MAX_DATA_DEVICES = 1 << 16
-#: The most axes a mesh may have, and the highest rank a spec or a tensor may have (numpy 1.x's limit
-#: on array dims; blocks are stored with grid axes in front, so this leaves room under numpy 2's 64).
+#: The most axes a mesh may have (as many as a tensor may have dims, ``nabla.args.MAX_RANK``).
 MAX_AXES = 32
-MAX_RANK = 32
 #: Device ids are int64 on every backend.
 MAX_DEVICE_ID = (1 << 63) - 1
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` for an error message: never raises, never huge (ints past str's digit limit too)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and abs(int(value)).bit_length() > 128:
-        return f"an int of {abs(int(value)).bit_length()} bits"
-    if isinstance(value, (str, bytes)) and len(value) > limit:  # no repr of a megabyte string
-        return _show(value[:limit], limit)[:limit - 5] + " ...>"
-    if type(value) in (tuple, list):
-        inner = ", ".join(_show(v, limit) for v in value[:8]) + (", ..." if len(value) > 8 else "")
-        text = ("(" + inner + ("," if len(value) == 1 else "") + ")") if type(value) is tuple else "[" + inner + "]"
-    else:
-        try:
-            text = repr(value)
-        except Exception:  # noqa: BLE001 - a hostile __repr__ must not replace the real error
-            return f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[:limit - 5] + " ...>"
-
-
-def _is_int(value: Any) -> bool:
-    """A Python or numpy int, not a bool (numpy's habit: ``np.zeros(True)`` is an error in spirit)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _bounded_tuple(value: Any, what: str, limit: int, too_long: str | None = None) -> tuple[Any, ...]:
-    """An ordered finite sequence as a tuple of at most ``limit`` items (no hang on endless iterators);
-    refuses str, bytes, sets and mappings, whose iteration order or items are not what was meant."""
-    if type(value) is tuple and len(value) <= limit:  # the common case, kept cheap: specs are built often
-        return value
-    if isinstance(value, (str, bytes, bytearray, Set, Mapping)) or value is None:
-        raise ShardingError(f"{what} must be a sequence, got {type(value).__name__} {_show(value)}")
-    if isinstance(value, np.ndarray):
-        if not value.ndim:
-            raise ShardingError(f"{what} must be a sequence, got a 0-d array {_show(value)}")
-        value = value.reshape(-1).tolist()
-    try:
-        items = tuple(islice(iter(value), limit + 1))
-    except TypeError:
-        raise ShardingError(f"{what} must be a sequence, got {type(value).__name__} {_show(value)}") from None
-    except Exception as e:  # noqa: BLE001 - an iterable that raises (jax refuses to iterate an unreduced spec)
-        raise ShardingError(f"{what}: iterating {type(value).__name__} {_show(value)} raised "
-                            f"{type(e).__name__}: {_show(str(e), 160)}") from None
-    if len(items) > limit:
-        shown = _show(value) if isinstance(value, (tuple, list, range)) else type(value).__name__
-        raise ShardingError(too_long or f"{what} has more than {limit} entries: {shown}")
-    return items
 
 
 class AxisRef(NamedTuple):
@@ -125,22 +76,22 @@ class DeviceMesh:
         the mesh (a numpy array of the mesh's shape also works). At most ``MAX_DEVICES`` devices and
         ``MAX_AXES`` axes; anything else raises ``ShardingError`` naming the argument."""
         if not isinstance(name, str) or not name:
-            raise ShardingError(f"DeviceMesh: name must be a non-empty str, got {_show(name)}")
-        who = f"DeviceMesh {_show(name)}"
+            raise ShardingError(f"DeviceMesh: name must be a non-empty str, got {short_repr(name)}")
+        who = f"DeviceMesh {short_repr(name)}"
         if isinstance(shape, np.ndarray) and shape.ndim == 0 and shape.dtype.kind in "iu":
             shape = shape.item()
-        shape = (shape,) if _is_int(shape) else _bounded_tuple(shape, f"{who}: shape", MAX_AXES)
+        shape = (shape,) if is_int(shape) else bounded_tuple(shape, f"{who}: shape", MAX_AXES)
         axis_names = (axis_names,) if isinstance(axis_names, str) else \
-            _bounded_tuple(axis_names, f"{who}: axis_names", MAX_AXES)
+            bounded_tuple(axis_names, f"{who}: axis_names", MAX_AXES)
         if len(shape) != len(axis_names):
-            raise ShardingError(f"{who}: {len(shape)} axis sizes {_show(shape)} but {len(axis_names)} names "
-                                f"{_show(axis_names)}")
+            raise ShardingError(f"{who}: {len(shape)} axis sizes {short_repr(shape)} but {len(axis_names)} names "
+                                f"{short_repr(axis_names)}")
         for n, s in zip(axis_names, shape):
             if not isinstance(n, str) or not n or any(c in n for c in ":()") or any(c.isspace() for c in n):
-                raise ShardingError(f"{who}: axis name {_show(n)} must be a non-empty str without ':', '(', "
+                raise ShardingError(f"{who}: axis name {short_repr(n)} must be a non-empty str without ':', '(', "
                                     f"')' or spaces")
-            if not _is_int(s) or s < 1:
-                raise ShardingError(f"{who}: axis {n!r} has size {_show(s)}; sizes must be ints >= 1")
+            if not is_int(s) or s < 1:
+                raise ShardingError(f"{who}: axis {n!r} has size {short_repr(s)}; sizes must be ints >= 1")
         if len(set(axis_names)) != len(axis_names):
             raise ShardingError(f"{who}: axis names {axis_names} are not distinct")
         shape = tuple(int(s) for s in shape)
@@ -148,7 +99,7 @@ class DeviceMesh:
         for s in shape:  # stops at the first size past the limit: no product of huge ints
             size *= s
             if size > MAX_DEVICES:
-                raise ShardingError(f"{who}: shape {_show(shape)} has more than {MAX_DEVICES:,} devices "
+                raise ShardingError(f"{who}: shape {short_repr(shape)} has more than {MAX_DEVICES:,} devices "
                                     f"(MAX_DEVICES; meshes holding data are limited to {MAX_DATA_DEVICES:,}, "
                                     f"as every device's block lives on this host)")
         if devices is None:
@@ -156,20 +107,20 @@ class DeviceMesh:
         else:
             if isinstance(devices, np.ndarray) and devices.ndim > 1 and devices.shape != shape:
                 raise ShardingError(f"{who}: devices array has shape {devices.shape}, not the mesh's {shape}")
-            devices = _bounded_tuple(devices, f"{who}: devices", size,
+            devices = bounded_tuple(devices, f"{who}: devices", size,
                                  too_long=f"{who}: shape {shape} needs {size} devices, got more")
-            bad = [d for d in devices if not _is_int(d)]
+            bad = [d for d in devices if not is_int(d)]
             if bad:
-                raise ShardingError(f"{who}: devices must be ints, got {_show(bad[0])} in {_show(devices)}")
+                raise ShardingError(f"{who}: devices must be ints, got {short_repr(bad[0])} in {short_repr(devices)}")
             devices = tuple(int(d) for d in devices)
             if len(devices) != size:
                 raise ShardingError(f"{who}: shape {shape} needs {size} devices, got {len(devices)}")
             bad = [d for d in devices if not 0 <= d <= MAX_DEVICE_ID]
             if bad:
-                raise ShardingError(f"{who}: device id {_show(bad[0])} is out of range; ids are ints in [0, 2**63)")
+                raise ShardingError(f"{who}: device id {short_repr(bad[0])} is out of range; ids are ints in [0, 2**63)")
             if len(set(devices)) != len(devices):
                 dup = sorted(d for d, k in Counter(devices).items() if k > 1)
-                raise ShardingError(f"{who}: devices are not distinct (repeated: {_show(dup)})")
+                raise ShardingError(f"{who}: devices are not distinct (repeated: {short_repr(dup)})")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "axis_names", axis_names)
@@ -210,12 +161,12 @@ class DeviceMesh:
             return self.axis_names.index(name)
         except ValueError:
             raise ShardingError(
-                f"mesh @{self.name}: unknown axis {_show(name)}; the mesh has axes {list(self.axis_names)}") from None
+                f"mesh @{self.name}: unknown axis {short_repr(name)}; the mesh has axes {list(self.axis_names)}") from None
 
     def axis_ref(self, axis: str) -> AxisRef:
         """Parse ``"x"`` or ``"x:(pre)size"`` against this mesh, validating the sub-axis."""
         if not isinstance(axis, str):
-            raise ShardingError(f"mesh @{self.name}: an axis must be a str, got {_show(axis)}")
+            raise ShardingError(f"mesh @{self.name}: an axis must be a str, got {short_repr(axis)}")
         return _axis_ref(self, axis)
 
     def axis_size(self, axis: str) -> int:
@@ -231,10 +182,10 @@ class DeviceMesh:
     def device_at(self, coords: Sequence[int]) -> int:
         try:
             c = tuple(coords)
-            if len(c) != self.ndim or not all(_is_int(i) and 0 <= i < n for i, n in zip(c, self.shape)):
+            if len(c) != self.ndim or not all(is_int(i) and 0 <= i < n for i, n in zip(c, self.shape)):
                 raise ValueError
         except (TypeError, ValueError):
-            raise ShardingError(f"mesh @{self.name}: coords {_show(coords)} are not {self.ndim} ints within the "
+            raise ShardingError(f"mesh @{self.name}: coords {short_repr(coords)} are not {self.ndim} ints within the "
                                 f"mesh shape {self.shape}") from None
         return int(self._grid[c])
 

@@ -4,10 +4,6 @@ the user's back (that would hide communication). ``np.asarray(t)`` stays the exp
 
 from __future__ import annotations
 
-import sys
-
-from . import services
-
 from typing import Any
 
 import numpy as np
@@ -112,7 +108,7 @@ def _np_arg(name: str):
         with C.user_op(name):
             r = getattr(ops, name)(a, axis)
             if _np_default(keepdims, False):
-                nd = ops._ndim(a)
+                nd = np.ndim(a)
                 r = ops.reshape(r, (1,) * nd) if axis is None else ops.expand_dims(r, int(axis) % nd)
         return r
     return f
@@ -197,7 +193,7 @@ def _np_einsum(subscripts, *operands, out=None, dtype=None, order="K", casting="
 
 def _np_dot(a, b, out=None):
     _reject("dot", out=out)
-    ra, rb = ops._ndim(a), ops._ndim(b)
+    ra, rb = np.ndim(a), np.ndim(b)
     if ra == 0 or rb == 0:
         return ops.multiply(a, b)
     if ra <= 2 and rb <= 2:
@@ -213,7 +209,7 @@ def _np_clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoVal
 
 
 def _np_moveaxis(a, source, destination):
-    nd = ops._ndim(a)
+    nd = np.ndim(a)
     src = [int(s) % nd for s in np.atleast_1d(source)]
     dst = [int(d) % nd for d in np.atleast_1d(destination)]
     if len(src) != len(dst):
@@ -302,4 +298,15 @@ def function(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     return handler(*args, **kwargs)
 
 
-services.provide("numpy_api", sys.modules[__name__])  # what Tensor's methods call (tensor.py cannot import this)
+def _array_ufunc(self: Tensor, ufunc_: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    return ufunc(ufunc_, method, inputs, kwargs)
+
+
+def _array_function(self: Tensor, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    return function(func, types, args, kwargs)
+
+
+# numpy's protocols on tensors: np.exp(t), np.sum(t), np.matmul(t, u) give sharded tensors (set here, where they are
+# answered: tensor.py sits below the ops this module builds on)
+Tensor.__array_ufunc__ = _array_ufunc  # type: ignore[attr-defined]
+Tensor.__array_function__ = _array_function  # type: ignore[attr-defined]

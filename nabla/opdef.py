@@ -54,7 +54,7 @@ class OpDef:
     log-sum-exp per query row). ``view``: the result shares its operand's storage when nothing moves (reshape,
     transpose): no new bytes. ``arrange(operands, params)``: the operands laid out as the op chooses before it is
     planned (a cost choice its rule cannot state: which side of a lookup gives up a mesh axis both are cut over);
-    ``_call`` applies it, so the public function and a replay of the recorded op (autoshard's, under other
+    ``apply`` applies it, so the public function and a replay of the recorded op (autoshard's, under other
     layouts) choose alike.
     Ops hash by identity: each is defined once.
     """

@@ -18,7 +18,7 @@ from .errors import ShardingError
 from .ops.creation import zeros_as
 from .ops import tensor
 from .ops import sqrt
-from .ops.creation import _dtype_arg
+from .args import dtype_arg
 
 
 def _to(x: Tensor, spec: Any, dtype: Any) -> Tensor:
@@ -109,7 +109,7 @@ class Adam:
                  master_dtype: Any = None) -> None:
         self.lr, self.b1, self.b2, self.eps = float(lr), float(b1), float(b2), float(eps)
         if master_dtype is not None:
-            master_dtype = _dtype_arg(master_dtype, "Adam", kinds="f")
+            master_dtype = dtype_arg(master_dtype, "Adam", kinds="f")
         self.master_dtype = master_dtype
 
     def init(self, params: Any, specs: Any = None) -> AdamState:

@@ -21,11 +21,10 @@ from .layout import chunks
 from .mesh import AxisRef
 from .opdef import OpDef
 from .spec import ShardingSpec
-from .step import serial
-from .value import Value
+from .value import Value, serial
 
 if TYPE_CHECKING:
-    from .executor import Program
+    from .program import Program
 
 #: the last check of a program that keeps a pending sum of floats
 KEEPS = (-1, "keeps", None)
@@ -59,9 +58,7 @@ def reused_sum(a: Any) -> Any:
     if isinstance(a, Value) and a._moved and a._spec.partial_axes:
         for spec, data in a._moved.items():
             if not spec.partial_axes:
-                v = Value(data, spec, a._shape, a._dtype)
-                v._serial = serial(a)
-                return v
+                return Value(data, spec, a._shape, a._dtype, serial=serial(a))
     return a
 
 

@@ -61,3 +61,12 @@ def _outline(tree: Any) -> str:
         inner = ", ".join(_outline(v) for v in tree)
         return f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
     return "None" if tree is None else f"<{'x'.join(map(str, getattr(tree, 'shape', ()))) or 'scalar'}>"
+
+
+def leaf_paths(tree: Any, prefix: str) -> list[str]:
+    """Each leaf's path in ``tree`` (as ``flatten`` orders them), JAX's keystr style: ``p['w1']``, ``layers[0]``."""
+    if isinstance(tree, dict):
+        return [q for k, v in tree.items() for q in leaf_paths(v, f"{prefix}[{k!r}]")]
+    if isinstance(tree, (list, tuple)):
+        return [q for i, v in enumerate(tree) for q in leaf_paths(v, f"{prefix}[{i}]")]
+    return [] if tree is None else [prefix]

@@ -12,8 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ShardingError
-from .mesh import _is_int, _show
-from .ops import _allocate, _dtype_arg, _shape_arg
+from .args import allocate, dtype_arg, is_int, shape_arg, short_repr
 from .tensor import Tensor
 
 __all__ = ["seed", "normal", "uniform"]
@@ -23,9 +22,9 @@ _rng: contextvars.ContextVar[np.random.Generator | None] = contextvars.ContextVa
 
 
 def _seed_arg(value: Any, op: str) -> int:
-    if not _is_int(value) or value < 0 or int(value).bit_length() > _MAX_SEED_BITS:
+    if not is_int(value) or value < 0 or int(value).bit_length() > _MAX_SEED_BITS:
         raise ShardingError(f"{op}: seed must be None or an int in [0, 2**{_MAX_SEED_BITS}), got "
-                            f"{type(value).__name__} {_show(value)}")
+                            f"{type(value).__name__} {short_repr(value)}")
     return int(value)
 
 
@@ -47,10 +46,10 @@ def _generator(s: Any, op: str) -> np.random.Generator:
 
 def _real(value: Any, name: str, op: str) -> float:
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
-        raise ShardingError(f"{op}: {name} must be a real number, got {type(value).__name__} {_show(value)}")
+        raise ShardingError(f"{op}: {name} must be a real number, got {type(value).__name__} {short_repr(value)}")
     v = float(value) if abs(value) < 1e308 or isinstance(value, (float, np.floating)) else math.inf
     if not math.isfinite(v):
-        raise ShardingError(f"{op}: {name} is {_show(value)}; it must be finite")
+        raise ShardingError(f"{op}: {name} is {short_repr(value)}; it must be finite")
     return v
 
 
@@ -59,10 +58,10 @@ def normal(shape: Sequence[int] | int, seed: int | None = None, dtype: Any = "fl
     """Standard normal values times ``scale``, of a floating ``dtype``; ``seed=None`` draws from the
     context's generator (see ``seed``), an int seed gives the same values every time."""
     op = "random.normal"
-    shape, dt = _shape_arg(shape, op), _dtype_arg(dtype, op, kinds="f")
+    shape, dt = shape_arg(shape, op), dtype_arg(dtype, op, kinds="f")
     scale = _real(scale, "scale", op)
     rng = _generator(seed, op)
-    return Tensor._host(_allocate(lambda: (rng.standard_normal(shape) * scale).astype(dt),
+    return Tensor._host(allocate(lambda: (rng.standard_normal(shape) * scale).astype(dt),
                                   f"shape {shape} of {dt}", op))
 
 
@@ -70,9 +69,9 @@ def uniform(shape: Sequence[int] | int, seed: int | None = None, dtype: Any = "f
             high: float = 1.0) -> Tensor:
     """Values uniform on ``[low, high)``, of a floating ``dtype``; seeds as for ``normal``."""
     op = "random.uniform"
-    shape, dt = _shape_arg(shape, op), _dtype_arg(dtype, op, kinds="f")
+    shape, dt = shape_arg(shape, op), dtype_arg(dtype, op, kinds="f")
     low, high = _real(low, "low", op), _real(high, "high", op)
     if not math.isfinite(high - low):
         raise ShardingError(f"{op}: high - low = {high} - {low} overflows float64")
     rng = _generator(seed, op)
-    return Tensor._host(_allocate(lambda: rng.uniform(low, high, shape).astype(dt), f"shape {shape} of {dt}", op))
+    return Tensor._host(allocate(lambda: rng.uniform(low, high, shape).astype(dt), f"shape {shape} of {dt}", op))

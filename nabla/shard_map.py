@@ -9,17 +9,15 @@ import contextvars
 from math import prod
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from .errors import ShardingError
 from .mesh import DeviceMesh
 from .spec import ShardingSpec
-from .executor import record_step, register_manual
+from .executor import record_step
+from .manual import ManualSpec
 from .tensor import Tensor
 from .trace import Node, tracked
-from .sharding import _is_pspec
+from .sharding import is_pspec
 from .layout import grid
-from .executor import Local, Value, _dtype
 from .backends import xp
 from .ops import tensor
 
@@ -33,34 +31,6 @@ def current_mesh() -> DeviceMesh:
     if mesh is None:
         raise ShardingError("nb.lax.axis_index: called outside nb.shard_map")
     return mesh
-
-
-class ManualSpec:
-    """The layout of a per-device value: its mesh, and the mesh axes along which devices hold different
-    values (JAX's "varying" axes). Stored as ``(*[size of each mesh axis, or 1], *block)``."""
-
-    __slots__ = ("mesh", "varying", "partial_axes", "_hash")
-
-    def __init__(self, mesh: DeviceMesh, varying: Sequence[str]) -> None:
-        self.mesh = mesh
-        self.varying = tuple(n for n in mesh.axis_names if n in set(varying))
-        self.partial_axes = ()
-        self._hash = hash((mesh, self.varying))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ManualSpec) and (self.mesh, self.varying) == (other.mesh, other.varying)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"manual(varying={{{', '.join(repr(a) for a in self.varying)}}})"
-
-    def grid(self) -> tuple[int, ...]:
-        return tuple(n if a in self.varying else 1 for a, n in zip(self.mesh.axis_names, self.mesh.shape))
-
-    def layout(self) -> "ManualSpec":
-        return self
 
 
 def _axes_of(spec: ShardingSpec, what: str) -> list[str]:
@@ -127,7 +97,7 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
         # JAX (a pytree prefix), one PartitionSpec or ShardingSpec serves every output
         ospecs = [out_specs] if single and _one_spec(out_specs) else \
             _per_item(out_specs, len(outs), "out_specs", "output",
-                      share=_is_pspec(out_specs) or isinstance(out_specs, ShardingSpec) or out_specs is None)
+                      share=is_pspec(out_specs) or isinstance(out_specs, ShardingSpec) or out_specs is None)
         results = [_from_manual(o, mesh, s, i) for i, (o, s) in enumerate(zip(outs, ospecs))]
         return results[0] if single else type(out)(results)
 
@@ -136,7 +106,7 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
 
 def _spec_like(s: Any) -> bool:
     """Whether ``s`` spells a whole value's layout (not one dim's entry)."""
-    return s is None or isinstance(s, (list, tuple, ShardingSpec)) or _is_pspec(s)
+    return s is None or isinstance(s, (list, tuple, ShardingSpec)) or is_pspec(s)
 
 
 def _dim_like(e: Any) -> bool:
@@ -146,14 +116,14 @@ def _dim_like(e: Any) -> bool:
 
 def _one_spec(s: Any) -> bool:
     """Whether ``s`` is one value's spec: a PartitionSpec, a ShardingSpec, None, or a bare list of dim entries."""
-    return isinstance(s, ShardingSpec) or _is_pspec(s) or s is None or (
+    return isinstance(s, ShardingSpec) or is_pspec(s) or s is None or (
         isinstance(s, (list, tuple)) and all(_dim_like(e) for e in s))
 
 
 def _per_item(specs: Any, n: int, what: str, item: str, share: bool) -> list:
     """One spec per argument or output: ``specs`` lists one each; or, where ``share`` (in_specs, a prefix of the
     arguments as in JAX), one spec serves them all. Otherwise the error says how many of each there are."""
-    listed = isinstance(specs, (list, tuple)) and not _is_pspec(specs) and all(_spec_like(e) for e in specs)
+    listed = isinstance(specs, (list, tuple)) and not is_pspec(specs) and all(_spec_like(e) for e in specs)
     if listed and len(specs) == n:
         return list(specs)
     one = _one_spec(specs)
@@ -171,9 +141,7 @@ def _to_manual(t: Tensor, spec: ShardingSpec) -> Tensor:
     block = tuple(n // spec.num_shards(d) for d, n in enumerate(t.shape))
     m = ManualSpec(spec.mesh, _axes_of(spec, "in_spec"))
     data = None if t._data is None else t._data.reshape(m.grid() + block)
-    out = Tensor(data, m, block, t.dtype)
-    if tracked((t,)):
-        out._node = Node(SM_IN, (spec,), (t,))
+    out = Tensor(data, m, block, t.dtype, node=Node(SM_IN, (spec,), (t,)) if tracked((t,)) else None)
     record_step(SM_IN, (spec,), (t,), out)
     return out
 
@@ -193,63 +161,11 @@ def _from_manual(o: Any, mesh: DeviceMesh, s: Any, i: int) -> Tensor:
     data = None
     if o._data is not None:
         data = xp(o._data).broadcast_to(o._data, ManualSpec(mesh, axes).grid() + o.shape).reshape(g + o.shape)
-    out = Tensor(data, spec, shape, o.dtype)
-    if tracked((o,)):
-        out._node = Node(SM_OUT, (spec,), (o,))
+    out = Tensor(data, spec, shape, o.dtype, node=Node(SM_OUT, (spec,), (o,)) if tracked((o,)) else None)
     record_step(SM_OUT, (spec,), (o,), out)
     return out
 
 
-def manual_run(op, args: Sequence[Any], params: tuple, make: Callable):
-    """An op on per-device values: the same kernel on every device's block (no propagation, no movement)."""
-    mesh = None
-    varying: set[str] = set()
-    arrays = []
-    G = None
-    abstract = False
-    for i, a in enumerate(args):
-        if isinstance(a, Value):
-            if isinstance(a._spec, ManualSpec):
-                if mesh is not None and a._spec.mesh != mesh:
-                    raise ShardingError(f"{op.name}: per-device values of two meshes")
-                mesh = a._spec.mesh
-                varying |= set(a._spec.varying)
-            elif a._spec is not None:
-                raise ShardingError(f"{op.name}: operand {i} is a global tensor inside shard_map code; pass it in "
-                                    f"through in_specs")
-    G = mesh.ndim
-    for a in args:
-        if isinstance(a, Value):
-            if a._data is None:
-                abstract = True
-                arrays.append(None)
-            elif isinstance(a._spec, ManualSpec):
-                arrays.append(a._data)
-            else:
-                arrays.append(np.asarray(a._data).reshape((1,) * G + a._shape))
-        else:
-            arrays.append(a)
-    shapes = tuple(a._shape if isinstance(a, Value) else () for a in args)
-    rule = op.rule(shapes, *params)
-    shape = rule.result_shape
-    spec = ManualSpec(mesh, varying)
-    sigs = tuple(("h", a._shape, a._dtype, None) if isinstance(a, Value) else ("c", type(a)) for a in args)
-    dtype = _dtype(op, sigs, params)
-    if abstract:
-        return make(None, spec, shape, dtype)
-    with np.errstate(all="ignore"):
-        out = op.kernel(arrays, Local(G, shape, params))
-    x = xp(out)
-    out = x.asarray(out)
-    if out.dtype != dtype:
-        out = out.astype(dtype)
-    out = x.broadcast_to(out, spec.grid() + shape)
-    if x is np and out.flags.writeable:
-        out.flags.writeable = False
-    return make(out, spec, shape, dtype)
-
-
-register_manual(manual_run)
 
 
 def manual_block_bytes(t: Tensor) -> int:

@@ -9,7 +9,8 @@ from typing import Any, Sequence
 from .errors import ShardingError
 from .pytree import _outline, flatten
 from .formats import _jax_pspec, from_partition_spec
-from .mesh import DeviceMesh, _show
+from .args import short_repr
+from .mesh import DeviceMesh
 from .spec import DimSpec, ShardingSpec
 from .interop.jax import jax_sharding
 
@@ -29,7 +30,7 @@ class NamedSharding:
                  partial_axes: Sequence[str] = ()) -> None:
         if not isinstance(mesh, DeviceMesh):
             raise ShardingError(f"NamedSharding(mesh, spec): mesh must be a nabla DeviceMesh, got "
-                                f"{type(mesh).__name__} {_show(mesh)}")
+                                f"{type(mesh).__name__} {short_repr(mesh)}")
         s = to_spec(mesh, spec, None, replicated_axes, partial_axes, "NamedSharding")
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "spec", s)
@@ -111,7 +112,7 @@ def to_spec(mesh: Any, dim_specs: Any, rank: int | None, replicated_axes: Sequen
     """
     if isinstance(mesh, (NamedSharding, ShardingSpec)):
         if dim_specs is not None:
-            raise ShardingError(f"{op}: got a {type(mesh).__name__} {mesh!r} and also dim_specs {_show(dim_specs)}; "
+            raise ShardingError(f"{op}: got a {type(mesh).__name__} {mesh!r} and also dim_specs {short_repr(dim_specs)}; "
                                 f"pass one or the other")
         mesh, dim_specs = mesh.mesh, mesh
     if not isinstance(mesh, DeviceMesh):
@@ -119,7 +120,7 @@ def to_spec(mesh: Any, dim_specs: Any, rank: int | None, replicated_axes: Sequen
         if type(mesh).__module__.startswith("jax"):
             hint = " (a jax object: build a nabla DeviceMesh with the same axis names, or use nb.from_jax)"
         raise ShardingError(f"{op}(mesh, dim_specs): mesh must be a nabla DeviceMesh or NamedSharding, got "
-                            f"{type(mesh).__name__} {_show(mesh)}{hint}")
+                            f"{type(mesh).__name__} {short_repr(mesh)}{hint}")
     padded = False
     if isinstance(dim_specs, NamedSharding):
         dim_specs = dim_specs.spec
@@ -132,18 +133,18 @@ def to_spec(mesh: Any, dim_specs: Any, rank: int | None, replicated_axes: Sequen
             raise ShardingError(f"{op}: spec {dim_specs!r} is on mesh {dim_specs.mesh!r}, not on the mesh given "
                                 f"{mesh!r}")
         dims, rep, par = dim_specs.dim_specs, dim_specs.replicated_axes, dim_specs.partial_axes
-    elif _is_pspec(dim_specs):
+    elif is_pspec(dim_specs):
         s = from_partition_spec(mesh, dim_specs)
         dims, rep, par = s.dim_specs, (), s.partial_axes
         padded = True
     else:
         if isinstance(dim_specs, (str, DimSpec)):
             raise ShardingError(f"{op}: dim_specs must be a list with one entry per dim (or a ShardingSpec, a "
-                                f"PartitionSpec), got {_show(dim_specs)}; for a 1-D tensor write [{dim_specs!r}]")
+                                f"PartitionSpec), got {short_repr(dim_specs)}; for a 1-D tensor write [{dim_specs!r}]")
         if not isinstance(dim_specs, (list, tuple)):
             raise ShardingError(f"{op}: dim_specs must be a list with one entry per dim (each None, an axis name, "
                                 f"a tuple of axis names or a DimSpec), a ShardingSpec, a PartitionSpec or an "
-                                f"nb.NamedSharding; got {type(dim_specs).__name__} {_show(dim_specs)}")
+                                f"nb.NamedSharding; got {type(dim_specs).__name__} {short_repr(dim_specs)}")
         dims, rep, par = dim_specs, (), ()
     spec = ShardingSpec(mesh, dims, _merge(rep, replicated_axes), _merge(par, partial_axes))
     if padded and rank is not None:
@@ -151,7 +152,8 @@ def to_spec(mesh: Any, dim_specs: Any, rank: int | None, replicated_axes: Sequen
     return spec
 
 
-def _is_pspec(x: Any) -> bool:
+def is_pspec(x: Any) -> bool:
+    """A ``jax.sharding.PartitionSpec`` (False, with no import, when jax is not loaded)."""
     P = _jax_pspec()
     return P is not None and isinstance(x, P)
 
@@ -180,6 +182,6 @@ def specs_like(params: Any, specs: Any, what: str) -> list:
 
 def _is_spec_leaf(x: Any) -> bool:
     """A leaf of a ``specs`` pytree: a ShardingSpec, a PartitionSpec, or a list of dim entries (not a subtree)."""
-    if isinstance(x, ShardingSpec) or _is_pspec(x) or x is None:
+    if isinstance(x, ShardingSpec) or is_pspec(x) or x is None:
         return True
     return isinstance(x, list) and all(e is None or isinstance(e, (str, tuple)) or hasattr(e, "axes") for e in x)

@@ -6,7 +6,6 @@ Follows the Nabla sharding README (the Nabla sharding README) and Shardy's notat
 from __future__ import annotations
 
 import sys
-import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
@@ -14,10 +13,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import services
 from .errors import ShardingError
 from .layout import shard_slices
-from .mesh import MAX_RANK, AxisRef, DeviceMesh, _bounded_tuple, _is_int, _show, merge_adjacent
+from .args import MAX_RANK, bounded_tuple, is_int, short_repr
+from .mesh import AxisRef, DeviceMesh, merge_adjacent
 
 #: The most axes one dim (or the replicated or partial set) may name: more than any mesh can hold.
 _MAX_AXES_PER_DIM = 64
@@ -43,14 +42,14 @@ class DimSpec:
             axes = ()
         elif isinstance(axes, str):
             axes = (axes,)
-        axes = _bounded_tuple(axes, "DimSpec: axes", _MAX_AXES_PER_DIM)
+        axes = bounded_tuple(axes, "DimSpec: axes", _MAX_AXES_PER_DIM)
         for a in axes:
             if not isinstance(a, str):
-                raise ShardingError(f"DimSpec: axis {_show(a)} in axes {_show(self.axes)} is not a str")
+                raise ShardingError(f"DimSpec: axis {short_repr(a)} in axes {short_repr(self.axes)} is not a str")
         if not isinstance(self.is_open, (bool, np.bool_)):
-            raise ShardingError(f"DimSpec: is_open must be a bool, got {_show(self.is_open)}")
-        if not _is_int(self.priority) or not 0 <= self.priority <= _MAX_PRIORITY:
-            raise ShardingError(f"DimSpec: priority must be an int in [0, 2**31), got {_show(self.priority)}")
+            raise ShardingError(f"DimSpec: is_open must be a bool, got {short_repr(self.is_open)}")
+        if not is_int(self.priority) or not 0 <= self.priority <= _MAX_PRIORITY:
+            raise ShardingError(f"DimSpec: priority must be an int in [0, 2**31), got {short_repr(self.priority)}")
         object.__setattr__(self, "axes", tuple(str(a) for a in axes))
         object.__setattr__(self, "is_open", bool(self.is_open))
         object.__setattr__(self, "priority", int(self.priority))
@@ -73,7 +72,7 @@ class DimSpec:
             return DimSpec(tuple(entry))
         if is_unconstrained(entry):
             return _OPEN
-        raise ShardingError(f"a dim spec must be a DimSpec, None, a str or a tuple of str; got {_show(entry)}")
+        raise ShardingError(f"a dim spec must be a DimSpec, None, a str or a tuple of str; got {short_repr(entry)}")
 
 
 _REPLICATED = DimSpec()
@@ -92,7 +91,7 @@ def is_unconstrained(entry: Any) -> bool:
 def _check(mesh: DeviceMesh, dim_specs: Iterable[Any], replicated_axes: Iterable[str], partial_axes: Iterable[str]
            ) -> tuple:
     """A spec's canonical parts, checked: (dim specs, replicated axes, partial axes, parsed refs, hash)."""
-    entries = _bounded_tuple(dim_specs, "ShardingSpec: dim_specs (one entry per dim)", MAX_RANK)
+    entries = bounded_tuple(dim_specs, "ShardingSpec: dim_specs (one entry per dim)", MAX_RANK)
     dims = []
     for i, d in enumerate(entries):
         try:
@@ -149,9 +148,9 @@ class ShardingSpec:
     def __init__(self, mesh: DeviceMesh, dim_specs: Iterable[Any], replicated_axes: Iterable[str] = (),
                  partial_axes: Iterable[str] = ()) -> None:
         if not isinstance(mesh, DeviceMesh):
-            raise ShardingError(f"ShardingSpec: mesh must be a DeviceMesh, got {type(mesh).__name__} {_show(mesh)}")
+            raise ShardingError(f"ShardingSpec: mesh must be a DeviceMesh, got {type(mesh).__name__} {short_repr(mesh)}")
         if isinstance(dim_specs, (str, DimSpec)) or dim_specs is None:
-            raise ShardingError(f"ShardingSpec: dim_specs must be a list with one entry per dim, got {_show(dim_specs)}")
+            raise ShardingError(f"ShardingSpec: dim_specs must be a list with one entry per dim, got {short_repr(dim_specs)}")
         if type(dim_specs) in (tuple, list) and type(replicated_axes) in (tuple, list) and \
                 type(partial_axes) in (tuple, list) and all(type(d) is DimSpec for d in dim_specs) and \
                 all(type(a) is str for a in replicated_axes) and all(type(a) is str for a in partial_axes):
@@ -243,56 +242,33 @@ class ShardingSpec:
         shape = _global_shape(self, global_shape, "shard_shape")
         return tuple(s.stop - s.start for s in shard_slices(self, shape, _device_id(self, device_id, "shard_shape")))
 
-    # ---- formats -----------------------------------------------------------------------------
-    def to_mhlo(self) -> str:
-        return _formats().to_mhlo(self)
-
-    @staticmethod
-    def from_mhlo(mesh: DeviceMesh, text: str, rank: int | None = None) -> "ShardingSpec":
-        """The spec an HLO sharding string (``"{devices=[2,1]0,1}"``) describes on ``mesh``.
-
-        ``rank`` is needed for ``{replicated}`` and must agree with the tile dims when given. The old
-        order ``from_mhlo(text, mesh, rank)`` still works, with a ``DeprecationWarning``.
-        """
-        mesh, text = _mhlo_args(mesh, text, "from_mhlo")
-        return _formats().from_mhlo(mesh, text, rank)
-
-    def to_partition_spec(self):
-        return _formats().to_partition_spec(self)
-
-    @staticmethod
-    def from_partition_spec(mesh: DeviceMesh, pspec: Any) -> "ShardingSpec":
-        return _formats().from_partition_spec(mesh, pspec)
+    # ---- formats: to_mhlo, from_mhlo, to_partition_spec, from_partition_spec are set by ``nabla.formats``,
+    # which builds on this module ------------------------------------------------------------------------
 
     @staticmethod
     def replicated(mesh: DeviceMesh, rank: int, is_open: bool = False) -> "ShardingSpec":
         return ShardingSpec(mesh, [DimSpec((), is_open)] * check_rank_arg(rank, "ShardingSpec.replicated"))
 
 
-def _formats() -> Any:
-    """The module of the text and JAX formats, which builds on this one and registers itself on import."""
-    return services.get("formats")
-
-
 def _global_shape(spec: "ShardingSpec", shape: Any, who: str) -> tuple[int, ...]:
     """``shape`` as a tuple of ints >= 0 of the spec's rank, or a ``ShardingError`` naming it."""
-    if isinstance(shape, (str, bytes, bytearray, set, frozenset, dict)) or shape is None or _is_int(shape):
+    if isinstance(shape, (str, bytes, bytearray, set, frozenset, dict)) or shape is None or is_int(shape):
         raise ShardingError(f"{who}(global_shape, device_id): global_shape must be a sequence of ints, got "
-                            f"{type(shape).__name__} {_show(shape)}")
-    dims = _bounded_tuple(shape, f"{who}: global_shape", MAX_RANK)
+                            f"{type(shape).__name__} {short_repr(shape)}")
+    dims = bounded_tuple(shape, f"{who}: global_shape", MAX_RANK)
     for i, n in enumerate(dims):
-        if not _is_int(n) or n < 0:
-            raise ShardingError(f"{who}(global_shape, device_id): global_shape {_show(shape)} has "
-                                f"{type(n).__name__} {_show(n)} at position {i}; dims are ints >= 0")
+        if not is_int(n) or n < 0:
+            raise ShardingError(f"{who}(global_shape, device_id): global_shape {short_repr(shape)} has "
+                                f"{type(n).__name__} {short_repr(n)} at position {i}; dims are ints >= 0")
     dims = tuple(int(n) for n in dims)
     spec.check_rank(dims, who)
     return dims
 
 
 def _device_id(spec: "ShardingSpec", device_id: Any, who: str) -> int:
-    if not _is_int(device_id):
+    if not is_int(device_id):
         raise ShardingError(f"{who}(global_shape, device_id): device_id must be an int (a device of "
-                            f"{spec.mesh!r}), got {type(device_id).__name__} {_show(device_id)}")
+                            f"{spec.mesh!r}), got {type(device_id).__name__} {short_repr(device_id)}")
     spec.mesh.coords(device_id)  # a ShardingError naming it when not in the mesh
     return int(device_id)
 
@@ -302,31 +278,19 @@ def _axis_tuple(axes: Iterable[str], what: str) -> tuple[str, ...]:
         axes = (axes,)
     elif isinstance(axes, (set, frozenset)):  # a set of axes is fine here: the spec keeps them in mesh order
         axes = sorted(axes, key=lambda a: (not isinstance(a, str), str(a)))
-    axes = _bounded_tuple(axes, f"ShardingSpec: {what} (a sequence of axis names)", _MAX_AXES_PER_DIM)
+    axes = bounded_tuple(axes, f"ShardingSpec: {what} (a sequence of axis names)", _MAX_AXES_PER_DIM)
     for a in axes:
         if not isinstance(a, str):
-            raise ShardingError(f"ShardingSpec: {what} must hold axis names (str), got {_show(a)} in {_show(axes)}")
+            raise ShardingError(f"ShardingSpec: {what} must hold axis names (str), got {short_repr(a)} in {short_repr(axes)}")
     return axes
 
 
 def check_rank_arg(rank: Any, who: str, may_be_none: bool = False) -> int:
     """``rank`` as an int in ``[0, MAX_RANK]``, or a ``ShardingError`` naming it."""
-    if not _is_int(rank) or not 0 <= rank <= MAX_RANK:
+    if not is_int(rank) or not 0 <= rank <= MAX_RANK:
         raise ShardingError(f"{who}: rank must be an int in [0, {MAX_RANK}]{' (or None)' if may_be_none else ''}, "
-                            f"got {type(rank).__name__} {_show(rank)}")
+                            f"got {type(rank).__name__} {short_repr(rank)}")
     return int(rank)
-
-
-def _mhlo_args(a: Any, b: Any, who: str) -> tuple[DeviceMesh, Any]:
-    """``(mesh, text)`` from either order; the old ``(text, mesh)`` warns."""
-    if isinstance(b, DeviceMesh) and not isinstance(a, DeviceMesh):
-        warnings.warn(f"{who}(text, mesh, rank) is deprecated; pass the mesh first: {who}(mesh, text, rank)",
-                      DeprecationWarning, stacklevel=3)  # the caller of from_mhlo
-        a, b = b, a
-    if not isinstance(a, DeviceMesh):
-        raise ShardingError(f"{who}(mesh, text, rank=None): mesh must be a DeviceMesh, got "
-                            f"{type(a).__name__} {_show(a)}")
-    return a, b
 
 
 def _ref(mesh: DeviceMesh, axis: str, where: str) -> AxisRef:

@@ -4,7 +4,6 @@ comm log, ``nb.explain``, ``nb.jit`` and the estimator read them, so they cannot
 
 from __future__ import annotations
 
-import itertools
 from math import prod
 from typing import Any, NamedTuple
 
@@ -16,20 +15,6 @@ RELAYOUT, PLACE, MOVE = "with_sharding", "shard", "move"
 #: several values summed in one collective (gradient buckets, as DDP fuses them): ``params`` holds their targets
 #: and result serials, ``post`` the one collective
 BUCKET = "bucket"
-
-_SERIALS = itertools.count(1)  # atomic under the GIL: two threads never get the same serial
-
-
-def serial(v: Any) -> int:
-    """The serial number naming value ``v`` in recorded steps (0 for a Python scalar), given on first need.
-    Values that share their blocks (a summed copy, a traced twin) share it: they are the same value."""
-    s = getattr(v, "_serial", None)
-    if s is None:
-        return 0
-    if s == 0:
-        s = v._serial = next(_SERIALS)
-    return s
-
 
 class Use(NamedTuple):
     """How one operand reached the kernel: read in layout ``src`` (its own, or a copy an earlier step made),
@@ -54,7 +39,7 @@ class Use(NamedTuple):
         """Bytes of one device's block of the operand as the kernel reads it."""
         if self.value == 0:
             return 0
-        return _block_elems(self.dst, self.shape) * self.dtype.itemsize
+        return block_elems(self.dst, self.shape) * self.dtype.itemsize
 
 
 class Step(NamedTuple):
@@ -102,10 +87,11 @@ class Step(NamedTuple):
     @property
     def bytes_out(self) -> int:
         """Bytes of one device's result block."""
-        return _block_elems(self.out_spec, self.out_shape) * self.out_dtype.itemsize
+        return block_elems(self.out_spec, self.out_shape) * self.out_dtype.itemsize
 
 
-def _block_elems(spec: Any, shape: tuple[int, ...]) -> int:
+def block_elems(spec: Any, shape: tuple[int, ...]) -> int:
+    """Elements of one device's block (the largest: a dim that does not divide evenly rounds up)."""
     if spec is None or not hasattr(spec, "num_shards"):
         return prod(shape)
     return prod(-(-n // spec.num_shards(d)) for d, n in enumerate(shape))

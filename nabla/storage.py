@@ -21,7 +21,7 @@ def place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
     """Lay a host value out as ``spec``; partial axes get the value at coordinate 0 and zeros elsewhere.
     Under the jax backend the blocks then go to the devices that own them."""
     check_data_mesh(spec.mesh, "shard")
-    return backends.active().commit(_place(np.asarray(value), spec), spec)
+    return backends.active().commit(blocks_of(np.asarray(value), spec), spec)
 
 
 def check_data_mesh(mesh: Any, op: str) -> None:
@@ -32,7 +32,9 @@ def check_data_mesh(mesh: Any, op: str) -> None:
                             f"without data: nb.abstract(shape, dtype).shard(mesh, ...)")
 
 
-def _place(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
+def blocks_of(value: np.ndarray, spec: ShardingSpec) -> np.ndarray:
+    """A host value's blocks as ``spec`` stores them (grid axes in front), on the host: ``place`` without
+    handing them to the backend; ``assemble`` undoes it."""
     shape = value.shape
     g = grid(spec)
     ch = chunks(spec, shape)

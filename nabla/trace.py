@@ -10,7 +10,7 @@ from typing import Any, Iterator, NamedTuple
 
 from .collectives import _op as _user_op, _phase, _scope
 from .dtypes import is_inexact
-from .step import serial
+from .value import serial
 
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
 
@@ -91,9 +91,7 @@ def _differentiated(a: Any) -> bool:
 def husk(v: Any) -> Any:
     """``v`` without its data: its shape, layout, dtype and record (a backward pass finds its node through it);
     reads of it name no recorded value."""
-    h = type(v)(None, v._spec, v._shape, v._dtype)
-    h._node, h._serial = v._node, None
-    return h
+    return type(v)(None, v._spec, v._shape, v._dtype, node=v._node, serial=None)
 
 
 def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = True, moved: list | None = None
@@ -112,8 +110,7 @@ def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = T
             continue
         got = next((m for m in moved or () if m[0] == i), None) if prune and i in keep else None
         if got is not None:  # kept as the op gathered it (a new value: a serial of its own)
-            t = type(a)(got[1], got[2], a._shape, a._dtype)
-            t._node = a._node
+            t = type(a)(got[1], got[2], a._shape, a._dtype, node=a._node)
             serial(t)
             kept.append(t)
         elif a._node is not None and a._node.op == LEAF:
@@ -134,8 +131,8 @@ def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = T
         return args, None, tuple(regather)
     out = HUSK
     if keep_out:  # a twin sharing the result's blocks and serial (holding it holds no record: no cycle)
-        out = type(result)(result._data, result._spec, result._shape, result._dtype, result._sid)
-        out._serial, out._moved = serial(result), result._moved
+        out = type(result)(result._data, result._spec, result._shape, result._dtype, result._sid,
+                           serial=serial(result), moved=result._moved)
     return tuple(kept), out, tuple(regather)
 
 
@@ -147,9 +144,7 @@ def _summed(a: Any) -> Any:
         return a
     for spec, data in moved.items():
         if not spec.partial_axes:
-            t = type(a)(data, spec, a._shape, a._dtype)
-            t._node, t._serial = a._node, serial(a)
-            return t
+            return type(a)(data, spec, a._shape, a._dtype, node=a._node, serial=serial(a))
     return a
 
 
@@ -175,6 +170,11 @@ _depth: contextvars.ContextVar[int] = contextvars.ContextVar("nabla_differentiat
 
 def recording() -> bool:
     return _recording.get()
+
+
+def differentiated(v: Any) -> bool:
+    """Whether ``v`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
+    return v._node is not None and v._node.diff and recording()
 
 
 class Remat:

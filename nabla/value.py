@@ -1,16 +1,33 @@
 """What a value is made of, and how readers outside the executor see it: ``Value`` holds stored blocks (or a host
-array, or None when abstract), a spec, a shape and a dtype; the executor writes its underscore fields once, when
-it makes the value, and everyone else reads them through read-only properties (a value is immutable)."""
+array, or None when abstract), a spec, a shape and a dtype, and its record (``node``) and serial, all given when it
+is made (a twin: the same blocks under another record); everyone reads them through read-only properties (a value
+is immutable). Only what is filled in on first need is written later, here: the serial, the signature id and the
+sums made of a partial value."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import itertools
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 if TYPE_CHECKING:
     from .spec import ShardingSpec
     from .trace import Node
+
+
+_SERIALS = itertools.count(1)  # atomic under the GIL: two threads never get the same serial
+
+
+def serial(v: Any) -> int:
+    """The serial number naming value ``v`` in recorded steps (0 for a Python scalar), given on first need.
+    Values that share their blocks (a summed copy, a traced twin) share it: they are the same value."""
+    s = getattr(v, "_serial", None)
+    if s is None:
+        return 0
+    if s == 0:
+        s = v._serial = next(_SERIALS)
+    return s
 
 
 class Value:
@@ -22,15 +39,34 @@ class Value:
     __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial", "__weakref__")
 
     def __init__(self, data: Any, spec: ShardingSpec | None, shape: tuple[int, ...], dtype: np.dtype,
-                 sid: int = -1) -> None:
+                 sid: int = -1, node: Node | None = None, serial: int | None = 0, moved: dict | None = None) -> None:
+        """``node``: how it was made, when it depends on a traced value. A twin of a value (the same blocks under
+        another record) passes that value's ``serial`` (``None``: it names no recorded value) and ``moved``."""
         self._data = data
         self._spec = spec
         self._shape = shape
         self._dtype = dtype
-        self._moved: dict | None = None
+        self._moved = moved
         self._sid = sid
-        self._node: Node | None = None  # how it was made, when it depends on a traced value
-        self._serial = 0
+        self._node = node
+        self._serial = serial
+
+    # ---- what is filled in on first need (a cache of the value's own facts, not a change of it) ----------------
+    def signature_id(self, intern: Callable[[], int], stale: bool = False) -> int:
+        """The id of this value's signature: ``intern()`` on first need (again when the table that gave it was
+        emptied: ``stale``), then kept, so the executor's program lookup reads one int per operand."""
+        i = self._sid
+        if i < 0 or stale:
+            i = self._sid = intern()
+        return i
+
+    def keep_sum(self, layout: Any, data: Any) -> None:
+        """Remember this partial value summed into ``layout`` (its stored ``data``), or a traced value's gathered
+        copy (``trace.gathered_copy``): a later use in that layout reuses it (it is the same value; the sum or the
+        gather is paid once)."""
+        if self._moved is None:
+            self._moved = {}
+        self._moved[layout] = data
 
     # ---- reading (no setters: assigning raises AttributeError) ----------------------------------------
     @property

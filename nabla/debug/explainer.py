@@ -12,12 +12,13 @@ import numpy as np
 from .. import collectives as C
 from ..cost import current as current_cost_model
 from ..errors import ShardingError
-from ..executor import Program
+from ..program import Program
 from ..jit import inlined
 from ..propagation import current_strategy, project_dim
 from ..rules.core import factor_names
 from ..spec import ShardingSpec
-from ..step import MOVE, PLACE, RELAYOUT, serial
+from ..step import MOVE, PLACE, RELAYOUT
+from ..value import serial
 from ..tensor import Tensor
 from .visualize import short
 
@@ -207,8 +208,7 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
     for name, v in leaves:
         if isinstance(v, Tensor) and id(v) not in table:
             # a twin: the same blocks, none of the sums an earlier use made of them (what a first run does)
-            tw = table[id(v)] = Tensor(v._data, v._spec, v._shape, v._dtype, v._sid)
-            tw._node = v._node
+            tw = table[id(v)] = Tensor(v._data, v._spec, v._shape, v._dtype, v._sid, v._node)
             names[serial(tw)] = name
     with C.comm_log() as log, inlined():
         out = fn(*_replace_leaves(args, table), **_replace_leaves(kwargs, table))

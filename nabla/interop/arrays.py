@@ -12,7 +12,8 @@ from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..sharding import pad
 from ..spec import ShardingSpec
-from ..tensor import Tensor, from_local
+from ..placement import from_local
+from ..tensor import Tensor
 from .jax import _ATOMS, _KNOWN, _jax_key, remember
 
 

@@ -21,12 +21,12 @@ from ..pytree import flatten, unflatten
 from ..errors import ShardingError
 from ..executor import record_step
 from ..spec import ShardingSpec
-from ..step import serial
+from ..value import serial
 from ..tensor import Tensor
 from ..trace import LEAF_NODE, Node, tracked, tracing_whole, whole
 from . import program as P
 from .lower import _DEVICE_COPIES, CompiledProgram  # noqa: F401 - the device copies are read by tests
-from ..sharding import NamedSharding, _is_pspec
+from ..sharding import NamedSharding, is_pspec
 from ..sharding import NamedSharding, to_spec
 from ..autodiff import vjp
 from ..ops import tensor
@@ -168,7 +168,7 @@ class _JitCall:
 
 
 def _is_sharding(x: Any) -> bool:
-    return x is None or isinstance(x, (NamedSharding, ShardingSpec)) or _is_pspec(x)
+    return x is None or isinstance(x, (NamedSharding, ShardingSpec)) or is_pspec(x)
 
 
 def _meshes_of(tree: Any) -> set:
@@ -260,21 +260,15 @@ class Lowered:
         twins = []
         for x in leaves:
             if isinstance(x, Tensor):
-                t = Tensor(None, x.sharding, x.shape, x.dtype)
-                t._node = LEAF_NODE
+                t = Tensor(None, x.sharding, x.shape, x.dtype, node=LEAF_NODE)
                 serial(t)
                 twins.append(t)
             else:
                 twins.append(x)
         # a trace of its own: every op recorded (even when called from a backward pass, where recording is
         # paused), its steps in its own log only (an enclosing log sees them when the program runs)
-        rec, logs = _trace._recording.set(True), C._logs.set(())
-        try:
-            with whole(), C.comm_log(keep_values=True) as log:
-                out = fn(*unflatten(tree, twins))
-        finally:
-            C._logs.reset(logs)
-            _trace._recording.reset(rec)
+        with _trace.recorded(), C.unlogged(), whole(), C.comm_log(keep_values=True) as log:
+            out = fn(*unflatten(tree, twins))
         outs, self._out_tree = flatten(out)
         for o in outs:
             if not isinstance(o, Tensor):
@@ -323,9 +317,9 @@ class Lowered:
         outs, tree = flatten(out)
         op = _JitCall(self, leaves)
         args = tuple(leaves[i] for i in self._inputs)
-        for k, o in enumerate(outs):
-            o._node = Node(op, (k,), args)
-        return out
+        # each result recorded (the same value: its blocks and serial)
+        return unflatten(tree, [Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, Node(op, (k,), args), serial(o),
+                                       o._moved) for k, o in enumerate(outs)])
 
     def _run(self, leaves: list) -> Any:
         fn = self.compile()

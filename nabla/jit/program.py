@@ -10,7 +10,8 @@ from typing import Any, NamedTuple, Sequence
 from .. import collectives as C
 from .. import reshard
 from ..errors import ShardingError
-from ..executor import MANUAL, Program, Value
+from ..program import MANUAL, Program
+from ..value import Value
 from ..spec import DimSpec, ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step
 from .. import executor
@@ -249,11 +250,8 @@ def _fold(instrs: list[Instr], inputs: set, values: dict, removed: list) -> tupl
             if ins.kind == "alias":
                 got = free.get(reads[0]) or stand_in(reads[0])
             else:
-                token = C._logs.set(())  # computed, not communicated: nothing is logged
-                try:
+                with C.unlogged():  # computed, not communicated: nothing is logged
                     got = _evaluate(ins, [None if r is None else stand_in(r) for r in ins.reads])
-                finally:
-                    C._logs.reset(token)
             if layout(got._spec) != ins.writes[1]:
                 out.append(ins)  # it would be made in another layout: left to the program
                 continue
@@ -285,7 +283,7 @@ def _zeros_as(v: Value, lay: Any) -> Value:
     data = np.zeros(v._shape, v._dtype)
     if lay is None:
         return Value(data, None, v._shape, v._dtype)
-    return Value(storage._place(data, lay), lay, v._shape, v._dtype)
+    return Value(storage.blocks_of(data, lay), lay, v._shape, v._dtype)
 
 
 def comm_log(rw: Rewritten) -> C.CommLog:

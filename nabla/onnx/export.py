@@ -94,10 +94,8 @@ def _paths(tree: Any, prefix: str) -> list[str]:
 
 
 def _traced(t: Tensor) -> Tensor:
-    """A traced twin of ``t``: the same blocks, recording every op that uses it (autodiff's ``_leaf``)."""
-    leaf = Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
-    leaf._node = LEAF_NODE
-    return leaf
+    """A traced twin of ``t``: the same blocks, recording every op that uses it (backprop's ``traced_leaf``)."""
+    return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, LEAF_NODE)
 
 
 def _rebuild(tree: Any, leaves: list) -> Any:

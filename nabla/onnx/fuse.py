@@ -23,7 +23,7 @@ from .. import ops as _ops
 from .. import windows as _windows
 from ..opdef import OpDef
 from ..ops import elementwise, onnx_export, register
-from ..ops.windowed import _onnx_pads
+from ..ops.windowed import onnx_pads
 from ..rules import conv as _conv_rules
 from ..layout import grid
 
@@ -102,7 +102,7 @@ def _conv_act_kernel(arrays, local):
     x, w = arrays[:2]
     stride, padding, dilation, groups, relu, residual = local.params
     if not local.windowed:
-        x = _ops._pad_spatial(x, padding, 0)
+        x = _ops.pad_spatial(x, padding, 0)
     G = local.G
     live = local.aux[0] if local.windowed and local.aux else ()
     bias = arrays[2] if len(arrays) > 2 + residual else None
@@ -134,7 +134,7 @@ def _conv_act_onnx(ex):
     """Conv with its bias, then the residual Add and Relu when fused."""
     stride, pads, dilation, groups, relu, residual = ex.params
     ins = [ex.operand(i, ex.dtype) for i in range(len(ex.node.args))]
-    attrs = dict(strides=list(stride), pads=_onnx_pads(pads), dilations=list(dilation), group=int(groups),
+    attrs = dict(strides=list(stride), pads=onnx_pads(pads), dilations=list(dilation), group=int(groups),
                  kernel_shape=[int(k) for k in ex.node.args[1]._shape[2:]])
     main = [(x, i) for i, x in enumerate(ins)]
     conv_ins = ins[:-1] if residual else ins
@@ -163,10 +163,10 @@ def conv_act(x, w, bias, stride, padding, dilation, groups: int, relu: bool, res
     needed whole (never partial); the residual (the output's shape, as a ResNet's shortcut) is added while
     the kernel's output is in cache, where an Add after the conv would read and write it all again."""
     nd = x.ndim - 2
-    params = (_ops._per_dim(stride, nd, "stride", "conv"), _ops._pads(padding, nd, "conv"),
-              _ops._per_dim(dilation, nd, "dilation", "conv"), int(groups), bool(relu), residual is not None)
+    params = (_ops.per_dim(stride, nd, "stride", "conv"), _ops.spatial_pads(padding, nd, "conv"),
+              _ops.per_dim(dilation, nd, "dilation", "conv"), int(groups), bool(relu), residual is not None)
     args = (x, w) + (() if bias is None else (bias,)) + (() if residual is None else (residual,))
-    return _ops._call(CONV_ACT, args, params)
+    return _ops.apply(CONV_ACT, args, params)
 
 
 # Elements per chunk of ``_add_relu`` on numpy: the sum stays in cache for the relu (256 KB of float32).

@@ -20,7 +20,7 @@ from .. import collectives as C
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..executor import place
-from ..ops import _call
+from ..ops import apply
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
 from .fuse import ADD_RELU, Fold, fold, foldable
@@ -468,7 +468,7 @@ class _Runner(Walker):
             a, b = ins
             self.fused.add(relu)
             with _node_errors(step):
-                return [_call(ADD_RELU, (a, b))]
+                return [apply(ADD_RELU, (a, b))]
         return super().call(step, ins)
 
 

@@ -4,15 +4,11 @@ is an op's function (ops registered later too); ``elementwise`` and ``register``
 
 from __future__ import annotations
 
-import sys
-
-from .. import services
-
+from ..tensor import Tensor
 from . import registry
-from .core import ArrayLike, _align, _arg, _axes, _call, _is_diff, _mask, _named, _ndim, _shape, _unbroadcast
-from .registry import REGISTRY, by_numpy, by_onnx, elementwise, function, lookup, onnx_export, register, unregister
-from .creation import (_ML_DTYPE_NAMES, _MAX_DIM, _allocate, _dtype_arg, _int_like, _is_ml_dtype, _numeric_array,
-                       _shape_arg, abstract, arange, full, ones, tensor, zeros)
+from .core import ArrayLike, _align, _arg, _axes, apply, _is_diff, _mask, _named, _ndim, _shape
+from .registry import REGISTRY, _unbroadcast, reduce_cotangent, by_numpy, by_onnx, elementwise, function, lookup, onnx_export, register, unregister
+from .creation import _numeric_array, abstract, arange, full, ones, tensor, zeros
 from .pointwise import (_ASTYPE, _BINARY, _RECIPROCAL, _UNARY, _WHERE, abs, add, astype, clip, cos, divide, equal, exp,
                         greater, greater_equal, less, less_equal, log, maximum, minimum, multiply, negative, not_equal,
                         power, relu, sigmoid, sin, sqrt, subtract, tanh, where)
@@ -23,7 +19,7 @@ from .gather import (_SCATTER, _SCATTER_ALONG, _TAKE, _TAKE_ALONG, argwhere, fla
                      take_along_axis)
 from .indexing import _INDEX, _KEYS, _normalize_key, getitem
 from .reduction import (_ARGMAX, _MAX, _MIN, _SOFTMAX, _SUM, _folded, _leading, _reduce_leading, all, any, argmax,
-                        argmin, cumsum, max, mean, min, prod, reduce_cotangent, softmax, std, sum, var)
+                        argmin, cumsum, max, mean, min, prod, softmax, std, sum, var)
 from .contraction import _EINSUM, _MATMUL, _einsum_terms, einsum, matmul
 from .masks import dropout, tril, triu
 from . import lax_ops  # internal ops (bitwise, shifts, bitcast, threefry2x32, ...) that nb.import_jax runs
@@ -31,8 +27,8 @@ from .sorting import argsort, sort, top_k
 from .nn import (_LOG_SOFTMAX, _LOGSUMEXP, _ONE_HOT, _STOP, cross_entropy, log_softmax, logsumexp, one_hot,
                  stop_gradient)
 from .attention import _ATTENTION, _DBIAS, _DKV, _DQ, dot_product_attention
-from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, _pad_spatial, _pads, _per_dim, avg_pool, batch_norm, conv,
-                   global_avg_pool, layer_norm, max_pool, max_pool_scatter)
+from .windowed import (_AVG_POOL, _CONV, _MAX_POOL, pad_spatial, spatial_pads, per_dim, avg_pool, batch_norm, conv,
+                       global_avg_pool, layer_norm, max_pool, max_pool_scatter)
 
 def __getattr__(name: str):
     """An op registered after import, by name (PEP 562)."""
@@ -42,4 +38,6 @@ def __getattr__(name: str):
     return fn
 
 
-services.provide("ops", sys.modules[__name__])  # what Tensor's methods call (tensor.py cannot import this)
+from . import methods  # noqa: E402 - after every op family: it reads them
+
+methods.attach(Tensor)  # t + u, t.sum(), t.T, Tensor.ones: set where the ops are (tensor.py sits below them)

@@ -15,12 +15,12 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..dtypes import is_float
 from ..errors import ShardingError
-from ..executor import Program
-from ..mesh import _show
+from ..program import Program
+from ..args import short_repr
 from ..opdef import OpDef
 from ..spec import DimSpec, ShardingSpec
 from ..value import Value
-from .core import ArrayLike, Tensor, _call, _is_diff, _ndim, _shape
+from .core import ArrayLike, Tensor, apply, _is_diff, _ndim, _shape
 from .registry import onnx_export, register
 from .shape import expand_dims, reshape, squeeze
 
@@ -254,13 +254,13 @@ def _vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
     args = (*read[:3], out, g, *read[3:])
     grads: list = [None] * len(node.args)
     if _is_diff(q):
-        grads[0] = _call(_DQ, args, node.params)
+        grads[0] = apply(_DQ, args, node.params)
     if _is_diff(k) or _is_diff(v):
-        dkv = _call(_DKV, args, node.params)
+        dkv = apply(_DKV, args, node.params)
         grads[1] = dkv[0] if _is_diff(k) else None
         grads[2] = dkv[1] if _is_diff(v) else None
     if has_bias and _is_diff(extra[0]):
-        grads[3] = _call(_DBIAS, args, node.params)
+        grads[3] = apply(_DBIAS, args, node.params)
     return tuple(grads)
 
 
@@ -472,14 +472,14 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, bi
     heads cut together: the query heads are (kv head, group), kv head major); the query sequence cut over an
     axis (context parallelism) all_gathers keys and values over it; key positions and the head dim are whole."""
     if not isinstance(is_causal, (bool, np.bool_)):
-        raise ShardingError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__} {_show(is_causal)}")
+        raise ShardingError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__} {short_repr(is_causal)}")
     q_s, k_s, v_s = (tuple(_shape(x)) for x in (query, key, value))
     dts = tuple(_dtype_of(x) for x in (query, key, value))
     _check(q_s, k_s, v_s, dts, bias, mask)
     if scale is None:
         scale = 1.0 / sqrt(q_s[-1]) if q_s[-1] else 1.0
     elif not isinstance(scale, (int, float, np.integer, np.floating)) or isinstance(scale, (bool, np.bool_)):
-        raise ShardingError(f"{_OP}: scale must be a number, got {type(scale).__name__} {_show(scale)}")
+        raise ShardingError(f"{_OP}: scale must be a number, got {type(scale).__name__} {short_repr(scale)}")
     with _user_op(_OP):
         unbatched = len(q_s) == 3
         if unbatched:
@@ -494,7 +494,7 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, bi
         if is_causal:  # the query positions, an operand cut as the queries are: the backward ops sum over the
             # queries, so their result's layout (what an ``aux`` hook sees) cannot tell which rows a device holds
             args.append(np.arange(T, dtype=np.int32))
-        out = _call(_ATTENTION, tuple(args), (float(scale), bool(is_causal), bias is not None, mask is not None, T))
+        out = apply(_ATTENTION, tuple(args), (float(scale), bool(is_causal), bias is not None, mask is not None, T))
         return squeeze(out, 0) if unbatched else out
 
 

@@ -12,10 +12,10 @@ from .. import rules as R
 from ..backends import xp as _xp
 from ..dtypes import is_float
 from ..errors import ShardingError
-from ..mesh import _show
+from ..args import short_repr
 from ..opdef import OpDef
-from .core import ArrayLike, Tensor, _call, _is_diff, _named, _ndim, _shape, _unbroadcast
-from .registry import onnx_export, register
+from .core import ArrayLike, Tensor, apply, _is_diff, _named, _ndim, _shape
+from .registry import _unbroadcast, onnx_export, register
 from .shape import broadcast_to, expand_dims, reshape, squeeze, swapaxes
 
 
@@ -72,7 +72,7 @@ def matmul(a: ArrayLike, b: ArrayLike) -> Tensor:
         raise ShardingError(f"matmul: operands must have at least 1 dim, got ranks {ra} and {rb}")
     a2 = expand_dims(a, 0) if ra == 1 else a
     b2 = expand_dims(b, 1) if rb == 1 else b
-    out = _call(_MATMUL, (a2, b2))
+    out = apply(_MATMUL, (a2, b2))
     if ra == 1:
         out = squeeze(out, out.ndim - 2)
     if rb == 1:
@@ -216,8 +216,8 @@ def einsum(subscripts: str, *operands: ArrayLike) -> Tensor:
     operands give partial sums."""
     if not isinstance(subscripts, str):
         raise ShardingError(f"einsum: subscripts (the first argument) must be a str such as 'ij,jk->ik', got "
-                            f"{type(subscripts).__name__} {_show(subscripts)}")
-    return _call(_EINSUM, operands, (subscripts,))
+                            f"{type(subscripts).__name__} {short_repr(subscripts)}")
+    return apply(_EINSUM, operands, (subscripts,))
 
 
 def _einsum_flops(blocks, out, params) -> int:

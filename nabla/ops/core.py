@@ -8,13 +8,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import services
 from ..dtypes import is_float, is_inexact
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, run
 from ..value import Value
-from ..mesh import _show
+from ..args import short_repr
 from ..opdef import Local, OpDef
 from ..tensor import Tensor
 from ..spec import DimSpec, ShardingSpec
@@ -49,7 +48,7 @@ def _named(fn):
     return wrapped
 
 
-def _call(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
+def apply(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
     vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
     if op.arrange is not None:
         vals = list(op.arrange(vals, params))
@@ -110,11 +109,11 @@ def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
         axes = tuple(axis)
     else:  # numpy raises TypeError here; nabla's errors about op arguments are ShardingErrors (ValueErrors)
         raise ShardingError(f"{op}: axis must be None, an int or a tuple of ints, got {type(axis).__name__} "
-                            f"{_show(axis)}")
+                            f"{short_repr(axis)}")
     out = []
     for a in axes:
         if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
-            raise ShardingError(f"{op}: axis {_show(axis)} holds {type(a).__name__} {_show(a)}; axes are ints")
+            raise ShardingError(f"{op}: axis {short_repr(axis)} holds {type(a).__name__} {short_repr(a)}; axes are ints")
         if not -ndim <= a < ndim:
             raise ShardingError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
         out.append(int(a) % ndim)
@@ -145,21 +144,6 @@ def _laid_like(t: Tensor, x: Any) -> Tensor:
         return t  # its pending sum lies on the axes x's dims use: summing it here would be a reduce_scatter
     dims = [DimSpec(d.axes, is_open=True) for d in own.dim_specs]
     return t.with_sharding(ShardingSpec(own.mesh, dims, partial_axes=spec.partial_axes))
-
-
-def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
-    """The cotangent of an operand that broadcasting stretched: summed back to its shape, in its dtype."""
-    if not _is_diff(x):
-        return None
-    shape = x._shape
-    lead = g.ndim - len(shape)
-    reduce = services.get("ops").reduce_cotangent  # (ops/reduction.py builds on this module)
-    if lead:
-        g = reduce(g, tuple(range(lead)), False)
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
-    if axes:
-        g = reduce(g, axes, True)
-    return g if g.dtype == x._dtype else g.astype(x._dtype)
 
 
 def _mask(cond: Tensor, like: Any) -> Tensor:

@@ -20,7 +20,7 @@ from ..errors import ShardingError, ShardingIndexError
 from ..value import Value
 from ..opdef import OpDef
 from ..spec import DimSpec
-from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
+from .core import ArrayLike, Tensor, _axes, apply, _is_diff, _ndim, _shape
 from .pointwise import maximum, minimum
 from .registry import onnx_export, register
 from .shape import broadcast_to, reshape
@@ -217,7 +217,7 @@ def _gather_vjp(scatter: Callable[[], OpDef]) -> Callable:
             return None, None, None
         axis, n = node.params
         refs = _gathered_refs(x, axis)
-        return _cast_like(_call(scatter(), (_free(g, refs), _free(ids, refs), _rows_like(x, axis)), (axis, n)), x), \
+        return _cast_like(apply(scatter(), (_free(g, refs), _free(ids, refs), _rows_like(x, axis)), (axis, n)), x), \
             None, None
     return vjp
 
@@ -229,7 +229,7 @@ def _scatter_vjp(gather: Callable[[], OpDef]) -> Callable:
         if not _is_diff(u):
             return None, None, None
         axis, n = node.params
-        return _cast_like(_call(gather(), (g, ids, _row_numbers(n)), (axis, n)), u), None, None
+        return _cast_like(apply(gather(), (g, ids, _row_numbers(n)), (axis, n)), u), None, None
     return vjp
 
 
@@ -370,7 +370,7 @@ def take(a: ArrayLike, indices: ArrayLike, axis: int | None = None, mode: str | 
         elif mode not in (None, "raise", "clip"):
             raise ShardingError(f"take: mode must be 'raise' or 'clip', got {mode!r}")
         _check_range(ids, n, ax, "take")
-        return _call(_TAKE, (a, ids, _row_numbers(n)), (ax, n))  # _one_side_gives_way first (its arrange)
+        return apply(_TAKE, (a, ids, _row_numbers(n)), (ax, n))  # _one_side_gives_way first (its arrange)
 
 
 def _take_arrange(vals: list, params: tuple) -> tuple:
@@ -455,7 +455,7 @@ def take_along_axis(arr: ArrayLike, indices: ArrayLike, axis: int | None = -1) -
             ids = broadcast_to(ids, tuple(o if d != ax else si[d] for d, o in enumerate(out)))
         n = sa[ax]
         _check_range(ids, n, ax, "take_along_axis")
-        return _call(_TAKE_ALONG, (arr, ids, _row_numbers(n)), (ax, n))  # _ids_give_way first (its arrange)
+        return apply(_TAKE_ALONG, (arr, ids, _row_numbers(n)), (ax, n))  # _ids_give_way first (its arrange)
 
 
 def scatter_add(updates: ArrayLike, indices: ArrayLike, n: int, axis: int = 0, like: ArrayLike | None = None
@@ -466,13 +466,13 @@ def scatter_add(updates: ArrayLike, indices: ArrayLike, n: int, axis: int = 0, l
     it). ``like``: a tensor whose dim ``axis`` is laid out as the result's rows are to be (each device adds the
     updates for the rows it holds); default: the rows are open to propagation."""
     rows = _rows_like(like, axis) if like is not None and _shape(like)[axis] == n else _row_numbers(n)
-    return _call(_SCATTER, (updates, _indices(indices, "scatter_add"), rows), (axis, n))
+    return apply(_SCATTER, (updates, _indices(indices, "scatter_add"), rows), (axis, n))
 
 
 def scatter_add_along(updates: ArrayLike, indices: ArrayLike, n: int, axis: int) -> Tensor:
     """The transpose of ``take_along_axis``: ``updates`` added at each index along ``axis`` (of ``n`` rows) of a
     zero tensor of their shape otherwise; ``indices`` has the updates' shape. Internal, as ``scatter_add``."""
-    return _call(_SCATTER_ALONG, (updates, _indices(indices, "scatter_add_along"), _row_numbers(n)), (axis, n))
+    return apply(_SCATTER_ALONG, (updates, _indices(indices, "scatter_add_along"), _row_numbers(n)), (axis, n))
 
 
 def _data_dependent(op: str, a: ArrayLike) -> ShardingError:

@@ -13,7 +13,7 @@ from .. import rules as R
 from ..errors import ShardingError, ShardingIndexError
 from ..opdef import OpDef
 from ..value import Value
-from .core import ArrayLike, Tensor, _call, _is_diff, _shape
+from .core import ArrayLike, Tensor, apply, _is_diff, _shape
 from .gather import take
 from .registry import onnx_export, register
 from .shape import _pad_dim, _scatter_slice, expand_dims, squeeze
@@ -257,7 +257,7 @@ def getitem(x: ArrayLike, key: Any) -> Tensor:
         norm = _normalize_key(key, shape)
         if hk is not None and len(_KEYS) < 4096:
             _KEYS[hk] = norm
-    return _call(_INDEX, (x,), (norm,))
+    return apply(_INDEX, (x,), (norm,))
 
 
 _INDEX = register(OpDef("getitem", lambda shapes, key: R.index_rule(shapes[0], key), _index_kernel, "add",

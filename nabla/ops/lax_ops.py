@@ -17,7 +17,7 @@ from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..opdef import OpDef
 from ..rules.core import PASS, build
-from .core import _call
+from .core import apply
 from .pointwise import exp, sqrt
 from .registry import elementwise, onnx_export, register
 
@@ -183,7 +183,7 @@ def bitcast(x, dtype) -> object:
     if np.dtype(src).itemsize != dt.itemsize:
         raise ShardingError(f"bitcast: {src} and {dt} differ in width ({np.dtype(src).itemsize} vs {dt.itemsize} "
                             f"bytes); only a same-width bitcast is elementwise")
-    return _call(_BITCAST, (x,), (dt.str,))
+    return apply(_BITCAST, (x,), (dt.str,))
 
 
 _BITCAST = register(OpDef("lax_bitcast_convert_type",
@@ -270,7 +270,7 @@ def _threefry_rule(shapes: tuple) -> R.Rule:
 def threefry2x32(k1, k2, x1, x2):
     """Both words of ``threefry2x32`` stacked on a new last dim (uint32, ``(*broadcast shape, 2)``): one step hashes
     every counter once; the words are read with ``[..., 0]`` and ``[..., 1]``."""
-    return _call(_THREEFRY, (k1, k2, x1, x2))
+    return apply(_THREEFRY, (k1, k2, x1, x2))
 
 
 _THREEFRY = register(OpDef("lax_threefry2x32", lambda shapes: _threefry_rule(tuple(tuple(s) for s in shapes)),

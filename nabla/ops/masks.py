@@ -15,7 +15,7 @@ from ..errors import ShardingError
 from ..value import Value
 from ..layout import global_rows
 from ..opdef import OpDef
-from .core import ArrayLike, Tensor, _call, _is_diff, _ndim, _shape
+from .core import ArrayLike, Tensor, apply, _is_diff, _ndim, _shape
 from .pointwise import where
 from .registry import onnx_export, register
 
@@ -43,7 +43,7 @@ def _tri_kernel(arrays, local):
 
 def _tri_vjp(g, node, out):
     x, = node.args
-    return (_call(_TRIU if node.params[1] else _TRI, (g,), node.params),) if _is_diff(x) else (None,)
+    return (apply(_TRIU if node.params[1] else _TRI, (g,), node.params),) if _is_diff(x) else (None,)
 
 
 @onnx_export("Trilu")
@@ -61,7 +61,7 @@ def _tri(x: ArrayLike, k: Any, upper: bool) -> Tensor:
                             f"{tuple(_shape(x))}")
     if not isinstance(k, (int, np.integer)) or isinstance(k, (bool, np.bool_)):
         raise ShardingError(f"{name}: k must be an int, got {type(k).__name__} {k!r}")
-    return _call(_TRIU if upper else _TRI, (x,), (int(k), upper))
+    return apply(_TRIU if upper else _TRI, (x,), (int(k), upper))
 
 
 def tril(x: ArrayLike, k: int = 0) -> Tensor:
@@ -149,7 +149,7 @@ def _dropout_kernel(arrays, local):
 
 def _dropout_vjp(g, node, out):
     x, = node.args
-    return (_call(_DROPOUT, (g,), node.params),) if _is_diff(x) else (None,)
+    return (apply(_DROPOUT, (g,), node.params),) if _is_diff(x) else (None,)
 
 
 @onnx_export("Where", "Mul")
@@ -184,7 +184,7 @@ def dropout(x: ArrayLike, rate: float, key: int) -> Tensor:
         return where(np.zeros((), np.bool_), x, np.zeros((), dt))
     if r == 0.0 and isinstance(x, Tensor):
         return x
-    return _call(_DROPOUT, (x,), (r, int(key)))
+    return apply(_DROPOUT, (x,), (r, int(key)))
 
 
 _DROPOUT = register(OpDef("dropout", lambda shapes, rate, key: R.elementwise_rule(tuple(shapes), op="dropout"),

@@ -15,13 +15,12 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..dtypes import accumulation, is_inexact
 from ..errors import ShardingError
-from ..value import Value
+from ..value import Value, serial
 from ..layout import global_rows
 from ..opdef import OpDef
-from ..step import serial
 from ..trace import Node, paused, tracked
-from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
-from .creation import _dtype_arg
+from .core import ArrayLike, Tensor, _axes, apply, _is_diff, _ndim, _shape
+from ..args import dtype_arg
 from .gather import _indices, take_along_axis
 from .pointwise import astype, equal, exp, log, where
 from .reduction import _wide_sum, max, mean, sum  # noqa: A004 - numpy's names
@@ -42,10 +41,9 @@ def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor])
         return run()
     with paused():
         out = run()
-    res = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid)
-    res._serial = serial(out)  # the same value
-    res._node = Node(op, params, tuple(args), result=res)
-    return res
+    # the same value, recording ``op`` (its node keeps what the VJP reads of ``out``: the same blocks and serial)
+    return Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, Node(op, params, tuple(args), result=out),
+                  serial(out))
 
 
 def _sharded_along(x: Any, axes: Sequence[int]) -> bool:
@@ -60,9 +58,10 @@ def stop_gradient(x: ArrayLike) -> Tensor:
     """``x`` itself, with a zero gradient (``jax.lax.stop_gradient``): an identity step that moves and computes
     nothing, keeping ``x``'s sharding (pending sums included). What is computed from it alone is not
     differentiated: no cotangent is made for it."""
-    out = _call(_STOP, (x,))
-    if out._node is not None and out._node.diff:
-        out._node = out._node._replace(diff=False)
+    out = apply(_STOP, (x,))
+    if out._node is not None and out._node.diff:  # the same value, recorded as not differentiated
+        out = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, out._node._replace(diff=False),
+                     serial(out), out._moved)
     return out
 
 
@@ -111,13 +110,13 @@ def one_hot(x: ArrayLike, num_classes: int, dtype: Any = "float32", axis: int = 
     classes it computes): nothing moves."""
     if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 0:
         raise ShardingError(f"one_hot: num_classes must be an int >= 0, got {num_classes!r}")
-    dt = _dtype_arg(dtype, "one_hot", "biufc") or np.dtype(np.float32)
+    dt = dtype_arg(dtype, "one_hot", "biufc") or np.dtype(np.float32)
     rank = _ndim(x) + 1
     if not -rank <= axis < rank:
         raise ShardingError(f"one_hot: axis {axis} is out of range for a result of rank {rank}")
     if isinstance(x, Value) and x._dtype.kind not in "biuf":
         raise ShardingError(f"one_hot: indices of dtype {x._dtype} (a tensor of shape {x._shape}) are not numbers")
-    return _call(_ONE_HOT, (x,), (int(num_classes), axis % rank, dt))
+    return apply(_ONE_HOT, (x,), (int(num_classes), axis % rank, dt))
 
 
 _ONE_HOT = register(OpDef("one_hot", lambda shapes, n, axis, dtype: R.one_hot_rule(shapes[0], n, axis),
@@ -176,10 +175,10 @@ def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     ``g - softmax * sum(g)`` sums one value per row too."""
     axes = _axes(axis, _ndim(x), "log_softmax")
     if not axes:  # a 0-d value: numpy-style reduction over no dim; log_softmax of one element is 0
-        return _call(_LOG_SOFTMAX, (expand_dims(x, 0),), (0,)).reshape(())
+        return apply(_LOG_SOFTMAX, (expand_dims(x, 0),), (0,)).reshape(())
     ax = axes[0]
     if not _sharded_along(x, (ax,)):
-        return _call(_LOG_SOFTMAX, (x,), (ax,))
+        return apply(_LOG_SOFTMAX, (x,), (ax,))
 
     def run():
         y = x if is_inexact(x._dtype) else astype(x, _float(x._dtype))
@@ -246,7 +245,7 @@ def logsumexp(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: b
     axes = _axes(axis, _ndim(x), "logsumexp")
     keep = bool(keepdims)
     if not _sharded_along(x, axes):
-        return _call(_LOGSUMEXP, (x,), (axes, keep))
+        return apply(_LOGSUMEXP, (x,), (axes, keep))
 
     def run():
         y = x if is_inexact(x._dtype) else astype(x, _float(x._dtype))

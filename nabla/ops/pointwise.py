@@ -15,10 +15,10 @@ from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..value import Value
 from ..opdef import OpDef
-from .core import ArrayLike, Tensor, _call, _is_diff, _mask, _unbroadcast
-from .registry import elementwise, onnx_export, register
+from .core import ArrayLike, Tensor, apply, _is_diff, _mask
+from .registry import _unbroadcast, elementwise, onnx_export, register
 from ..collectives import user_op
-from .creation import _dtype_arg
+from ..args import dtype_arg
 
 
 # ---- ONNX export of the elementwise group -----------------------------------------------------------------------
@@ -214,7 +214,7 @@ def clip(x: ArrayLike, a_min: ArrayLike | None = None, a_max: ArrayLike | None =
     """numpy's ``clip``: ``minimum(maximum(x, a_min), a_max)`` (a bound left None is not applied; NaN passes
     through, as numpy's); elementwise, so every sharding is kept and nothing moves."""
     with user_op("clip"):
-        r = x if isinstance(x, Tensor) else _call(_ASTYPE, (x,), (np.asarray(x).dtype,))
+        r = x if isinstance(x, Tensor) else apply(_ASTYPE, (x,), (np.asarray(x).dtype,))
         if a_min is not None:
             r = maximum(r, a_min)
         if a_max is not None:
@@ -223,10 +223,10 @@ def clip(x: ArrayLike, a_min: ArrayLike | None = None, a_max: ArrayLike | None =
 
 
 def astype(x: ArrayLike, dtype: Any) -> Tensor:
-    dt = _dtype_arg(dtype, "astype")
+    dt = dtype_arg(dtype, "astype")
     if isinstance(x, Tensor) and x._dtype == dt:
         return x  # nothing to convert (tensors are immutable: no copy needed), and a pending sum stays pending
-    return _call(_ASTYPE, (x,), (dt,))
+    return apply(_ASTYPE, (x,), (dt,))
 
 
 _ASTYPE = register(OpDef("astype", lambda shapes, dt: R.elementwise_rule(tuple(shapes)), _astype_kernel,
@@ -351,7 +351,7 @@ def gelu(x: ArrayLike, approximate: bool = True) -> Tensor:
     ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``; ``approximate=False`` gives the exact ``x Phi(x)``
     (with the error function). Computed in ``x``'s dtype; elementwise, so every sharding is kept and nothing
     moves. ONNX export: ``Gelu`` (opset 20) with ``approximate="tanh"`` or ``"none"``."""
-    return _call(_GELU, (x,), (bool(approximate),))
+    return apply(_GELU, (x,), (bool(approximate),))
 
 
 _GELU = register(OpDef("gelu", lambda shapes, approximate: R.elementwise_rule(tuple(shapes), op="gelu"), _gelu_kernel,

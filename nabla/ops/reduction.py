@@ -16,8 +16,8 @@ from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..value import Value
 from ..opdef import OpDef
-from .creation import _dtype_arg
-from .core import _laid_like, ArrayLike, Tensor, _axes, _call, _is_diff, _mask, _named, _ndim, _shape
+from ..args import dtype_arg
+from .core import _laid_like, ArrayLike, Tensor, _axes, apply, _is_diff, _mask, _named, _ndim, _shape
 from ..dtypes import accumulation
 from ..errors import ShardingError
 from ..layout import chunk
@@ -128,24 +128,16 @@ def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = 
     partitioner all-reduces them (measured on ``jax.jit`` of ``jnp.sum``: an ``f32`` all-reduce, then the
     convert)."""
     dt = _dt(x)
-    out = _call(_SUM, (x,), (_axes(axis, _ndim(x), "sum"), bool(keepdims), True))
+    out = apply(_SUM, (x,), (_axes(axis, _ndim(x), "sum"), bool(keepdims), True))
     return out if accumulation(dt) == dt else astype(out, dt)
 
 
-def reduce_cotangent(g: Tensor, axes: tuple[int, ...], keepdims: bool) -> Tensor:
-    """The sum a VJP makes of a broadcast operand's cotangent, with ``jax.lax.reduce_sum``'s meaning (JAX's
-    transpose of a broadcast): in ``g``'s dtype, each device accumulating its block in float32 and rounding it,
-    a partial sum carried in ``g``'s dtype. So bf16 gradients are reduce_scattered (or all_reduced) in bf16 at
-    the end, as Megatron and XLA on GPU sum them, not all_reduced in float32 where the sum is made."""
-    return _call(_SUM, (g,), (tuple(axes), bool(keepdims), False))
-
-
 def max(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    return _call(_MAX, (x,), (_axes(axis, _ndim(x), "max"), bool(keepdims)))
+    return apply(_MAX, (x,), (_axes(axis, _ndim(x), "max"), bool(keepdims)))
 
 
 def min(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    return _call(_MIN, (x,), (_axes(axis, _ndim(x), "min"), bool(keepdims)))
+    return apply(_MIN, (x,), (_axes(axis, _ndim(x), "min"), bool(keepdims)))
 
 
 def _keep(g: Tensor, axes, keepdims: bool) -> Tensor:
@@ -186,7 +178,7 @@ def mean(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool =
         count *= _shape(x)[a]
     dt = _dt(x)
     wide = accumulation(dt) != dt
-    s = _call(_SUM, (astype(x, np.float64) if dt.kind in "iub" else x,), (axes, bool(keepdims), True))
+    s = apply(_SUM, (astype(x, np.float64) if dt.kind in "iub" else x,), (axes, bool(keepdims), True))
     if (dt.kind in "iub" or wide) and s._spec is not None and s._spec.partial_axes:
         # numpy and jax sum, then divide: dividing each summand first is off by an ulp (the float64 sum of
         # integers is exact, so it must be made before the division; a float32 one is rounded once after it)
@@ -224,7 +216,7 @@ def _search_op(name: str, chooser) -> OpDef:
         if axis is None:
             if isinstance(x, Tensor) and x.sharding is not None and x.ndim > 1:
                 return search(reshape(x, (-1,)), 0)
-            return _call(op, (x,), (None,))
+            return apply(op, (x,), (None,))
         if not _axes(axis, _ndim(x), name):  # 0-d, axis 0 or -1 (numpy: 0)
             return search(x)
         ax = _axes(axis, _ndim(x), name)[0]
@@ -234,7 +226,7 @@ def _search_op(name: str, chooser) -> OpDef:
             iota = np.arange(n, dtype=np.intp).reshape((n,) + (1,) * (x.ndim - 1 - ax))
             hits = where(x != x, iota, where(x == chooser(x, ax, keepdims=True), iota, n))
             return min(hits, ax)
-        return _call(op, (x,), (ax,))
+        return apply(op, (x,), (ax,))
 
     search.__name__ = search.__qualname__ = name
     search.__module__ = "nabla"
@@ -289,7 +281,7 @@ def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
     axes = _axes(axis, _ndim(x), "softmax")
     spec = x._spec if isinstance(x, Value) else None
     if axes and not (spec is not None and spec.dim_specs[axes[0]].axes and x.size):
-        return _call(_SOFTMAX, (x,), (axes[0],))  # one kernel: the dim is whole on every device
+        return apply(_SOFTMAX, (x,), (axes[0],))  # one kernel: the dim is whole on every device
     with _user_op("softmax"):  # its steps' collectives are logged as softmax's
         if not axes:  # a 0-d value (numpy reduces it over axis 0 or -1): exp(0) / exp(0)
             e = exp(x - max(x))
@@ -324,7 +316,7 @@ def _var(x: ArrayLike, axis: int | Sequence[int] | None, dtype: Any, ddof: Any, 
     if not isinstance(ddof, (int, float, np.integer, np.floating)):
         raise ShardingError(f"{name}: ddof must be a number, got {ddof!r}")
     dt = _dt(x)
-    out_dt = _dtype_arg(dtype, name) if dtype is not None else np.dtype(np.float64) if dt.kind in "iub" else dt
+    out_dt = dtype_arg(dtype, name) if dtype is not None else np.dtype(np.float64) if dt.kind in "iub" else dt
     comp = accumulation(out_dt)
     if comp != dt:
         x = astype(x, comp)
@@ -409,8 +401,8 @@ def prod(x: ArrayLike, axis: int | Sequence[int] | None = None, dtype=None, keep
         x = astype(x, dtype)
     sharded = _sharded(x, axes)
     for a in sorted(sharded, reverse=True):  # each sharded dim becomes its k block products
-        x = _call(_PROD, (_by_blocks(x, a, 1),), ((a + 1,), False))
-    return _call(_PROD, (x,), (axes, bool(keepdims)))
+        x = apply(_PROD, (_by_blocks(x, a, 1),), ((a + 1,), False))
+    return apply(_PROD, (x,), (axes, bool(keepdims)))
 
 
 _PROD = register(OpDef("prod", lambda shapes, axes, keepdims: R.reduce_rule(shapes[0], axes, keepdims, True),
@@ -443,7 +435,7 @@ def any(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = 
     """numpy's ``any`` (a NaN is true). Over a sharded dim: each device's block, then an all_reduce (max) of one
     bool per remaining element; nothing is gathered."""
     axes = _axes(axis, _ndim(x), "any")
-    return _call(_ANY, (astype(x, np.bool_),), (axes, bool(keepdims)))
+    return apply(_ANY, (astype(x, np.bool_),), (axes, bool(keepdims)))
 
 
 @_named
@@ -451,7 +443,7 @@ def all(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = 
     """numpy's ``all``. Over a sharded dim: each device's block, then an all_reduce (min) of one bool per
     remaining element; nothing is gathered."""
     axes = _axes(axis, _ndim(x), "all")
-    return _call(_ALL, (astype(x, np.bool_),), (axes, bool(keepdims)))
+    return apply(_ALL, (astype(x, np.bool_),), (axes, bool(keepdims)))
 
 
 _ANY = register(_truth("any", "max"))
@@ -497,11 +489,11 @@ def _scan(x: Any, ax: int, exclusive: bool, reverse: bool) -> Tensor:
     """The running sum along ``ax`` (from the end with ``reverse``; of the elements strictly before with
     ``exclusive``). A sharded dim: each device scans its block and adds the exclusive scan of the block totals."""
     if not _sharded(x, (ax,)):
-        return _call(_CUMSUM, (x,), (ax, exclusive, reverse))
+        return apply(_CUMSUM, (x,), (ax, exclusive, reverse))
     n = x._shape[ax]
     blocks = _by_blocks(x, ax, 0)
-    others = _call(_CUMSUM, (sum(blocks, ax + 1, keepdims=True),), (ax, True, reverse))  # the other blocks' totals
-    out = _call(_CUMSUM, (blocks,), (ax + 1, exclusive, reverse)) + others
+    others = apply(_CUMSUM, (sum(blocks, ax + 1, keepdims=True),), (ax, True, reverse))  # the other blocks' totals
+    out = apply(_CUMSUM, (blocks,), (ax + 1, exclusive, reverse)) + others
     shape = list(x._shape)
     shape[ax] = blocks.shape[ax] * blocks.shape[ax + 1]
     out = reshape(out, tuple(shape))

@@ -45,7 +45,7 @@ from .. import rules as R
 from ..backends import xp as _xp
 from ..errors import ShardingError
 from ..opdef import OpDef
-from .core import _align, _call, _is_diff, _unbroadcast
+from .core import Tensor, _align, apply, _is_diff
 
 #: op name -> OpDef, in registration order (random programs draw in this order)
 REGISTRY: dict[str, OpDef] = {}
@@ -90,6 +90,28 @@ def lookup(name: str) -> OpDef:
     if op is None:
         raise ShardingError(f"no op named {name!r} is registered (registered: {sorted(REGISTRY)})")
     return op
+
+
+def reduce_cotangent(g: Tensor, axes: tuple[int, ...], keepdims: bool) -> Tensor:
+    """The sum a VJP makes of a broadcast operand's cotangent, with ``jax.lax.reduce_sum``'s meaning (JAX's
+    transpose of a broadcast): in ``g``'s dtype, each device accumulating its block in float32 and rounding it,
+    a partial sum carried in ``g``'s dtype. So bf16 gradients are reduce_scattered (or all_reduced) in bf16 at
+    the end, as Megatron and XLA on GPU sum them, not all_reduced in float32 where the sum is made."""
+    return apply(lookup("sum"), (g,), (tuple(axes), bool(keepdims), False))  # (reduction.py registers it)
+
+
+def _unbroadcast(g: Tensor, x: Any) -> Tensor | None:
+    """The cotangent of an operand that broadcasting stretched: summed back to its shape, in its dtype."""
+    if not _is_diff(x):
+        return None
+    shape = x._shape
+    lead = g.ndim - len(shape)
+    if lead:
+        g = reduce_cotangent(g, tuple(range(lead)), False)
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if axes:
+        g = reduce_cotangent(g, axes, True)
+    return g if g.dtype == x._dtype else g.astype(x._dtype)
 
 
 def by_numpy(name: str) -> OpDef | None:
@@ -231,7 +253,7 @@ def _function(op: OpDef, operands: tuple[str, ...], doc: str | None) -> Callable
                 args = sig.bind(*args, **kwargs).args  # a TypeError naming what is missing, as a def gives
             elif kwargs:
                 raise TypeError(f"{op.name}() takes its operands by position")
-        return _call(op, args)
+        return apply(op, args)
 
     f.__name__ = f.__qualname__ = op.name
     f.__module__ = "nabla"

@@ -13,9 +13,9 @@ from ..errors import ShardingError
 from ..layout import global_rows
 from ..opdef import OpDef
 from ..value import Value
-from .core import ArrayLike, Tensor, _align, _axes, _call, _is_diff, _ndim, _shape, _unbroadcast
+from .core import ArrayLike, Tensor, _align, _axes, apply, _is_diff, _ndim, _shape
 from .creation import tensor, zeros
-from .registry import onnx_export, register
+from .registry import _unbroadcast, onnx_export, register
 
 
 def _reshape_vjp(g, node, out):
@@ -54,7 +54,7 @@ def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> Tensor:
         perm = tuple(int(a) % n for a in axes)
     if sorted(perm) != list(range(n)):
         raise ShardingError(f"transpose: axes {axes} are not a permutation of {n} dims")
-    return _call(_TRANSPOSE, (x,), (perm,))
+    return apply(_TRANSPOSE, (x,), (perm,))
 
 
 def swapaxes(x: ArrayLike, axis1: int, axis2: int) -> Tensor:
@@ -62,7 +62,7 @@ def swapaxes(x: ArrayLike, axis1: int, axis2: int) -> Tensor:
     a, b = _axes(axis1, n, "swapaxes")[0], _axes(axis2, n, "swapaxes")[0]
     perm = list(range(n))
     perm[a], perm[b] = perm[b], perm[a]
-    return _call(_TRANSPOSE, (x,), (tuple(perm),))
+    return apply(_TRANSPOSE, (x,), (tuple(perm),))
 
 
 _TRANSPOSE = register(OpDef("transpose", lambda shapes, perm: R.transpose_rule(shapes[0], perm), _transpose_kernel,
@@ -90,7 +90,7 @@ def reshape(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
     """Keeps the sharding wherever the dims split or merge into common factors (sub-axes where needed)."""
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
     if not shape or min(shape) >= 0:  # the common call: every dim given
-        return _call(_RESHAPE, (x,), (shape,))
+        return apply(_RESHAPE, (x,), (shape,))
     src = _shape(x)
     total = 1
     for s in src:
@@ -110,7 +110,7 @@ def reshape(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
         if rest == 0 or total % rest:
             raise ShardingError(f"reshape: cannot reshape size {total} {tuple(src)} into {shape}")
         shape = tuple(total // rest if s == -1 else s for s in shape)
-    return _call(_RESHAPE, (x,), (shape,))
+    return apply(_RESHAPE, (x,), (shape,))
 
 
 _RESHAPE = register(OpDef("reshape", lambda shapes, target: R.reshape_rule(shapes[0], target), _reshape_kernel,
@@ -134,7 +134,7 @@ def _broadcast_onnx(ex):
 
 def broadcast_to(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-    return _call(_BROADCAST, (x,), (shape,))
+    return apply(_BROADCAST, (x,), (shape,))
 
 
 _BROADCAST = register(OpDef("broadcast_to", lambda shapes, target: R.broadcast_to_rule(shapes[0], target),
@@ -166,7 +166,7 @@ def expand_dims(x: ArrayLike, axis: int | Sequence[int]) -> Tensor:
     n = _ndim(x)
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     axes = _axes(axes, n + len(axes), "expand_dims")
-    return _call(_EXPAND, (x,), (axes,))
+    return apply(_EXPAND, (x,), (axes,))
 
 
 def squeeze(x: ArrayLike, axis: int | Sequence[int] | None = None) -> Tensor:
@@ -175,7 +175,7 @@ def squeeze(x: ArrayLike, axis: int | Sequence[int] | None = None) -> Tensor:
     for a in axes:
         if shape[a] != 1:
             raise ShardingError(f"squeeze: dim {a} has size {shape[a]}, not 1")
-    return _call(_SQUEEZE, (x,), (axes,))
+    return apply(_SQUEEZE, (x,), (axes,))
 
 
 _EXPAND = register(OpDef("expand_dims", lambda shapes, axes: R.expand_dims_rule(shapes[0], axes), _expand_kernel,
@@ -234,7 +234,7 @@ def concatenate(tensors: Sequence[ArrayLike], axis: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ShardingError("concatenate: needs at least one operand")
-    return _call(_CONCAT, tensors, (_axes(axis, _ndim(tensors[0]), "concatenate")[0],))
+    return apply(_CONCAT, tensors, (_axes(axis, _ndim(tensors[0]), "concatenate")[0],))
 
 
 _CONCAT = register(OpDef("concatenate", lambda shapes, axis: R.concatenate_rule(tuple(shapes), axis), _concat_kernel,
@@ -267,7 +267,7 @@ def flip(x: ArrayLike, axis: int | Sequence[int] | None = None) -> Tensor:
     keeps its sharding: block ``p`` of the result is block ``k-1-p`` of ``x`` reversed, so each device sends its
     block to its mirror (one collective_permute; an uneven dim is first laid out evenly)."""
     axes = _axes(axis, _ndim(x), "flip")
-    return _call(_FLIP, (x,), (axes,)) if axes else _as_tensor(x)
+    return apply(_FLIP, (x,), (axes,)) if axes else _as_tensor(x)
 
 
 def _flip_rule(shape, axes):
@@ -331,7 +331,7 @@ def roll(x: ArrayLike, shift: int | Sequence[int], axis: int | Sequence[int] | N
         ax = _axes(a, _ndim(x), "roll")[0]
         n = _shape(x)[ax]
         if n and int(s) % n:
-            out = _call(_ROLL, (out, out), (ax, int(s) % n))
+            out = apply(_ROLL, (out, out), (ax, int(s) % n))
     return _as_tensor(out)
 
 
@@ -415,7 +415,7 @@ def pad(x: ArrayLike, pad_width, mode: str = "constant", constant_values=0) -> T
     spec = x._spec if isinstance(x, Value) else None
     if fill != 0 and spec is not None and spec.partial_axes:  # padding is not linear in x: sum first
         x = x.with_sharding(spec.mesh, spec.dim_specs, spec.replicated_axes)
-    return _call(_PAD, (x,), (widths, fill))
+    return apply(_PAD, (x,), (widths, fill))
 
 
 _PAD = register(OpDef("pad", lambda shapes, widths, fill: R.pad_rule(shapes[0], widths, fill),

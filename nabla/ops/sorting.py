@@ -12,11 +12,11 @@ import numpy as np
 from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
-from ..dtypes import _ml, is_float
+from ..dtypes import is_ml, is_float
 from ..errors import ShardingError
 from ..opdef import OpDef
 from ..rules.core import PASS, REPLICATE, build
-from .core import ArrayLike, Tensor, _axes, _call, _is_diff, _ndim, _shape
+from .core import ArrayLike, Tensor, _axes, apply, _is_diff, _ndim, _shape
 from .gather import take_along_axis
 from .pointwise import equal, where
 from .reduction import _by_blocks, _sharded, sum
@@ -28,7 +28,7 @@ def _argsort(xp: Any, x: Any, axis: int) -> Any:
     """Stable ascending order along ``axis``, NaN last (numpy does not order the NaN of ml_dtypes' floats: they
     are sorted as float32, which holds each of their values exactly)."""
     if xp is np:
-        return np.argsort(x.astype(np.float32) if _ml(x.dtype) else x, axis=axis, kind="stable")
+        return np.argsort(x.astype(np.float32) if is_ml(x.dtype) else x, axis=axis, kind="stable")
     return xp.argsort(x, axis=axis, stable=True)
 
 
@@ -62,7 +62,7 @@ def _sort_kernel(arrays, local):
     xp = _xp(x)
     a = local.G + local.params[0]
     if xp is np:
-        return np.sort(x.astype(np.float32), axis=a, kind="stable").astype(x.dtype) if _ml(x.dtype) else \
+        return np.sort(x.astype(np.float32), axis=a, kind="stable").astype(x.dtype) if is_ml(x.dtype) else \
             np.sort(x, axis=a, kind="stable")
     return xp.sort(x, axis=a, stable=True)
 
@@ -108,14 +108,14 @@ def sort(x: ArrayLike, axis: int | None = -1) -> Tensor:
     that dim, or an all_to_all that moves its axes to another dim); the other dims keep their sharding. The
     gradient puts each cotangent back where its element came from."""
     x, ax = _flat(x, axis, "sort")
-    return _call(_SORT, (x,), (ax,))
+    return apply(_SORT, (x,), (ax,))
 
 
 def argsort(x: ArrayLike, axis: int | None = -1) -> Tensor:
     """numpy's ``argsort`` with ``kind="stable"``: the indices that sort ``x`` along ``axis`` (ties in order, NaN
     last). Sharded like ``sort``: the sorted dim is gathered when sharded."""
     x, ax = _flat(x, axis, "argsort")
-    return _call(_ARGSORT, (x,), (ax,))
+    return apply(_ARGSORT, (x,), (ax,))
 
 
 def _sort_vjp(g, node, out):
@@ -200,18 +200,18 @@ def top_k(x: ArrayLike, k: int) -> tuple[Tensor, Tensor]:
     k = int(k)
     with _user_op("top_k"):
         if not _sharded(x, (_ndim(x) - 1,)):
-            return _call(_TOP_K, (x,), (k, "values")), _call(_TOP_K, (x,), (k, "indices"))
+            return apply(_TOP_K, (x,), (k, "values")), apply(_TOP_K, (x,), (k, "indices"))
         ax = _ndim(x) - 1
         blocks = _by_blocks(x, ax, _lowest(x._dtype))  # (..., k_s, c), k_s sharded
         ks, c = blocks.shape[-2:]
         kk = min(k, c)
-        values = _call(_TOP_K, (blocks,), (kk, "values"))
-        index = _call(_TOP_K, (blocks,), (kk, "indices")) + (np.arange(ks, dtype=np.intp) * c)[:, None]
+        values = apply(_TOP_K, (blocks,), (kk, "values"))
+        index = apply(_TOP_K, (blocks,), (kk, "indices")) + (np.arange(ks, dtype=np.intp) * c)[:, None]
         lead = tuple(_shape(x)[:-1])
         values, index = reshape(values, lead + (ks * kk,)), reshape(index, lead + (ks * kk,))
         spec = values.sharding
         values = values.with_sharding(spec.mesh, [d.axes for d in spec.dim_specs[:-1]] + [None])
-        return _call(_TOP_K, (values,), (k, "values")), _call(_TOP_K, (values, index), (k, "indices"))
+        return apply(_TOP_K, (values,), (k, "values")), apply(_TOP_K, (values, index), (k, "indices"))
 
 
 @onnx_export("TopK")

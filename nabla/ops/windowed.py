@@ -18,17 +18,17 @@ from ..errors import ShardingError
 from ..layout import grid
 from ..opdef import OpDef
 from ..windows import out_size
-from .core import ArrayLike, Tensor, _align, _axes, _call, _is_diff, _named, _ndim, _shape, _unbroadcast
+from .core import ArrayLike, Tensor, _align, _axes, apply, _is_diff, _named, _ndim, _shape
 from .contraction import einsum
 from .creation import full, tensor
 from .indexing import getitem
 from .pointwise import add, astype, divide, equal, multiply, sqrt, subtract, where
 from .reduction import mean
-from .registry import onnx_export, register
+from .registry import _unbroadcast, onnx_export, register
 from .shape import _pad_dim, _scatter_slice, concatenate, expand_dims, reshape
 
 
-def _per_dim(v: Any, nd: int, what: str, op: str) -> tuple[int, ...]:
+def per_dim(v: Any, nd: int, what: str, op: str) -> tuple[int, ...]:
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         v = (int(v),) * nd
     try:
@@ -40,7 +40,7 @@ def _per_dim(v: Any, nd: int, what: str, op: str) -> tuple[int, ...]:
     return v
 
 
-def _pads(padding: Any, nd: int, op: str) -> tuple[tuple[int, int], ...]:
+def spatial_pads(padding: Any, nd: int, op: str) -> tuple[tuple[int, int], ...]:
     """An int, one int per spatial dim, or one (before, after) pair per spatial dim."""
     if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
         out = ((int(padding), int(padding)),) * nd
@@ -59,12 +59,12 @@ def _pads(padding: Any, nd: int, op: str) -> tuple[tuple[int, int], ...]:
     return out
 
 
-def _pad_spatial(x, pads, fill, G: int = 0):
+def pad_spatial(x, pads, fill, G: int = 0):
     """Host path (no window factors ran): pad the spatial dims as the op asks."""
     if not any(a or b for a, b in pads):
         return x
     widths = [(0, 0)] * (G + 2) + list(pads)
-    return _xp(x).pad(x, widths, constant_values=_windows._fill_value(fill, x.dtype))
+    return _xp(x).pad(x, widths, constant_values=_windows.fill_value(fill, x.dtype))
 
 
 def _taps(kernel, stride, dilation, outs):
@@ -106,7 +106,7 @@ def _scatter_taps(parts, shape, pads, stride, dilation, outs):
     return _unpad(total, pads, shape)
 
 
-def _onnx_pads(pads) -> list[int]:
+def onnx_pads(pads) -> list[int]:
     """nabla's (before, after) per spatial dim -> ONNX's begins then ends."""
     return [int(lo) for lo, _ in pads] + [int(hi) for _, hi in pads]
 
@@ -118,7 +118,7 @@ def _conv_kernel(arrays, local):
     x, w = arrays
     stride, padding, dilation, groups = local.params
     if not local.windowed:
-        x = _pad_spatial(x, padding, 0)
+        x = pad_spatial(x, padding, 0)
     G = local.G
     # a sharded group factor leaves each device its own groups: as many as its channels hold
     return _windows.conv(x, w, G, stride, dilation, x.shape[G + 1] // w.shape[G + 1])
@@ -158,7 +158,7 @@ def _conv_onnx(ex):
     stride, pads, dilation, groups = ex.params
     x, w = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
     kernel = [int(k) for k in ex.node.args[1]._shape[2:]]
-    return ex.finish(ex.out("Conv", [x, w], strides=list(stride), pads=_onnx_pads(pads), dilations=list(dilation),
+    return ex.finish(ex.out("Conv", [x, w], strides=list(stride), pads=onnx_pads(pads), dilations=list(dilation),
                             group=int(groups), kernel_shape=kernel), [(x, 0), (w, 1)])
 
 
@@ -173,9 +173,9 @@ def conv(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, stride: Any 
         raise ShardingError(f"conv: x must be (N, C, *spatial), got shape {_shape(x)}")
     if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool):
         raise ShardingError(f"conv: groups must be an int, got {groups!r}")
-    params = (_per_dim(stride, nd, "stride", "conv"), _pads(padding, nd, "conv"),
-              _per_dim(dilation, nd, "dilation", "conv"), int(groups))
-    out = _call(_CONV, (x, w), params)
+    params = (per_dim(stride, nd, "stride", "conv"), spatial_pads(padding, nd, "conv"),
+              per_dim(dilation, nd, "dilation", "conv"), int(groups))
+    out = apply(_CONV, (x, w), params)
     if bias is not None:
         out = add(out, reshape(bias, (-1,) + (1,) * nd))
     return out
@@ -284,16 +284,16 @@ def _pool_params(x, kernel_size, stride, padding, dilation, op):
     nd = _ndim(x) - 2
     if nd < 1:
         raise ShardingError(f"{op}: x must be (N, C, *spatial), got shape {_shape(x)}")
-    kernel = _per_dim(kernel_size, nd, "kernel_size", op)
-    stride = kernel if stride is None else _per_dim(stride, nd, "stride", op)
-    return kernel, stride, _pads(padding, nd, op), _per_dim(dilation, nd, "dilation", op)
+    kernel = per_dim(kernel_size, nd, "kernel_size", op)
+    stride = kernel if stride is None else per_dim(stride, nd, "stride", op)
+    return kernel, stride, spatial_pads(padding, nd, op), per_dim(dilation, nd, "dilation", op)
 
 
 def _max_pool_kernel(arrays, local):
     kernel, stride, padding, dilation = local.params
     x = arrays[0]
     if not local.windowed:
-        x = _pad_spatial(x, padding, -np.inf)
+        x = pad_spatial(x, padding, -np.inf)
     return _windows.max_pool(x, local.G, kernel, stride, dilation)
 
 
@@ -325,13 +325,13 @@ def max_pool_scatter(x: Tensor, g: Tensor, out: Tensor, kernel: tuple, stride: t
 def _max_pool_onnx(ex):
     kernel, stride, pads, dilation = ex.params
     x = ex.operand(0)
-    return ex.finish(ex.out("MaxPool", [x], kernel_shape=list(kernel), strides=list(stride), pads=_onnx_pads(pads),
+    return ex.finish(ex.out("MaxPool", [x], kernel_shape=list(kernel), strides=list(stride), pads=onnx_pads(pads),
                             dilations=list(dilation)), [(x, 0)])
 
 
 def max_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
     """Max over each window (padding never wins); a sharded spatial dim exchanges halo rows only."""
-    return _call(_MAX_POOL, (x,), _pool_params(x, kernel_size, stride, padding, dilation, "max_pool"))
+    return apply(_MAX_POOL, (x,), _pool_params(x, kernel_size, stride, padding, dilation, "max_pool"))
 
 _MAX_POOL = register(OpDef("max_pool", lambda shapes, kernel, stride, padding, dilation: R.pool_rule(
     shapes[0], kernel, stride, padding, dilation, -np.inf, "max_pool"), _max_pool_kernel, dtype="same",
@@ -343,7 +343,7 @@ def _avg_pool_kernel(arrays, local):
     kernel, stride, padding, dilation, include = local.params
     x = arrays[0]
     if not local.windowed:
-        x = _pad_spatial(x, padding, 0)
+        x = pad_spatial(x, padding, 0)
         n = x.shape[2:]
         outs = tuple((ni - (k - 1) * d - 1) // s + 1 for ni, k, d, s in zip(n, kernel, dilation, stride))
         counts = _windows.avg_divisor([m - a - b for m, (a, b) in zip(n, padding)], [0] * len(n), outs, kernel,
@@ -383,7 +383,7 @@ def _avg_pool_onnx(ex):
     kernel, stride, pads, dilation, include = ex.params
     x = ex.operand(0, ex.dtype)
     return ex.finish(ex.out("AveragePool", [x], kernel_shape=list(kernel), strides=list(stride),
-                            pads=_onnx_pads(pads), dilations=list(dilation), count_include_pad=int(include)), [(x, 0)])
+                            pads=onnx_pads(pads), dilations=list(dilation), count_include_pad=int(include)), [(x, 0)])
 
 
 def avg_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 0, count_include_pad: bool = True,
@@ -395,7 +395,7 @@ def avg_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 
         # one window covering every spatial dim (ResNet's final 7 x 7 pool): a mean, so a sharded spatial dim
         # leaves partial sums (one all_reduce of the (N, C) result where it is needed), not a halo exchange
         return mean(x, tuple(range(2, _ndim(x))), keepdims=True)
-    return _call(_AVG_POOL, (x,), params)
+    return apply(_AVG_POOL, (x,), params)
 
 _AVG_POOL = register(OpDef("avg_pool", lambda shapes, kernel, stride, padding, dilation, include: R.pool_rule(
     shapes[0], kernel, stride, padding, dilation, 0.0, "avg_pool"), _avg_pool_kernel,
@@ -439,7 +439,7 @@ def layer_norm(x: ArrayLike, scale: ArrayLike | None = None, bias: ArrayLike | N
     spec = x._spec if isinstance(x, Tensor) else None
     if spec is None or not any(spec.dim_specs[a].axes for a in axes):
         args = (x,) + tuple(t for t in (scale, bias) if t is not None)
-        return _call(_LAYER_NORM, args, (axes, float(eps), scale is not None, bias is not None))
+        return apply(_LAYER_NORM, args, (axes, float(eps), scale is not None, bias is not None))
     mu = mean(x, axes, keepdims=True)
     centred = subtract(x, mu)
     var = mean(multiply(centred, centred), axes, keepdims=True)

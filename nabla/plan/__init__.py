@@ -10,10 +10,10 @@ from .hardware import Hardware
 from .pipeline import PipelineReport, pipeline_estimate
 from .report import MemoryReport, Report, estimate_steps
 from .schedule import Interval, StepCost, Timeline, simulate
-from .steps import MATMUL_OPS, Step, StepLike, is_grad_reduction
+from .steps import MATMUL_OPS, PricedStep, StepLike, is_grad_reduction
 
 __all__ = [
-    "Cluster", "Hardware", "Interval", "MATMUL_OPS", "MemoryReport", "Phase", "PipelineReport", "Report", "Step",
+    "Cluster", "Hardware", "Interval", "MATMUL_OPS", "MemoryReport", "Phase", "PipelineReport", "Report", "PricedStep",
     "StepCost", "StepLike", "Tier", "Timeline", "estimate_steps", "event_time", "gpt_flops", "gpt_params",
     "is_grad_reduction", "kernel_time", "kernel_times", "phases", "pipeline_estimate", "priced_step", "simulate",
     "zero_model_state_bytes",

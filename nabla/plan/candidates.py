@@ -11,10 +11,10 @@ from math import prod
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .. import reshard
-from ..autodiff import _arg_name, _paths
+from ..autodiff import arg_name
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
-from ..pytree import flatten
+from ..pytree import flatten, leaf_paths
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
 from . import layers as L
@@ -48,12 +48,12 @@ class Leaf(NamedTuple):
 
 def _names(fn: Callable, n: int) -> list[str]:
     f = fn
-    names = [_arg_name(f, i) for i in range(n)]
+    names = [arg_name(f, i) for i in range(n)]
     if any(nm.startswith("args[") for nm in names):  # nb.grad / nb.value_and_grad: the function they wrap
         inner = next((c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
                       if callable(c.cell_contents) and not isinstance(c.cell_contents, type)), None)
         if inner is not None:
-            names = [_arg_name(inner, i) for i in range(n)]
+            names = [arg_name(inner, i) for i in range(n)]
     return names
 
 
@@ -92,7 +92,7 @@ def _as_spec(mesh: DeviceMesh, spec: Any, rank: int, path: str) -> ShardingSpec:
 def arg_leaves(args: tuple, fn: Callable, mesh: DeviceMesh, fixed: dict | None) -> tuple[list, list[Leaf], Any]:
     leaves, tree = flatten(args)
     names = _names(fn, len(args))
-    paths = [p for a, nm in zip(args, names) for p in _paths(a, nm)]
+    paths = [p for a, nm in zip(args, names) for p in leaf_paths(a, nm)]
     fixed = dict(fixed or {})
     unknown = [k for k in fixed if k not in paths]
     if unknown:

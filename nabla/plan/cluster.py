@@ -11,7 +11,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from ..errors import ShardingError
-from ..mesh import DeviceMesh, _is_int
+from ..args import is_int
+from ..mesh import DeviceMesh
 from .hardware import Hardware
 
 
@@ -44,7 +45,7 @@ class Cluster:
                                 f"{type(self.hardware).__name__}")
         for f in ("nodes", "devices_per_node"):
             v = getattr(self, f)
-            if not _is_int(v) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ShardingError(f"Cluster: {f} must be an int >= 1, got {v!r}")
             object.__setattr__(self, f, int(v))
 
@@ -53,7 +54,7 @@ class Cluster:
         return self.nodes * self.devices_per_node
 
     def node_of(self, device: int) -> int:
-        if not _is_int(device) or not 0 <= device < self.size:
+        if not is_int(device) or not 0 <= device < self.size:
             raise ShardingError(f"Cluster: device {device!r} is not in the cluster (devices 0..{self.size - 1})")
         return int(device) // self.devices_per_node
 

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from .fusion import groups, kind
 from .hardware import Hardware, dtype_key
-from .steps import MATMUL_OPS, Step, StepLike
+from .steps import MATMUL_OPS, PricedStep, StepLike
 
 
 #: FlashAttention's kernels (``nb.dot_product_attention``): the forward, and the backward pass's ops
@@ -67,7 +67,7 @@ def kernel_times(steps: Sequence[StepLike], hw: Hardware, fusion: bool = True) -
             continue
         s = members[0]
         op = s.op if len(members) == 1 or s.op in MATMUL_OPS else "fused"  # a GEMM with its folded sum: a GEMM
-        total = kernel_time(Step(op, out_dtype=s.out_dtype, flops=g.flops, bytes_in=g.bytes_in,
+        total = kernel_time(PricedStep(op, out_dtype=s.out_dtype, flops=g.flops, bytes_in=g.bytes_in,
                                  bytes_out=g.bytes_out, in_dtype=getattr(s, "in_dtype", None)), hw)
         alone = [0.0 if kind(m) == "alias" else kernel_time(m, hw) for m in members]  # a view runs no kernel
         whole = sum(alone)

@@ -9,14 +9,14 @@ from typing import Any, Callable
 from .. import collectives as C
 from ..pytree import flatten, unflatten
 from ..errors import ShardingError
-from ..step import _block_elems
+from ..step import block_elems
 from ..tensor import Tensor
 from .cluster import Cluster
 from .fusion import REDUCE_OPS
 from .memory import memory_log
 from .report import Report, estimate_steps
 from .schedule import overlap_modes
-from .steps import MATMUL_OPS, Step as PricedStep
+from .steps import MATMUL_OPS, PricedStep
 
 def _abstract(args: Any) -> Any:
     """The same arguments with every tensor replaced by a data-free one of its shape, dtype and layout."""
@@ -66,7 +66,7 @@ def _block(spec: Any, shape: tuple[int, ...]) -> int:
         got = _BLOCKS[id(spec)] = (spec, {})
     n = got[1].get(shape)
     if n is None:
-        n = got[1][shape] = _block_elems(spec, shape)
+        n = got[1][shape] = block_elems(spec, shape)
     return n
 
 

@@ -14,9 +14,10 @@ import numpy as np
 from .. import collectives as C
 from ..autodiff import vjp
 from ..dtypes import is_inexact
-from ..ops.core import _call
+from ..ops.core import apply
 from ..spec import ShardingSpec
-from ..step import MOVE, PLACE, RELAYOUT, serial
+from ..step import MOVE, PLACE, RELAYOUT
+from ..value import serial
 from ..tensor import Tensor
 from .memory import memory_log
 
@@ -323,7 +324,7 @@ def replay(cls: LayerClass, layouts: Sequence[Any], shapes: Sequence[tuple], dty
                 out = args[0].shard(s.params[0]) if args[0].sharding is None else args[0]
             else:
                 with C.user_op(s.user or s.name):
-                    out = _call(s.op, args, s.params)
+                    out = apply(s.op, args, s.params)
             env[k] = out
         seen["outs"] = [serial(env[k]) for k in rep.outputs]
         return tuple(env[k] for k in rep.outputs)

@@ -18,7 +18,7 @@ import numpy as np
 from .. import collectives as C
 from ..spec import ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT
-from ..step import serial
+from ..value import serial
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "comm")
 _TAGGED = ("params", "grads", "optimizer")

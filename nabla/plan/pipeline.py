@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ..errors import ShardingError
-from ..mesh import _is_int
+from ..args import is_int
 from .cluster import Cluster
 from .report import Report
 from .schedule import NCCL_SMS
@@ -153,7 +153,7 @@ def pipeline_estimate(stage_report: Report, stages: int, microbatches: int, sche
     of ``cluster``, default the stage's cluster), else on NVLink. Sends overlap the compute when the stage
     report's ``overlap`` has ``"p2p"`` (``PipelineReport``)."""
     for what, v in (("stages", stages), ("microbatches", microbatches), ("virtual_stages", virtual_stages)):
-        if not _is_int(v) or v < 1:
+        if not is_int(v) or v < 1:
             raise ShardingError(f"pipeline_estimate: {what} must be an int >= 1, got {v!r}")
     if schedule not in SCHEDULES:
         raise ShardingError(f"pipeline_estimate: schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
@@ -168,7 +168,7 @@ def pipeline_estimate(stage_report: Report, stages: int, microbatches: int, sche
     cluster = stage_report.cluster if cluster is None else cluster
     send = 0.0
     if p2p_bytes:
-        if not _is_int(p2p_bytes) or p2p_bytes < 0:
+        if not is_int(p2p_bytes) or p2p_bytes < 0:
             raise ShardingError(f"pipeline_estimate: p2p_bytes must be an int >= 0, got {p2p_bytes!r}")
         tier = "network" if stages * stage_report.mesh.size > cluster.devices_per_node else "nvlink"
         latency, bandwidth = cluster.hardware.link(tier)

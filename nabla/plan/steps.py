@@ -29,8 +29,9 @@ class StepLike(Protocol):
     layer: str | None
 
 
-class Step(NamedTuple):
-    """A concrete ``StepLike``: what tests and hand-made plans build (the executor may record its own type).
+class PricedStep(NamedTuple):
+    """A step as the estimator prices it: a concrete ``StepLike``, what ``priced_step`` makes of a recorded
+    ``nabla.step.Step`` and what tests and hand-made plans build.
     What fusion reads (``fusion.py``; a step without ``reads`` is priced on its own): ``reads``, the
     ``(value, bytes per device)`` of each operand, ``out`` the value it makes (ids as the recording names them),
     ``elems`` the elements per device its kernel runs over, ``kind`` how it fuses (default: by ``op``; a view

@@ -7,7 +7,6 @@ from __future__ import annotations
 from .halos import Halo, Piece, copy_plan, extend, extend_many, fill_value, halo, halo_bytes, out_size
 from .kernels import avg_divisor, avg_divisor_blocks, avg_pool, conv, epilogue, max_pool, tap_counts
 
-_fill_value = fill_value  # the name ops/windowed.py reads
 
 __all__ = ["Halo", "Piece", "avg_divisor", "avg_divisor_blocks", "avg_pool", "conv", "copy_plan", "epilogue",
            "extend", "extend_many", "fill_value", "halo", "halo_bytes", "max_pool", "out_size", "tap_counts"]

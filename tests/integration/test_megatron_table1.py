@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nabla as nb
-from nabla.plan import Cluster, Hardware, Step, gpt_flops
+from nabla.plan import Cluster, Hardware, PricedStep, gpt_flops
 from nabla.collectives import CommEvent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,9 +88,9 @@ def test_megatron_collectives_per_layer(mt):
 
 def test_buckets_keep_the_bytes_and_cut_the_collectives(mt):
     def grad(i, nbytes):
-        return Step("with_sharding", f"grad of w{i}", "backward", "bfloat16", 0, 0, 0,
+        return PricedStep("with_sharding", f"grad of w{i}", "backward", "bfloat16", 0, 0, 0,
                     (CommEvent("all_reduce", ("dp",), nbytes, 4),))
-    steps = [grad(0, 600), Step("matmul", "x", "backward"), grad(1, 600), grad(2, 600)]
+    steps = [grad(0, 600), PricedStep("matmul", "x", "backward"), grad(1, 600), grad(2, 600)]
     out = mt.bucketed(steps, dp=4, bucket_bytes=800)  # 800 bytes of block = 1200 ring bytes on 4 devices
     sums = [e.bytes for s in out for e in s.events]
     assert sums == [1200, 600] and sum(sums) == 1800

@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 
 import nabla as nb
-from nabla import executor
+from nabla import signatures
 from nabla.testing import examples
 
 MESH = nb.DeviceMesh("threads", (2,), ("x",))
@@ -90,7 +90,7 @@ def test_many_distinct_shapes_leave_memory_bounded(monkeypatch):
     """Each new shape interns a signature and fills plan caches; all of them are bounded. The intern table is
     made small here so that it empties itself within the run (at its real size, 32,768, it does after as many
     signatures); the caches are the real ones (4,096 to 8,192 entries each)."""
-    monkeypatch.setattr(executor, "_SIG_LIMIT", 2048)
+    monkeypatch.setattr(signatures, "_SIG_LIMIT", 2048)
     n = 20_000 if examples(1) > 1 else 1_500  # the thorough profile: 20,000 new shapes
 
     def one(rows: int):
@@ -109,6 +109,6 @@ def test_many_distinct_shapes_leave_memory_bounded(monkeypatch):
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
-    assert len(executor._SIG_IDS) <= 2048
+    assert len(signatures._SIG_IDS) <= 2048
     # what 8,192-entry plan caches and the bounded table can hold; without the bounds, 20,000 shapes held 183 MB
     assert grown < 40e6, f"{grown / 1e6:.1f} MB after {n:,} new shapes"

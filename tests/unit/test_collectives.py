@@ -82,7 +82,7 @@ def test_the_registry_makes_the_events_and_the_comm_log_is_read_through_it_too()
     assert C.event("all_gather", ("x",), 32, 4) == C.sent_event("all_gather", ("x",), 96, 4) == \
         C.CommEvent("all_gather", ("x",), 96, 4)
     assert C.event("collective_permute", ("x",), 32, 4).bytes == 32  # a halo's or a mirror's block, as sent
-    for name in ("CommLog", "comm_log", "recording", "phase", "user_op", "named_scope", "publish", "_logs"):
+    for name in ("CommLog", "comm_log", "recording", "phase", "user_op", "named_scope", "publish", "unlogged"):
         assert getattr(C, name) is getattr(commlog, name)  # one comm log, re-exported by the registry
 
 

@@ -3,7 +3,7 @@ import pytest
 
 import nabla as nb
 from nabla import DeviceMesh, ShardingError
-from nabla import executor, propagation, reshard
+from nabla import executor, program, propagation, reshard, signatures
 from nabla.testing import assert_matches_numpy
 
 MESH = DeviceMesh("m", (2, 2), ("x", "y"))
@@ -13,10 +13,10 @@ def test_a_seen_op_recomputes_nothing():
     a = nb.random.normal((8, 8)).shard(MESH, ["x", None])
     b = nb.random.normal((8, 8), seed=1).shard(MESH, [None, "y"])
     a @ b
-    before = (executor._program.cache_info(), propagation.propagate.cache_info(), reshard._plan.cache_info())
+    before = (program.program_for.cache_info(), propagation.propagate.cache_info(), reshard._plan.cache_info())
     for _ in range(5):
         a @ b
-    after = (executor._program.cache_info(), propagation.propagate.cache_info(), reshard._plan.cache_info())
+    after = (program.program_for.cache_info(), propagation.propagate.cache_info(), reshard._plan.cache_info())
     assert after[0].hits == before[0].hits + 5 and after[0].misses == before[0].misses
     assert after[1].misses == before[1].misses and after[2].misses == before[2].misses
 
@@ -154,7 +154,7 @@ def test_operands_cut_locally_run_the_ufunc_on_views():
     a, b = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
     a[3, 4], b[5, 6] = np.nan, -np.inf
     A, B = nb.tensor(a).shard(MESH24, ["dp", None]), nb.tensor(b).shard(MESH24, [None, "tp"])
-    prog = executor._program(nb.ops._BINARY["add"], (executor.sid_of(A), executor.sid_of(B)), (), executor.current_strategy(),
+    prog = program.program_for(nb.ops._BINARY["add"], (signatures.sid_of(A), signatures.sid_of(B)), (), executor.current_strategy(),
                              executor.current_cost_model())
     assert prog.fast is not None and all(isinstance(v, tuple) and isinstance(v[0], tuple) for v in prog.fast)
     with nb.comm_log() as log:
@@ -188,11 +188,11 @@ def test_a_max_over_sharded_dims_reduces_across_devices_in_its_kernel(op, dtype)
 
 def test_the_fold_is_one_call_over_grid_and_block():
     t = nb.tensor(np.arange(64 * 64, dtype=np.float32).reshape(64, 64)).shard(MESH24, ["dp", "tp"])
-    prog = executor._program(nb.ops._MAX, (executor.sid_of(t),), ((0,), False), executor.current_strategy(),
+    prog = program.program_for(nb.ops._MAX, (signatures.sid_of(t),), ((0,), False), executor.current_strategy(),
                              executor.current_cost_model())
     assert prog.folded and prog.local.fold == (0,)
     uneven = nb.tensor(np.arange(63 * 64, dtype=np.float32).reshape(63, 64)).shard(MESH24, ["dp", "tp"])
-    prog = executor._program(nb.ops._MAX, (executor.sid_of(uneven),), ((0,), False), executor.current_strategy(),
+    prog = program.program_for(nb.ops._MAX, (signatures.sid_of(uneven),), ((0,), False), executor.current_strategy(),
                              executor.current_cost_model())
     assert not prog.folded  # padded blocks: the padding must not take part, the plain path handles it
     assert_matches_numpy(uneven.max(0), np.arange(63 * 64, dtype=np.float32).reshape(63, 64).max(0))

@@ -12,7 +12,7 @@ from nabla.collectives import CommEvent
 from nabla.executor import OpDef
 from nabla.factors import PASS, PERMUTE, REDUCE, REPLICATE, FactorKind, LocalStep, neutral
 from nabla.layout import chunks, grid
-from nabla.ops import _call
+from nabla.ops import apply
 from nabla.rules.core import build
 from nabla.testing import assert_comm, assert_sharded_allclose
 
@@ -72,11 +72,11 @@ def test_a_new_kind_is_one_class():
     v = np.arange(8.0)
     t = nb.tensor(v).shard(m, ["x"])
     with nb.comm_log() as log:
-        out = _call(ROLL, (t,))
+        out = apply(ROLL, (t,))
     assert out.sharding.dim_specs[0].axes == ("x",)  # kept its sharding: nothing was gathered
     assert_comm(log, collective_permute=1)
     assert log.events[0].bytes == 16  # one block of two float64
     assert_sharded_allclose(out, np.roll(v, 2), rtol=0, atol=0)
     # uneven shards cannot roll by blocks: the kind's limit keeps what divides and the rest is gathered first
-    u = _call(ROLL, (nb.tensor(np.arange(6.0)).shard(m, ["x"]),))
+    u = apply(ROLL, (nb.tensor(np.arange(6.0)).shard(m, ["x"]),))
     assert u.sharding.dim_specs[0].axes == ("x:(1)2",) and np.array_equal(u.numpy(), np.roll(np.arange(6.0), 3))

@@ -33,7 +33,7 @@ def ort_run(model, feeds):
 
 
 def leaves(tree):
-    from nabla.autodiff import flatten
+    from nabla.pytree import flatten
     return flatten(tree)[0]
 
 

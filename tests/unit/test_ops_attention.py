@@ -329,7 +329,7 @@ def test_onnx_export_of_the_backward_ops_equals_jax_grad_in_onnxruntime():
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     import nabla.onnx as nox
-    from nabla.ops.core import _call
+    from nabla.ops.core import apply
 
     bias = R.standard_normal((1, N, T, S)).astype(np.float32)
     mask = R.random((B, 1, T, S)) > 0.2
@@ -342,7 +342,7 @@ def test_onnx_export_of_the_backward_ops_equals_jax_grad_in_onnxruntime():
     dims = ["dp", "cp", None, None]
     args = [nb.tensor(x).shard(MESH, dims) for x in (Q, k2, v2, out, W)] + [nb.tensor(bias)]
     for op, want in [(A._DQ, [dq]), (A._DKV, [np.stack([dk, dv])]), (A._DBIAS, [db])]:
-        m = nox.export(lambda q, k, v, o, do, b, op=op: _call(op, (q, k, v, o, do, b, mask, rows), params), *args)
+        m = nox.export(lambda q, k, v, o, do, b, op=op: apply(op, (q, k, v, o, do, b, mask, rows), params), *args)
         assert "Attention" not in {n.op_type for n in m.graph.node}
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         got = sess.run(None, dict(zip([i.name for i in m.graph.input], [Q, k2, v2, out, W, bias])))

@@ -5,45 +5,45 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nabla.plan import Hardware, Step, kernel_time, kernel_times
+from nabla.plan import Hardware, PricedStep, kernel_time, kernel_times
 
 A100 = Hardware.preset("a100-sxm-80gb")
 
 
 def test_large_matmul_is_compute_bound():
     n = 8192
-    s = Step("matmul", out_dtype="bfloat16", flops=2 * n**3, bytes_in=2 * 2 * n * n, bytes_out=2 * n * n)
+    s = PricedStep("matmul", out_dtype="bfloat16", flops=2 * n**3, bytes_in=2 * 2 * n * n, bytes_out=2 * n * n)
     # 2 * 8192^3 = 1.0995e12 FLOPs at 312e12 x 0.859 = 4.103 ms; 402.65 MB at 2039e9 x 0.88 = 0.224 ms
     assert kernel_time(s, A100) == pytest.approx(2 * 8192**3 / (312e12 * 0.859))
 
 
 def test_elementwise_is_memory_bound():
     n = 2**24
-    s = Step("add", out_dtype="float32", flops=n, bytes_in=2 * 4 * n, bytes_out=4 * n)
+    s = PricedStep("add", out_dtype="float32", flops=n, bytes_in=2 * 4 * n, bytes_out=4 * n)
     # 16.8 MFLOP at 19.5 TFLOP/s = 0.86 us; 201 MB at 1794 GB/s = 112 us
     assert kernel_time(s, A100) == pytest.approx(12 * 2**24 / (2039e9 * 0.88))
 
 
 def test_skinny_matmul_is_memory_bound():
     # a (8192 x 8192) x (8192 x 1) product reads the whole matrix for 2 FLOPs per element
-    s = Step("einsum", out_dtype="bfloat16", flops=2 * 8192**2, bytes_in=2 * (8192**2 + 8192), bytes_out=2 * 8192)
+    s = PricedStep("einsum", out_dtype="bfloat16", flops=2 * 8192**2, bytes_in=2 * (8192**2 + 8192), bytes_out=2 * 8192)
     assert kernel_time(s, A100) == pytest.approx(2 * (8192**2 + 2 * 8192) / (2039e9 * 0.88))
 
 
 def test_float32_matmul_uses_tf32_only_when_allowed():
-    s = Step("matmul", out_dtype="float32", flops=10**12)
+    s = PricedStep("matmul", out_dtype="float32", flops=10**12)
     assert kernel_time(s, A100) == pytest.approx(1e12 / (19.5e12 * 0.859))
     assert kernel_time(s, A100.replace(allow_tf32=True)) == pytest.approx(1e12 / (156e12 * 0.859))
 
 
 def test_size_dependent_efficiency():
     hw = A100.replace(matmul_efficiency=[(0, 0.5), (10**10, 0.859)])
-    small = Step("conv", out_dtype="bfloat16", flops=10**9)
+    small = PricedStep("conv", out_dtype="bfloat16", flops=10**9)
     assert kernel_time(small, hw) == pytest.approx(1e9 / (312e12 * 0.5))
 
 
 def test_a_step_with_nothing_to_do_is_free():
-    assert kernel_time(Step("with_sharding"), A100) == 0.0
+    assert kernel_time(PricedStep("with_sharding"), A100) == 0.0
 
 
 # ---- fusion: a chain of elementwise steps is one kernel ---------------------------------------------------------
@@ -51,7 +51,7 @@ def test_a_step_with_nothing_to_do_is_free():
 HBM = 2039e9 * 0.88  # A100's achievable HBM bandwidth (the preset's)
 
 
-def _chain(n: int, k: int, events_at: int | None = None) -> list[Step]:
+def _chain(n: int, k: int, events_at: int | None = None) -> list[PricedStep]:
     """``k`` elementwise steps on an (n,) float32 block: value 1 in, value k + 1 out, each step reading the
     previous result (step 0 also a scalar-free second operand, value 100, to show inputs are counted once)."""
     from nabla.collectives import CommEvent
@@ -59,7 +59,7 @@ def _chain(n: int, k: int, events_at: int | None = None) -> list[Step]:
     for i in range(k):
         reads = ((i + 1, 4 * n),) + (((100, 4 * n),) if i == 0 else ())
         events = (CommEvent("all_reduce", ("x",), 4 * n, 2),) if i == events_at else ()
-        steps.append(Step("multiply" if i == 0 else "exp", out_dtype="float32", flops=n, bytes_in=4 * n * len(reads),
+        steps.append(PricedStep("multiply" if i == 0 else "exp", out_dtype="float32", flops=n, bytes_in=4 * n * len(reads),
                           bytes_out=4 * n, events=events, reads=reads, out=i + 2, elems=n))
     return steps
 
@@ -100,7 +100,7 @@ def test_a_value_read_after_the_chain_is_written_and_a_matmul_is_its_own_kernel(
     n = 2**20
     steps = _chain(n, 3)
     # a matmul after the chain reads value 2 (made by step 0, inside the chain) and value 4 (the chain's result)
-    mm = Step("matmul", out_dtype="float32", flops=2 * n * 64, bytes_in=8 * n, bytes_out=4 * n,
+    mm = PricedStep("matmul", out_dtype="float32", flops=2 * n * 64, bytes_in=8 * n, bytes_out=4 * n,
               reads=((2, 4 * n), (4, 4 * n)), out=50, elems=n)
     times, first = kernel_times(steps + [mm], A100)
     assert first == [0, 0, 0, 3]
@@ -111,11 +111,11 @@ def test_a_value_read_after_the_chain_is_written_and_a_matmul_is_its_own_kernel(
 def test_a_reduction_ends_a_chain_and_other_shapes_start_a_new_one():
     n = 2**20
     steps = _chain(n, 2)
-    red = Step("sum", out_dtype="float32", flops=n, bytes_in=4 * n, bytes_out=4, reads=((3, 4 * n),), out=10,
+    red = PricedStep("sum", out_dtype="float32", flops=n, bytes_in=4 * n, bytes_out=4, reads=((3, 4 * n),), out=10,
                elems=n)
-    after = Step("exp", out_dtype="float32", flops=4, bytes_in=16, bytes_out=16, reads=((10, 4),), out=11, elems=4)
-    same = Step("exp", out_dtype="float32", flops=4, bytes_in=16, bytes_out=16, reads=((11, 16),), out=12, elems=4)
-    odd = Step("exp", out_dtype="float32", flops=6, bytes_in=24, bytes_out=24, reads=((12, 16),), out=13, elems=6)
+    after = PricedStep("exp", out_dtype="float32", flops=4, bytes_in=16, bytes_out=16, reads=((10, 4),), out=11, elems=4)
+    same = PricedStep("exp", out_dtype="float32", flops=4, bytes_in=16, bytes_out=16, reads=((11, 16),), out=12, elems=4)
+    odd = PricedStep("exp", out_dtype="float32", flops=6, bytes_in=24, bytes_out=24, reads=((12, 16),), out=13, elems=6)
     _, first = kernel_times(steps + [red, after, same, odd], A100)
     # the sum closes the first kernel (its producers fuse into it, its consumer does not); 4 elements then 6:
     # neither a broadcast nor a slice of the other's loop, so a third kernel
@@ -123,7 +123,7 @@ def test_a_reduction_ends_a_chain_and_other_shapes_start_a_new_one():
 
 
 def test_steps_without_recorded_dataflow_are_priced_alone():
-    s = [Step("add", out_dtype="float32", flops=10, bytes_in=80, bytes_out=40)] * 3
+    s = [PricedStep("add", out_dtype="float32", flops=10, bytes_in=80, bytes_out=40)] * 3
     times, first = kernel_times(s, A100)
     assert first == [0, 1, 2] and times == [kernel_time(x, A100) for x in s]
 
@@ -133,9 +133,9 @@ def test_steps_without_recorded_dataflow_are_priced_alone():
 
 def test_a_view_is_no_kernel_and_its_reader_reads_the_source_once():
     n = 2**24
-    view = Step("transpose", out_dtype="float32", bytes_in=4 * n, bytes_out=4 * n, reads=((1, 4 * n),), out=2,
+    view = PricedStep("transpose", out_dtype="float32", bytes_in=4 * n, bytes_out=4 * n, reads=((1, 4 * n),), out=2,
                 elems=n, kind="alias")
-    use = Step("exp", out_dtype="float32", flops=n, bytes_in=4 * n, bytes_out=4 * n, reads=((2, 4 * n),), out=3,
+    use = PricedStep("exp", out_dtype="float32", flops=n, bytes_in=4 * n, bytes_out=4 * n, reads=((2, 4 * n),), out=3,
                elems=n)
     times, first = kernel_times([view, use], A100)
     assert times[0] == 0 and sum(times) == pytest.approx(8 * n / HBM)  # value 1 read once, value 3 written once
@@ -159,17 +159,17 @@ def test_views_of_a_recorded_program_cost_nothing():
 def test_a_weight_gradient_s_batch_sum_is_folded_into_its_gemm():
     # (B, k, m) x (B, m, n) per example, summed over B: one GEMM over B m, writing only the (k, n) sum
     B, k, m, n = 8, 4096, 2048, 4096
-    mm = Step("matmul", out_dtype="bfloat16", flops=2 * B * k * m * n, bytes_in=2 * B * m * (k + n),
+    mm = PricedStep("matmul", out_dtype="bfloat16", flops=2 * B * k * m * n, bytes_in=2 * B * m * (k + n),
               bytes_out=2 * B * k * n, reads=((1, 2 * B * m * k), (2, 2 * B * m * n)), out=3, elems=B * k * n)
-    total = Step("sum", out_dtype="bfloat16", flops=B * k * n, bytes_in=2 * B * k * n, bytes_out=2 * k * n,
+    total = PricedStep("sum", out_dtype="bfloat16", flops=B * k * n, bytes_in=2 * B * k * n, bytes_out=2 * k * n,
                  reads=((3, 2 * B * k * n),), out=4, elems=B * k * n)
     times, first = kernel_times([mm, total], A100)
     assert first == [0, 0]
-    one = Step("matmul", out_dtype="bfloat16", flops=mm.flops + total.flops, bytes_in=mm.bytes_in,
+    one = PricedStep("matmul", out_dtype="bfloat16", flops=mm.flops + total.flops, bytes_in=mm.bytes_in,
                bytes_out=total.bytes_out)
     assert sum(times) == pytest.approx(kernel_time(one, A100))
     # a sum whose operand another step also reads stays a kernel of its own
-    other = Step("exp", out_dtype="bfloat16", bytes_in=2 * B * k * n, bytes_out=2 * B * k * n,
+    other = PricedStep("exp", out_dtype="bfloat16", bytes_in=2 * B * k * n, bytes_out=2 * B * k * n,
                  reads=((3, 2 * B * k * n),), out=5, elems=B * k * n)
     assert kernel_times([mm, total, other], A100)[1][:2] == [0, 1]
 
@@ -180,7 +180,7 @@ H100 = Hardware.preset("h100-sxm-80gb")
 def test_float8_gemms_run_at_the_float8_peak():
     import ml_dtypes
     f8 = ml_dtypes.float8_e4m3fn
-    s = Step("matmul", out_dtype="bfloat16", flops=10**13, in_dtype=f8)
+    s = PricedStep("matmul", out_dtype="bfloat16", flops=10**13, in_dtype=f8)
     assert kernel_time(s, H100) == pytest.approx(1e13 / (1979e12 * 0.709))  # H100's FP8 MAMF: 70.9% of 1,979
     assert kernel_time(s._replace(in_dtype=None), H100) == pytest.approx(1e13 / (989e12 * 0.801))  # bf16
     assert kernel_time(s, A100) == pytest.approx(1e13 / (312e12 * 0.859))  # no FP8 tensor cores: 16-bit

@@ -224,7 +224,7 @@ def test_kept_for_the_backward_pass_is_what_the_ops_declare_and_at_most_what_jax
             nb.grad(lambda p: fn(p, xx, nb))(pp)
         kept[abstract] = (mem.kept[0], mem.by_kind["activations"][0], mem.peak[0])
         # the residuals the forward steps declare (views share storage), the parameters aside
-        params = {id_ for id_ in (nb.step.serial(t) for t in jax.tree_util.tree_leaves(pp))}
+        params = {id_ for id_ in (nb.value.serial(t) for t in jax.tree_util.tree_leaves(pp))}
         root = _roots(mem.steps)
         declared = {}
         for s in mem.steps:

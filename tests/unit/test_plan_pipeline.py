@@ -7,16 +7,16 @@ import pytest
 
 from nabla.collectives import CommEvent
 from nabla.errors import ShardingError
-from nabla.plan import Cluster, Hardware, Step, estimate_steps, pipeline_estimate
+from nabla.plan import Cluster, Hardware, PricedStep, estimate_steps, pipeline_estimate
 
 TOY = Hardware("toy", peak_flops={"float32": 1e12}, vector_flops=1e12, hbm_bytes=10**9, hbm_bandwidth=1e9,
                nvlink_bandwidth=1e9, network_bandwidth=1e8, nvlink_latency=1e-6, network_latency=1e-5)
 CL = Cluster(TOY, nodes=1, devices_per_node=2)
 MESH = CL.mesh("m", (2,), ("dp",))
 # one microbatch on one stage: 3 ms of matmul, then a 1 ms gradient all_reduce (1e6 bytes over NVLink + 1 step)
-STAGE = (Step("matmul", "f", "forward", "float32", flops=10**9),
-         Step("matmul", "g", "backward", "float32", flops=2 * 10**9),
-         Step("with_sharding", "grad of p['w']", "backward", events=(CommEvent("all_reduce", ("dp",), 10**6, 2),)))
+STAGE = (PricedStep("matmul", "f", "forward", "float32", flops=10**9),
+         PricedStep("matmul", "g", "backward", "float32", flops=2 * 10**9),
+         PricedStep("with_sharding", "grad of p['w']", "backward", events=(CommEvent("all_reduce", ("dp",), 10**6, 2),)))
 
 
 def test_1f1b_bubble():

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from nabla.collectives import CommEvent
 from nabla.errors import ShardingError
 from nabla.mesh import DeviceMesh
-from nabla.plan import Cluster, Hardware, Step, estimate_steps, simulate
+from nabla.plan import Cluster, Hardware, PricedStep, estimate_steps, simulate
 
 TOY = Hardware("toy", peak_flops={"float32": 1e12}, vector_flops=1e12, hbm_bytes=10**9, hbm_bandwidth=1e9,
                nvlink_bandwidth=1e9, network_bandwidth=1e8, nvlink_latency=0.0, network_latency=0.0)
@@ -23,7 +23,7 @@ MESH = CL.mesh("m", (2, 2), ("dp", "tp"))  # tp inside a node, dp across the two
 
 
 def mm(ms, phase="forward", layer=None):
-    return Step("matmul", "matmul", phase, "float32", flops=int(ms * 1e9), layer=layer)
+    return PricedStep("matmul", "matmul", phase, "float32", flops=int(ms * 1e9), layer=layer)
 
 
 def ar(axis, ms):  # an all_reduce taking `ms` milliseconds: 1e6 bytes per ms on tp, 1e5 on dp
@@ -32,11 +32,11 @@ def ar(axis, ms):  # an all_reduce taking `ms` milliseconds: 1e6 bytes per ms on
 
 PROGRAM = (
     mm(1, layer="L0"),                                                          # 1 ms
-    Step("add", "add", "forward", "float32", events=(ar("tp", 1),), layer="L0"),  # 1 ms, blocks
+    PricedStep("add", "add", "forward", "float32", events=(ar("tp", 1),), layer="L0"),  # 1 ms, blocks
     mm(2, "backward", "L1"),                                                    # 2 ms
-    Step("with_sharding", "grad of p['w1']", "backward", events=(ar("dp", 3),), layer="L1"),  # 3 ms
+    PricedStep("with_sharding", "grad of p['w1']", "backward", events=(ar("dp", 3),), layer="L1"),  # 3 ms
     mm(2, "backward", "L0"),                                                    # 2 ms
-    Step("with_sharding", "grad of p['w0']", "backward", events=(ar("dp", 1),), layer="L0"),  # 1 ms
+    PricedStep("with_sharding", "grad of p['w0']", "backward", events=(ar("dp", 1),), layer="L0"),  # 1 ms
 )
 
 
@@ -132,7 +132,7 @@ def test_bad_inputs():
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 events = st.builds(lambda k, a, b: CommEvent(k, a, b, 2), st.sampled_from(KINDS),
                    st.sampled_from([("dp",), ("tp",), ("dp", "tp")]), st.integers(0, 10**6))
-steps = st.builds(lambda op, phase, grad, flops, ev, layer: Step(
+steps = st.builds(lambda op, phase, grad, flops, ev, layer: PricedStep(
     op, "grad of p['w']" if grad else op, phase, "float32", flops, 0, 0, tuple(ev), layer),
     st.sampled_from(["matmul", "add"]), st.sampled_from(["forward", "backward"]), st.booleans(),
     st.integers(0, 10**9), st.lists(events, max_size=3), st.sampled_from([None, "a", "b"]))
@@ -157,7 +157,7 @@ def ag(ms, axis="tp"):  # an all_gather over 2 taking `ms` milliseconds on NVLin
 
 
 def st(op, ms=0.0, phase="forward", layer=None, events=(), moves=(), reads=(), out=0, user=None):
-    return Step(op, user or op, phase, "float32", flops=int(ms * 1e9), layer=layer, events=tuple(events),
+    return PricedStep(op, user or op, phase, "float32", flops=int(ms * 1e9), layer=layer, events=tuple(events),
                 moves=tuple(moves), reads=tuple((v, 0) for v in reads), out=out)
 
 

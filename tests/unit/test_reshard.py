@@ -250,7 +250,7 @@ _ids = [f"{m.name}-{'x'.join(map(str, s)) or 'scalar'}" for m, s in LB_CASES]
 def _summands(value, spec, rng):
     """``value`` stored as ``spec`` with random integer summands on the partial axes (not the whole value on
     coordinate 0 and zeros elsewhere, which a plan that forgets a summand would still pass)."""
-    data = np.array(storage._place(value, spec))
+    data = np.array(storage.blocks_of(value, spec))
     g = grid(spec)
     if not g.partial:
         return data
@@ -267,7 +267,7 @@ def _check_moves(shape, a, b, p, rng=None):
     """Carrying out plan ``p`` on stored blocks gives each device its ``b`` block (summands adding up to it)."""
     v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 7
     out = np.asarray(execute(_summands(v, a, rng or np.random.default_rng(0)), p))
-    want = storage._place(v, b)
+    want = storage.blocks_of(v, b)
     assert out.shape == want.shape, (a, b, p.events)
     if b.partial_axes:
         np.testing.assert_array_equal(storage.assemble(out, b, shape), v, err_msg=f"{a!r} -> {b!r}")

@@ -1,0 +1,288 @@
+"""Programs: what the executor decides once per (op, params, operand signatures, strategy, cost model) and caches:
+the propagated layouts, each operand's reshard plan and local steps, the kernel's grid and the result's layout,
+whether a pending sum may survive, and the fast path (nothing moves: the kernel reads the stored blocks, or views
+of them). The executor (``executor.py``) carries programs out."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import prod
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import collectives as C
+from . import reshard
+from .errors import ShardingError
+from .factors import LocalStep, OperandContext, merge_windows
+from .layout import chunks, grid, merge_cuts, spec_cuts
+from .opdef import Local, OpDef
+from .pending import cheaper_to_sum_now, mask_zero, surviving_partials, survival_checks
+from .propagation import propagate
+from .rules.core import Rule
+from .signatures import result_dtype, sig_id, signatures_of
+from .spec import ShardingSpec
+
+MANUAL = "manual"  # the program of an op on per-device values: the kernel on every block, nothing planned
+
+
+# ---- planning (cached) ---------------------------------------------------------------------------
+
+
+class Prep(NamedTuple):
+    kind: str  # "sharded", "host", "scalar"
+    target: ShardingSpec | None
+    plan: reshard.Plan | None
+    mask_axes: tuple[str, ...]  # partial axes this operand must be added once over
+    grid_shape: tuple[int, ...]  # its stored shape in the kernel's common grid
+    local: tuple[LocalStep, ...] = ()  # what the factor kinds do to it before the kernel
+    direct: bool = False  # sharded, nothing moves (or only local cuts) and nothing changes: its stored blocks ...
+    view: tuple | None = None  # ... seen through this chain of reshapes and transposes (None: as stored)
+    zero: Any = None  # what the add-once mask leaves on other devices (None: -0.0, IEEE's additive identity)
+
+
+class Program(NamedTuple):
+    preps: tuple[Prep, ...]
+    G: int
+    kspec: ShardingSpec  # the layout the kernel's output is in
+    result: ShardingSpec  # the layout handed back (differs when max/min must be reduced across devices)
+    result_shape: tuple[int, ...]
+    out_grid: tuple[int, ...]  # the kernel's output on the common grid
+    kspec_grid: tuple[int, ...]  # the same output on kspec's own grid
+    local: Local
+    post: reshard.Plan | None
+    dtype: np.dtype
+    result_sid: int  # the result's signature id
+    padded: bool  # some block runs past its dim's end: what the padding computes is ignored, silently
+    fast: tuple | None  # nothing moves, op.fast applies: per operand, the shape to view it as (None: as is), or
+    # a chain of views (an operand cut locally: each device's block is a view of what it holds)
+    checks: tuple = ()  # (operand, "finite"|"nonzero"): a pending sum survives this product only if it holds
+    final: tuple = ()  # the result's stored shape (its own grid, its block)
+    folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
+    flops: int = 0  # of one device's kernel (the largest block)
+    decision: Any = None  # what propagation decided (per factor), for nb.explain to tell
+
+
+class _ShapeOnly:
+    """Stands in for stored blocks while a plan of local cuts is run once on shapes only, to record the
+    reshapes and transposes it amounts to; anything else (padding, trimming) is refused."""
+
+    def __init__(self, shape: tuple[int, ...], ops: list) -> None:
+        self.shape, self.ndim, self._ops = tuple(shape), len(shape), ops
+
+    def reshape(self, shape):
+        shape = tuple(shape)
+        if prod(shape) != prod(self.shape):
+            raise ValueError("not a reshape")
+        self._ops.append(("reshape", shape))
+        return _ShapeOnly(shape, self._ops)
+
+    def transpose(self, perm):
+        self._ops.append(("transpose", tuple(perm)))
+        return _ShapeOnly(tuple(self.shape[a] for a in perm), self._ops)
+
+
+def _local_only(plan: reshard.Plan) -> bool:
+    return all(C.REGISTRY[s.kind].local for seg in plan.segments for s in seg.steps)
+
+
+def _view_chain(stored: tuple[int, ...], plan: reshard.Plan, gshape: tuple[int, ...]) -> tuple | None:
+    """A plan of local cuts as a chain of views (no copy, no Python per step), or None when it needs more."""
+    ops: list = []
+    try:
+        out = reshard.execute(_ShapeOnly(stored, ops), plan).reshape(gshape)
+    except (ValueError, TypeError, AttributeError, IndexError):
+        return None
+    chain: list = []
+    shape = stored
+    for kind, arg in ops:
+        if kind == "transpose":
+            if arg == tuple(range(len(arg))):
+                continue
+            shape = tuple(shape[a] for a in arg)
+        elif arg == shape:
+            continue  # a reshape to the shape it has
+        else:
+            if chain and chain[-1][0] == "reshape":
+                chain.pop()  # two reshapes in a row are the last one
+            shape = arg
+        chain.append((kind, arg))
+    return tuple(chain) if out.shape == gshape else None
+
+
+@lru_cache(maxsize=4096)
+def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, model,
+             strict: bool | str = False, epoch: int = 0) -> Program | None:
+    """``strict``: no pending sum survives the op (True: its values would break linearity; "cost": passing it
+    on costs more than making it). ``epoch``: the collective registry's (a newly registered collective is
+    planned with from then on)."""
+    sigs = signatures_of(sids)
+    if not any(s[0] == "s" for s in sigs):
+        return None
+    if any(s[0] == "s" and not isinstance(s[3], ShardingSpec) for s in sigs):
+        return MANUAL  # per-device values inside nb.shard_map
+    shapes = tuple(s[1] if s[0] != "c" else () for s in sigs)
+    meshes = {s[3].mesh for s in sigs if s[0] == "s"}
+    if len(meshes) > 1:
+        ms = [(i, s[3].mesh) for i, s in enumerate(sigs) if s[0] == "s"]
+        (i, a), (j, b) = ms[0], next((k, m) for k, m in ms if m != ms[0][1])
+        same = (f" (two different meshes share the name {a.name!r}: a mesh is its name, axes and devices)"
+                if a.name == b.name else "")
+        how = ("move one with t.with_sharding(other_mesh, dims) (the meshes hold the same devices: a logged "
+               "relabel)" if sorted(a.devices) == sorted(b.devices) else
+               "the meshes hold different devices: copy one through the host, nb.tensor(t.numpy()).shard(...)")
+        raise ShardingError(f"{op.name}: operand {i} is on mesh {a!r} but operand {j} is on mesh {b!r}{same}; "
+                            f"{how}")
+    mesh = meshes.pop()
+    rule = op.rule(shapes, *params)
+    dtype = result_dtype(op, sigs, params)
+    keep, keep_by = surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
+    linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
+    reserved = tuple(sorted(keep))
+    prop_specs = tuple(strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
+    dec = propagate(rule, prop_specs, mesh, strat, reserved)
+    reduced = list(dec.result.partial_axes)
+    result_shape = rule.result_shape
+    result_partial = tuple(sorted(keep)) + tuple(reduced) if op.reduction == "sum" else tuple(sorted(keep))
+    post_src = None
+    computed, wanted = _result_dims(dec, result_shape, dtype, mesh)
+    result = ShardingSpec(mesh, wanted, partial_axes=result_partial)
+    if op.reduction != "sum" and reduced or computed != wanted:
+        post_src = ShardingSpec(mesh, computed, partial_axes=tuple(sorted(keep)) + tuple(reduced)
+                                if op.reduction != "sum" else result_partial)
+    targets = []
+    for i, s in enumerate(sigs):
+        if s[0] == "c":
+            targets.append(None)
+            continue
+        targets.append(ShardingSpec(mesh, dec.operands[i].dim_specs, partial_axes=sorted(keep_by[i])))
+    kernel_specs = [t for t in targets if t is not None] + [post_src or result]
+    cuts = merge_cuts(*(spec_cuts(t) for t in kernel_specs))
+    if cuts is None:
+        raise ShardingError(f"{op.name}: the operands' sub-axes do not nest into one device grid "
+                            f"({[repr(t) for t in kernel_specs]})")
+    G = len(grid(post_src or result, cuts).atoms)  # (the result may be cut finer: post slices it)
+    preps = []
+    for i, (s, t) in enumerate(zip(sigs, targets)):
+        add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
+        zero = mask_zero(op, i)
+        if s[0] == "c":
+            if not add_once:
+                preps.append(Prep("scalar", None, None, (), ()))
+                continue
+            t = ShardingSpec(mesh, [])  # a scalar added to a partial sum: placed, then added once
+        tt = t if not add_once else ShardingSpec(mesh, t.dim_specs,
+                                                 partial_axes=sorted(set(t.partial_axes) | set(add_once)))
+        gshape = grid(tt, cuts).shape + chunks(tt, shapes[i])
+        local = _local_steps(rule, i, OperandContext(tt, cuts, shapes[i], s[2] if s[0] != "c" else dtype,
+                                                     op.reduction, i))
+        if s[0] == "c":
+            preps.append(Prep("scalar", t, None, add_once, gshape, zero=zero))
+        elif s[0] == "h":
+            preps.append(Prep("host", t, None, add_once, gshape, local, zero=zero))
+        else:
+            plan = reshard.plan(shapes[i], s[2].itemsize, s[3], t)
+            stored = grid(s[3]).shape + chunks(s[3], shapes[i])
+            view = None if stored == gshape else (("reshape", gshape),)  # a chain of views to take
+            direct = not add_once and not local and (not plan.segments or _local_only(plan))
+            if direct and plan.segments:
+                view = _view_chain(stored, plan, gshape)
+                direct = view is not None
+            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct, view, zero))
+    kspec = post_src or result
+    out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
+    post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None
+    padded = any(_padded(t, shp) for t, shp in zip(targets, shapes) if t is not None) or _padded(kspec, result_shape)
+    result_sid = sig_id(("s", result_shape, dtype, result))
+    aux = op.aux(kspec, cuts, shapes, params) if op.aux is not None else ()
+    checks = survival_checks(op, sigs, keep_by, dtype) if keep else ()
+    local = Local(G, chunks(kspec, result_shape), params, True, aux)
+    final = grid(kspec).shape + chunks(kspec, result_shape)
+    fold = _fold(op, post, G, out_grid) if not padded else ()
+    if fold:  # the kernel does the all_reduce; the plan is still carried out for the log (on no data)
+        out_grid = final = post.segments[0].end_grid + out_grid[G:]
+        local = local._replace(fold=fold)
+    if keep and op.linear == "mul" and op.fast is None and cheaper_to_sum_now(mesh, sigs, shapes, keep_by, result,
+                                                                                 result_shape, dtype):
+        return program_for(op, sids, params, strat, model, "cost", epoch)
+    blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
+    flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
+    prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
+                   result_sid, padded, None, checks, final, bool(fold), int(flops), (rule, dec, reserved, strict))
+    return prog._replace(fast=_fast_views(op, prog, sigs))
+
+
+def _fold(op: OpDef, post: reshard.Plan | None, G: int, out_grid: tuple[int, ...]) -> tuple[int, ...]:
+    """The grid axes of a max/min whose post plan is one all_reduce of the kernel's own grid: the kernel can
+    reduce over them too, in the same call (what XLA fuses as well: a reduce feeding an all-reduce)."""
+    if not op.folds or post is None or len(post.segments) != 1:
+        return ()
+    seg = post.segments[0]
+    if len(seg.steps) != 1 or seg.steps[0].kind != "all_reduce" or seg.enter != (G, G) or \
+            seg.start_grid != out_grid[:G]:
+        return ()
+    atoms = seg.steps[0].atoms
+    if seg.end_grid != tuple(1 if i in atoms else n for i, n in enumerate(seg.start_grid)):
+        return ()
+    return tuple(sorted(atoms))
+
+
+def _result_dims(dec, shape: tuple[int, ...], dtype: np.dtype, mesh) -> tuple[tuple, tuple]:
+    """The result's dims as the kernel computes them, and as handed back: propagation may give the result
+    factors its operands' dims cannot hold (Shardy's reshape keeps them); the kernel's output is then sliced
+    to that layout on each device, when that moves no data (else the computed layout is handed back)."""
+    if dec.computed is None or dec.computed.dim_specs == dec.result.dim_specs:
+        return dec.result.dim_specs, dec.result.dim_specs
+    src, dst = ShardingSpec(mesh, dec.computed.dim_specs), ShardingSpec(mesh, dec.result.dim_specs)
+    if reshard.plan(shape, dtype.itemsize, src, dst).collectives:
+        return dec.computed.dim_specs, dec.computed.dim_specs
+    return dec.computed.dim_specs, dec.result.dim_specs
+
+
+def _padded(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:
+    return any(n % spec.num_shards(d) for d, n in enumerate(shape))
+
+
+def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
+    """When nothing moves, nothing is padded and no factor kind acts, ``op.fast`` runs on the stored blocks
+    as they are (viewed on the common grid): per operand, the shape to view it as, None for as is, False
+    for a scalar, or a chain of views when the operand is only cut locally. Otherwise None."""
+    if op.fast is None or prog.padded or prog.post is not None or prog.kspec_grid + prog.local.out_chunk != \
+            prog.out_grid:
+        return None
+    views = []
+    grids = []
+    for s, p in zip(sigs, prog.preps):
+        if p.kind == "scalar" and not p.mask_axes:
+            views.append(False)
+            continue
+        if p.kind != "sharded" or p.mask_axes or p.local or len(p.grid_shape) != len(prog.out_grid) or \
+                p.plan.segments and not (p.direct and p.view):
+            return None
+        stored = grid(s[3]).shape + chunks(s[3], s[1])
+        views.append(p.view if p.plan.segments else None if stored == p.grid_shape else p.grid_shape)
+        grids.append(p.grid_shape[:prog.G])
+    if np.broadcast_shapes(*grids) != prog.out_grid[:prog.G]:
+        return None
+    return tuple(views)
+
+
+def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ...]:
+    """Ask each factor kind of operand ``i`` what it does to the dims holding it (grouped per kind)."""
+    by_kind: dict[Any, list[int]] = {}
+    for d, factors in enumerate(rule.operands[i]):
+        for f in factors:
+            by_kind.setdefault(rule.kinds[f], [])
+            if d not in by_kind[rule.kinds[f]]:
+                by_kind[rule.kinds[f]].append(d)
+    steps = []
+    for kind, dims in by_kind.items():
+        step = kind.prepare(ctx, tuple(dims))
+        if step is not None:
+            steps.append(step)
+    return merge_windows(steps)
+
+
+def strip_partial(spec: ShardingSpec) -> ShardingSpec:
+    """``spec`` without its partial axes (what propagation reads of a pending sum's layout)."""
+    return spec if not spec.partial_axes else ShardingSpec(spec.mesh, spec.dim_specs, spec.replicated_axes)
