@@ -34,7 +34,17 @@ def keep(fns, *a, **k):  # the calls run.py would time, kept instead of timed
     kept.append(fns)
     return {{name: 1.0 for name in fns}}
 
+class Kept:  # what run.py reads of a timing it asked for
+    median = 1.0
+
+
+def keep_all(fns, *a, **k):  # run.py's alternating timings (the training steps), kept instead of timed
+    kept.append(fns)
+    return {{name: Kept for name in fns}}
+
+
 run.interleaved = keep
+run.alternating = keep_all
 for r, fns in zip(run.dispatch(True)["rows"], kept):
     calls[f"dispatch: {{r['op']}}"] = fns["nabla"]
 kept.clear()

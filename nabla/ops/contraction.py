@@ -98,8 +98,6 @@ def _einsum_kernel(arrays, local):
     """Carry the grid axes through as extra leading letters, so one einsum serves every device."""
     subscripts = local.params[0].replace(" ", "")
     G = local.G
-    if G == 0:
-        return _xp(*arrays).einsum(subscripts, *_wide(*arrays))
     lhs, arrow, rhs = subscripts.partition("->")
     terms = lhs.split(",")
     if not arrow:  # numpy's implicit output: ellipsis dims, then the letters used once, sorted
