@@ -43,6 +43,17 @@ class LocalStep(NamedTuple):
     windows: tuple | None = None  # (G, fill, extend_many's dims): a window step :func:`merge_windows` may join
 
 
+def _view_key(plans: list, G: int) -> tuple | None:
+    """The block index that is every window of ``plans`` when each windowed dim is whole on every device and its
+    window lies inside it (a slice of an unsharded dim): the step is then a view, known when it is planned."""
+    key = [slice(None)] * (G + max((d for d, _, _ in plans), default=-1) + 1)
+    for d, _, h in plans:
+        if isinstance(h, int) or h.k != 1 or h.lo[0] < 0 or h.lo[0] + h.width > h.n_in:
+            return None
+        key[G + d] = slice(h.lo[0], h.lo[0] + h.width)
+    return tuple(key) if plans else None
+
+
 def merge_windows(steps: tuple[LocalStep, ...] | list[LocalStep]) -> tuple[LocalStep, ...]:
     """Window steps of one operand (one per windowed dim, same fill) as one: a numpy block is copied once into
     a buffer of all its windows (``extend_many`` over every dim) rather than once per dim. Same blocks, same
@@ -223,7 +234,11 @@ class Window(FactorKind):
             plans.append((d, atoms, h))
             block[d] = h.width
 
+        view = _view_key(plans, G)
+
         def apply(x):
+            if view is not None and type(x) is np.ndarray:  # every window inside its whole dim: a view
+                return x[view]
             if type(x) is np.ndarray and not any(isinstance(h, int) for _, _, h in plans):  # one buffer, slices
                 return W.extend_many(x, G, [(d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
                                              win.pad_lo) for d, atoms, _ in plans], self.fill)
