@@ -51,4 +51,6 @@ def accumulation(dt: Any) -> np.dtype:
     the same two (``jax.numpy``'s ``_upcast_f16``), and XLA's SPMD partitioner then all-reduces the float32
     partial sums, rounding once at the end."""
     dt = np.dtype(dt)
+    if dt.itemsize != 2:  # (the common case, one attribute read: no 16-bit float is wider)
+        return dt
     return np.dtype(np.float32) if dt == np.float16 or (is_ml(dt) and dt.name == "bfloat16") else dt

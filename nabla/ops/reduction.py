@@ -87,7 +87,8 @@ def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replic
         axes, keepdims = local.params[:2]
         x = arrays[0]
         axis = tuple(local.G + a for a in axes)
-        acc = accumulation(x.dtype) if name == "sum" else x.dtype  # float16 and bfloat16 sums in float32 ...
+        acc = x.dtype if name != "sum" or x.dtype.itemsize != 2 else accumulation(x.dtype)  # float16 and
+        # bfloat16 sums in float32 ...
         if acc != x.dtype and not local.params[2]:  # ... rounded on each device (a transpose of a broadcast)
             return kernel(arrays, local._replace(params=(axes, keepdims, True))).astype(x.dtype)
         if local.fold:  # the all_reduce over devices that follows is the same reduction: one call does both
