@@ -265,8 +265,7 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i
         a = Value(np.asarray(a, dtype=prog.dtype), None, (), prog.dtype)
         p = p._replace(kind="host")
     if p.kind == "sharded":
-        cache = gathered_copy(a) if p.plan.events and a._node is not None and \
-            all(e.kind == "all_gather" for e in p.plan.events) else None
+        cache = gathered_copy(a) if p.plan.events and all(e.kind == "all_gather" for e in p.plan.events) else None
         x, reused = _move(a, p.plan, p.target, be, cache)
         if sink is not None:
             sink[i] = (() if reused else p.plan.events, reused, local_events, cache is not None and not reused)

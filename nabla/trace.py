@@ -215,9 +215,35 @@ def gathered_copy(v: Any) -> str | None:
     of a float32 weight: FSDP gathers each weight again), nor an untraced value's (nothing says when its later
     uses end)."""
     node = v._node
-    if node is None or node.op == LEAF or _from_leaves(node, 4):
+    if node is None:  # untraced: kept only inside one imported program (nb.import_jax), not for its parameters
+        state = _program.get()
+        if state is None or id(v) in state[0]:
+            return None
+        state[1][id(v)] = v
+    elif node.op == LEAF or _from_leaves(node, 4):
         return None
     return _phase.get() if _regather.get() else ""
+
+
+_program: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("nabla_one_program", default=None)
+
+
+@contextlib.contextmanager
+def one_program(params: Any = ()) -> Iterator[None]:
+    """Inside, an untraced value's gathered copy is kept for its later uses too, as one compiled program keeps
+    it (XLA merges an all_gather the backward pass repeats), except those of ``params`` (gathered again, as FSDP
+    does); the copies are dropped from the values when the program ends. Nested programs are the outer one."""
+    if _program.get() is not None:
+        yield
+        return
+    state: tuple = ({id(p) for p in params}, {})
+    token = _program.set(state)
+    try:
+        yield
+    finally:
+        _program.reset(token)
+        for v in state[1].values():
+            v.drop_copies()
 
 
 def _from_leaves(node: Node, depth: int) -> bool:

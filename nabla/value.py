@@ -60,6 +60,11 @@ class Value:
             i = self._sid = intern()
         return i
 
+    def drop_copies(self) -> None:
+        """Forget the gathered copies kept on this value (its program ended: later uses gather anew)."""
+        if self._moved is not None and not (self._spec is not None and self._spec.partial_axes):
+            self._moved = None
+
     def keep_sum(self, layout: Any, data: Any) -> None:
         """Remember this partial value summed into ``layout`` (its stored ``data``), or a traced value's gathered
         copy (``trace.gathered_copy``): a later use in that layout reuses it (it is the same value; the sum or the

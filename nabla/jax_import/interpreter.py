@@ -18,6 +18,7 @@ from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..ops import astype
 from ..tensor import Tensor
+from ..trace import one_program
 from . import sums
 from .table import CALLS, KEYED, TABLE, as_tensor
 
@@ -208,6 +209,13 @@ class Eval:
         for v, kind in prog.kinds.items():
             if isinstance(env[v], Tensor):
                 C.tag([env[v]], kind)  # a memory log (and autoshard) counts parameters and optimizer state as such
+        with one_program(env[v] for v in prog.kinds if isinstance(env[v], Tensor)):  # (one compiled program)
+            self._blocks(prog, env)
+        for v, like, label in prog.returned:
+            env[v] = sums.settle(env[v], env[like] if like is not None else None, label)
+        return [v.value if type(v) is Lit else env[v] for v in prog.outs]
+
+    def _blocks(self, prog: Compiled, env: dict) -> None:
         for (user, scope, backward), block in prog.blocks:
             with (C.user_op(user) if user is not None else _NOTHING), C.in_scope(self.scope(scope)), \
                     _phase(backward):
@@ -215,9 +223,6 @@ class Eval:
                     self._one(ins, env)
             for v, like, label in block[-1].settle:
                 env[v] = sums.settle(env[v], env[like], label)
-        for v, like, label in prog.returned:
-            env[v] = sums.settle(env[v], env[like] if like is not None else None, label)
-        return [v.value if type(v) is Lit else env[v] for v in prog.outs]
 
     def _one(self, ins: Instr, env: dict) -> None:
         """One equation: its handler on its operands, its results checked against JAX's types."""

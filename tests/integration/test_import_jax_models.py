@@ -242,14 +242,10 @@ def test_model_step_equals_jax_jit(key, layout):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{key} {layout} output {k}")
 
 
-_REGATHER = ("XLA gathers a value once and keeps the gathered copy for the backward pass (CSE of its forward "
-             "all_gather); nabla's executor caches a value's summed copies, not its gathered ones, so the backward pass "
-             "gathers again (ZeRO-3's own choice: less memory): {}")
-#: where nabla sends more than XLA, measured (B/device, nabla vs XLA) and why; strict: a fix turns them into passes
-MORE_THAN_XLA = {
-    ("equinox_mlp", "fsdp"): _REGATHER.format("11,011 vs 9,275 (the input gathered in the forward pass, 2,464 B, "
-                                              "is gathered again for the first layer's weight gradient)"),
-}
+#: where nabla sends more than XLA, measured (B/device, nabla vs XLA) and why; strict: a fix turns them into passes.
+#: (Was: Equinox FSDP 11,011 vs 9,275, its input gathered again for the first weight's gradient; an imported
+#: program now keeps an input's gathered copy for its later uses, as XLA does: ``trace.one_program``.)
+MORE_THAN_XLA: dict = {}
 
 
 def _bytes_cases():
