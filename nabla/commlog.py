@@ -9,6 +9,7 @@ import contextvars
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .errors import ShardingError
+from .scoped import setting
 
 if TYPE_CHECKING:
     from .collectives import CommEvent
@@ -124,45 +125,28 @@ def comm_log(keep_values: bool = False) -> Iterator[CommLog]:
 @contextlib.contextmanager
 def recording(recorder: Any) -> Iterator[Any]:
     """Hand every step published inside the block to ``recorder.take(step, values)`` (a comm log, a memory log)."""
-    token = _logs.set(_logs.get() + (recorder,))
-    try:
+    with setting(_logs, _logs.get() + (recorder,), recorder):
         yield recorder
-    finally:
-        _logs.reset(token)
 
 
-@contextlib.contextmanager
-def unlogged() -> Iterator[None]:
+def unlogged() -> Any:
     """Steps published inside reach no open log: a trace whose steps the logs see when its program runs, or a
     value computed to stand in for one (computed, not communicated)."""
-    token = _logs.set(())
-    try:
-        yield
-    finally:
-        _logs.reset(token)
+    return setting(_logs, ())
 
 
-@contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
+def phase(name: str) -> Any:
     """Label the collectives run inside (``"backward"`` during a backward pass)."""
-    token = _phase.set(name)
-    try:
-        yield
-    finally:
-        _phase.reset(token)
+    return setting(_phase, name)
 
 
-@contextlib.contextmanager
-def user_op(name: str) -> Iterator[None]:
-    """Name the public op the collectives inside belong to (softmax, not the max and sum it is made of)."""
-    if _op.get():
-        yield
-        return
-    token = _op.set(name)
-    try:
-        yield
-    finally:
-        _op.reset(token)
+_OUTERMOST = contextlib.nullcontext()
+
+
+def user_op(name: str) -> Any:
+    """Name the public op the collectives inside belong to (softmax, not the max and sum it is made of): the
+    outermost name holds."""
+    return _OUTERMOST if _op.get() else setting(_op, name)
 
 
 def logging() -> bool:
@@ -189,25 +173,17 @@ def named_scope(name: str) -> Iterator[None]:
     if not isinstance(name, str) or not name:
         raise ShardingError(f"named_scope: the name must be a non-empty str, got {name!r}")
     outer = _scope.get()
-    token = _scope.set(f"{outer}/{name}" if outer else name)
-    try:
+    with setting(_scope, f"{outer}/{name}" if outer else name):
         yield
-    finally:
-        _scope.reset(token)
 
 
 def current_scope() -> str:
     return _scope.get()
 
 
-@contextlib.contextmanager
-def in_scope(scope: str) -> Iterator[None]:
+def in_scope(scope: str) -> Any:
     """Run inside the scope label ``scope`` as it is (a backward pass runs each VJP in its forward op's scope)."""
-    token = _scope.set(scope)
-    try:
-        yield
-    finally:
-        _scope.reset(token)
+    return setting(_scope, scope)
 
 
 def step_user(user: str) -> str:

@@ -9,6 +9,7 @@ import weakref
 from typing import Iterator, Mapping, NamedTuple, Sequence
 
 from .errors import ShardingError
+from .scoped import setting
 
 
 class AxisCost(NamedTuple):
@@ -98,11 +99,8 @@ def cost_model(model: CostModel) -> Iterator[CostModel]:
     """``with nb.cost_model(CostModel(...)):`` plan and estimate with these links."""
     if not isinstance(model, CostModel):
         raise ShardingError(f"cost_model: expected a CostModel, got {type(model).__name__}")
-    token = _current.set(model)
-    try:
+    with setting(_current, model, model):
         yield model
-    finally:
-        _current.reset(token)
 
 
 def current() -> CostModel:

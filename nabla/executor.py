@@ -20,6 +20,7 @@ from .opdef import Local, OpDef
 from .pending import KEEPS, STRICT, breaks_linearity, overflowed, repeated_partials, reused_sum
 from .program import MANUAL, Prep, Program, program_for, strip_partial
 from .propagation import current_strategy
+from .scoped import setting
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use
 from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, gathered_copy, tracked
@@ -258,18 +259,18 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
 
 def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i: int, moved: list | None = None
              ) -> Any:
-    local_events = () if sink is None else tuple(e for step in p.local for e in step.events)
+    local_events = p.local_events
     if p.kind == "scalar":
         if not p.mask_axes:
             return a
         a = Value(np.asarray(a, dtype=prog.dtype), None, (), prog.dtype)
         p = p._replace(kind="host")
     if p.kind == "sharded":
-        cache = gathered_copy(a) if p.plan.events and all(e.kind == "all_gather" for e in p.plan.events) else None
+        cache = gathered_copy(a) if p.gathers else None
         x, reused = _move(a, p.plan, p.target, be, cache)
         if sink is not None:
-            sink[i] = (() if reused else p.plan.events, reused, local_events, cache is not None and not reused)
-        if moved is not None and not reused and p.plan.events and all(e.kind == "all_gather" for e in p.plan.events):
+            sink[i] = (() if reused else p.events, reused, local_events, cache is not None and not reused)
+        if moved is not None and not reused and p.gathers:
             moved.append((i, x, p.target))  # (a recompute's gathered operand: its backward pass reads it)
     else:
         if sink is not None and local_events:
@@ -318,11 +319,8 @@ def _view(x: Any, chain: tuple) -> Any:
 def _rerun_strict(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: list | None
                   ) -> tuple[Any, Any]:
     """Redo an op with every pending sum made first (the strict program); what it gives is numpy's value."""
-    token = STRICT.set(True)
-    try:
+    with setting(STRICT, True):
         return _run(op, args, params, make, sink)
-    finally:
-        STRICT.reset(token)
 
 
 def _run_host(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> Any:

@@ -39,6 +39,9 @@ class Prep(NamedTuple):
     direct: bool = False  # sharded, nothing moves (or only local cuts) and nothing changes: its stored blocks ...
     view: tuple | None = None  # ... seen through this chain of reshapes and transposes (None: as stored)
     zero: Any = None  # what the add-once mask leaves on other devices (None: -0.0, IEEE's additive identity)
+    events: tuple = ()  # the plan's collectives (made once with the program, not per call)
+    gathers: bool = False  # they are all_gathers only (a copy a later use may take again: trace.gathered_copy)
+    local_events: tuple = ()  # what the local steps exchange (halo rows)
 
 
 class Program(NamedTuple):
@@ -179,7 +182,8 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
         if s[0] == "c":
             preps.append(Prep("scalar", t, None, add_once, gshape, zero=zero))
         elif s[0] == "h":
-            preps.append(Prep("host", t, None, add_once, gshape, local, zero=zero))
+            preps.append(Prep("host", t, None, add_once, gshape, local, zero=zero,
+                              local_events=tuple(e for step in local for e in step.events)))
         else:
             plan = reshard.plan(shapes[i], s[2].itemsize, s[3], t)
             stored = grid(s[3]).shape + chunks(s[3], shapes[i])
@@ -188,7 +192,10 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
             if direct and plan.segments:
                 view = _view_chain(stored, plan, gshape)
                 direct = view is not None
-            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct, view, zero))
+            events = plan.events
+            preps.append(Prep("sharded", t, plan, add_once, gshape, local, direct, view, zero, events,
+                              bool(events) and all(e.kind == "all_gather" for e in events),
+                              tuple(e for step in local for e in step.events)))
     kspec = post_src or result
     out_grid = grid(kspec, cuts).shape + chunks(kspec, result_shape)
     post = reshard.plan(result_shape, dtype.itemsize, post_src, result) if post_src is not None else None

@@ -11,6 +11,7 @@ from math import prod
 from typing import Iterator, NamedTuple, Sequence
 
 from .errors import ShardingError
+from .scoped import setting
 from .mesh import AxisRef, DeviceMesh, merge_adjacent
 from .factors import divisible_prefix
 from .rules.core import Rule
@@ -26,11 +27,8 @@ def strategy(name: str) -> Iterator[None]:
     ``"aggressive"``, is what JAX's Shardy pipeline runs: results take the most parallel sharding)."""
     if name not in (BASIC, AGGRESSIVE):
         raise ShardingError(f"strategy: unknown strategy {name!r}; use 'basic' or 'aggressive'")
-    token = _strategy.set(name)
-    try:
+    with setting(_strategy, name):
         yield
-    finally:
-        _strategy.reset(token)
 
 
 def current_strategy() -> str:

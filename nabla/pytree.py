@@ -63,10 +63,13 @@ def _outline(tree: Any) -> str:
     return "None" if tree is None else f"<{'x'.join(map(str, getattr(tree, 'shape', ()))) or 'scalar'}>"
 
 
-def leaf_paths(tree: Any, prefix: str) -> list[str]:
-    """Each leaf's path in ``tree`` (as ``flatten`` orders them), JAX's keystr style: ``p['w1']``, ``layers[0]``."""
+def leaf_paths(tree: Any, prefix: str, dotted: bool = False) -> list[str]:
+    """Each leaf's path in ``tree`` (as ``flatten`` orders them), JAX's keystr style: ``p['w1']``, ``layers[0]``;
+    ``dotted``: ``p.w1``, ``layers.0`` (names an ONNX graph can hold)."""
     if isinstance(tree, dict):
-        return [q for k, v in tree.items() for q in leaf_paths(v, f"{prefix}[{k!r}]")]
+        return [q for k, v in tree.items()
+                for q in leaf_paths(v, f"{prefix}.{k}" if dotted else f"{prefix}[{k!r}]", dotted)]
     if isinstance(tree, (list, tuple)):
-        return [q for i, v in enumerate(tree) for q in leaf_paths(v, f"{prefix}[{i}]")]
+        return [q for i, v in enumerate(tree)
+                for q in leaf_paths(v, f"{prefix}.{i}" if dotted else f"{prefix}[{i}]", dotted)]
     return [] if tree is None else [prefix]

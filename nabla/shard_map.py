@@ -10,6 +10,7 @@ from math import prod
 from typing import Any, Callable, Sequence
 
 from .errors import ShardingError
+from .scoped import setting
 from .mesh import DeviceMesh
 from .spec import ShardingSpec
 from .executor import record_step
@@ -86,11 +87,8 @@ def shard_map(fn: Callable, mesh: DeviceMesh, in_specs: Sequence[Any], out_specs
                                         f"{list(spec.dim_specs[d].axes)} ({k} shards)")
             placed = t.shard(mesh, spec.dim_specs) if t.sharding is None else t.with_sharding(mesh, spec.dim_specs)
             manual.append(_to_manual(placed, spec))
-        token = _mesh.set(mesh)
-        try:
+        with setting(_mesh, mesh):
             out = fn(*manual)
-        finally:
-            _mesh.reset(token)
         single = not isinstance(out, (tuple, list))
         outs = [out] if single else list(out)
         # one output takes out_specs as one spec first (a bare [("dp", "tp")] is a spec, not a list of one); as in

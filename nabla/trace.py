@@ -10,6 +10,7 @@ from typing import Any, Iterator, NamedTuple
 
 from .collectives import _op as _user_op, _phase, _scope
 from .dtypes import is_inexact
+from .scoped import setting
 from .value import serial
 
 LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
@@ -192,18 +193,8 @@ class Remat:
 _remat: contextvars.ContextVar[Remat | None] = contextvars.ContextVar("nabla_remat", default=None)
 
 
-@contextlib.contextmanager
-def _setting(var: contextvars.ContextVar, value: Any, result: Any = None) -> Iterator[Any]:
-    """``var`` set to ``value`` inside the block (yielding ``result``), restored after it."""
-    token = var.set(value)
-    try:
-        yield result
-    finally:
-        var.reset(token)
-
-
 def remat(r: Remat | None) -> Any:
-    return _setting(_remat, r)
+    return setting(_remat, r)
 
 
 def gathered_copy(v: Any) -> str | None:
@@ -237,11 +228,10 @@ def one_program(params: Any = ()) -> Iterator[None]:
         yield
         return
     state: tuple = ({id(p) for p in params}, {})
-    token = _program.set(state)
     try:
-        yield
+        with setting(_program, state):
+            yield
     finally:
-        _program.reset(token)
         for v in state[1].values():
             v.drop_copies()
 
@@ -265,24 +255,24 @@ def _from_leaves(node: Node, depth: int) -> bool:
 
 def regathering() -> Any:
     """Nodes made inside keep a gathered operand as the value it was gathered from (``policy="regather"``)."""
-    return _setting(_regather, True)
+    return setting(_regather, True)
 
 
 def recorded() -> Any:
     """Ops inside leave nodes, even inside a backward pass (a recompute differentiates what it runs)."""
-    return _setting(_recording, True)
+    return setting(_recording, True)
 
 
 def paused() -> Any:
     """Ops inside leave no nodes (a backward pass that does not need its own gradients), unless a whole
     program is being traced (``nb.jit`` compiles the backward pass too)."""
-    return contextlib.nullcontext() if _whole.get() else _setting(_recording, False)
+    return contextlib.nullcontext() if _whole.get() else setting(_recording, False)
 
 
 def differentiating() -> Any:
     """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
     inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate."""
-    return _setting(_depth, _depth.get() + 1)
+    return setting(_depth, _depth.get() + 1)
 
 
 def outer_live() -> bool:
@@ -305,12 +295,12 @@ def tracing_for_replay() -> bool:
 
 def replay_trace() -> Any:
     """Mark a trace whose constants are replayed with data (``nb.vmap``'s)."""
-    return _setting(_replay, True)
+    return setting(_replay, True)
 
 
 def whole() -> Any:
     """Record everything inside, backward passes included."""
-    return _setting(_whole, True)
+    return setting(_whole, True)
 
 
 def tracked(args) -> bool:
@@ -346,12 +336,12 @@ class Watch:
 
 def watching(watch: Watch) -> Any:
     """Ops inside leave no nodes; ``watch`` notes the differentiated values they read from outside."""
-    return contextlib.nullcontext(watch) if _whole.get() else _setting(_recording, watch, watch)
+    return contextlib.nullcontext(watch) if _whole.get() else setting(_recording, watch, watch)
 
 
 def swapped(swap: dict) -> Any:
     """Nodes made inside read the value ``swap[id(v)]`` wherever an operand is ``v``."""
-    return _setting(_swap, swap or None)
+    return setting(_swap, swap or None)
 
 
 def topological(outputs, stop=None, key=id) -> list:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -26,8 +26,8 @@ from ..tensor import Tensor
 from ..trace import LEAF_NODE, Node, tracked, tracing_whole, whole
 from . import program as P
 from .lower import _DEVICE_COPIES, CompiledProgram  # noqa: F401 - the device copies are read by tests
-from ..sharding import NamedSharding, is_pspec
-from ..sharding import NamedSharding, to_spec
+from ..scoped import setting
+from ..sharding import NamedSharding, is_pspec, to_spec
 from ..autodiff import vjp
 from ..ops import tensor
 from ..interop.arrays import from_jax
@@ -114,15 +114,10 @@ class Jitted:
 _INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_jit_inline", default=False)
 
 
-@contextlib.contextmanager
-def inlined() -> Iterator[None]:
+def inlined() -> Any:
     """Jitted functions called inside run their ops into the caller's trace instead of compiling (for tools
     that walk the trace op by op: ``nb.explain``, ONNX export)."""
-    token = _INLINE.set(True)
-    try:
-        yield
-    finally:
-        _INLINE.reset(token)
+    return setting(_INLINE, True)
 
 
 class _JitCall:

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..pytree import flatten
+from ..pytree import flatten, leaf_paths
 from ..errors import ShardingError
 from ..value import Value
 from ..mesh import DeviceMesh
@@ -82,15 +82,6 @@ def _param_names(fn: Callable, n: int) -> list[str]:
         else:
             names.append(f"arg{i}")
     return names
-
-
-def _paths(tree: Any, prefix: str) -> list[str]:
-    """A name for each leaf of ``tree`` (``flatten``'s order): the prefix, then keys and indices."""
-    if isinstance(tree, dict):
-        return [p for k, v in tree.items() for p in _paths(v, f"{prefix}.{k}")]
-    if isinstance(tree, (list, tuple)):
-        return [p for i, v in enumerate(tree) for p in _paths(v, f"{prefix}.{i}")]
-    return [] if tree is None else [prefix]
 
 
 def _traced(t: Tensor) -> Tensor:
@@ -195,7 +186,7 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
     traced_args, graph_inputs = [], []
     for a, pname in zip(args, arg_names):
         leaves, _ = flatten(a)
-        paths = _paths(a, pname) if isinstance(a, (dict, list, tuple)) else [pname]
+        paths = leaf_paths(a, pname, dotted=True) if isinstance(a, (dict, list, tuple)) else [pname]
         new_leaves = []
         for leaf, path in zip(leaves, paths):
             if isinstance(leaf, Tensor):
@@ -214,9 +205,9 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
         result = fn(*traced_args)
     out_leaves, _ = flatten(result)
     if isinstance(result, dict):
-        out_paths = [p[len("output."):] for p in _paths(result, "output")]
+        out_paths = [p[len("output."):] for p in leaf_paths(result, "output", dotted=True)]
     elif isinstance(result, (list, tuple)):
-        out_paths = [p.replace("output.", "output_", 1) for p in _paths(result, "output")]
+        out_paths = [p.replace("output.", "output_", 1) for p in leaf_paths(result, "output", dotted=True)]
     else:
         out_paths = ["output"]
     for o in out_leaves:

@@ -44,6 +44,10 @@ def _wide(*arrays):
     return arrays
 
 
+#: letters for a weight gradient's batch dims (every other letter than m, k and n: rank 32 at most, MAX_RANK)
+_LEAD = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijlopqrstuvwxyz"
+
+
 def _matmul_vjp(g, node, out):
     a, b = node.args
     ga = _unbroadcast(matmul(g, swapaxes(b, -1, -2)), a) if _is_diff(a) else None
@@ -52,7 +56,7 @@ def _matmul_vjp(g, node, out):
     elif _ndim(b) == 2 and _ndim(a) >= 2:
         # a weight's gradient contracts the kept operand as it is (no transposed copy of it: the layout its
         # forward use gathered it to, kept on it, serves again) and sums the batch dims in the same contraction
-        lead = "ABCDEFGH"[:_ndim(a) - 2]
+        lead = _LEAD[:_ndim(a) - 2]
         gb = einsum(f"{lead}mk,{lead}mn->kn", a, g)
     else:
         gb = _unbroadcast(matmul(swapaxes(a, -1, -2), g), b)

@@ -137,6 +137,18 @@ def test_derivatives_at_zero_match_jax():
             np.testing.assert_allclose(got, np.asarray(jax.grad(lambda t: jf(t).sum())(v)), rtol=2e-16, atol=0)
 
 
+@pytest.mark.parametrize("rank", [2, 3, 11])
+def test_weight_gradient_of_a_batched_matmul_equals_jax(rank):
+    """A 2-D weight's gradient sums the batch dims in one contraction, whatever their number (11: more batch
+    dims than the first 8 letters)."""
+    rng = np.random.default_rng(rank)
+    a = rng.standard_normal((2,) * (rank - 2) + (3, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    got = nb.grad(lambda w: ((nb.tensor(a) @ w) ** 2).sum())(nb.tensor(w)).numpy()
+    want = np.asarray(jax.grad(lambda w: ((a @ w) ** 2).sum())(w))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 # ---- what the results hold on to, and the ways out of and into the trace ----------------------------------
 
 
