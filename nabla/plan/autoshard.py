@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ShardingError
 from ..pytree import flatten, unflatten
+from ..scoped import few_collections
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
 from ..trace import regathering
@@ -129,7 +130,12 @@ def autoshard(fn: Callable, cluster: Cluster, *args: Any, memory_limit: float | 
     overlap_modes(overlap, "autoshard")  # the estimator's modes: "none", "grads", "all" or a tuple of them
     if memory_limit is not None and (not isinstance(memory_limit, (int, float)) or memory_limit <= 0):
         raise ShardingError(f"autoshard: memory_limit must be a number of bytes > 0, got {memory_limit!r}")
-    s = Search(fn, cluster, args, memory_limit, fixed, overlap)
+    with few_collections():  # the search's records live until it ends (see few_collections)
+        return _plan(Search(fn, cluster, args, memory_limit, fixed, overlap))
+
+
+def _plan(s: Search) -> ShardingPlan:
+    """The search run: proposals and baselines priced, the fastest that fits run in full, the plan worded."""
     s.solve()
     exact = sum(len(seg.steps) for seg in s.segs) <= EXACT_STEPS
     tried: dict[tuple, Tried] = {}

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from .. import collectives as C
 from ..pytree import flatten, unflatten
+from ..scoped import few_collections
 from ..errors import ShardingError
 from ..step import block_elems
 from ..tensor import Tensor
@@ -107,15 +108,16 @@ def estimate(fn: Callable, cluster: Cluster, overlap: Any = "grads", model_flops
 
     def run(*args: Any, **kwargs: Any) -> Report:
         a, k = _abstract(args), _abstract(kwargs)
-        with C.comm_log() as log, memory_log() as mem:
-            mem.hold(x for x in flatten((a, k))[0] if isinstance(x, Tensor))  # every argument, from the start
-            fn(*a, **k)
-        steps = list(log.steps)
-        mesh = _mesh_of(steps, (args, kwargs))
-        model = model_flops
-        if model is None:
-            model = sum(s.flops for s in steps if s.phase != "recompute")
-        return estimate_steps([_priced(s) for s in steps], cluster, mesh, overlap, model, mem, fusion=fusion)
+        with few_collections():  # a large step's records live until it is priced
+            with C.comm_log() as log, memory_log() as mem:
+                mem.hold(x for x in flatten((a, k))[0] if isinstance(x, Tensor))  # every argument, from the start
+                fn(*a, **k)
+            steps = list(log.steps)
+            mesh = _mesh_of(steps, (args, kwargs))
+            model = model_flops
+            if model is None:
+                model = sum(s.flops for s in steps if s.phase != "recompute")
+            return estimate_steps([_priced(s) for s in steps], cluster, mesh, overlap, model, mem, fusion=fusion)
 
     return run
 
