@@ -4,6 +4,7 @@ HiGHS through ``scipy.optimize.milp`` (scipy is the ``plan`` extra, imported her
 
 from __future__ import annotations
 
+from math import prod
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -143,6 +144,11 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge] = (), memory_limit: flo
     every = _choices(groups, edges, enumerate_up_to)
     if every is not None:
         return _best(groups, edges, every, memory_limit, exclude)
+    near = _near_fastest(groups, edges, enumerate_up_to)
+    if near is not None:  # where one of the choices as fast as the fastest fits, it is the answer
+        sol = _best(groups, edges, near, memory_limit, exclude)
+        if sol is not None:
+            return sol
     off, t_var, A, lo, hi, time, mem, late, integral, scale = _program(groups, edges)
     n = len(time)
     extra = []
@@ -236,6 +242,78 @@ def _choices(groups: Sequence[Group], edges: Sequence[Edge], cap: int) -> np.nda
                 ok &= np.isfinite(e.cost[mine, mine])
         rows = np.column_stack([prev[ok], mine[ok]])
     return rows
+
+
+#: the largest table (entries) eliminating one group may build; a program needing more is left to HiGHS
+MAX_TABLE = 4_000_000
+
+
+def _near_fastest(groups: Sequence[Group], edges: Sequence[Edge], cap: int) -> np.ndarray | None:
+    """Every choice whose time is within twice ``TIE`` of the least (rows of options, as ``_choices``), found
+    without a solver: per group, each option's least time over all choices taking it (the other groups
+    eliminated one by one, a min-sum over the edges' tables), the options no such choice can take dropped, and
+    the rest enumerated. A choice within the tie of the least time *that fits* is among them, so ``_best`` over
+    them is ``solve``'s answer when one fits (the limit does not bind: the common case). None when the tables
+    or the choices left grow past ``MAX_TABLE`` or ``cap``."""
+    unary = [np.asarray(g.time, dtype=float).copy() for g in groups]
+    pairs: list[tuple[tuple[int, ...], np.ndarray]] = []
+    for e in edges:
+        cost = np.asarray(e.cost, dtype=float)
+        if e.a == e.b:
+            unary[e.a] = unary[e.a] + np.diagonal(cost)
+        else:
+            pairs.append(((e.a, e.b), cost))
+    factors = [((g,), u) for g, u in enumerate(unary)] + pairs
+    sizes = [len(u) for u in unary]
+    least = []
+    for g in range(len(groups)):
+        m = _marginal(factors, sizes, g)
+        if m is None:
+            return None
+        least.append(m)
+    best = min((float(m.min()) for m in least), default=0.0)
+    if not np.isfinite(best):
+        return None
+    slack = best * (1 + TIE) ** 2 + 1e-12 * max(1.0, abs(best))
+    keep = [np.flatnonzero(m <= slack) for m in least]
+    sub = [Group(*(np.asarray(f, dtype=float)[k] if f is not None else None for f in g)) for g, k in zip(groups, keep)]
+    sub_edges = [Edge(e.a, e.b, np.asarray(e.cost, dtype=float)[np.ix_(keep[e.a], keep[e.b])]) for e in edges]
+    rows = _choices(sub, sub_edges, cap)
+    if rows is None:
+        return None
+    return np.column_stack([k[rows[:, g]] for g, k in enumerate(keep)]) if len(keep) else rows
+
+
+def _marginal(factors: list, sizes: list[int], target: int) -> np.ndarray | None:
+    """Per option of group ``target``, the least sum of ``factors`` (each (groups, table)) over every choice of
+    the other groups: they are eliminated in turn, the one making the smallest table first."""
+    factors = list(factors)
+    left = set(range(len(sizes))) - {target}
+    while left:
+        def table(v):  # the groups a table eliminating v spans
+            return sorted({u for vs, _ in factors if v in vs for u in vs} - {v})
+        v = min(left, key=lambda v: (prod(sizes[u] for u in table(v)), v))
+        span = table(v)
+        if prod(sizes[u] for u in span) * sizes[v] > MAX_TABLE:
+            return None
+        axes = span + [v]
+        total = np.zeros([sizes[u] for u in axes])
+        rest = []
+        for vs, t in factors:
+            if v not in vs:
+                rest.append((vs, t))
+                continue
+            order = sorted(range(len(vs)), key=lambda i: axes.index(vs[i]))
+            shape = [1] * len(axes)
+            for i in order:
+                shape[axes.index(vs[i])] = sizes[vs[i]]
+            total = total + np.transpose(t, order).reshape(shape)
+        factors = rest + [(tuple(span), total.min(axis=-1))]
+        left.discard(v)
+    out = np.zeros(sizes[target])
+    for vs, t in factors:
+        out = out + (t if vs else np.full(sizes[target], float(t)))
+    return out
 
 
 def _evaluate_all(groups: Sequence[Group], edges: Sequence[Edge], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

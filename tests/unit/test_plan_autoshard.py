@@ -459,13 +459,20 @@ def test_enumerated_milp_breaks_exact_ties_toward_less_memory_then_the_earlier_o
     assert milp.solve(groups, edges, memory_limit=2.5).choice == (3, 0)
 
 
-@pytest.mark.parametrize("enumerate_up_to", [0, milp.ENUMERATE])  # HiGHS, and every choice tried
-def test_milp_matches_brute_force_with_edges_and_memory(enumerate_up_to):
-    rng = np.random.default_rng(1)
+@pytest.mark.parametrize("enumerate_up_to", [0, 12, milp.ENUMERATE])  # HiGHS; the choices as fast as the
+# fastest found by elimination and tried (HiGHS where the limit binds); every choice tried
+@pytest.mark.parametrize("cycle", [False, True])  # a chain of classes; classes that meet again (a residual)
+def test_milp_matches_brute_force_with_edges_and_memory(enumerate_up_to, cycle, monkeypatch):
+    rng = np.random.default_rng(1 + cycle)
+    eliminated = []  # the times the elimination left few enough choices to try
+    near = milp._near_fastest
+    monkeypatch.setattr(milp, "_near_fastest", lambda *a: eliminated.append(near(*a)) or eliminated[-1])
     for trial in range(20):
-        sizes = rng.integers(1, 5, size=3)
+        sizes = rng.integers(1, 5, size=4 if cycle else 3)
         groups = [milp.Group(rng.random(n), rng.random(n), rng.random(n) * 0.3, rng.random(n)) for n in sizes]
         edges = [milp.Edge(0, 1, rng.random((sizes[0], sizes[1]))), milp.Edge(1, 2, rng.random((sizes[1], sizes[2])))]
+        if cycle:
+            edges += [milp.Edge(a, b, rng.random((sizes[a], sizes[b]))) for a, b in ((2, 3), (3, 0), (1, 3), (2, 2))]
         if trial % 2:  # pairs ruled out (a fed class's candidates take only what their producer hands over)
             edges[0].cost[rng.random(edges[0].cost.shape) < 0.4] = np.inf
         limit = float(rng.uniform(1.0, 2.5))
@@ -480,3 +487,4 @@ def test_milp_matches_brute_force_with_edges_and_memory(enumerate_up_to):
         assert sol.memory == pytest.approx(min(m for t, m, _ in fits if t <= best + 1e-6), abs=1e-6)
         least = milp.least_memory(groups, edges, enumerate_up_to=enumerate_up_to)
         assert least.memory == pytest.approx(min(m for (t, m), _ in everything if np.isfinite(t)), abs=1e-6)
+    assert (sum(r is not None for r in eliminated) >= 3) == (enumerate_up_to == 12), eliminated
