@@ -146,7 +146,7 @@ def _sum_now(op: OpDef, a: Value) -> None:
     plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
     _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
     if not reused:  # (a sum made before is only read: no step)
-        publish_move(a, target, plan.events, False, op.name)
+        publish_move(a, target, plan, op.name)
 
 
 def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None
@@ -166,14 +166,15 @@ def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events:
                    C.current_phase(), 0, C.current_scope()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
 
 
-def publish_move(v: Value, target: Any, events: tuple, reused: bool, op: str) -> None:
-    """The step of a value brought to another layout for later uses (a pending sum made once)."""
+def publish_move(v: Value, target: Any, plan: Any, op: str) -> None:
+    """The step of a value brought to another layout for later uses (a pending sum made once), carrying the plan
+    it ran (readers lower or price it as it is, never planning it again)."""
     if not C.logging():
         return
     user = C.current_op() or op
     s = serial(v)
-    use = Use(s, v._shape, v._dtype, v._spec, target, tuple(C.stamped(e, user) for e in events), reused)
-    C.publish(Step(MOVE, (target,), (use,), s, v._shape, v._dtype, target, user=C.step_user(user),
+    use = Use(s, v._shape, v._dtype, v._spec, target, tuple(C.stamped(e, user) for e in plan.events))
+    C.publish(Step(MOVE, (target,), (use,), s, v._shape, v._dtype, target, prog=plan, user=C.step_user(user),
                    phase=C.current_phase(), layer=C.current_scope()),
               [(s, v)])
 

@@ -45,7 +45,8 @@ class Use(NamedTuple):
 class Step(NamedTuple):
     """One op as it ran: ``op`` (an OpDef, or RELAYOUT / PLACE / MOVE), its params, how each operand was used,
     the result (serial, shape, dtype, layout), the moves after the kernel (``post``: a max over a sharded dim),
-    what the executor decided (``prog``: reshard plans, local steps; None on the host), the public op it ran
+    what the executor decided (``prog``: reshard plans, local steps, the plan a MOVE or RELAYOUT ran; None on the
+    host), the public op it ran
     for (``user``), ``"forward"``/``"backward"``/``"recompute"``, and the FLOPs of one device's kernel (the
     largest block). For memory: ``alias``, the operand whose storage the result shares (a view: reshape,
     transpose, a move that moved nothing; 0 when it is new), ``saves``, the values the op's VJP keeps for the

@@ -74,8 +74,7 @@ def instructions(steps: Sequence[Step]) -> list[Instr]:
             u = s.uses[0]
             src, dst = (u.value, layout(u.src)), (u.value, layout(u.dst))
             if not u.reused and src != dst:
-                plan = s.prog if s.op == RELAYOUT else reshard.plan(u.shape, u.dtype.itemsize, u.src, u.dst)
-                out += _hops(s, u, u.src, u.dst, plan, 0)
+                out += _hops(s, u, u.src, u.dst, s.prog, 0)  # (the plan the move ran, recorded with it)
             if s.op == RELAYOUT:
                 out.append(Instr("alias", s, (dst,), (s.out, layout(s.out_spec))))
         elif s.op == BUCKET:
