@@ -13,12 +13,11 @@ import numpy as np
 
 from .dtypes import is_inexact
 from .mesh import AxisRef
+from . import collectives as C
 from . import windows as W
 from .storage import fill, pad_regions
-from .collectives import event as comm_event
 from .layout import chunks, grid
 from .backends import xp
-from .layout import chunks
 
 
 class OperandContext(NamedTuple):
@@ -165,16 +164,35 @@ class Permute(FactorKind):
         block = prod(chunks(ctx.spec, ctx.shape)) * ctx.dtype.itemsize
         k = prod(g.shape[a] for a in flips)
         # over axes of size 1 every device is its own mirror: nothing moves, nothing is logged
-        events = (comm_event("collective_permute", names, block, k),) if k > 1 else ()
-        refs = [r for d in dims for r in ctx.spec.dim_refs[d]]
+        events = (C.event("mirror", names, block, k),) if k > 1 else ()
+        move, entry = Mirror(flips, tuple(r for d in dims for r in ctx.spec.dim_refs[d]), k), C.REGISTRY["mirror"]
+        return LocalStep(lambda x: entry.move(x, 0, move, ""), events, lambda x, dev: entry.lower(x, move, dev))
 
-        def lower(x, dev):  # each device receives its mirror's block (the kernel reverses it locally)
-            if k == 1:
-                return x
-            return dev.ppermute(x, dev.pairs(lambda q: k - 1 - q, refs))
 
-        # mixed radix over the dim's atoms: mirroring the position flips every digit
-        return LocalStep(lambda x: xp(x).flip(x, axis=flips), events, lower)
+class Mirror(NamedTuple):
+    """The registry's ``"mirror"`` move: each device sends its block to the device at the mirrored position along
+    ``refs`` (``k`` of them; on vectorised storage, grid axes ``flips`` reversed)."""
+
+    flips: tuple[int, ...]
+    refs: tuple
+    k: int
+
+
+def _mirror(x, G, m: Mirror, reduce_op):
+    # mixed radix over the dim's atoms: mirroring the position flips every digit
+    return xp(x).flip(x, axis=m.flips)
+
+
+def _lower_mirror(x, m: Mirror, dev):
+    """Each device receives its mirror's block (the kernel reverses it locally)."""
+    if m.k == 1:
+        return x
+    return dev.ppermute(x, dev.pairs(lambda q: m.k - 1 - q, m.refs))
+
+
+# on the wire a collective_permute; reversing twice is the identity, so it is its own transpose
+C.register(C.Collective("mirror", lambda B, k: B, lambda k: 1, "mirror", _mirror, lower=_lower_mirror,
+                        logs_as="collective_permute"))
 
 
 class WindowSpec(NamedTuple):
@@ -230,47 +248,67 @@ class Window(FactorKind):
             h = W.halo(win.n_in, self.n_out, k, win.kernel, win.stride, win.dilation, win.pad_lo)
             row = prod(b for i, b in enumerate(block) if i != d) * ctx.dtype.itemsize
             for rows, _ in halo_rounds(h):  # one collective_permute per round, sized by the most rows sent
-                events.append(comm_event("collective_permute", names, rows * row, k))
-            plans.append((d, atoms, h))
+                events.append(C.event("halo", names, rows * row, k))
+            plans.append((d, atoms, HaloMove(d, atoms, ctx.spec.dim_refs[d], h, win, self.n_out, self.fill)))
             block[d] = h.width
 
-        view = _view_key(plans, G)
+        view = _view_key([(d, a, m if isinstance(m, int) else m.halo) for d, a, m in plans], G)
+        halo = C.REGISTRY["halo"]
 
         def apply(x):
             if view is not None and type(x) is np.ndarray:  # every window inside its whole dim: a view
                 return x[view]
-            if type(x) is np.ndarray and not any(isinstance(h, int) for _, _, h in plans):  # one buffer, slices
+            if type(x) is np.ndarray and not any(isinstance(m, int) for _, _, m in plans):  # one buffer, slices
                 return W.extend_many(x, G, [(d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
                                              win.pad_lo) for d, atoms, _ in plans], self.fill)
-            for d, atoms, h in plans:
-                if isinstance(h, int):
+            for d, atoms, m in plans:
+                if isinstance(m, int):
                     shape = list(x.shape)
-                    shape[G + d] = h
+                    shape[G + d] = m
                     x = np.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                     continue
-                x = W.extend(x, d, G, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
-                             win.pad_lo, self.fill)
+                x = halo.move(x, G, m, "")
             return x
-
-        spec = ctx.spec
 
         def lower(x, dev):
-            for d, _, h in plans:
-                if isinstance(h, int):
+            for d, _, m in plans:
+                if isinstance(m, int):
                     shape = list(x.shape)
-                    shape[d] = h
+                    shape[d] = m
                     x = dev.xp.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
-                elif h.k == 1:
-                    x = W.extend(x, d, 0, (), win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
-                                 win.pad_lo, self.fill)
                 else:
-                    x = _halo_lower(x, d, spec.dim_refs[d], h, self.fill, dev)
+                    x = halo.lower(x, m, dev)
             return x
 
-        many = None if any(isinstance(h, int) for _, _, h in plans) else \
+        many = None if any(isinstance(m, int) for _, _, m in plans) else \
             (G, self.fill, tuple((d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation, win.pad_lo)
                                  for d, atoms, _ in plans))
         return LocalStep(apply, tuple(events), lower, many)
+
+
+class HaloMove(NamedTuple):
+    """The registry's ``"halo"`` move: dim ``dim`` of a block (on grid ``atoms`` of vectorised storage, on mesh
+    axes ``refs`` of a device) becomes the rows its windows read (``halo``: ``windows.halo``'s plan), padding
+    filled with ``fill``."""
+
+    dim: int
+    atoms: tuple[int, ...]
+    refs: tuple
+    halo: Any
+    win: WindowSpec
+    n_out: int
+    fill: float
+
+
+def _halo(x, G, m: HaloMove, reduce_op):
+    w = m.win
+    return W.extend(x, m.dim, G, m.atoms, w.n_in, m.n_out, w.kernel, w.stride, w.dilation, w.pad_lo, m.fill)
+
+
+def _lower_halo_move(x, m: HaloMove, dev):
+    if m.halo.k == 1:  # one device: its window is its own rows and padding
+        return _halo(x, 0, m._replace(atoms=()), "")
+    return _halo_lower(x, m.dim, m.refs, m.halo, m.fill, dev)
 
 
 def _halo_pieces(h, src):
@@ -373,6 +411,11 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
         win = write(win, got, xp.asarray(dst_off)[me], xp.asarray(count)[me])
     return win[(slice(None),) * d + (slice(0, width),)]
 
+
+# on the wire one collective_permute a round (``halo_rounds``); its transpose sends the cotangent rows back along
+# the same routes, reversed, and adds them where they land: the same exchange
+C.register(C.Collective("halo", lambda B, k: B, lambda k: 1, "halo", _halo, lower=_lower_halo_move,
+                        logs_as="collective_permute"))
 
 PASS, REDUCE, REPLICATE, PERMUTE = Pass(), Reduce(), Replicate(), Permute()
 
