@@ -29,8 +29,9 @@ class Collective:
     ``jax.lax`` twin for ``nb.jit``: the same step on one device's block inside ``jax.shard_map``, where ``ctx``
     gives ``lax`` and ``xp`` (jax.numpy), ``names`` (the jax mesh axes of the step's atoms), ``k`` (their
     group size), ``index()`` (this device's position along them), ``fit(x, axis, n)`` (trim or zero-pad a
-    dim), ``reduce_op`` and ``exchange(x, src, dst)`` (a general exchange as ppermute rounds). A kind
-    without ``lower`` runs eagerly but cannot be compiled. ``logs_as``: the kind its events carry in the comm
+    dim), ``reduce_op``, ``shape`` (the global shape) and what the device context gives (``linear(refs)``,
+    ``position()``, ``pairs(fn, refs)``, ``ppermute(x, pairs)``), which is all a kind run inside an op (a halo,
+    a mirror, ``nb.lax``) gets as ``ctx``. A kind without ``lower`` runs eagerly but cannot be compiled. ``logs_as``: the kind its events carry in the comm
     log when that is another's (a halo exchange is, on the wire, a collective_permute): its pricing is that
     kind's, and the log reads as before the kind had its own entry."""
 
@@ -201,18 +202,8 @@ def _all_to_all(x, G, s, reduce_op):
 
 
 def _collective_permute(x, G, s, reduce_op):
-    """Each device receives the block (or, for a general exchange, the pieces) its new layout needs. On
-    vectorised storage: move the leaving atoms into their dims, then cut the dims onto the arriving ones."""
-    if not s.moves:  # devices relabelled between meshes: the grid is unchanged
-        return x
-    if all(set(old) == set(new) for _, old, new, _, _, _ in s.moves):
-        for _, old, new, _, _, _ in s.moves:
-            x = permute_blocks(x, old, new)
-        return x
-    for d, old, _, _, _, whole in s.moves:
-        x = gather_into(x, G, d, old, whole)
-    for d, _, new, sizes, c, _ in s.moves:
-        x = split_onto(x, G, d, new, sizes, c)
+    """Devices relabelled between meshes: each receives the block its new position holds; on vectorised storage
+    the grid is unchanged. (A general exchange within a mesh is its own kind, ``"exchange"``.)"""
     return x
 
 
@@ -280,10 +271,28 @@ def _lower_all_to_all(x, s, ctx):
 
 
 def _lower_collective_permute(x, s, ctx):
-    if s.exchange:
-        return ctx.exchange(x, *s.exchange)
     raise ShardingError("jit: a collective_permute to another device order (a move between two meshes) cannot "
                         "be compiled: nb.jit runs on one jax mesh; keep one mesh inside the function")
+
+
+def _bucket(blocks, G, atoms, reduce_op):
+    """Several values' partial blocks summed over the same grid ``atoms`` (DDP's gradient bucket)."""
+    return [reduce_over(b, atoms, reduce_op or "sum") for b in blocks]
+
+
+def _lower_bucket(blocks, names, ctx):
+    """The blocks flattened into one buffer, one psum of it over the jax mesh axes ``names``, each block cut
+    back out: what the log's one all_reduce is."""
+    xp = ctx.xp
+    flat = xp.concatenate([b.reshape(-1).astype(blocks[0].dtype) for b in blocks]) if len(blocks) > 1 else \
+        blocks[0].reshape(-1)
+    summed = ctx.lax.psum(flat, names) if names else flat
+    out, at = [], 0
+    for b in blocks:
+        n = int(np.prod(b.shape))
+        out.append(summed[at:at + n].reshape(b.shape).astype(b.dtype))
+        at += n
+    return tuple(out)
 
 
 register(Collective("slice", lambda B, k: 0, lambda k: 0, "local_pad", _slice, local=True, lower=_lower_slice))
@@ -297,6 +306,8 @@ register(Collective("reduce_scatter", lambda B, k: (k - 1) * B // k, lambda k: k
                     lower=_lower_reduce_scatter))
 register(Collective("all_to_all", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_to_all", _all_to_all,
                     lower=_lower_all_to_all))
+register(Collective("bucket", REGISTRY["all_reduce"].ring_bytes, REGISTRY["all_reduce"].ring_steps, "bucket",
+                    _bucket, lower=_lower_bucket, logs_as="all_reduce"))  # B: the blocks' total bytes
 register(Collective("collective_permute", lambda B, k: B, lambda k: 1, "collective_permute", _collective_permute,
                     lower=_lower_collective_permute))
 
