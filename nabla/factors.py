@@ -39,7 +39,7 @@ class LocalStep(NamedTuple):
     apply: Callable[[Any], Any]
     events: tuple = ()
     lower: Callable[[Any, Any], Any] | None = None
-    windows: tuple | None = None  # (G, fill, extend_many's dims): a window step :func:`merge_windows` may join
+    windows: tuple | None = None  # (G, fill, HaloMoves): a window step :func:`merge_windows` may join
 
 
 def _view_key(plans: list, G: int) -> tuple | None:
@@ -55,7 +55,7 @@ def _view_key(plans: list, G: int) -> tuple | None:
 
 def merge_windows(steps: tuple[LocalStep, ...] | list[LocalStep]) -> tuple[LocalStep, ...]:
     """Window steps of one operand (one per windowed dim, same fill) as one: a numpy block is copied once into
-    a buffer of all its windows (``extend_many`` over every dim) rather than once per dim. Same blocks, same
+    a buffer of all its windows (the registry's ``"halo"`` over every dim) rather than once per dim. Same blocks, same
     collectives (the steps' events in order); other backends still run the steps one after another."""
     out: list[LocalStep] = []
     for step in steps:
@@ -69,7 +69,7 @@ def merge_windows(steps: tuple[LocalStep, ...] | list[LocalStep]) -> tuple[Local
 
         def apply(x, first=first, second=second, G=G, fill_=fill_, dims=dims):
             if type(x) is np.ndarray:
-                return W.extend_many(x, G, dims, fill_)
+                return C.REGISTRY["halo"].move(x, G, dims, "")
             return second.apply(first.apply(x))
 
         def lower(x, dev, first=first, second=second):
@@ -258,16 +258,15 @@ class Window(FactorKind):
         def apply(x):
             if view is not None and type(x) is np.ndarray:  # every window inside its whole dim: a view
                 return x[view]
-            if type(x) is np.ndarray and not any(isinstance(m, int) for _, _, m in plans):  # one buffer, slices
-                return W.extend_many(x, G, [(d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
-                                             win.pad_lo) for d, atoms, _ in plans], self.fill)
+            if many is not None:  # every dim a halo: one move (numpy blocks: one buffer, slices)
+                return halo.move(x, G, many[2], "")
             for d, atoms, m in plans:
                 if isinstance(m, int):
                     shape = list(x.shape)
                     shape[G + d] = m
                     x = np.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                     continue
-                x = halo.move(x, G, m, "")
+                x = halo.move(x, G, (m,), "")
             return x
 
         def lower(x, dev):
@@ -277,12 +276,10 @@ class Window(FactorKind):
                     shape[d] = m
                     x = dev.xp.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                 else:
-                    x = halo.lower(x, m, dev)
+                    x = halo.lower(x, (m,), dev)
             return x
 
-        many = None if any(isinstance(m, int) for _, _, m in plans) else \
-            (G, self.fill, tuple((d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation, win.pad_lo)
-                                 for d, atoms, _ in plans))
+        many = None if any(isinstance(m, int) for _, _, m in plans) else (G, self.fill, tuple(m for _, _, m in plans))
         return LocalStep(apply, tuple(events), lower, many)
 
 
@@ -299,16 +296,29 @@ class HaloMove(NamedTuple):
     n_out: int
     fill: float
 
+    @property
+    def dims(self) -> tuple:
+        """This dim as ``windows.extend_many`` takes it."""
+        w = self.win
+        return (self.dim, self.atoms, w.n_in, self.n_out, w.kernel, w.stride, w.dilation, w.pad_lo)
 
-def _halo(x, G, m: HaloMove, reduce_op):
-    w = m.win
-    return W.extend(x, m.dim, G, m.atoms, w.n_in, m.n_out, w.kernel, w.stride, w.dilation, w.pad_lo, m.fill)
+
+def _halo(x, G, ms: tuple[HaloMove, ...], reduce_op):
+    """Every dim of ``ms`` (one fill) made its windows' rows; numpy blocks in one buffer, by slices."""
+    if type(x) is np.ndarray:
+        return W.extend_many(x, G, [m.dims for m in ms], ms[0].fill)
+    for m in ms:
+        x = W.extend(x, *m.dims[:1], G, *m.dims[1:], m.fill)
+    return x
 
 
-def _lower_halo_move(x, m: HaloMove, dev):
-    if m.halo.k == 1:  # one device: its window is its own rows and padding
-        return _halo(x, 0, m._replace(atoms=()), "")
-    return _halo_lower(x, m.dim, m.refs, m.halo, m.fill, dev)
+def _lower_halo_move(x, ms: tuple[HaloMove, ...], dev):
+    for m in ms:
+        if m.halo.k == 1:  # one device: its window is its own rows and padding
+            x = W.extend(x, m.dim, 0, (), *m.dims[2:], m.fill)
+        else:
+            x = _halo_lower(x, m.dim, m.refs, m.halo, m.fill, dev)
+    return x
 
 
 def _halo_pieces(h, src):

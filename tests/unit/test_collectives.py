@@ -307,3 +307,66 @@ def test_the_during_column_of_a_two_layer_step_is_bounded():
         text = nb.explain(step, placed, ids, ids)
     table = text[text.index("comm log of the run:"):].splitlines()[1:]
     assert max(len(line) for line in table) <= start + C.NAMES_WIDTH
+
+
+# ---- one registry: every kind of communication is an entry, and only the registry makes events ----------------
+
+
+def test_no_module_outside_the_registry_makes_a_comm_event_and_every_kind_named_is_registered():
+    # read from the source: CommEvent(...) is called in collectives.py only; every event(...)/sent_event(...)
+    # with a literal kind names a registry entry (halos, mirrors, exchanges, buckets and nb.lax included)
+    import ast
+    from pathlib import Path
+
+    import nabla
+
+    root = Path(nabla.__file__).parent
+    made, named = [], set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name == "CommEvent" and path.name != "collectives.py":
+                made.append(f"{path.relative_to(root)}:{node.lineno}")
+            if name in ("event", "sent_event") and node.args and isinstance(node.args[0], ast.Constant):
+                named.add(node.args[0].value)
+    assert made == []
+    assert {"halo", "mirror", "bucket"} <= named  # (nb.lax names its entries through lax.KINDS)
+    assert named <= set(C.REGISTRY), named - set(C.REGISTRY)
+    for kind in ("halo", "mirror", "exchange", "bucket", "lax.all_gather", "lax.psum_scatter"):
+        c = C.REGISTRY[kind]
+        assert c.logs_as in C.kinds() and c.lower is not None and c.transpose in C.REGISTRY, kind
+    assert C.REGISTRY["lax.all_gather"].transpose == "lax.psum_scatter"
+
+
+def test_a_kind_replaced_from_outside_is_used_priced_and_logged():
+    # the halo entry swapped for one that counts its moves and prices twice the bytes: a sliced sharded vector
+    # runs through it (same values), its events carry its bytes under the kind it logs as, and they are priced
+    import dataclasses
+
+    halo = C.REGISTRY["halo"]
+    calls = []
+
+    def counting(x, G, moves, reduce_op):
+        calls.append(len(moves))
+        return halo.move(x, G, moves, reduce_op)
+
+    m = nb.DeviceMesh("m", (4,), ("x",))
+    v = np.arange(16.0, dtype=np.float32)
+    with nb.comm_log() as before:
+        nb.tensor(v).shard(m, ["x"])[4:12]
+    C.register(dataclasses.replace(halo, ring_bytes=lambda B, k: 2 * B, move=counting))
+    try:
+        with nb.comm_log() as log:
+            out = nb.tensor(v).shard(m, ["x"])[4:12]
+        np.testing.assert_array_equal(out.numpy(), v[4:12])
+    finally:
+        C.register(halo)
+    assert calls and log.counts == before.counts == {"collective_permute": len(before.events)}
+    assert [e.bytes for e in log.events] == [2 * e.bytes for e in before.events]
+    assert all(e.seconds > 0 and e.steps == 1 for e in log.events)
+    with nb.comm_log() as after:  # the entry back: plans made afresh, the log as before
+        nb.tensor(v).shard(m, ["x"])[4:12]
+    assert [e.bytes for e in after.events] == [e.bytes for e in before.events]
