@@ -1,6 +1,9 @@
 """The collective registry: kind -> its array move on vectorised storage, ring bytes and steps, transpose and
 ``jax.lax`` twin (a new collective is one ``register`` call; ``reshard`` plans moves and carries them out through
-this table), and the events moves log, made here only. The comm log is ``commlog``'s, re-exported here."""
+this table), and the events moves log, made here only. Every kind of communication is an entry: the five
+collectives, the local slice and its transpose and the gradient bucket here; the halo exchange and the mirror
+permute (``factors``), the general exchange (``reshard.exchange``) and ``nb.lax``'s collectives (``lax``) where they
+are planned. The comm log is ``commlog``'s, re-exported here."""
 
 from __future__ import annotations
 
