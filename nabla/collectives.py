@@ -1,6 +1,9 @@
 """The collective registry: kind -> its array move on vectorised storage, ring bytes and steps, transpose and
 ``jax.lax`` twin (a new collective is one ``register`` call; ``reshard`` plans moves and carries them out through
-this table), and the events moves log, made here only. The comm log is ``commlog``'s, re-exported here."""
+this table), and the events moves log, made here only. Every kind of communication is an entry: the five
+collectives, the local slice and its transpose and the gradient bucket here; the halo exchange and the mirror
+permute (``factors``), the general exchange (``reshard.exchange``) and ``nb.lax``'s collectives (``lax``) where they
+are planned. The comm log is ``commlog``'s, re-exported here."""
 
 from __future__ import annotations
 
@@ -29,8 +32,11 @@ class Collective:
     ``jax.lax`` twin for ``nb.jit``: the same step on one device's block inside ``jax.shard_map``, where ``ctx``
     gives ``lax`` and ``xp`` (jax.numpy), ``names`` (the jax mesh axes of the step's atoms), ``k`` (their
     group size), ``index()`` (this device's position along them), ``fit(x, axis, n)`` (trim or zero-pad a
-    dim), ``reduce_op`` and ``exchange(x, src, dst)`` (a general exchange as ppermute rounds). A kind
-    without ``lower`` runs eagerly but cannot be compiled."""
+    dim), ``reduce_op``, ``shape`` (the global shape) and what the device context gives (``linear(refs)``,
+    ``position()``, ``pairs(fn, refs)``, ``ppermute(x, pairs)``), which is all a kind run inside an op (a halo,
+    a mirror, ``nb.lax``) gets as ``ctx``. A kind without ``lower`` runs eagerly but cannot be compiled. ``logs_as``: the kind its events carry in the comm
+    log when that is another's (a halo exchange is, on the wire, a collective_permute): its pricing is that
+    kind's, and the log reads as before the kind had its own entry."""
 
     name: str
     ring_bytes: Callable[[int, int], int]
@@ -39,6 +45,7 @@ class Collective:
     move: Callable[..., Any]
     local: bool = False  # no data leaves a device (not logged)
     lower: Callable[..., Any] | None = None  # its jax.lax twin inside nb.jit's shard_map
+    logs_as: str = ""  # the kind its events are logged and priced as ("": its own name)
 
 
 REGISTRY: dict[str, Collective] = {}
@@ -69,8 +76,8 @@ def unregister(name: str) -> None:
 
 
 def kinds() -> tuple[str, ...]:
-    """The collective kinds a comm log can hold."""
-    return tuple(k for k, c in REGISTRY.items() if not c.local)
+    """The collective kinds a comm log can hold (a kind logged as another is not one)."""
+    return tuple(k for k, c in REGISTRY.items() if not c.local and not c.logs_as)
 
 
 # ---- array moves along grid atoms --------------------------------------------------------------------
@@ -173,7 +180,7 @@ def _fit(x: Any, axis: int, n: int) -> Any:
     return xp(x).pad(x, pad)
 
 
-# ---- the five collectives and the local slice ---------------------------------------------------------
+# ---- the five collectives, the local slice and its transpose ---------------------------------------------------------
 
 
 def _slice(x, G, s, reduce_op):
@@ -198,19 +205,25 @@ def _all_to_all(x, G, s, reduce_op):
 
 
 def _collective_permute(x, G, s, reduce_op):
-    """Each device receives the block (or, for a general exchange, the pieces) its new layout needs. On
-    vectorised storage: move the leaving atoms into their dims, then cut the dims onto the arriving ones."""
-    if not s.moves:  # devices relabelled between meshes: the grid is unchanged
-        return x
-    if all(set(old) == set(new) for _, old, new, _, _, _ in s.moves):
-        for _, old, new, _, _, _ in s.moves:
-            x = permute_blocks(x, old, new)
-        return x
-    for d, old, _, _, _, whole in s.moves:
-        x = gather_into(x, G, d, old, whole)
-    for d, _, new, sizes, c, _ in s.moves:
-        x = split_onto(x, G, d, new, sizes, c)
+    """Devices relabelled between meshes: each receives the block its new position holds; on vectorised storage
+    the grid is unchanged. (A general exchange within a mesh is its own kind, ``"exchange"``.)"""
     return x
+
+
+def _local_pad(x, G, s, reduce_op):
+    """A slice's transpose: each device's block put back in its place along ``dst`` among zeros, the atoms
+    left on the grid (the value is partial over them: their sum is the whole dim again). No data moves."""
+    k, c, h = prod(s.sizes), s.dst_chunk, prod(s.held)
+    pos = np.zeros((1,) * G, dtype=np.int64)
+    for a, n in zip(s.atoms, s.sizes):  # mixed radix over the atoms, major first
+        pos = pos * n + np.arange(n).reshape((1,) * a + (n,) + (1,) * (G - a - 1))
+    rest = x.ndim - G - s.dst - 1
+    hot = pos.reshape(pos.shape + (1,) * s.dst + (1, 1, 1) + (1,) * rest) == \
+        np.arange(k).reshape((1,) * (G + s.dst) + (1, k, 1) + (1,) * rest)
+    x = _fit(x, G + s.dst, h * c)
+    y = x.reshape(x.shape[:G + s.dst] + (h, 1, c) + x.shape[G + s.dst + 1:])
+    y = xp(x).where(hot, y, xp(x).zeros((), dtype=x.dtype))
+    return y.reshape(y.shape[:G + s.dst] + (h * k * c,) + y.shape[G + s.dst + 3:])
 
 
 # ---- their jax.lax twins (nb.jit lowers each planned step to one, on each device's block) -------------
@@ -227,6 +240,15 @@ def _lower_slice(x, s, ctx):
         return x.reshape(x.shape[:s.dst] + (h * c,) + x.shape[s.dst + 2:])
     x = ctx.fit(x, s.dst, ctx.k * c)
     return ctx.lax.dynamic_slice_in_dim(x, ctx.index() * c, c, axis=s.dst)
+
+
+def _lower_local_pad(x, s, ctx):
+    h, c, rest = prod(s.held), s.dst_chunk, x.ndim - s.dst - 1
+    x = ctx.fit(x, s.dst, h * c)
+    y = x.reshape(x.shape[:s.dst] + (h, 1, c) + x.shape[s.dst + 1:])
+    hot = (ctx.xp.arange(ctx.k) == ctx.index()).reshape((1,) * s.dst + (1, ctx.k, 1) + (1,) * rest)
+    y = ctx.xp.where(hot, y, ctx.xp.zeros((), dtype=x.dtype))
+    return y.reshape(y.shape[:s.dst] + (h * ctx.k * c,) + y.shape[s.dst + 3:])
 
 
 def _lower_all_gather(x, s, ctx):
@@ -252,13 +274,33 @@ def _lower_all_to_all(x, s, ctx):
 
 
 def _lower_collective_permute(x, s, ctx):
-    if s.exchange:
-        return ctx.exchange(x, *s.exchange)
     raise ShardingError("jit: a collective_permute to another device order (a move between two meshes) cannot "
                         "be compiled: nb.jit runs on one jax mesh; keep one mesh inside the function")
 
 
+def _bucket(blocks, G, atoms, reduce_op):
+    """Several values' partial blocks summed over the same grid ``atoms`` (DDP's gradient bucket)."""
+    return [reduce_over(b, atoms, reduce_op or "sum") for b in blocks]
+
+
+def _lower_bucket(blocks, names, ctx):
+    """The blocks flattened into one buffer, one psum of it over the jax mesh axes ``names``, each block cut
+    back out: what the log's one all_reduce is."""
+    xp = ctx.xp
+    flat = xp.concatenate([b.reshape(-1).astype(blocks[0].dtype) for b in blocks]) if len(blocks) > 1 else \
+        blocks[0].reshape(-1)
+    summed = ctx.lax.psum(flat, names) if names else flat
+    out, at = [], 0
+    for b in blocks:
+        n = int(np.prod(b.shape))
+        out.append(summed[at:at + n].reshape(b.shape).astype(b.dtype))
+        at += n
+    return tuple(out)
+
+
 register(Collective("slice", lambda B, k: 0, lambda k: 0, "local_pad", _slice, local=True, lower=_lower_slice))
+register(Collective("local_pad", lambda B, k: 0, lambda k: 0, "slice", _local_pad, local=True,
+                    lower=_lower_local_pad))
 register(Collective("all_gather", lambda B, k: (k - 1) * B, lambda k: k - 1, "reduce_scatter", _all_gather,
                     lower=_lower_all_gather))
 register(Collective("all_reduce", lambda B, k: 2 * (k - 1) * B // k, lambda k: 2 * (k - 1), "all_reduce", _all_reduce,
@@ -267,6 +309,8 @@ register(Collective("reduce_scatter", lambda B, k: (k - 1) * B // k, lambda k: k
                     lower=_lower_reduce_scatter))
 register(Collective("all_to_all", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_to_all", _all_to_all,
                     lower=_lower_all_to_all))
+register(Collective("bucket", REGISTRY["all_reduce"].ring_bytes, REGISTRY["all_reduce"].ring_steps, "bucket",
+                    _bucket, lower=_lower_bucket, logs_as="all_reduce"))  # B: the blocks' total bytes
 register(Collective("collective_permute", lambda B, k: B, lambda k: 1, "collective_permute", _collective_permute,
                     lower=_lower_collective_permute))
 
@@ -301,13 +345,14 @@ class CommEvent(NamedTuple):
 
 def event(kind: str, axes: tuple[str, ...], block_bytes: int, group: int) -> CommEvent:
     """The event of collective ``kind`` on a local block of ``block_bytes`` over ``group`` devices."""
-    return CommEvent(kind, axes, REGISTRY[kind].ring_bytes(block_bytes, group), group)
+    c = REGISTRY[kind]
+    return CommEvent(c.logs_as or kind, axes, c.ring_bytes(block_bytes, group), group)
 
 
 def sent_event(kind: str, axes: tuple[str, ...], nbytes: int, group: int) -> CommEvent:
     """The event of collective ``kind`` over ``group`` devices that sends ``nbytes`` per device (bytes already
     counted, as a planned move's are)."""
-    return CommEvent(kind, axes, nbytes, group)
+    return CommEvent(REGISTRY[kind].logs_as or kind, axes, nbytes, group)
 
 
 def stamped(e: CommEvent, op: str) -> CommEvent:

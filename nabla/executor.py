@@ -386,7 +386,7 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
         block += prod(chunks(ShardingSpec(t.mesh, t.dim_specs), v._shape)) * v._dtype.itemsize
     if C.logging():
         user = C.current_op() or BUCKET
-        event = C.stamped(C.event("all_reduce", axes, block, group), user)
+        event = C.stamped(C.event("bucket", axes, block, group), user)
         uses = tuple(Use(serial(v), v._shape, v._dtype, v._spec, t) for v, t in zip(values, targets))
         first = outs[0]
         C.publish(Step(BUCKET, (tuple(targets), tuple(serial(o) for o in outs)), uses, serial(first), first._shape,

@@ -13,12 +13,11 @@ import numpy as np
 
 from .dtypes import is_inexact
 from .mesh import AxisRef
+from . import collectives as C
 from . import windows as W
 from .storage import fill, pad_regions
-from .collectives import event as comm_event
 from .layout import chunks, grid
 from .backends import xp
-from .layout import chunks
 
 
 class OperandContext(NamedTuple):
@@ -40,7 +39,7 @@ class LocalStep(NamedTuple):
     apply: Callable[[Any], Any]
     events: tuple = ()
     lower: Callable[[Any, Any], Any] | None = None
-    windows: tuple | None = None  # (G, fill, extend_many's dims): a window step :func:`merge_windows` may join
+    windows: tuple | None = None  # (G, fill, HaloMoves): a window step :func:`merge_windows` may join
 
 
 def _view_key(plans: list, G: int) -> tuple | None:
@@ -56,7 +55,7 @@ def _view_key(plans: list, G: int) -> tuple | None:
 
 def merge_windows(steps: tuple[LocalStep, ...] | list[LocalStep]) -> tuple[LocalStep, ...]:
     """Window steps of one operand (one per windowed dim, same fill) as one: a numpy block is copied once into
-    a buffer of all its windows (``extend_many`` over every dim) rather than once per dim. Same blocks, same
+    a buffer of all its windows (the registry's ``"halo"`` over every dim) rather than once per dim. Same blocks, same
     collectives (the steps' events in order); other backends still run the steps one after another."""
     out: list[LocalStep] = []
     for step in steps:
@@ -70,7 +69,7 @@ def merge_windows(steps: tuple[LocalStep, ...] | list[LocalStep]) -> tuple[Local
 
         def apply(x, first=first, second=second, G=G, fill_=fill_, dims=dims):
             if type(x) is np.ndarray:
-                return W.extend_many(x, G, dims, fill_)
+                return C.REGISTRY["halo"].move(x, G, dims, "")
             return second.apply(first.apply(x))
 
         def lower(x, dev, first=first, second=second):
@@ -165,16 +164,35 @@ class Permute(FactorKind):
         block = prod(chunks(ctx.spec, ctx.shape)) * ctx.dtype.itemsize
         k = prod(g.shape[a] for a in flips)
         # over axes of size 1 every device is its own mirror: nothing moves, nothing is logged
-        events = (comm_event("collective_permute", names, block, k),) if k > 1 else ()
-        refs = [r for d in dims for r in ctx.spec.dim_refs[d]]
+        events = (C.event("mirror", names, block, k),) if k > 1 else ()
+        move, entry = Mirror(flips, tuple(r for d in dims for r in ctx.spec.dim_refs[d]), k), C.REGISTRY["mirror"]
+        return LocalStep(lambda x: entry.move(x, 0, move, ""), events, lambda x, dev: entry.lower(x, move, dev))
 
-        def lower(x, dev):  # each device receives its mirror's block (the kernel reverses it locally)
-            if k == 1:
-                return x
-            return dev.ppermute(x, dev.pairs(lambda q: k - 1 - q, refs))
 
-        # mixed radix over the dim's atoms: mirroring the position flips every digit
-        return LocalStep(lambda x: xp(x).flip(x, axis=flips), events, lower)
+class Mirror(NamedTuple):
+    """The registry's ``"mirror"`` move: each device sends its block to the device at the mirrored position along
+    ``refs`` (``k`` of them; on vectorised storage, grid axes ``flips`` reversed)."""
+
+    flips: tuple[int, ...]
+    refs: tuple
+    k: int
+
+
+def _mirror(x, G, m: Mirror, reduce_op):
+    # mixed radix over the dim's atoms: mirroring the position flips every digit
+    return xp(x).flip(x, axis=m.flips)
+
+
+def _lower_mirror(x, m: Mirror, dev):
+    """Each device receives its mirror's block (the kernel reverses it locally)."""
+    if m.k == 1:
+        return x
+    return dev.ppermute(x, dev.pairs(lambda q: m.k - 1 - q, m.refs))
+
+
+# on the wire a collective_permute; reversing twice is the identity, so it is its own transpose
+C.register(C.Collective("mirror", lambda B, k: B, lambda k: 1, "mirror", _mirror, lower=_lower_mirror,
+                        logs_as="collective_permute"))
 
 
 class WindowSpec(NamedTuple):
@@ -230,47 +248,77 @@ class Window(FactorKind):
             h = W.halo(win.n_in, self.n_out, k, win.kernel, win.stride, win.dilation, win.pad_lo)
             row = prod(b for i, b in enumerate(block) if i != d) * ctx.dtype.itemsize
             for rows, _ in halo_rounds(h):  # one collective_permute per round, sized by the most rows sent
-                events.append(comm_event("collective_permute", names, rows * row, k))
-            plans.append((d, atoms, h))
+                events.append(C.event("halo", names, rows * row, k))
+            plans.append((d, atoms, HaloMove(d, atoms, ctx.spec.dim_refs[d], h, win, self.n_out, self.fill)))
             block[d] = h.width
 
-        view = _view_key(plans, G)
+        view = _view_key([(d, a, m if isinstance(m, int) else m.halo) for d, a, m in plans], G)
+        halo = C.REGISTRY["halo"]
 
         def apply(x):
             if view is not None and type(x) is np.ndarray:  # every window inside its whole dim: a view
                 return x[view]
-            if type(x) is np.ndarray and not any(isinstance(h, int) for _, _, h in plans):  # one buffer, slices
-                return W.extend_many(x, G, [(d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
-                                             win.pad_lo) for d, atoms, _ in plans], self.fill)
-            for d, atoms, h in plans:
-                if isinstance(h, int):
+            if many is not None:  # every dim a halo: one move (numpy blocks: one buffer, slices)
+                return halo.move(x, G, many[2], "")
+            for d, atoms, m in plans:
+                if isinstance(m, int):
                     shape = list(x.shape)
-                    shape[G + d] = h
+                    shape[G + d] = m
                     x = np.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
                     continue
-                x = W.extend(x, d, G, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
-                             win.pad_lo, self.fill)
+                x = halo.move(x, G, (m,), "")
             return x
-
-        spec = ctx.spec
 
         def lower(x, dev):
-            for d, _, h in plans:
-                if isinstance(h, int):
+            for d, _, m in plans:
+                if isinstance(m, int):
                     shape = list(x.shape)
-                    shape[d] = h
+                    shape[d] = m
                     x = dev.xp.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
-                elif h.k == 1:
-                    x = W.extend(x, d, 0, (), win.n_in, self.n_out, win.kernel, win.stride, win.dilation,
-                                 win.pad_lo, self.fill)
                 else:
-                    x = _halo_lower(x, d, spec.dim_refs[d], h, self.fill, dev)
+                    x = halo.lower(x, (m,), dev)
             return x
 
-        many = None if any(isinstance(h, int) for _, _, h in plans) else \
-            (G, self.fill, tuple((d, atoms, win.n_in, self.n_out, win.kernel, win.stride, win.dilation, win.pad_lo)
-                                 for d, atoms, _ in plans))
+        many = None if any(isinstance(m, int) for _, _, m in plans) else (G, self.fill, tuple(m for _, _, m in plans))
         return LocalStep(apply, tuple(events), lower, many)
+
+
+class HaloMove(NamedTuple):
+    """The registry's ``"halo"`` move: dim ``dim`` of a block (on grid ``atoms`` of vectorised storage, on mesh
+    axes ``refs`` of a device) becomes the rows its windows read (``halo``: ``windows.halo``'s plan), padding
+    filled with ``fill``."""
+
+    dim: int
+    atoms: tuple[int, ...]
+    refs: tuple
+    halo: Any
+    win: WindowSpec
+    n_out: int
+    fill: float
+
+    @property
+    def dims(self) -> tuple:
+        """This dim as ``windows.extend_many`` takes it."""
+        w = self.win
+        return (self.dim, self.atoms, w.n_in, self.n_out, w.kernel, w.stride, w.dilation, w.pad_lo)
+
+
+def _halo(x, G, ms: tuple[HaloMove, ...], reduce_op):
+    """Every dim of ``ms`` (one fill) made its windows' rows; numpy blocks in one buffer, by slices."""
+    if type(x) is np.ndarray:
+        return W.extend_many(x, G, [m.dims for m in ms], ms[0].fill)
+    for m in ms:
+        x = W.extend(x, *m.dims[:1], G, *m.dims[1:], m.fill)
+    return x
+
+
+def _lower_halo_move(x, ms: tuple[HaloMove, ...], dev):
+    for m in ms:
+        if m.halo.k == 1:  # one device: its window is its own rows and padding
+            x = W.extend(x, m.dim, 0, (), *m.dims[2:], m.fill)
+        else:
+            x = _halo_lower(x, m.dim, m.refs, m.halo, m.fill, dev)
+    return x
 
 
 def _halo_pieces(h, src):
@@ -373,6 +421,11 @@ def _halo_lower(x, d: int, refs, h, fill, dev):
         win = write(win, got, xp.asarray(dst_off)[me], xp.asarray(count)[me])
     return win[(slice(None),) * d + (slice(0, width),)]
 
+
+# on the wire one collective_permute a round (``halo_rounds``); its transpose sends the cotangent rows back along
+# the same routes, reversed, and adds them where they land: the same exchange
+C.register(C.Collective("halo", lambda B, k: B, lambda k: 1, "halo", _halo, lower=_lower_halo_move,
+                        logs_as="collective_permute"))
 
 PASS, REDUCE, REPLICATE, PERMUTE = Pass(), Reduce(), Replicate(), Permute()
 

@@ -6,7 +6,7 @@ simulated on every device's block at once, logged in the comm log, and lowered b
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,7 +26,8 @@ from .ops import arange, equal, reshape, sum as nsum
 
 
 class LaxOp:
-    """A collective in the trace: its name and params; ``lower(block, dev)`` is its jax.lax form."""
+    """A collective in the trace: its name and params; ``lower(block, dev)`` is its jax.lax form (its registry
+    entry's ``lower``)."""
 
     def __init__(self, name: str, params: tuple) -> None:
         self.name, self.params = name, params
@@ -35,29 +36,10 @@ class LaxOp:
         self.raw_cotangent = name == "all_gather"
 
     def lower(self, x, dev):
-        lax = dev.lax
-        axes, *rest = self.params
-        names = dev.axis_names([dev.mesh.axis_ref(a) for a in axes])
-        if self.name in ("psum", "pmax", "pmin"):
-            return getattr(lax, self.name)(x, names)
-        if self.name == "all_gather":
-            axis, tiled = rest
-            return lax.all_gather(x, names, axis=axis, tiled=tiled)
-        if self.name == "psum_scatter":
-            dim, tiled = rest
-            return lax.psum_scatter(x, names, scatter_dimension=dim, tiled=tiled)
-        if self.name == "all_to_all":
-            split, concat, tiled = rest
-            return lax.all_to_all(x, names, split, concat, tiled=tiled)
-        if self.name == "ppermute":
-            perm, = rest
-            # pairs are positions along `axes`; ppermute over every atom takes mesh positions
-            pairs = [p for s, t in perm for p in dev.pairs(lambda q, s=s, t=t: t if q == s else None,
-                                                           [dev.mesh.axis_ref(a) for a in axes])]
-            return dev.ppermute(x, pairs)
-        if self.name == "axis_index":
+        if self.name == "axis_index":  # a value, not a move: no registry entry
+            axes, = self.params
             return dev.xp.asarray(dev.linear([dev.mesh.axis_ref(a) for a in axes]), dtype=np.int32)
-        raise ShardingError(f"internal: no lowering for {self.name}")
+        return C.REGISTRY[KINDS[self.name]].lower(x, self.params, dev)
 
 
 def _manual(x: Any, fn: str) -> Tensor:
@@ -78,15 +60,24 @@ def _axes(x: Tensor, axes: Any, fn: str) -> tuple[str, ...]:
     return names
 
 
-def _group(x: Tensor, axes: tuple[str, ...]):
+class LaxMove(NamedTuple):
+    """What an nb.lax entry of the collective registry simulates: the operand's mesh, the axes it varies
+    along, its block shape, and the collective's params (its axes first)."""
+
+    mesh: DeviceMesh
+    varying: tuple
+    shape: tuple
+    params: tuple
+
+
+def _group(data, m: LaxMove):
     """The block array with the group's mesh axes full-size and merged into one leading axis (in the order
     given: JAX's linear index over several axes), plus how to put it back."""
-    mesh = x.sharding.mesh
-    data = x._data
+    mesh, axes = m.mesh, m.params[0]
     G = mesh.ndim
     xp = _xp(data)
-    full = tuple(mesh.shape[i] if n in axes or n in x.sharding.varying else 1 for i, n in enumerate(mesh.axis_names))
-    data = xp.broadcast_to(data, full + x.shape)
+    full = tuple(mesh.shape[i] if n in axes or n in m.varying else 1 for i, n in enumerate(mesh.axis_names))
+    data = xp.broadcast_to(data, full + tuple(m.shape))
     order = [mesh.axis_index(a) for a in axes]
     rest = [i for i in range(G) if i not in order]
     moved = xp.moveaxis(data, order + rest, list(range(G)))
@@ -100,52 +91,60 @@ def _group(x: Tensor, axes: tuple[str, ...]):
     return merged, k, back
 
 
-def _result(x: Tensor, data, shape, varying, name: str, params: tuple, event: C.CommEvent | None):
+def _first(m: LaxMove) -> tuple:
+    """The index keeping one copy along the group's axes (the result is the same on all of them)."""
+    return tuple(slice(0, 1) if n in m.params[0] else slice(None) for n in m.mesh.axis_names)
+
+
+def _result(x: Tensor, shape, varying, name: str, params: tuple, k: int) -> Tensor:
+    """The collective ``name`` run through its registry entry: simulated on every block, logged (over a group
+    of ``k``; 0: nothing moves), recorded."""
     mesh = x.sharding.mesh
     spec = ManualSpec(mesh, varying)
-    if data is not None:
+    entry = C.REGISTRY[KINDS[name]]
+    data = None
+    if x._data is not None:
+        data = entry.move(x._data, mesh.ndim, LaxMove(mesh, tuple(x.sharding.varying), x.shape, params), "")
         xp = _xp(data)
         data = xp.broadcast_to(data, spec.grid() + tuple(shape)) if data.shape != spec.grid() + tuple(shape) else data
         if xp is np:
             data = np.ascontiguousarray(data)
             data.flags.writeable = False
     op = LaxOp(name, params)
-    out = Tensor(data, spec, tuple(shape), x.dtype if name != "axis_index" else np.dtype(np.int32),
-                 node=Node(op, params, (x,), "manual") if tracked((x,)) else None)
-    record_step(op, params, (x,), out, (event,) if event is not None else (), "manual")
+    out = Tensor(data, spec, tuple(shape), x.dtype, node=Node(op, params, (x,), "manual") if tracked((x,)) else None)
+    events = (C.event(KINDS[name], params[0], prod(x.shape) * x.dtype.itemsize, k),) if k else ()
+    record_step(op, params, (x,), out, events, "manual")
     return out
 
 
-def _block(x: Tensor) -> int:
-    return prod(x.shape) * x.dtype.itemsize
-
-
-def _reduce(x, axes, name, fn):
+def _reduce(x, axes, name):
     x = _manual(x, name)
     axes = _axes(x, axes, name)
     k = prod(x.sharding.mesh.axis_size(a) for a in axes)
-    data = None
-    if x._data is not None:
-        merged, _, back = _group(x, axes)
-        red = getattr(_xp(merged), fn)(merged, axis=0, keepdims=True)
-        data = back(_xp(red).broadcast_to(red, merged.shape))[tuple(
-            slice(0, 1) if n in axes else slice(None) for n in x.sharding.mesh.axis_names)]
     varying = [a for a in x.sharding.varying if a not in axes]
-    return _result(x, data, x.shape, varying, name, (axes,), C.event("all_reduce", axes, _block(x), k))
+    return _result(x, x.shape, varying, name, (axes,), k)
+
+
+def _sim_reduce(fn: str):
+    def move(data, G, m: LaxMove, reduce_op):
+        merged, _, back = _group(data, m)
+        red = getattr(_xp(merged), fn)(merged, axis=0, keepdims=True)
+        return back(_xp(red).broadcast_to(red, merged.shape))[_first(m)]
+    return move
 
 
 def psum(x: Tensor, axes: Any) -> Tensor:
     """The sum over the devices along ``axes`` (every device gets it; a value the same on all of them is
     multiplied by their number, as in JAX)."""
-    return _reduce(x, axes, "psum", "sum")
+    return _reduce(x, axes, "psum")
 
 
 def pmax(x: Tensor, axes: Any) -> Tensor:
-    return _reduce(x, axes, "pmax", "max")
+    return _reduce(x, axes, "pmax")
 
 
 def pmin(x: Tensor, axes: Any) -> Tensor:
-    return _reduce(x, axes, "pmin", "min")
+    return _reduce(x, axes, "pmin")
 
 
 def all_gather(x: Tensor, axes: Any, axis: int = 0, *, tiled: bool = False) -> Tensor:
@@ -163,22 +162,22 @@ def all_gather(x: Tensor, axes: Any, axis: int = 0, *, tiled: bool = False) -> T
         shape[axis] *= k
     else:
         shape.insert(axis, k)
-    data = None
-    if x._data is not None:
-        merged, _, back = _group(x, axes)
-        xp = _xp(merged)
-        Gr = x.sharding.mesh.ndim - len(axes)
-        stacked = xp.moveaxis(merged, 0, Gr + axis)  # the group index joins the block at `axis`
-        if tiled:
-            s = list(stacked.shape)
-            s[Gr + axis:Gr + axis + 2] = [s[Gr + axis] * s[Gr + axis + 1]]
-            stacked = stacked.reshape(s)
-        data = xp.expand_dims(stacked, 0)
-        data = back(xp.broadcast_to(data, (k,) + data.shape[1:]))[tuple(
-            slice(0, 1) if n in axes else slice(None) for n in x.sharding.mesh.axis_names)]
     varying = [a for a in x.sharding.varying if a not in axes]
-    return _result(x, data, shape, varying, "all_gather", (axes, axis, tiled),
-                   C.event("all_gather", axes, _block(x), k))
+    return _result(x, shape, varying, "all_gather", (axes, axis, tiled), k)
+
+
+def _sim_all_gather(data, G, m: LaxMove, reduce_op):
+    axes, axis, tiled = m.params
+    merged, k, back = _group(data, m)
+    xp = _xp(merged)
+    Gr = G - len(axes)
+    stacked = xp.moveaxis(merged, 0, Gr + axis)  # the group index joins the block at `axis`
+    if tiled:
+        s = list(stacked.shape)
+        s[Gr + axis:Gr + axis + 2] = [s[Gr + axis] * s[Gr + axis + 1]]
+        stacked = stacked.reshape(s)
+    data = xp.expand_dims(stacked, 0)
+    return back(xp.broadcast_to(data, (k,) + data.shape[1:]))[_first(m)]
 
 
 def _check_split(fn: str, dim: str, n: int, k: int, axes: tuple[str, ...], tiled: bool) -> None:
@@ -203,21 +202,22 @@ def psum_scatter(x: Tensor, axes: Any, scatter_dimension: int = 0, *, tiled: boo
         shape[d] = n // k
     else:
         del shape[d]
-    data = None
-    if x._data is not None:
-        merged, _, back = _group(x, axes)
-        xp = _xp(merged)
-        G = x.sharding.mesh.ndim
-        total = xp.sum(merged, axis=0, dtype=merged.dtype)  # (*rest grid, *block)
-        Gr = G - len(axes)
-        pieces = total.reshape(total.shape[:Gr + d] + (k, n // k) + total.shape[Gr + d + 1:])
-        pieces = xp.moveaxis(pieces, Gr + d, 0)  # piece index becomes the group axis
-        if not tiled:
-            pieces = pieces.reshape(pieces.shape[:Gr + 1 + d] + pieces.shape[Gr + 2 + d:])
-        data = back(pieces)
     varying = sorted(set(x.sharding.varying) | set(axes))
-    return _result(x, data, shape, varying, "psum_scatter", (axes, d, tiled),
-                   C.event("reduce_scatter", axes, _block(x), k))
+    return _result(x, shape, varying, "psum_scatter", (axes, d, tiled), k)
+
+
+def _sim_psum_scatter(data, G, m: LaxMove, reduce_op):
+    axes, d, tiled = m.params
+    merged, k, back = _group(data, m)
+    xp = _xp(merged)
+    n = m.shape[d]
+    total = xp.sum(merged, axis=0, dtype=merged.dtype)  # (*rest grid, *block)
+    Gr = G - len(axes)
+    pieces = total.reshape(total.shape[:Gr + d] + (k, n // k) + total.shape[Gr + d + 1:])
+    pieces = xp.moveaxis(pieces, Gr + d, 0)  # piece index becomes the group axis
+    if not tiled:
+        pieces = pieces.reshape(pieces.shape[:Gr + 1 + d] + pieces.shape[Gr + 2 + d:])
+    return back(pieces)
 
 
 def all_to_all(x: Tensor, axes: Any, split_axis: int, concat_axis: int, *, tiled: bool = False) -> Tensor:
@@ -237,26 +237,26 @@ def all_to_all(x: Tensor, axes: Any, split_axis: int, concat_axis: int, *, tiled
     else:
         del shape[s]
         shape.insert(c, k)
-    data = None
-    if x._data is not None:
-        merged, _, back = _group(x, axes)  # (k senders, *rest grid, *block)
-        xp = _xp(merged)
-        G = x.sharding.mesh.ndim
-        Gr = G - len(axes)
-        if tiled:
-            blk = merged.shape[1 + Gr:]
-            merged = merged.reshape(merged.shape[:1 + Gr + s] + (k, blk[s] // k) + merged.shape[1 + Gr + s + 1:])
-        parts = xp.moveaxis(merged, 1 + Gr + s, 0)  # (k receivers, k senders, *rest grid, *block with the piece)
-        parts = xp.moveaxis(parts, 1, 1 + Gr + c)  # senders at the concat dim (untiled: they are the new dim)
-        if tiled:
-            merged_shape = list(parts.shape)
-            j = 1 + Gr + c
-            merged_shape[j:j + 2] = [merged_shape[j] * merged_shape[j + 1]]
-            parts = parts.reshape(merged_shape)
-        data = back(parts)
     varying = sorted(set(x.sharding.varying) | set(axes))
-    return _result(x, data, shape, varying, "all_to_all", (axes, s, c, tiled),
-                   C.event("all_to_all", axes, _block(x), k))
+    return _result(x, shape, varying, "all_to_all", (axes, s, c, tiled), k)
+
+
+def _sim_all_to_all(data, G, m: LaxMove, reduce_op):
+    axes, s, c, tiled = m.params
+    merged, k, back = _group(data, m)  # (k senders, *rest grid, *block)
+    xp = _xp(merged)
+    Gr = G - len(axes)
+    if tiled:
+        blk = merged.shape[1 + Gr:]
+        merged = merged.reshape(merged.shape[:1 + Gr + s] + (k, blk[s] // k) + merged.shape[1 + Gr + s + 1:])
+    parts = xp.moveaxis(merged, 1 + Gr + s, 0)  # (k receivers, k senders, *rest grid, *block with the piece)
+    parts = xp.moveaxis(parts, 1, 1 + Gr + c)  # senders at the concat dim (untiled: they are the new dim)
+    if tiled:
+        merged_shape = list(parts.shape)
+        j = 1 + Gr + c
+        merged_shape[j:j + 2] = [merged_shape[j] * merged_shape[j + 1]]
+        parts = parts.reshape(merged_shape)
+    return back(parts)
 
 
 def ppermute(x: Tensor, axes: Any, perm: Sequence[tuple[int, int]]) -> Tensor:
@@ -270,23 +270,73 @@ def ppermute(x: Tensor, axes: Any, perm: Sequence[tuple[int, int]]) -> Tensor:
             len({t for _, t in perm}) != len(perm):
         raise ShardingError(f"nb.lax.ppermute: perm {list(perm)} must pair distinct sources with distinct targets "
                             f"in 0..{k - 1}")
-    data = None
-    if x._data is not None:
-        merged, _, back = _group(x, axes)
-        xp = _xp(merged)
-        out = xp.zeros_like(merged)
-        src = np.array([s for s, _ in perm], dtype=np.int64)
-        dst = np.array([t for _, t in perm], dtype=np.int64)
-        if xp is np:
-            out = np.array(out)
-            out[dst] = merged[src]
-        else:
-            out = out.at[dst].set(merged[src])
-        data = back(out)
     varying = sorted(set(x.sharding.varying) | set(axes))
     moving = [(s, t) for s, t in perm if s != t]  # a device sending to itself moves nothing
-    return _result(x, data, x.shape, varying, "ppermute", (axes, perm),
-                   C.event("collective_permute", axes, _block(x), len(moving)) if moving else None)
+    return _result(x, x.shape, varying, "ppermute", (axes, perm), len(moving))
+
+
+def _sim_ppermute(data, G, m: LaxMove, reduce_op):
+    axes, perm = m.params
+    merged, _, back = _group(data, m)
+    xp = _xp(merged)
+    out = xp.zeros_like(merged)
+    src = np.array([s for s, _ in perm], dtype=np.int64)
+    dst = np.array([t for _, t in perm], dtype=np.int64)
+    if xp is np:
+        out = np.array(out)
+        out[dst] = merged[src]
+    else:
+        out = out.at[dst].set(merged[src])
+    return back(out)
+
+
+# ---- their jax.lax twins, on one device's block inside nb.jit (``dev``: the device's context) ---------------
+
+
+def _names(axes, dev):
+    return dev.axis_names([dev.mesh.axis_ref(a) for a in axes])
+
+
+def _lower_reduce(fn: str):
+    return lambda x, params, dev: getattr(dev.lax, fn)(x, _names(params[0], dev))
+
+
+def _lower_all_gather(x, params, dev):
+    axes, axis, tiled = params
+    return dev.lax.all_gather(x, _names(axes, dev), axis=axis, tiled=tiled)
+
+
+def _lower_psum_scatter(x, params, dev):
+    axes, dim, tiled = params
+    return dev.lax.psum_scatter(x, _names(axes, dev), scatter_dimension=dim, tiled=tiled)
+
+
+def _lower_all_to_all(x, params, dev):
+    axes, split, concat, tiled = params
+    return dev.lax.all_to_all(x, _names(axes, dev), split, concat, tiled=tiled)
+
+
+def _lower_ppermute(x, params, dev):
+    axes, perm = params
+    # pairs are positions along `axes`; ppermute over every atom takes mesh positions
+    refs = [dev.mesh.axis_ref(a) for a in axes]
+    return dev.ppermute(x, [p for s, t in perm for p in dev.pairs(lambda q, s=s, t=t: t if q == s else None, refs)])
+
+
+#: each nb.lax collective's registry entry: logged and priced as the collective it is on the wire
+KINDS = {"psum": "lax.psum", "pmax": "lax.pmax", "pmin": "lax.pmin", "all_gather": "lax.all_gather",
+         "psum_scatter": "lax.psum_scatter", "all_to_all": "lax.all_to_all", "ppermute": "lax.ppermute"}
+for _name, _wire, _transpose, _move, _lower in (
+        ("psum", "all_reduce", "psum", _sim_reduce("sum"), _lower_reduce("psum")),
+        ("pmax", "all_reduce", "pmax", _sim_reduce("max"), _lower_reduce("pmax")),
+        ("pmin", "all_reduce", "pmin", _sim_reduce("min"), _lower_reduce("pmin")),
+        ("all_gather", "all_gather", "psum_scatter", _sim_all_gather, _lower_all_gather),
+        ("psum_scatter", "reduce_scatter", "all_gather", _sim_psum_scatter, _lower_psum_scatter),
+        ("all_to_all", "all_to_all", "all_to_all", _sim_all_to_all, _lower_all_to_all),
+        ("ppermute", "collective_permute", "ppermute", _sim_ppermute, _lower_ppermute)):
+    _core = C.REGISTRY[_wire]
+    C.register(C.Collective(KINDS[_name], _core.ring_bytes, _core.ring_steps, KINDS[_transpose], _move,
+                            lower=_lower, logs_as=_wire))
 
 
 def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:
@@ -354,12 +404,10 @@ def _all_gather_vjp(g, node, out):
 
 
 def _transpose_of(name: str):
-    """The nb.lax collective whose move is the transpose of ``name``'s, as the collective registry pairs them
-    (all_gather <-> reduce_scatter, all_to_all and collective_permute their own)."""
-    kind = {"all_gather": "all_gather", "psum_scatter": "reduce_scatter", "all_to_all": "all_to_all",
-            "ppermute": "collective_permute"}[name]
-    return {"reduce_scatter": psum_scatter, "all_gather": all_gather, "all_to_all": all_to_all,
-            "collective_permute": ppermute}[C.REGISTRY[kind].transpose]
+    """The nb.lax collective whose move is the transpose of ``name``'s, as its registry entry names it
+    (all_gather <-> psum_scatter, all_to_all and ppermute their own)."""
+    return {KINDS[f.__name__]: f for f in (psum_scatter, all_gather, all_to_all, ppermute)}[
+        C.REGISTRY[KINDS[name]].transpose]
 
 
 def _psum_scatter_vjp(g, node, out):

@@ -19,7 +19,6 @@ from ..mesh import AxisRef, DeviceMesh
 from ..spec import ShardingSpec
 from ..tensor import Tensor
 from .program import Key, Rewritten, layout
-from ..layout import dim_position
 from ..backends.jax import atom_mesh, atom_name
 
 
@@ -269,24 +268,15 @@ def _lower_kernel(ins, env, dev):
 
 
 def _lower_bucket(ins, env, dev):
-    """The values' blocks flattened into one buffer, one psum of it (what the log's one all_reduce is), and
-    each block cut back out (the plans' local cuts, if any, done before: a sum commutes with them)."""
-    xp = dev.xp
+    """The values' blocks summed by the registry's ``"bucket"`` (one psum of them flattened), the plans' local
+    cuts, if any, done before (a sum commutes with them)."""
     blocks = []
     for r, u, plan in zip(ins.reads, ins.step.uses, ins.plan):
         blocks.append(_lower_plan(env[r], plan, u.shape, dev, "sum", u.dst, skip=("all_reduce",)))
     steps = [s for p in ins.plan for s in p.collectives]
     names = dev.axis_names([seg.atoms[a] for p in ins.plan[:1] for seg in p.segments for s in seg.steps
                             if s.kind == "all_reduce" for a in s.atoms])
-    flat = xp.concatenate([b.reshape(-1).astype(blocks[0].dtype) for b in blocks]) if len(blocks) > 1 else \
-        blocks[0].reshape(-1)
-    summed = dev.lax.psum(flat, names) if names and steps else flat
-    out, at = [], 0
-    for b in blocks:
-        n = int(np.prod(b.shape))
-        out.append(summed[at:at + n].reshape(b.shape).astype(b.dtype))
-        at += n
-    return tuple(out)
+    return C.REGISTRY["bucket"].lower(blocks, names if steps else (), dev)
 
 
 _LOWER = {"bucket": _lower_bucket, "move": _lower_move, "alias": _lower_alias, "place": _lower_place, "view": _lower_view,
@@ -456,8 +446,9 @@ class _StepContext:
     def fit(self, x, axis: int, n: int):
         return _fit(self.xp, x, axis, n)
 
-    def exchange(self, x, src: ShardingSpec, dst: ShardingSpec):
-        return _lower_exchange(x, src, dst, self.shape, self.dev)
+    def __getattr__(self, name: str):
+        """The rest is the device's (``linear``, ``position``, ``pairs``, ``ppermute``, ``axis_names``)."""
+        return getattr(self.dev, name)
 
 
 def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str, dst: ShardingSpec,
@@ -475,70 +466,3 @@ def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: s
                                     f"(Collective(..., lower=fn), fn(block, step, ctx) -> block)")
             x = c.lower(x, s, _StepContext(dev, [seg.atoms[a] for a in s.atoms], tuple(shape), reduce_op))
     return x
-
-
-def _lower_exchange(x, src: ShardingSpec, dst: ShardingSpec, shape, dev):
-    """Every device keeps what it holds of its target block and receives the rest, one ppermute a round."""
-    xp, lax = dev.xp, dev.lax
-    rounds = reshard.exchange_detail(tuple(shape), src, dst)
-    sb, tb = reshard.boxes(src, tuple(shape)), reshard.boxes(dst, tuple(shape))
-    mesh = src.mesh
-    n = len(mesh.devices)
-    cs, ct = chunks(src, shape), chunks(dst, shape)
-    # block origins (unclipped ceil-rule starts) per mesh position
-    s_origin = np.array([[_origin(src, shape, p, j) for j in range(len(shape))] for p in range(n)],
-                        dtype=np.int64).reshape(n, len(shape))
-    t_origin = np.array([[_origin(dst, shape, p, j) for j in range(len(shape))] for p in range(n)],
-                        dtype=np.int64).reshape(n, len(shape))
-    me = dev.position()
-    out = xp.zeros(ct, dtype=x.dtype)
-
-    def write(out, piece, recv_off, size):
-        slab = piece.shape
-        big = xp.pad(out, [(0, s) for s in slab])
-        region = lax.dynamic_slice(big, tuple(recv_off), slab)
-        mask = xp.asarray(True)
-        for j, s in enumerate(slab):
-            iota = xp.arange(s).reshape((-1,) + (1,) * (len(slab) - j - 1))
-            mask = mask & (iota < size[j])
-        big = lax.dynamic_update_slice(big, xp.where(mask, piece, region), tuple(recv_off))
-        return big[tuple(slice(0, c) for c in ct)]
-
-    # what this device already holds of its target block
-    lo = np.maximum(sb[..., 0], tb[..., 0])
-    hi = np.minimum(sb[..., 1], tb[..., 1])
-    size = np.maximum(hi - lo, 0)
-    has = (size > 0).all(axis=1)
-    size = np.where(has[:, None], size, 0)
-    send_off = np.where(has[:, None], lo - s_origin, 0)
-    recv_off = np.where(has[:, None], lo - t_origin, 0)
-    slab = tuple(int(v) for v in size.max(axis=0)) if n else ()
-    if all(slab):
-        src_block = xp.pad(x, [(0, s) for s in slab])
-        piece = lax.dynamic_slice(src_block, tuple(xp.asarray(send_off)[me]), slab)
-        out = write(out, piece, xp.asarray(recv_off)[me], xp.asarray(size)[me])
-    for r in rounds:
-        if not all(r.slab):
-            continue
-        send = np.zeros((n, len(shape)), dtype=np.int64)
-        recv = np.zeros((n, len(shape)), dtype=np.int64)
-        sizes = np.zeros((n, len(shape)), dtype=np.int64)
-        pairs = []
-        for u, v, box in r.pieces:
-            start = np.array([b[0] for b in box])
-            send[u] = start - s_origin[u]
-            recv[v] = start - t_origin[v]
-            sizes[v] = [b[1] - b[0] for b in box]
-            pairs.append((u, v))
-        src_block = xp.pad(x, [(0, s) for s in r.slab])
-        piece = lax.dynamic_slice(src_block, tuple(xp.asarray(send)[me]), r.slab)
-        got = lax.ppermute(piece, dev.prog.names, perm=pairs)
-        out = write(out, got, xp.asarray(recv)[me], xp.asarray(sizes)[me])
-    return out
-
-
-def _origin(spec: ShardingSpec, shape, p: int, j: int) -> int:
-    """Global index of local row 0 of dim ``j`` on the device at mesh position ``p`` (the ceil rule, unclipped)."""
-    mesh = spec.mesh
-    coords = mesh.coords(mesh.devices[p])
-    return dim_position(spec.dim_refs[j], mesh, coords) * chunk(shape[j], spec.num_shards(j))

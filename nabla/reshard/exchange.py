@@ -11,8 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import collectives as C
 from ..errors import ShardingError
-from ..layout import grid
+from ..layout import chunk, chunks, dim_position, grid
 from ..spec import ShardingSpec
 from .bounds import boxes, grid_coords
 
@@ -241,3 +242,95 @@ def _koenig(us: list[int], vs: list[int], sizes: list[int]) -> list[int]:
         cu[a] = e
         cv[a] = e
     return colour
+
+
+# ---- the registry's "exchange": its move on vectorised storage and its jax.lax twin -------------------------
+
+
+def _exchange(x, G, s, reduce_op):
+    """Each device receives the pieces its new layout needs. On vectorised storage: move the leaving atoms into
+    their dims, then cut the dims onto the arriving ones (atoms only reordered within a dim: a block permute)."""
+    if all(set(old) == set(new) for _, old, new, _, _, _ in s.moves):
+        for _, old, new, _, _, _ in s.moves:
+            x = C.permute_blocks(x, old, new)
+        return x
+    for d, old, _, _, _, whole in s.moves:
+        x = C.gather_into(x, G, d, old, whole)
+    for d, _, new, sizes, c, _ in s.moves:
+        x = C.split_onto(x, G, d, new, sizes, c)
+    return x
+
+
+def _lower_exchange(x, s, ctx):
+    """Every device keeps what it holds of its target block and receives the rest, one ppermute a round
+    (``exchange_detail``'s rounds)."""
+    xp, lax = ctx.xp, ctx.lax
+    (src, dst), shape = s.exchange, ctx.shape
+    rounds = exchange_detail(tuple(shape), src, dst)
+    sb, tb = boxes(src, tuple(shape)), boxes(dst, tuple(shape))
+    mesh = src.mesh
+    n = len(mesh.devices)
+    cs, ct = chunks(src, shape), chunks(dst, shape)
+    # block origins (unclipped ceil-rule starts) per mesh position
+    s_origin = np.array([[_origin(src, shape, p, j) for j in range(len(shape))] for p in range(n)],
+                        dtype=np.int64).reshape(n, len(shape))
+    t_origin = np.array([[_origin(dst, shape, p, j) for j in range(len(shape))] for p in range(n)],
+                        dtype=np.int64).reshape(n, len(shape))
+    me = ctx.position()
+    out = xp.zeros(ct, dtype=x.dtype)
+
+    def write(out, piece, recv_off, size):
+        slab = piece.shape
+        big = xp.pad(out, [(0, s) for s in slab])
+        region = lax.dynamic_slice(big, tuple(recv_off), slab)
+        mask = xp.asarray(True)
+        for j, s in enumerate(slab):
+            iota = xp.arange(s).reshape((-1,) + (1,) * (len(slab) - j - 1))
+            mask = mask & (iota < size[j])
+        big = lax.dynamic_update_slice(big, xp.where(mask, piece, region), tuple(recv_off))
+        return big[tuple(slice(0, c) for c in ct)]
+
+    # what this device already holds of its target block
+    lo = np.maximum(sb[..., 0], tb[..., 0])
+    hi = np.minimum(sb[..., 1], tb[..., 1])
+    size = np.maximum(hi - lo, 0)
+    has = (size > 0).all(axis=1)
+    size = np.where(has[:, None], size, 0)
+    send_off = np.where(has[:, None], lo - s_origin, 0)
+    recv_off = np.where(has[:, None], lo - t_origin, 0)
+    slab = tuple(int(v) for v in size.max(axis=0)) if n else ()
+    if all(slab):
+        src_block = xp.pad(x, [(0, s) for s in slab])
+        piece = lax.dynamic_slice(src_block, tuple(xp.asarray(send_off)[me]), slab)
+        out = write(out, piece, xp.asarray(recv_off)[me], xp.asarray(size)[me])
+    for r in rounds:
+        if not all(r.slab):
+            continue
+        send = np.zeros((n, len(shape)), dtype=np.int64)
+        recv = np.zeros((n, len(shape)), dtype=np.int64)
+        sizes = np.zeros((n, len(shape)), dtype=np.int64)
+        pairs = []
+        for u, v, box in r.pieces:
+            start = np.array([b[0] for b in box])
+            send[u] = start - s_origin[u]
+            recv[v] = start - t_origin[v]
+            sizes[v] = [b[1] - b[0] for b in box]
+            pairs.append((u, v))
+        src_block = xp.pad(x, [(0, s) for s in r.slab])
+        piece = lax.dynamic_slice(src_block, tuple(xp.asarray(send)[me]), r.slab)
+        got = ctx.ppermute(piece, pairs)
+        out = write(out, got, xp.asarray(recv)[me], xp.asarray(sizes)[me])
+    return out
+
+
+def _origin(spec: ShardingSpec, shape, p: int, j: int) -> int:
+    """Global index of local row 0 of dim ``j`` on the device at mesh position ``p`` (the ceil rule, unclipped)."""
+    mesh = spec.mesh
+    coords = mesh.coords(mesh.devices[p])
+    return dim_position(spec.dim_refs[j], mesh, coords) * chunk(shape[j], spec.num_shards(j))
+
+
+# one collective_permute a round on the wire (a move's ``rounds``, its bytes counted when planned); the transpose
+# of an exchange is the exchange back
+C.register(C.Collective("exchange", lambda B, k: B, lambda k: 1, "exchange", _exchange, lower=_lower_exchange,
+                        logs_as="collective_permute"))

@@ -48,7 +48,7 @@ class Move(NamedTuple):
         if self.kind == "slice":
             return ()
         if self.rounds:
-            return tuple(C.sent_event("collective_permute", axes, b, k) for b, axes, k in self.rounds)
+            return tuple(C.sent_event(self.kind, axes, b, k) for b, axes, k in self.rounds)
         return (C.sent_event(self.kind, self.axes, self.bytes, self.group),)
 
 
@@ -97,9 +97,10 @@ def spec_of(state: State, atoms, mesh) -> ShardingSpec:
 
 
 def exchange_move(rounds: tuple, after: State, moves: tuple, specs: tuple) -> Move:
-    """The collective_permute move of an exchange: its ``rounds`` (``exchange_rounds``) lead to state ``after``."""
+    """The move of an exchange (the registry's ``"exchange"``, collective_permutes on the wire): its ``rounds``
+    (``exchange_rounds``) lead to state ``after``."""
     axes = tuple(dict.fromkeys(a for _, crossed, _ in rounds for a in crossed))
-    return Move("collective_permute", axes, sum(b for b, _, _ in rounds), max((k for _, _, k in rounds), default=1),
+    return Move("exchange", axes, sum(b for b, _, _ in rounds), max((k for _, _, k in rounds), default=1),
                 after, moves=moves, rounds=rounds, exchange=specs)
 
 

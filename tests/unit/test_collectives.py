@@ -165,9 +165,32 @@ def test_a_collective_without_a_lowering_says_so_under_jit():
 
 def test_every_collective_names_a_registered_transpose():
     for c in C.REGISTRY.values():
-        assert c.transpose in C.REGISTRY or c.transpose == "local_pad", c
+        assert c.transpose in C.REGISTRY, c
     assert C.REGISTRY["all_gather"].transpose == "reduce_scatter"
     assert C.REGISTRY["reduce_scatter"].transpose == "all_gather"
+    assert C.REGISTRY["slice"].transpose == "local_pad" and C.REGISTRY["local_pad"].transpose == "slice"
+
+
+@pytest.mark.parametrize("held", [(), (2,)])
+def test_local_pad_is_the_transpose_of_a_local_slice(held):
+    # a dim of 24 cut over atoms (2, 3) (with held: two major pieces, each cut alike); padding each block back
+    # into place among zeros and summing over the atoms gives the dim again; <slice x, y> == <x, pad y>
+    from nabla.reshard import Move, State
+
+    rng = np.random.default_rng(0)
+    s = Move("slice", ("a", "b"), 0, 6, State((), frozenset()), dst=0, atoms=(0, 1), sizes=(2, 3),
+             dst_chunk=4 // (2 if held else 1), held=held)
+    x = rng.standard_normal((1, 1, 24, 3))
+    cut = C.REGISTRY["slice"].move(x, 2, s, "sum")
+    padded = C.REGISTRY["local_pad"].move(cut, 2, s, "sum")
+    assert padded.shape == (2, 3, 24, 3) and C.REGISTRY["local_pad"].local
+    np.testing.assert_array_equal(padded.sum(axis=(0, 1)), x[0, 0])
+    y = rng.standard_normal(cut.shape)
+    np.testing.assert_allclose((cut * y).sum(), (x * C.REGISTRY["local_pad"].move(y, 2, s, "sum")).sum())
+    for i, j in np.ndindex(2, 3):  # its jax.lax twin on each device's block (numpy standing in for jax.numpy)
+        ctx = type("Ctx", (), {"xp": np, "k": 6, "index": lambda self, i=i, j=j: 3 * i + j,
+                               "fit": lambda self, x, axis, n: C._fit(x, axis, n)})()
+        np.testing.assert_array_equal(C.REGISTRY["local_pad"].lower(cut[i, j], s, ctx), padded[i, j])
 
 
 # ---- the comm log is safe state ---------------------------------------------------------------------------
@@ -284,3 +307,66 @@ def test_the_during_column_of_a_two_layer_step_is_bounded():
         text = nb.explain(step, placed, ids, ids)
     table = text[text.index("comm log of the run:"):].splitlines()[1:]
     assert max(len(line) for line in table) <= start + C.NAMES_WIDTH
+
+
+# ---- one registry: every kind of communication is an entry, and only the registry makes events ----------------
+
+
+def test_no_module_outside_the_registry_makes_a_comm_event_and_every_kind_named_is_registered():
+    # read from the source: CommEvent(...) is called in collectives.py only; every event(...)/sent_event(...)
+    # with a literal kind names a registry entry (halos, mirrors, exchanges, buckets and nb.lax included)
+    import ast
+    from pathlib import Path
+
+    import nabla
+
+    root = Path(nabla.__file__).parent
+    made, named = [], set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name == "CommEvent" and path.name != "collectives.py":
+                made.append(f"{path.relative_to(root)}:{node.lineno}")
+            if name in ("event", "sent_event") and node.args and isinstance(node.args[0], ast.Constant):
+                named.add(node.args[0].value)
+    assert made == []
+    assert {"halo", "mirror", "bucket"} <= named  # (nb.lax names its entries through lax.KINDS)
+    assert named <= set(C.REGISTRY), named - set(C.REGISTRY)
+    for kind in ("halo", "mirror", "exchange", "bucket", "lax.all_gather", "lax.psum_scatter"):
+        c = C.REGISTRY[kind]
+        assert c.logs_as in C.kinds() and c.lower is not None and c.transpose in C.REGISTRY, kind
+    assert C.REGISTRY["lax.all_gather"].transpose == "lax.psum_scatter"
+
+
+def test_a_kind_replaced_from_outside_is_used_priced_and_logged():
+    # the halo entry swapped for one that counts its moves and prices twice the bytes: a sliced sharded vector
+    # runs through it (same values), its events carry its bytes under the kind it logs as, and they are priced
+    import dataclasses
+
+    halo = C.REGISTRY["halo"]
+    calls = []
+
+    def counting(x, G, moves, reduce_op):
+        calls.append(len(moves))
+        return halo.move(x, G, moves, reduce_op)
+
+    m = nb.DeviceMesh("m", (4,), ("x",))
+    v = np.arange(16.0, dtype=np.float32)
+    with nb.comm_log() as before:
+        nb.tensor(v).shard(m, ["x"])[4:12]
+    C.register(dataclasses.replace(halo, ring_bytes=lambda B, k: 2 * B, move=counting))
+    try:
+        with nb.comm_log() as log:
+            out = nb.tensor(v).shard(m, ["x"])[4:12]
+        np.testing.assert_array_equal(out.numpy(), v[4:12])
+    finally:
+        C.register(halo)
+    assert calls and log.counts == before.counts == {"collective_permute": len(before.events)}
+    assert [e.bytes for e in log.events] == [2 * e.bytes for e in before.events]
+    assert all(e.seconds > 0 and e.steps == 1 for e in log.events)
+    with nb.comm_log() as after:  # the entry back: plans made afresh, the log as before
+        nb.tensor(v).shard(m, ["x"])[4:12]
+    assert [e.bytes for e in after.events] == [e.bytes for e in before.events]
