@@ -34,9 +34,13 @@ class Collective:
     group size), ``index()`` (this device's position along them), ``fit(x, axis, n)`` (trim or zero-pad a
     dim), ``reduce_op``, ``shape`` (the global shape) and what the device context gives (``linear(refs)``,
     ``position()``, ``pairs(fn, refs)``, ``ppermute(x, pairs)``), which is all a kind run inside an op (a halo,
-    a mirror, ``nb.lax``) gets as ``ctx``. A kind without ``lower`` runs eagerly but cannot be compiled. ``logs_as``: the kind its events carry in the comm
-    log when that is another's (a halo exchange is, on the wire, a collective_permute): its pricing is that
-    kind's, and the log reads as before the kind had its own entry."""
+    a mirror, ``nb.lax``) gets as ``ctx``. A kind without ``lower`` runs eagerly but cannot be compiled.
+    ``logs_as``: the kind its events carry in the comm log when that is another's (a halo exchange is, on the
+    wire, a collective_permute): its pricing is that kind's, and the log reads as before the kind had its own
+    entry. ``legs(sent, k, k_in, k_out)``: how a group spanning ``k_in`` devices of a node and ``k_out`` nodes
+    runs it, as ``(kind, tier, group, bytes)`` legs from the ``sent`` bytes of a flat ring (None: one leg, the
+    whole group on the network); ``legs_at_once``: the legs run at the same time rather than one after
+    another."""
 
     name: str
     ring_bytes: Callable[[int, int], int]
@@ -46,6 +50,8 @@ class Collective:
     local: bool = False  # no data leaves a device (not logged)
     lower: Callable[..., Any] | None = None  # its jax.lax twin inside nb.jit's shard_map
     logs_as: str = ""  # the kind its events are logged and priced as ("": its own name)
+    legs: Callable[[float, int, int, int], tuple] | None = None  # its phases on a node-then-network group
+    legs_at_once: bool = False
 
 
 REGISTRY: dict[str, Collective] = {}
@@ -298,17 +304,44 @@ def _lower_bucket(blocks, names, ctx):
     return tuple(out)
 
 
+def _all_reduce_legs(sent: float, k: int, k_in: int, k_out: int) -> tuple:
+    """reduce_scatter inside the node, all_reduce of the node's share across nodes, all_gather inside."""
+    b = sent * k / (2 * (k - 1))  # the local block
+    return (("reduce_scatter", "nvlink", k_in, (k_in - 1) / k_in * b),
+            ("all_reduce", "network", k_out, 2 * (k_out - 1) / k_out * b / k_in),
+            ("all_gather", "nvlink", k_in, (k_in - 1) / k_in * b))
+
+
+def _reduce_scatter_legs(sent: float, k: int, k_in: int, k_out: int) -> tuple:
+    """reduce_scatter inside on the block, then across on the node's share."""
+    b = sent * k / (k - 1)
+    return (("reduce_scatter", "nvlink", k_in, (k_in - 1) / k_in * b),
+            ("reduce_scatter", "network", k_out, (k_out - 1) / k_out * b / k_in))
+
+
+def _all_gather_legs(sent: float, k: int, k_in: int, k_out: int) -> tuple:
+    """all_gather across nodes of the shard, then inside the node of the ``k_out`` shards gathered."""
+    b = sent / (k - 1)  # the local shard
+    return (("all_gather", "network", k_out, (k_out - 1) * b), ("all_gather", "nvlink", k_in, (k_in - 1) * k_out * b))
+
+
+def _all_to_all_legs(sent: float, k: int, k_in: int, k_out: int) -> tuple:
+    """What is bound for the node stays on NVLink, the rest goes on the network (at once)."""
+    return (("all_to_all", "nvlink", k_in, sent * (k_in - 1) / (k - 1)),
+            ("all_to_all", "network", k_out, sent * (k - k_in) / (k - 1)))
+
+
 register(Collective("slice", lambda B, k: 0, lambda k: 0, "local_pad", _slice, local=True, lower=_lower_slice))
 register(Collective("local_pad", lambda B, k: 0, lambda k: 0, "slice", _local_pad, local=True,
                     lower=_lower_local_pad))
 register(Collective("all_gather", lambda B, k: (k - 1) * B, lambda k: k - 1, "reduce_scatter", _all_gather,
-                    lower=_lower_all_gather))
+                    lower=_lower_all_gather, legs=_all_gather_legs))
 register(Collective("all_reduce", lambda B, k: 2 * (k - 1) * B // k, lambda k: 2 * (k - 1), "all_reduce", _all_reduce,
-                    lower=_lower_all_reduce))
+                    lower=_lower_all_reduce, legs=_all_reduce_legs))
 register(Collective("reduce_scatter", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_gather", _reduce_scatter,
-                    lower=_lower_reduce_scatter))
+                    lower=_lower_reduce_scatter, legs=_reduce_scatter_legs))
 register(Collective("all_to_all", lambda B, k: (k - 1) * B // k, lambda k: k - 1, "all_to_all", _all_to_all,
-                    lower=_lower_all_to_all))
+                    lower=_lower_all_to_all, legs=_all_to_all_legs, legs_at_once=True))
 register(Collective("bucket", REGISTRY["all_reduce"].ring_bytes, REGISTRY["all_reduce"].ring_steps, "bucket",
                     _bucket, lower=_lower_bucket, logs_as="all_reduce"))  # B: the blocks' total bytes
 register(Collective("collective_permute", lambda B, k: B, lambda k: 1, "collective_permute", _collective_permute,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ..collectives import REGISTRY, CommEvent
+from ..collectives import REGISTRY, CommEvent, kinds
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from .cluster import Cluster, Tier
@@ -23,23 +23,16 @@ class Phase(NamedTuple):
 
 def phases(event: CommEvent, tier: Tier) -> tuple[Phase, ...]:
     """The legs of ``event`` on ``tier``. ``event.bytes`` is what each device sends in a flat ring over the
-    group of ``k = k_in * k_out``; from it the local block ``B`` is recovered and, for a hierarchical tier:
-
-    - all_reduce = reduce_scatter inside (``k_in``, ``(k_in-1)/k_in * B`` on NVLink)
-      + all_reduce across (``k_out``, ``2(k_out-1)/k_out * B/k_in`` on the network)
-      + all_gather inside (``k_in``, ``(k_in-1)/k_in * B`` on NVLink);
-    - reduce_scatter = reduce_scatter inside on ``B`` + reduce_scatter across on ``B/k_in``;
-    - all_gather (``B`` the local shard) = all_gather across (``(k_out-1) * B`` on the network)
-      + all_gather inside on ``k_out * B`` (``(k_in-1) * k_out * B`` on NVLink);
-    - all_to_all: the ``(k_in-1)/k`` of ``B`` bound for the node stays on NVLink, the ``(k-k_in)/k`` for other
-      nodes goes on the network; the two legs run at once (see ``event_time``);
-    - collective_permute: some device's block crosses a node whenever a group spans nodes, so the whole
-      ``B`` is priced on the network.
-    """
+    group of ``k = k_in * k_out``; on a tier spanning NVLink and the network, the kind's registry entry says how
+    it runs in legs (``Collective.legs``: all_reduce = reduce_scatter inside + all_reduce across on the node's
+    share + all_gather inside; reduce_scatter inside then across; all_gather across then inside; all_to_all's
+    node-bound and network-bound parts at once). A kind without legs (collective_permute: some device's block
+    crosses a node whenever a group spans nodes) is priced whole on the network; a permute on one device's
+    NVLink or network tier, even over a group of one, is priced there."""
     k, kind, sent = tier.group, event.kind, float(event.bytes)
-    if kind not in REGISTRY or REGISTRY[kind].local:
-        raise ShardingError(f"comm: unknown collective kind {kind!r}; kinds are "
-                            f"{[n for n, c in REGISTRY.items() if not c.local]}")
+    entry = REGISTRY.get(kind)
+    if entry is None or entry.local or entry.logs_as:
+        raise ShardingError(f"comm: unknown collective kind {kind!r}; kinds are {list(kinds())}")
     if sent == 0:
         return ()
     if kind == "collective_permute":
@@ -48,24 +41,9 @@ def phases(event: CommEvent, tier: Tier) -> tuple[Phase, ...]:
         return ()
     if tier.kind != "hierarchical":
         return (Phase(kind, tier.kind, k, sent),)
-    k_in, k_out = tier.k_in, tier.k_out
-    if kind == "all_to_all":
-        return (Phase(kind, "nvlink", k_in, sent * (k_in - 1) / (k - 1)),
-                Phase(kind, "network", k_out, sent * (k - k_in) / (k - 1)))
-    if kind == "all_reduce":
-        b = sent * k / (2 * (k - 1))
-        return (Phase("reduce_scatter", "nvlink", k_in, (k_in - 1) / k_in * b),
-                Phase("all_reduce", "network", k_out, 2 * (k_out - 1) / k_out * b / k_in),
-                Phase("all_gather", "nvlink", k_in, (k_in - 1) / k_in * b))
-    if kind == "reduce_scatter":
-        b = sent * k / (k - 1)
-        return (Phase(kind, "nvlink", k_in, (k_in - 1) / k_in * b),
-                Phase(kind, "network", k_out, (k_out - 1) / k_out * b / k_in))
-    if kind == "all_gather":
-        b = sent / (k - 1)
-        return (Phase(kind, "network", k_out, (k_out - 1) * b),
-                Phase(kind, "nvlink", k_in, (k_in - 1) * k_out * b))
-    raise ShardingError(f"comm: no hierarchical pricing for collective kind {kind!r}")
+    if entry.legs is None:
+        return (Phase(kind, "network", k, sent),)
+    return tuple(Phase(*leg) for leg in entry.legs(sent, k, tier.k_in, tier.k_out))
 
 
 def phase_time(phase: Phase, cluster: Cluster) -> float:
@@ -88,6 +66,4 @@ def event_time(event: CommEvent, cluster: Cluster, mesh: DeviceMesh) -> float:
     """Seconds for ``event`` on ``cluster``: its legs one after another (all_to_all's two legs at once)."""
     legs = phases(event, cluster.tier(mesh, event.axes))
     times = [phase_time(p, cluster) for p in legs]
-    if event.kind == "all_to_all":
-        return max(times, default=0.0)
-    return sum(times)
+    return max(times, default=0.0) if REGISTRY[event.kind].legs_at_once else sum(times)

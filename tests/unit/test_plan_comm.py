@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from nabla import collectives as C
 from nabla.collectives import CommEvent
 from nabla.errors import ShardingError
 from nabla.plan import Cluster, Hardware, Tier, event_time, phases
@@ -84,6 +85,30 @@ def test_multi_axis_and_empty_events():
 def test_unknown_kind_is_named():
     with pytest.raises(ShardingError, match="unknown collective kind 'broadcast'"):
         event_time(CommEvent("broadcast", ("tp",), 8, 8), CL, DP_TP)
+
+
+def test_a_kind_registered_from_outside_is_priced_by_the_legs_its_entry_gives():
+    """The registry entry says how a kind runs over nodes; the pricer only adds its legs (one after another, or
+    at once). A broadcast as a tree: across the nodes first, then inside each."""
+    def legs(sent, k, k_in, k_out):
+        return (("all_gather", "network", k_out, sent), ("all_gather", "nvlink", k_in, sent))
+
+    moves = C.REGISTRY["all_gather"].move
+    C.register(C.Collective("broadcast", lambda B, k: B, lambda k: 1, "broadcast", moves, legs=legs))
+    try:
+        B = 4 * MiB
+        e = C.event("broadcast", ("b",), B, 16)
+        after = (1 * NET_LAT + B / NET_BW) + (7 * NV_LAT + B / NV_BW)  # ring steps of all_gather over 2, then 8
+        assert (e.kind, e.bytes, event_time(e, CL, WIDE)) == ("broadcast", B, pytest.approx(after))
+        C.register(C.Collective("broadcast", lambda B, k: B, lambda k: 1, "broadcast", moves, legs=legs,
+                                legs_at_once=True))
+        assert event_time(e, CL, WIDE) == pytest.approx(max(NET_LAT + B / NET_BW, 7 * NV_LAT + B / NV_BW))
+        C.register(C.Collective("broadcast", lambda B, k: B, lambda k: 1, "broadcast", moves))  # no legs: whole
+        assert event_time(e, CL, WIDE) == pytest.approx(NET_LAT + B / NET_BW)  # on the network, 1 ring step
+    finally:
+        C.unregister("broadcast")
+    with pytest.raises(ShardingError, match="unknown collective kind 'broadcast'"):
+        event_time(e, CL, WIDE)
 
 
 def test_an_all_reduce_across_many_nodes_runs_as_nccl_s_tree_when_that_is_faster():
