@@ -44,6 +44,17 @@ class Prep(NamedTuple):
     local_events: tuple = ()  # what the local steps exchange (halo rows)
 
 
+class Planned(NamedTuple):
+    """What propagation decided for a program and under which constraints (``nb.explain`` tells it): the op's
+    rule, the ``Decision`` (with each operand's opinions and the reasons), the pending sums kept and whether
+    every sum had to be made first (True, or "cost" when passing it on would cost more)."""
+
+    rule: Any
+    decision: Any
+    kept: tuple
+    strict: bool | str
+
+
 class Program(NamedTuple):
     preps: tuple[Prep, ...]
     G: int
@@ -63,7 +74,7 @@ class Program(NamedTuple):
     final: tuple = ()  # the result's stored shape (its own grid, its block)
     folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
     flops: int = 0  # of one device's kernel (the largest block)
-    decision: Any = None  # what propagation decided (per factor), for nb.explain to tell
+    decision: Planned | None = None  # what propagation decided (per factor), for nb.explain to tell
 
 
 class _ShapeOnly:
@@ -215,7 +226,8 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
     flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
-                   result_sid, padded, None, checks, final, bool(fold), int(flops), (rule, dec, reserved, strict))
+                   result_sid, padded, None, checks, final, bool(fold), int(flops),
+                   Planned(rule, dec, reserved, strict))
     return prog._replace(fast=_fast_views(op, prog, sigs))
 
 

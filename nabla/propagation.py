@@ -14,7 +14,7 @@ from .errors import ShardingError
 from .scoped import setting
 from .mesh import AxisRef, DeviceMesh, merge_adjacent
 from .factors import divisible_prefix
-from .rules.core import Rule
+from .rules.core import Rule, factor_names
 from .spec import DimSpec, ShardingSpec
 
 BASIC, AGGRESSIVE = "basic", "aggressive"
@@ -35,8 +35,20 @@ def current_strategy() -> str:
     return _strategy.get()
 
 
+class Opinion(NamedTuple):
+    """What one operand's dims say of a factor: the axes, whether the dim is open, its priority, the operand
+    and its size in elements (propagation's conflict order reads them: ``why`` tells it)."""
+
+    operand: int
+    axes: tuple[str, ...]
+    is_open: bool
+    priority: int
+    size: int
+
+
 class Decision(NamedTuple):
-    """What an op needs: each operand's layout, the result's spec, and the merged factor shardings."""
+    """What an op needs: each operand's layout, the result's spec, and the merged factor shardings; with what
+    each operand said of each factor and the strategy that resolved them, its reasons (``why``)."""
 
     operands: tuple[ShardingSpec, ...]
     result: ShardingSpec
@@ -45,6 +57,8 @@ class Decision(NamedTuple):
     #: hold but the result's can (a reshape's minor-most factor, a factor behind a replicated one); the
     #: executor slices the kernel's output to ``result`` locally, or keeps this layout when that would move data
     computed: ShardingSpec | None = None
+    opinions: tuple[tuple[Opinion, ...], ...] = ()  # per factor, in operand order
+    strategy: str = AGGRESSIVE
 
 
 class _Entry(NamedTuple):
@@ -213,10 +227,56 @@ def propagate(rule: Rule, specs: tuple[ShardingSpec | None, ...], mesh: DeviceMe
     operands = tuple(ShardingSpec(mesh, dims_of(dims, spec, False)) for dims, spec in zip(rule.operands, specs))
     partial = merge_adjacent([r for f in range(nf) if rule.kinds[f].contracting for r in factor_axes[f]])
     result = ShardingSpec(mesh, dims_of(rule.result, None, True), partial_axes=[str(r) for r in partial])
+    said = tuple(tuple(Opinion(e.operand, tuple(str(r) for r in e.axes), e.is_open, e.priority, e.size) for e in es)
+                 for es in entries)
     if result_axes is None:
-        return Decision(operands, result, tuple(factor_axes))
+        return Decision(operands, result, tuple(factor_axes), None, said, strat)
     wider = ShardingSpec(mesh, dims_of(rule.result, None, True, result_axes), partial_axes=result.partial_axes)
-    return Decision(operands, wider, tuple(factor_axes), result)
+    return Decision(operands, wider, tuple(factor_axes), result, said, strat)
+
+
+def why(rule: Rule, dec: Decision, f: int) -> str:
+    """Why factor ``f`` took the axes it did, in the order propagation resolved its conflicts (what ``nb.explain``
+    prints; read from the decision, not derived again)."""
+    names = factor_names(len(rule.sizes))
+    got = tuple(str(r) for r in dec.factors[f])
+    ops = dec.opinions[f]
+    show = " vs ".join(f"operand {o.operand} [{','.join(o.axes)}]{'?' if o.is_open else ''}" for o in ops)
+    wanted = [o.axes for o in ops if o.axes]
+    longest = max(wanted, key=len, default=())
+    if len(got) >= len(longest):
+        return f"factor {names[f]} takes [{','.join(got)}], the longest list its operands agree on ({show})"
+    if any(a[:len(b)] != b and b[:len(a)] != a for a in wanted for b in wanted):
+        return (f"the operands shard factor {names[f]} differently ({show}): lists that are not prefixes of one "
+                f"another propagate only their common prefix")
+    lost = longest[len(got)]
+    holders = [g for g in range(len(rule.sizes)) if g != f and lost in {str(r) for r in dec.factors[g]}]
+    if holders:
+        g = holders[0]
+        pf = min((o.priority for o in ops if o.axes), default=0)
+        pg = min((o.priority for o in dec.opinions[g] if lost in o.axes), default=0)
+        size_f = max((o.size for o in ops if lost in o.axes), default=0)
+        size_g = max((o.size for o in dec.opinions[g] if lost in o.axes), default=0)
+        if pg < pf:
+            reason = f"its annotation has the stronger priority (p{pg} < p{pf})"
+        elif rule.kinds[f].contracting and not rule.kinds[g].contracting:
+            reason = ("a factor of the result beats a contracting one, which only takes axes left over (Shardy's "
+                      "fake conflict between contracting and non-contracting dims)")
+        elif size_g != size_f:
+            reason = f"it comes from the larger tensor ({size_g:,} elements vs {size_f:,})"
+        else:
+            reason = ("on a tie the more sharded factor, then the left operand, wins (an elementwise op)"
+                      if rule.elementwise else
+                      "on a tie the left operand's factor wins (not an elementwise op: how sharded does not count)")
+        return f"axis {lost} went to factor {names[g]}, which also wants it: {reason}"
+    if dec.strategy == BASIC:
+        if any(not o.is_open and len(o.axes) < len(longest) for o in ops):
+            return (f"strategy basic: a closed operand never gains an axis, so factor {names[f]} stays "
+                    f"[{','.join(got)}] ({show})")
+        return (f"strategy basic: axis {lost} is held by another factor on some tensor, so neither takes it "
+                f"({show})")
+    return (f"factor {names[f]} ({rule.kinds[f].name}) can only be sharded [{','.join(got)}] here: its kind or the "
+            f"dims it shares with other factors limit it ({show})")
 
 
 def _result_only(rule: Rule, wide: list, common: list) -> list | None:

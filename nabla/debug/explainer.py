@@ -14,9 +14,9 @@ from ..cost import current as current_cost_model
 from ..errors import ShardingError
 from ..program import Program
 from ..jit import inlined
-from ..propagation import current_strategy, project_dim
+from .. import propagation
+from ..propagation import current_strategy
 from ..rules.core import factor_names
-from ..spec import ShardingSpec
 from ..step import MOVE, PLACE, RELAYOUT
 from ..value import serial
 from ..tensor import Tensor
@@ -93,87 +93,23 @@ def _ev_text(e: Any, seconds: float) -> str:
     return f"{e.kind} over {','.join(e.axes)} (group of {e.group}): {e.bytes:,} B/device, est. {seconds * 1e6:.1f} us"
 
 
-def _factor_lines(step: Any, strat: str) -> tuple[list[str], Any, Any, list]:
+def _factor_lines(step: Any) -> tuple[list[str], Any, Any]:
     """The op's factors: each one's size, kind, what every operand says, and what propagation decided (read from
-    the recorded program: nothing is propagated again)."""
-
+    the recorded program's decision: nothing is propagated or projected again)."""
     rule, dec, keep, _ = step.prog.decision
     names = factor_names(len(rule.sizes))
-    windowed = frozenset(f for f in range(len(rule.sizes)) if rule.kinds[f].windowed)
-    says: list[list[str]] = [[] for _ in rule.sizes]
-    opinions: list[list[tuple]] = [[] for _ in rule.sizes]
-    for k, (u, dims) in enumerate(zip(step.uses, rule.operands)):
-        spec = u.src
-        if not isinstance(spec, ShardingSpec):
-            continue
-        for ds, refs, factors in zip(spec.dim_specs, spec.dim_refs, dims):
-            for f, axes in project_dim(refs, factors, rule.sizes, windowed).items():
-                names_ = [str(r) for r in axes]
-                says[f].append(f"op{k} [{','.join(names_)}]{'?' if ds.is_open else ''}"
-                               + (f"p{ds.priority}" if ds.priority else ""))
-                opinions[f].append((k, tuple(names_), ds.is_open, ds.priority))
     lines = [f"rule {rule}" + (f"; pending sums kept over {sorted(keep)}" if keep else "")]
     for f, n in enumerate(rule.sizes):
         kind = rule.kinds[f]
         tag = kind.name + (", contracting" if kind.contracting else "")
         decided = ",".join(str(r) for r in dec.factors[f])
-        lines.append(f"factor {names[f]}={n} ({tag}): {' '.join(says[f]) or 'no operand sharded'} -> [{decided}]")
-    return lines, rule, dec, opinions
+        says = " ".join(f"op{o.operand} [{','.join(o.axes)}]{'?' if o.is_open else ''}"
+                        + (f"p{o.priority}" if o.priority else "") for o in dec.opinions[f])
+        lines.append(f"factor {names[f]}={n} ({tag}): {says or 'no operand sharded'} -> [{decided}]")
+    return lines, rule, dec
 
 
-def _tensor_size(rule: Any, k: int) -> int:
-    n = 1
-    for dim in rule.operands[k]:
-        for f in dim:
-            n *= rule.sizes[f]
-    return n
-
-
-def _why_dim(f: int, rule: Any, dec: Any, opinions: list, strat: str) -> str:
-    """A reason for factor ``f``'s decided axes, following the order in which propagation resolves conflicts."""
-    names = factor_names(len(rule.sizes))
-    got = tuple(str(r) for r in dec.factors[f])
-    ops = opinions[f]
-    show = " vs ".join(f"operand {k} [{','.join(a)}]{'?' if o else ''}" for k, a, o, _ in ops)
-    wanted = [a for _, a, _, _ in ops if a]
-    longest = max(wanted, key=len, default=())
-    if len(got) >= len(longest):
-        return f"factor {names[f]} takes [{','.join(got)}], the longest list its operands agree on ({show})"
-    if any(a[:len(b)] != b and b[:len(a)] != a for a in wanted for b in wanted):
-        return (f"the operands shard factor {names[f]} differently ({show}): lists that are not prefixes of one "
-                f"another propagate only their common prefix")
-    lost = longest[len(got)]
-    holders = [g for g in range(len(rule.sizes)) if g != f and lost in {str(r) for r in dec.factors[g]}]
-    if holders:
-        g = holders[0]
-        pf = min((p for _, a, _, p in ops if a), default=0)
-        pg = min((p for _, a, _, p in opinions[g] if lost in a), default=0)
-        size_f = max((_tensor_size(rule, k) for k, a, _, _ in ops if lost in a), default=0)
-        size_g = max((_tensor_size(rule, k) for k, a, _, _ in opinions[g] if lost in a), default=0)
-        if pg < pf:
-            why = f"its annotation has the stronger priority (p{pg} < p{pf})"
-        elif rule.kinds[f].contracting and not rule.kinds[g].contracting:
-            why = ("a factor of the result beats a contracting one, which only takes axes left over (Shardy's "
-                   "fake conflict between contracting and non-contracting dims)")
-        elif size_g != size_f:
-            why = f"it comes from the larger tensor ({size_g:,} elements vs {size_f:,})"
-        else:
-            why = ("on a tie the more sharded factor, then the left operand, wins (an elementwise op)"
-                   if rule.elementwise else
-                   "on a tie the left operand's factor wins (not an elementwise op: how sharded does not count)")
-        return f"axis {lost} went to factor {names[g]}, which also wants it: {why}"
-    if strat == "basic":
-        if any(not o and len(a) < len(longest) for _, a, o, _ in ops):
-            return (f"strategy basic: a closed operand never gains an axis, so factor {names[f]} stays "
-                    f"[{','.join(got)}] ({show})")
-        return (f"strategy basic: axis {lost} is held by another factor on some tensor, so neither takes it "
-                f"({show})")
-    return (f"factor {names[f]} ({rule.kinds[f].name}) can only be sharded [{','.join(got)}] here: its kind or the "
-            f"dims it shares with other factors limit it ({show})")
-
-
-def _operand_reasons(i: int, src: Any, tgt: Any, op: Any, rule: Any, dec: Any, opinions: list,
-                     strat: str, strict: Any = False) -> list[str]:
+def _operand_reasons(i: int, src: Any, tgt: Any, op: Any, rule: Any, dec: Any, strict: Any = False) -> list[str]:
     names = factor_names(len(rule.sizes))
     out = []
     if src.partial_axes and set(src.partial_axes) - set(tgt.partial_axes):
@@ -191,7 +127,7 @@ def _operand_reasons(i: int, src: Any, tgt: Any, op: Any, rule: Any, dec: Any, o
             continue
         factors = rule.operands[i][d]
         fs = ", ".join(f"{names[f]}->[{','.join(str(r) for r in dec.factors[f])}]" for f in factors) or "none"
-        why = "; ".join(_why_dim(f, rule, dec, opinions, strat) for f in factors if rule.sizes[f] > 1)
+        why = "; ".join(propagation.why(rule, dec, f) for f in factors if rule.sizes[f] > 1)
         out.append(f"dim {d} [{','.join(map(str, a))}] -> [{','.join(map(str, b))}]: its factors decided {fs}"
                    + (f"; {why}" if why else ""))
     return out
@@ -255,7 +191,7 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
                     lines.append(_Line("move", "; ".join(_ev_text(e, t) for e, t in got)))
                     lines.append(_Line("why", f"an explicit collective ({st.name}) inside nb.shard_map"))
         else:
-            evs += _explain_program(st, lines, model, strat)
+            evs += _explain_program(st, lines, model)
         if st.op != MOVE:
             lines.append(_Line("result", f"result {_type_of(st.out_shape, st.out_dtype)} {st.out_spec!r}   "
                                          f"{short(st.out_spec)}" if st.out_spec is not None else
@@ -266,11 +202,11 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
     return steps, log, model, strat, out
 
 
-def _explain_program(st: Any, lines: list, model: Any, strat: str) -> list:
+def _explain_program(st: Any, lines: list, model: Any) -> list:
     """The lines of a planned op: its factors, each operand's move and why, halos, the result's move."""
     prog = st.prog
     evs: list = []
-    flines, rule, dec, opinions = _factor_lines(st, strat)
+    flines, rule, dec = _factor_lines(st)
     lines += [_Line("factors", x) for x in flines]
     for i, (u, p) in enumerate(zip(st.uses, prog.preps)):
         if not u.value:
@@ -288,7 +224,7 @@ def _explain_program(st: Any, lines: list, model: Any, strat: str) -> list:
                 evs += got
                 lines.append(_Line("move", f"operand {i} {short(own)} -> {short(p.target)}: "
                                            + "; ".join(_ev_text(e, t) for e, t in got)))
-                for r in _operand_reasons(i, own, p.target, st.op, rule, dec, opinions, strat, prog.decision[3]):
+                for r in _operand_reasons(i, own, p.target, st.op, rule, dec, prog.decision.strict):
                     lines.append(_Line("why", r))
         if p.mask_axes:
             lines.append(_Line("note", f"operand {i} is added once per {list(p.mask_axes)} group (kept on the "
