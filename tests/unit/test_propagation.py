@@ -8,7 +8,7 @@ import nabla as nb
 from nabla import DeviceMesh, DimSpec, ShardingSpec
 from nabla import rules as R
 from nabla import validity as V
-from nabla.propagation import AGGRESSIVE, BASIC, project_dim, propagate
+from nabla.propagation import AGGRESSIVE, BASIC, Opinion, project_dim, propagate, why
 from nabla.testing import meshes, specs
 
 M = DeviceMesh("m", (2, 4), ("x", "y"))
@@ -320,3 +320,23 @@ def test_permutation_factors_shard_evenly_only():
     assert repr(propagate(r8, (S("y"),), M, BASIC).result) == '[{"y", ?}]'
     r6 = R.index_rule((6,), (("reverse",),))  # 6 over 4 is uneven: mirrored blocks would not line up,
     assert repr(propagate(r6, (S("y"),), M, BASIC).result) == '[{"y:(1)2", ?}]'  # 6 over y's major half does
+
+
+def test_a_decision_carries_each_operand_s_opinions_and_the_reasons_for_each_factor():
+    """The conflicts of MATMUL_TABLE, told from the decision itself (nb.explain prints these lines)."""
+    d = propagate(MATMUL, (S("x", None), S(None, "x")), M, AGGRESSIVE)  # m and n both want x: m's tensor wins a tie
+    assert d.opinions[0] == (Opinion(0, ("x",), False, 0, 64),) and d.strategy == AGGRESSIVE
+    assert why(MATMUL, d, 0) == "factor i takes [x], the longest list its operands agree on (operand 0 [x])"
+    assert why(MATMUL, d, 2) == ("axis x went to factor i, which also wants it: on a tie the left operand's factor "
+                                 "wins (not an elementwise op: how sharded does not count)")
+    d = propagate(MATMUL, (S("x", None), S(None, "x")), M, BASIC)  # BASIC: a contested axis goes to neither
+    assert why(MATMUL, d, 0) == "strategy basic: axis x is held by another factor on some tensor, so neither takes it " \
+        "(operand 0 [x])"
+    d = propagate(MATMUL, (S(None, "x"), S(None, None)), M, BASIC)  # a closed replicated operand blocks k
+    assert why(MATMUL, d, 1) == ("strategy basic: a closed operand never gains an axis, so factor j stays [] "
+                                 "(operand 0 [x] vs operand 1 [])")
+    lhs = ShardingSpec(M, [DimSpec(["x"], priority=1), DimSpec([])])
+    rhs = ShardingSpec(M, [DimSpec([]), DimSpec(["x"], priority=0)])
+    d = propagate(MATMUL, (lhs, rhs), M, AGGRESSIVE)  # n's annotation is stronger (p0 < p1)
+    assert why(MATMUL, d, 0) == ("axis x went to factor k, which also wants it: its annotation has the stronger "
+                                 "priority (p0 < p1)")
