@@ -330,8 +330,8 @@ def test_a_decision_carries_each_operand_s_opinions_and_the_reasons_for_each_fac
     assert why(MATMUL, d, 2) == ("axis x went to factor i, which also wants it: on a tie the left operand's factor "
                                  "wins (not an elementwise op: how sharded does not count)")
     d = propagate(MATMUL, (S("x", None), S(None, "x")), M, BASIC)  # BASIC: a contested axis goes to neither
-    assert why(MATMUL, d, 0) == "strategy basic: axis x is held by another factor on some tensor, so neither takes it " \
-        "(operand 0 [x])"
+    assert why(MATMUL, d, 0) == ("strategy basic: axis x is held by another factor on some tensor, so neither takes "
+                                 "it (operand 0 [x])")
     d = propagate(MATMUL, (S(None, "x"), S(None, None)), M, BASIC)  # a closed replicated operand blocks k
     assert why(MATMUL, d, 1) == ("strategy basic: a closed operand never gains an axis, so factor j stays [] "
                                  "(operand 0 [x] vs operand 1 [])")
