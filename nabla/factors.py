@@ -42,6 +42,17 @@ class LocalStep(NamedTuple):
     windows: tuple | None = None  # (G, fill, HaloMoves): a window step :func:`merge_windows` may join
 
 
+class Bound(NamedTuple):
+    """``fn`` with its trailing arguments bound: a local step's work as data (a step compares equal to, and
+    pickles as, the step planned again; a closure did neither)."""
+
+    fn: Callable
+    args: tuple
+
+    def __call__(self, *leading: Any) -> Any:
+        return self.fn(*leading, *self.args)
+
+
 def _view_key(plans: list, G: int) -> tuple | None:
     """The block index that is every window of ``plans`` when each windowed dim is whole on every device and its
     window lies inside it (a slice of an unsharded dim): the step is then a view, known when it is planned."""
@@ -66,18 +77,20 @@ def merge_windows(steps: tuple[LocalStep, ...] | list[LocalStep]) -> tuple[Local
             continue
         first, second = prev, step
         G, fill_, dims = first.windows[0], first.windows[1], first.windows[2] + second.windows[2]
-
-        def apply(x, first=first, second=second, G=G, fill_=fill_, dims=dims):
-            if type(x) is np.ndarray:
-                return C.REGISTRY["halo"].move(x, G, dims, "")
-            return second.apply(first.apply(x))
-
-        def lower(x, dev, first=first, second=second):
-            return second.lower(first.lower(x, dev), dev)
-
-        out[-1] = LocalStep(apply, first.events + second.events, lower if first.lower and second.lower else None,
+        lower = Bound(_merged_lower, (first, second)) if first.lower and second.lower else None
+        out[-1] = LocalStep(Bound(_merged_apply, (first, second, G, dims)), first.events + second.events, lower,
                             (G, fill_, dims))
     return tuple(out)
+
+
+def _merged_apply(x: Any, first: LocalStep, second: LocalStep, G: int, dims: tuple) -> Any:
+    if type(x) is np.ndarray:
+        return C.REGISTRY["halo"].move(x, G, dims, "")
+    return second.apply(first.apply(x))
+
+
+def _merged_lower(x: Any, dev: Any, first: LocalStep, second: LocalStep) -> Any:
+    return second.lower(first.lower(x, dev), dev)
 
 
 @dataclass(frozen=True)
@@ -119,20 +132,20 @@ class Reduce(FactorKind):
         if not regions:
             return None
         value = neutral(ctx.reduction, ctx.dtype)  # padding past a dim's end must not count
-        spec, shape = ctx.spec, ctx.shape
+        return LocalStep(Bound(fill, (regions, value)), (), Bound(_neutral_padding, (ctx.spec, ctx.shape, dims, value)))
 
-        def lower(x, dev):
-            c = chunks(spec, shape)
-            for d in dims:
-                k, n = spec.num_shards(d), shape[d]
-                if k * c[d] == n:
-                    continue
-                valid = dev.xp.clip(n - dev.linear(spec.dim_refs[d]) * c[d], 0, c[d])
-                rows = dev.xp.arange(c[d]).reshape((-1,) + (1,) * (len(shape) - d - 1))
-                x = dev.xp.where(rows >= valid, value, x)
-            return x
 
-        return LocalStep(lambda x: fill(x, regions, value), (), lower)
+def _neutral_padding(x: Any, dev: Any, spec: Any, shape: tuple, dims: tuple, value: Any) -> Any:
+    """One device's block with the rows past each dim's end set to the reduction's neutral value."""
+    c = chunks(spec, shape)
+    for d in dims:
+        k, n = spec.num_shards(d), shape[d]
+        if k * c[d] == n:
+            continue
+        valid = dev.xp.clip(n - dev.linear(spec.dim_refs[d]) * c[d], 0, c[d])
+        rows = dev.xp.arange(c[d]).reshape((-1,) + (1,) * (len(shape) - d - 1))
+        x = dev.xp.where(rows >= valid, value, x)
+    return x
 
 
 @dataclass(frozen=True)
@@ -165,8 +178,16 @@ class Permute(FactorKind):
         k = prod(g.shape[a] for a in flips)
         # over axes of size 1 every device is its own mirror: nothing moves, nothing is logged
         events = (C.event("mirror", names, block, k),) if k > 1 else ()
-        move, entry = Mirror(flips, tuple(r for d in dims for r in ctx.spec.dim_refs[d]), k), C.REGISTRY["mirror"]
-        return LocalStep(lambda x: entry.move(x, 0, move, ""), events, lambda x, dev: entry.lower(x, move, dev))
+        move = Mirror(flips, tuple(r for d in dims for r in ctx.spec.dim_refs[d]), k)
+        return LocalStep(Bound(_mirror_apply, (move,)), events, Bound(_mirror_lower, (move,)))
+
+
+def _mirror_apply(x: Any, move: Mirror) -> Any:
+    return C.REGISTRY["mirror"].move(x, 0, move, "")
+
+
+def _mirror_lower(x: Any, dev: Any, move: Mirror) -> Any:
+    return C.REGISTRY["mirror"].lower(x, move, dev)
 
 
 class Mirror(NamedTuple):
@@ -253,34 +274,39 @@ class Window(FactorKind):
             block[d] = h.width
 
         view = _view_key([(d, a, m if isinstance(m, int) else m.halo) for d, a, m in plans], G)
-        halo = C.REGISTRY["halo"]
-
-        def apply(x):
-            if view is not None and type(x) is np.ndarray:  # every window inside its whole dim: a view
-                return x[view]
-            if many is not None:  # every dim a halo: one move (numpy blocks: one buffer, slices)
-                return halo.move(x, G, many[2], "")
-            for d, atoms, m in plans:
-                if isinstance(m, int):
-                    shape = list(x.shape)
-                    shape[G + d] = m
-                    x = np.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
-                    continue
-                x = halo.move(x, G, (m,), "")
-            return x
-
-        def lower(x, dev):
-            for d, _, m in plans:
-                if isinstance(m, int):
-                    shape = list(x.shape)
-                    shape[d] = m
-                    x = dev.xp.full(shape, W.fill_value(self.fill, x.dtype), dtype=x.dtype)
-                else:
-                    x = halo.lower(x, (m,), dev)
-            return x
-
+        plans = tuple(plans)
         many = None if any(isinstance(m, int) for _, _, m in plans) else (G, self.fill, tuple(m for _, _, m in plans))
-        return LocalStep(apply, tuple(events), lower, many)
+        return LocalStep(Bound(_windows_apply, (view, many, plans, G, self.fill)), tuple(events),
+                         Bound(_windows_lower, (plans, self.fill)), many)
+
+
+def _windows_apply(x: Any, view: tuple | None, many: tuple | None, plans: tuple, G: int, fill_: float) -> Any:
+    """Stored blocks -> the rows each device's windows read (halo rows from its neighbours)."""
+    if view is not None and type(x) is np.ndarray:  # every window inside its whole dim: a view
+        return x[view]
+    halo = C.REGISTRY["halo"]
+    if many is not None:  # every dim a halo: one move (numpy blocks: one buffer, slices)
+        return halo.move(x, G, many[2], "")
+    for d, _, m in plans:
+        if isinstance(m, int):
+            shape = list(x.shape)
+            shape[G + d] = m
+            x = np.full(shape, W.fill_value(fill_, x.dtype), dtype=x.dtype)
+            continue
+        x = halo.move(x, G, (m,), "")
+    return x
+
+
+def _windows_lower(x: Any, dev: Any, plans: tuple, fill_: float) -> Any:
+    """``_windows_apply`` on one device's block inside ``nb.jit``."""
+    for d, _, m in plans:
+        if isinstance(m, int):
+            shape = list(x.shape)
+            shape[d] = m
+            x = dev.xp.full(shape, W.fill_value(fill_, x.dtype), dtype=x.dtype)
+        else:
+            x = C.REGISTRY["halo"].lower(x, (m,), dev)
+    return x
 
 
 class HaloMove(NamedTuple):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 if TYPE_CHECKING:
@@ -20,6 +22,21 @@ class Local(NamedTuple):
     windowed: bool = False
     aux: tuple = ()
     fold: tuple[int, ...] = ()  # grid axes to reduce too (kept as 1s): the all_reduce after the op, done in it
+
+
+_KEYS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # key -> the op: how a pickled step names it
+_KEYS_LOCK = threading.Lock()
+
+
+def by_key(key: str) -> "OpDef":
+    """The op a pickled step names (``OpDef.key``): ops are made once per process, in import order, so a key
+    names the same op in another process that made the same ops (an op made on the fly, a batched twin under
+    ``nb.vmap``, may not exist there)."""
+    try:
+        return _KEYS[key]
+    except KeyError:
+        raise LookupError(f"no op {key!r} in this process: a pickled step's op must be made here too (import the "
+                          f"module defining it)") from None
 
 
 class OpDef:
@@ -61,7 +78,7 @@ class OpDef:
 
     __slots__ = ("name", "rule", "kernel", "linear", "linear_args", "reduction", "dtype", "fast", "aux", "vjp",
                  "folds", "flops", "numpy", "onnx", "reference", "domain", "arity", "public", "saves",
-                 "saved_extra", "view", "arrange")
+                 "saved_extra", "view", "arrange", "key", "__weakref__")
 
     def __init__(self, name: str, rule: Callable[..., Rule], kernel: Callable[[list, Local], Any],
                  linear: str | None = None, linear_args: tuple[int, ...] | None = None, reduction: str = "sum",
@@ -78,6 +95,16 @@ class OpDef:
         self.arity, self.public = arity, public
         self.saves, self.saved_extra, self.view = saves, saved_extra, view
         self.arrange = arrange
+        with _KEYS_LOCK:  # the first op of a name is the name; a later one (a batched twin) its name and a number
+            key, n = name, 1
+            while key in _KEYS:
+                n += 1
+                key = f"{name}#{n}"
+            self.key = key
+            _KEYS[key] = self
+
+    def __reduce__(self) -> tuple:
+        return by_key, (self.key,)
 
     def residuals(self, diff: tuple[bool, ...], params: tuple = ()) -> tuple[frozenset, bool]:
         """What the VJP reads when the operands marked in ``diff`` need cotangents: (operand indices, output)."""

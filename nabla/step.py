@@ -1,6 +1,7 @@
 """The recorded step: what one op did, as plain immutable data (operands and the layouts they were read and
 used in, every move carried out with its bytes, the result, FLOPs per device). The executor writes steps; the
-comm log, ``nb.explain``, ``nb.jit`` and the estimator read them, so they cannot disagree."""
+comm log, ``nb.explain``, ``nb.jit`` and the estimator read them, so they cannot disagree. A step holds no closure:
+it compares equal to the same step recorded again (up to value serials) and pickles (its op by ``OpDef.key``)."""
 
 from __future__ import annotations
 
