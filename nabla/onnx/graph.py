@@ -376,7 +376,7 @@ class _Runner(Walker):
         self.folds = {f.conv: f for f in folds}
         self.passthrough = {f.norm for f in folds}
         self.folded: dict[int, tuple[Tensor, Tensor]] = {}
-        self.lazy: dict[str, np.ndarray] = {}  # initializers not placed yet
+        self.lazy: dict[str, np.ndarray | onnx.TensorProto] = {}  # initializers not placed yet
         self.relu_after: dict[int, int] = {}  # Conv, Add or Sum node -> the Relu that is its only consumer
         self.fused: set[int] = set()  # Relu nodes whose work an earlier node did (in this run)
         self.into_add: dict[int, tuple[int, int]] = {}  # Conv node -> (the Add it only feeds, operand index)
@@ -417,24 +417,37 @@ class _Runner(Walker):
 
     def load_initializers(self) -> None:
         need = {p for f in self.folds.values() for p in (f.weight, f.bias, f.scale, f.shift, f.mean, f.var) if p}
-        arrays: dict[str, np.ndarray] = {}
         for init in self.prog.graph.initializer:
-            arr = numpy_helper.to_array(init)
-            if not holdable(arr.dtype):
-                raise ShardingError(f"initializer {init.name!r} has dtype {arr.dtype}, which nabla cannot hold")
-            if init.name in need:
-                arrays[init.name] = arr
-            self.lazy[init.name] = arr  # placed when a node first reads it (folded ones never are)
+            if init.name in need:  # float (``foldable`` checks): read when its conv runs, its weight then in cache
+                self.lazy[init.name] = init
+            else:
+                arr = numpy_helper.to_array(init)
+                if not holdable(arr.dtype):
+                    raise ShardingError(f"initializer {init.name!r} has dtype {arr.dtype}, which nabla cannot hold")
+                self.lazy[init.name] = arr  # placed when a node first reads it (folded ones never are)
             self.env[init.name] = None
-        for index, f in self.folds.items():
-            self.folded[index] = tuple(self.place_initializer(a) for a in fold(f, arrays))
+
+    def value(self, name: str) -> np.ndarray:
+        """An initializer's value, read from the model the first time it is asked for."""
+        v = self.lazy[name]
+        if isinstance(v, onnx.TensorProto):
+            v = self.lazy[name] = numpy_helper.to_array(v)
+        return v
 
     def inputs_of(self, step: CheckedNode) -> list[Tensor | None]:
+        if step.index in self.passthrough:  # a folded norm: only its input passes, its parameters are unused
+            return [self.env[step.proto.input[0]]] + [None] * (len(step.proto.input) - 1)
+        f = self.folds.get(step.index)
+        if f is not None and step.index not in self.folded:
+            params = (f.weight, f.bias, f.scale, f.shift, f.mean, f.var)
+            self.folded[step.index] = tuple(self.place_initializer(a) for a in fold(f, {
+                p: self.value(p) for p in params if p}))
         for name in step.proto.input:
-            if name in self.lazy and not (step.index in self.folded and name in step.proto.input[1:3]):
-                self.env[name] = self.place_initializer(self.lazy.pop(name))
+            if name in self.lazy and not (f is not None and name in step.proto.input[1:3]):
+                self.env[name] = self.place_initializer(self.value(name))
+                del self.lazy[name]
         ins = super().inputs_of(step)
-        if step.index in self.folded:
+        if f is not None:
             ins = ins[:1] + list(self.folded[step.index])
         return ins
 
@@ -546,7 +559,8 @@ def run(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None = None) -
     w.walk()
     for o in graph.output:
         if o.name in w.lazy:  # an initializer that is a graph output
-            w.env[o.name] = w.place_initializer(w.lazy.pop(o.name))
+            w.env[o.name] = w.place_initializer(w.value(o.name))
+            del w.lazy[o.name]
     return {o.name: finish(w.env[o.name], o.name) for o in graph.output}
 
 

@@ -29,7 +29,14 @@ def _matmul_kernel(arrays, local):
     # give both operands the result's batch rank so grid axes line up
     a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
     b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
-    return _xp(a, b).matmul(*_wide(a, b))
+    xp = _xp(a, b)
+    if xp is np and a.ndim > 2 and a.shape[-2] < a.size // a.shape[-1] and a.flags.c_contiguous and \
+            all(s == 1 for s in b.shape[:-2]):
+        # one matrix for every device and batch entry (a Gemm's weight): one GEMM over all rows of ``a``, where
+        # numpy's batched matmul reads the whole weight again for each batch entry
+        out = np.matmul(*_wide(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])))
+        return out.reshape(a.shape[:-1] + out.shape[-1:])
+    return xp.matmul(*_wide(a, b))
 
 
 def _wide(*arrays):

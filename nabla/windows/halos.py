@@ -272,7 +272,10 @@ def _is_identity(h: Halo, pad_lo: int, kernel: int, stride: int, dilation: int) 
 def extend_many(x: np.ndarray, G: int, dims: Sequence[tuple], fill: float = 0) -> np.ndarray:
     """:func:`extend` along several block dims at once (numpy blocks): one buffer of the windows' shape, into
     which each device's rows (its own and its halo) are copied by slices, and the rest set to ``fill``. Each
-    entry of ``dims`` is ``(axis, grid_axes, n_in, n_out, kernel, stride, dilation, pad_lo)``."""
+    entry of ``dims`` is ``(axis, grid_axes, n_in, n_out, kernel, stride, dilation, pad_lo)``. Along a sharded dim
+    of 1-wide windows with a stride (a strided slice, a 1x1 conv's downsampling), only the rows the windows read
+    are copied: the rows between them, which no window op reads, are left unset (whole dims are copied whole, a
+    contiguous copy being faster)."""
     shape = list(x.shape)
     plans = []
     for axis, grid_axes, n_in, n_out, kernel, stride, dilation, pad_lo in dims:
@@ -284,15 +287,15 @@ def extend_many(x: np.ndarray, G: int, dims: Sequence[tuple], fill: float = 0) -
         if _is_identity(h, pad_lo, kernel, stride, dilation):
             continue
         shape[G + axis] = h.width
-        plans.append((G + axis, grid_axes, sizes, h))
+        plans.append((G + axis, grid_axes, sizes, h, stride if kernel == 1 and h.k > 1 else 1))
     if not plans:
         return x
-    if all(h.k == 1 and 0 <= h.lo[0] and h.lo[0] + h.width <= h.n_in for _, _, _, h in plans):
+    if all(h.k == 1 and 0 <= h.lo[0] and h.lo[0] + h.width <= h.n_in for _, _, _, h, _ in plans):
         key = [slice(None)] * x.ndim  # unsharded and inside the dim: the window is a view of the block
-        for d, _, _, h in plans:
+        for d, _, _, h, _ in plans:
             key[d] = slice(h.lo[0], h.lo[0] + h.width)
         return x[tuple(key)]
-    plans = [(d, ga, sizes, copy_plan(h)) for d, ga, sizes, h in plans]
+    plans = [(d, ga, sizes, copy_plan(h), step) for d, ga, sizes, h, step in plans]
     out = np.empty(shape, dtype=x.dtype)
     full = (slice(None),) * x.ndim
 
@@ -310,17 +313,18 @@ def extend_many(x: np.ndarray, G: int, dims: Sequence[tuple], fill: float = 0) -
     def split(piece: Piece, grid_axes) -> list[Piece]:
         return [piece] if len(grid_axes) <= 1 else [piece._replace(p0=p, p1=p + 1) for p in range(piece.p0, piece.p1)]
 
-    per_dim = [[q for c in copies for q in split(c, ga)] for _, ga, _, (copies, _) in plans]
+    per_dim = [[q for c in copies for q in split(c, ga)] for _, ga, _, (copies, _), _ in plans]
     for combo in product(*per_dim):
         dst, src = list(full), list(full)
-        for (d, grid_axes, sizes, _), c in zip(plans, combo):
+        for (d, grid_axes, sizes, _, step), c in zip(plans, combo):
             devices(dst, grid_axes, sizes, c.p0, c.p1)
             devices(src, grid_axes, sizes, c.p0 + c.shift, c.p1 + c.shift)
-            dst[d] = slice(c.dst, c.dst + c.count)
-            src[d] = slice(c.src, c.src + c.count)
+            skip = -c.dst % step  # to the first row a window reads
+            dst[d] = slice(c.dst + skip, c.dst + c.count, step)
+            src[d] = slice(c.src + skip, c.src + c.count, step)
         out[tuple(dst)] = x[tuple(src)]
     value = fill_value(fill, x.dtype)
-    for d, grid_axes, sizes, (_, fills) in plans:
+    for d, grid_axes, sizes, (_, fills), _ in plans:
         for f in fills:
             for q in split(f, grid_axes):
                 key = list(full)
