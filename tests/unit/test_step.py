@@ -38,14 +38,18 @@ def _steps():
 
 
 def _named(steps):
-    """The steps with each value's serial replaced by its order of first appearance (serials are per run)."""
+    """The steps with each value's serial replaced by its order of first appearance (serials are per run) and
+    signature ids left out (per process)."""
     seen: dict[int, int] = {}
 
     def n(v):
         return seen.setdefault(v, len(seen) + 1) if v else v
 
+    def sid(prog):  # the result's signature id: a key of this process's caches
+        return prog._replace(result_sid=0) if hasattr(prog, "result_sid") else prog
+
     return [s._replace(uses=tuple(u._replace(value=n(u.value), kept=n(u.kept)) for u in s.uses), out=n(s.out),
-                       alias=n(s.alias), saves=tuple(map(n, s.saves))) for s in steps]
+                       alias=n(s.alias), saves=tuple(map(n, s.saves)), prog=sid(s.prog)) for s in steps]
 
 
 def test_steps_compare_equal_when_recorded_again_and_after_a_pickle_round_trip():
