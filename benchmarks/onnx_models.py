@@ -7,9 +7,10 @@
 
 The model is onnx's light ResNet-50 (``onnx/backend/test/data/light``: the real architecture, 224x224 input)
 with seeded random weights (``nabla.onnx.zoo``), its batch widened to ``--batch`` and its final softmax
-dropped. One forward pass is timed, warm (after one untimed run: nabla's plans are cached by then, as
-onnxruntime's session is built), in four ways: onnxruntime (CPU provider, ``--threads`` intra-op threads,
-sequential executor), nabla unsharded (host arrays, no mesh), and nabla on 8 simulated devices with the
+dropped. One forward pass is timed, warm (after one untimed run: nabla's plans are cached by then, and its
+weights placed and batch norms folded into the convs are kept for the next run, as ``nox.Backend.prepare``'s rep
+keeps them and onnxruntime's session is built), in four ways: onnxruntime (CPU provider, ``--threads`` intra-op
+threads, sequential executor), nabla unsharded (host arrays, no mesh), and nabla on 8 simulated devices with the
 batch sharded and with the image rows sharded (spatial partitioning: halo exchange only). Rounds interleave
 the four, so a busy machine slows them alike; the table gives medians. BLAS (numpy's) and onnxruntime get
 the same thread count, set before numpy loads. onnxruntime keeps the memory it frees in its own arena; nabla
@@ -57,6 +58,7 @@ import onnxruntime as ort  # noqa: E402
 
 import nabla as nb  # noqa: E402
 import nabla.onnx as nox  # noqa: E402
+from nabla.onnx.graph import run_kept  # noqa: E402
 from nabla import DeviceMesh  # noqa: E402
 from nabla.onnx import zoo  # noqa: E402
 
@@ -110,11 +112,12 @@ def resnet(batch: int, rounds: int) -> dict:
     mesh = DeviceMesh("eight", (8,), ("d",))
     xb = nb.tensor(x).shard(mesh, ["d", None, None, None])
     xr = nb.tensor(x).shard(mesh, [None, None, "d", None])
+    kept: list[dict] = [{}, {}, {}]  # each nabla run's session: its placed weights and folded norms
     runs = {
         "onnxruntime": lambda: sess.run(None, {inp: x})[0],
-        "nabla unsharded": lambda: nox.run(model, {inp: x})[out].numpy(),
-        "nabla 8 devices, batch sharded": lambda: nox.run(model, {inp: xb})[out].numpy(),
-        "nabla 8 devices, rows sharded": lambda: nox.run(model, {inp: xr})[out].numpy(),
+        "nabla unsharded": lambda: run_kept(model, {inp: x}, None, kept[0])[out].numpy(),
+        "nabla 8 devices, batch sharded": lambda: run_kept(model, {inp: xb}, None, kept[1])[out].numpy(),
+        "nabla 8 devices, rows sharded": lambda: run_kept(model, {inp: xr}, None, kept[2])[out].numpy(),
     }
     want = runs["onnxruntime"]()
     first, errors, comm = {}, {}, {}

@@ -20,7 +20,7 @@ import nabla as nb
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..tensor import Tensor
-from .graph import Program, load, pick_config, run
+from .graph import Program, load, pick_config, run_kept
 from .ops import holdable, value
 
 MESH = DeviceMesh("onnx_backend", (2,), ("d",))
@@ -63,6 +63,7 @@ class BackendRep(_BackendRep):
         self.shard = shard
         placed_dim(1, placement)  # a known placement
         self.placement = placement
+        self.kept: dict = {}  # the initializers placed and norms folded by the first run, for the next
         Program(model, pick_config(model, self.mesh)[0])  # validate before any input arrives
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
@@ -73,7 +74,7 @@ class BackendRep(_BackendRep):
             inputs = [inputs] if isinstance(inputs, (np.ndarray, Tensor)) else list(inputs)
             feeds = dict(zip([vi.name for vi in g.input], inputs))
         feeds = {k: self._place(k, v) for k, v in feeds.items()}
-        outs = run(self.model, feeds, mesh=self.mesh)
+        outs = run_kept(self.model, feeds, self.mesh, self.kept)
         return tuple(value(outs[o.name]) for o in g.output)
 
     def _place(self, name: str, value: Any) -> Any:

@@ -371,8 +371,9 @@ class _Runner(Walker):
     kernel of the conv that feeds it, when that conv runs after the Add's other operand is made (a ResNet's
     shortcut), else as one elementwise op (see ``fuse``)."""
 
-    def __init__(self, prog: Program, mesh: DeviceMesh | None, folds: list[Fold]) -> None:
+    def __init__(self, prog: Program, mesh: DeviceMesh | None, folds: list[Fold], kept: dict | None = None) -> None:
         super().__init__(prog, mesh)
+        self.kept = {} if kept is None else kept  # initializers placed and norms folded by an earlier run
         self.folds = {f.conv: f for f in folds}
         self.passthrough = {f.norm for f in folds}
         self.folded: dict[int, tuple[Tensor, Tensor]] = {}
@@ -418,7 +419,8 @@ class _Runner(Walker):
     def load_initializers(self) -> None:
         need = {p for f in self.folds.values() for p in (f.weight, f.bias, f.scale, f.shift, f.mean, f.var) if p}
         for init in self.prog.graph.initializer:
-            if init.name in need:  # float (``foldable`` checks): read when its conv runs, its weight then in cache
+            if init.name in need or init.name in self.kept:  # read when its conv first runs (float: ``foldable``
+                # checks), or placed by an earlier run
                 self.lazy[init.name] = init
             else:
                 arr = numpy_helper.to_array(init)
@@ -440,11 +442,15 @@ class _Runner(Walker):
         f = self.folds.get(step.index)
         if f is not None and step.index not in self.folded:
             params = (f.weight, f.bias, f.scale, f.shift, f.mean, f.var)
-            self.folded[step.index] = tuple(self.place_initializer(a) for a in fold(f, {
-                p: self.value(p) for p in params if p}))
+            if step.index not in self.kept:
+                self.kept[step.index] = tuple(self.place_initializer(a) for a in fold(f, {
+                    p: self.value(p) for p in params if p}))
+            self.folded[step.index] = self.kept[step.index]
         for name in step.proto.input:
             if name in self.lazy and not (f is not None and name in step.proto.input[1:3]):
-                self.env[name] = self.place_initializer(self.value(name))
+                if name not in self.kept:
+                    self.kept[name] = self.place_initializer(self.value(name))
+                self.env[name] = self.kept[name]
                 del self.lazy[name]
         ins = super().inputs_of(step)
         if f is not None:
@@ -520,6 +526,12 @@ def run(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None = None) -
     """Run an ONNX model eagerly on nabla: sharded inputs keep their sharding,
     other inputs and initializers are placed replicated and open, annotations act as ``with_sharding``,
     and graph outputs come back with no partial axes."""
+    return run_kept(model, inputs, mesh, None)
+
+
+def run_kept(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None, kept: dict | None) -> dict[str, Tensor]:
+    """``run``, keeping in ``kept`` (when given) the initializers it places and the norms it folds, per mesh, for
+    the next run of the same model (``nox.Backend.prepare``'s rep: its session, as onnxruntime's keeps them)."""
     model = load(model)
     if not isinstance(inputs, Mapping):
         raise ShardingError(f"inputs must map graph input names to values, got {type(inputs).__name__}")
@@ -541,7 +553,9 @@ def run(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None = None) -
     missing = [n for n in declared if n not in inputs and n not in inits]
     if missing:
         raise ShardingError(f"graph inputs {missing} are not given (and have no initializer)")
-    w = _Runner(prog, mesh, foldable(model, given=set(inputs)))
+    given = set(inputs)
+    w = _Runner(prog, mesh, foldable(model, given=given),
+                None if kept is None else kept.setdefault((mesh, config_id, frozenset(given)), {}))
     w.precheck()
     with quiet():
         w.load_initializers()

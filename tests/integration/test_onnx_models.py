@@ -245,7 +245,7 @@ def test_older_opsets_match_onnxruntime(op, opset, inputs, n_out, attrs):
 import functools  # noqa: E402
 import os  # noqa: E402
 
-from nabla.onnx import zoo  # noqa: E402
+from nabla.onnx import graph, zoo  # noqa: E402
 
 ALL_MODELS = os.environ.get("NABLA_ALL_MODELS") == "1"
 LIGHT = [(name, None) for name in zoo.LIGHT_MODELS] if ALL_MODELS else [("resnet50", 64), ("squeezenet", 64)]
@@ -447,3 +447,23 @@ def test_annotate_writes_only_what_check_accepts_and_runs_as_onnxruntime(case):
     assert any(len(d.simple_sharding) and d.simple_sharding[0].num_shards == 2 for s in specs for d in s.sharded_dim)
     with pytest.raises(nb.ShardingError, match=rf"annotate: input '{inp}' dim 0 of size 1 is split in 4 shards"):
         nox.annotate(m, QUAD, {inp: ["d", None, None, None]})
+
+
+def test_a_prepared_model_keeps_its_placed_weights_for_the_next_run(monkeypatch):
+    """``nox.Backend.prepare(model, mesh=...)`` is a session, as onnxruntime's: the second run places no
+    initializer and folds no norm again, and its values equal onnxruntime's as the first run's do."""
+
+    m, x, want = light("resnet50", 64)
+    rep = nox.Backend.prepare(m, mesh=QUAD)
+    xr = nb.tensor(x).shard(QUAD, [None, None, "d", None])
+    placed = []
+    place = graph.Walker.place_initializer
+    monkeypatch.setattr(graph.Walker, "place_initializer", lambda self, v: placed.append(1) or place(self, v))
+    with nb.comm_log() as first:
+        (a,) = rep.run([xr])
+    n = len(placed)
+    with nb.comm_log() as second:
+        (b,) = rep.run([xr])
+    assert n > 100 and len(placed) == n  # (ResNet-50's weights and folded conv/norm pairs, each placed once)
+    assert rel_err(a, want) < 1e-4 and np.array_equal(a, b)
+    assert [(e.kind, e.bytes) for e in first.events] == [(e.kind, e.bytes) for e in second.events]
