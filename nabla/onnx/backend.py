@@ -90,7 +90,9 @@ class BackendRep(_BackendRep):
 
 class Backend(_Backend):
     """``prepare(model, device="CPU", mesh=None, shard=True, placement=None)``; ``mesh`` defaults to a
-    2-device mesh, ``placement`` to the class's (``"batch"`` here; see ``backend_for``)."""
+    2-device mesh, ``placement`` to the class's (``"batch"`` here; see ``backend_for``). The rep it returns is a
+    session, as onnxruntime's: the weights its first run places and the batch norms it folds into convs are kept
+    for the next runs (``nox.run`` reads them from the model every call)."""
 
     placement = "batch"
 
