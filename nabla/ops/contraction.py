@@ -30,7 +30,7 @@ def _matmul_kernel(arrays, local):
     a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
     b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
     xp = _xp(a, b)
-    if xp is np and a.ndim > 2 and a.shape[-2] < a.size // a.shape[-1] and a.flags.c_contiguous and \
+    if xp is np and a.ndim > 2 and a.size and a.shape[-2] < a.size // a.shape[-1] and a.flags.c_contiguous and \
             all(s == 1 for s in b.shape[:-2]):
         # one matrix for every device and batch entry (a Gemm's weight): one GEMM over all rows of ``a``, where
         # numpy's batched matmul reads the whole weight again for each batch entry

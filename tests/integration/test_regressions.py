@@ -476,3 +476,14 @@ def test_a_pending_sum_squared_is_summed_once_and_not_left_pending():
         p2 = nb.tensor(v).shard(M4Y, [None], partial_axes=["y"])
         p2 * p2, p2 ** 2  # the sum is made once and reused
     assert log.counts == {"all_reduce": 1}
+
+
+@pytest.mark.parametrize("sa, sb", [((0,), (0, 1)), ((2, 3, 0), (0, 4)), ((2, 0, 3), (3, 4)), ((4, 3, 5), (5, 0))])
+def test_matmul_of_empty_operands_with_a_shared_weight_equals_numpy(sa, sb):
+    """The one-GEMM path for a weight every device shares divided by an empty contracted dim (found by the
+    thorough one-truth run: a (0,) vector times a (0, 1) matrix on a mesh of 1 x 1 x 2)."""
+    mesh = DeviceMesh("m", (1, 1, 2), ("x", "y", "z"))
+    a, b = np.zeros(sa, np.float32), np.ones(sb, np.float32)
+    got = nb.tensor(a).shard(mesh, [["x", "y", "z"]] + [None] * (len(sa) - 1)) @ nb.tensor(b)
+    assert got.shape == (a @ b).shape and got.dtype == np.float32
+    assert_sharded_allclose(got, a @ b)
