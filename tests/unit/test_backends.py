@@ -56,11 +56,16 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_programs_on_real_jax_devices():
+def _run_on_8_devices(code: str) -> None:
+    """Run ``code`` in a child process whose jax has 8 host CPU devices; it prints "ok" last."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_programs_on_real_jax_devices():
+    _run_on_8_devices(CHILD)
 
 
 def test_namespace_follows_the_arrays():
@@ -96,10 +101,7 @@ SUB_AXES = textwrap.dedent("""
 
 
 def test_sub_axes_on_jax_devices_and_x64_restored():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", SUB_AXES], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    _run_on_8_devices(SUB_AXES)
 
 
 INTERFACE = textwrap.dedent("""
@@ -170,7 +172,4 @@ INTERFACE = textwrap.dedent("""
 
 
 def test_grid_and_per_device_backends_place_add_once_and_move_alike():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", INTERFACE], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    _run_on_8_devices(INTERFACE)
