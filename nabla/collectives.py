@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from .backends import xp
+from .backends.grid import fit
 from .commlog import (NAMES_WIDTH, CommLog, _op, _phase, _scope, abbreviate, comm_log,  # noqa: F401
                       current_op, current_phase, current_scope, in_scope, logging, named_scope, phase, publish,
                       recording, replaces, step_user, tag, unlogged, user_op)
@@ -175,15 +176,7 @@ def permute_blocks(x: Any, dim_before: Sequence[int], dim_after: Sequence[int]) 
 
 
 def _fit(x: Any, axis: int, n: int) -> Any:
-    """Trim or zero-pad ``axis`` to ``n``: padding past a dim's end carries no value."""
-    c = x.shape[axis]
-    if c == n:
-        return x
-    if c > n:
-        return x[(slice(None),) * axis + (slice(0, n),)]
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, n - c)
-    return xp(x).pad(x, pad)
+    return fit(x, axis, n, xp(x))
 
 
 # ---- the five collectives, the local slice and its transpose ---------------------------------------------------------

@@ -54,3 +54,14 @@ def accumulation(dt: Any) -> np.dtype:
     if dt.itemsize != 2:  # (the common case, one attribute read: no 16-bit float is wider)
         return dt
     return np.dtype(np.float32) if dt == np.float16 or (is_ml(dt) and dt.name == "bfloat16") else dt
+
+
+def identity(dtype: Any) -> Any:
+    """The additive identity the devices that hold no summand keep: -0.0 for floats (IEEE: x + -0.0 is x for
+    every x, -0.0 included; +0.0 would turn a sum of -0.0s into +0.0), -0-0j for complex, 0 otherwise."""
+    dtype = np.dtype(dtype)
+    if is_float(dtype):
+        return dtype.type(-0.0)
+    if dtype.kind == "c":
+        return dtype.type(complex(-0.0, -0.0))
+    return dtype.type(0)

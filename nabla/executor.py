@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import backends, reshard, storage
+from . import backends, reshard
 from . import collectives as C
 from .cost import current as current_cost_model
 from .errors import ShardingError
@@ -251,8 +251,8 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     if prog.post is not None:
         if sink is not None:
             sink[-1] = prog.post.events
-        if not prog.folded:  # (folded: the kernel did the post plan's all_reduce)
-            out = reshard.execute(out, prog.post, op.reduction)
+        if not prog.folded and out is not None:  # (folded: the kernel did the post plan's all_reduce)
+            out = be.move(out, prog.post, prog.result_shape, op.reduction)
     if out is not None:
         out = be.commit(out, prog.result)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
@@ -276,20 +276,20 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i
     else:
         if sink is not None and local_events:
             sink[i] = ((), False, local_events, False)
-        if be is None:
-            x = None
-        else:
-            x = storage.place(np.asarray(a._data), p.target)
-            if be is not backends.NUMPY:  # a host value joining blocks on devices goes to the devices that own them
-                x = be.commit(x, p.target)
-    if x is None:
-        return None
+        # a host value joining blocks on devices goes to the devices that own them
+        x = None if be is None else be.place(a._data, p.target)
+    return None if x is None or be is None else ready(x, p, be)  # (abstract: nothing computed)
+
+
+def ready(x: Any, p: Prep, be: backends.Backend) -> Any:
+    """An operand's blocks, moved (or placed), as the kernel takes them: added once where it joins a partial
+    sum, on the kernel's grid, through its factor kinds' local steps. Eager dispatch and ``nb.jit`` both run
+    this; only the backend differs (every device's blocks, or one device's)."""
     if p.mask_axes:
-        x = storage.add_once(x, p.target, p.mask_axes, p.zero)
-    if x.shape != p.grid_shape:
-        x = x.reshape(p.grid_shape)
+        x = be.add_once(x, p.target, p.mask_axes, p.zero)
+    x = be.regrid(x, p.grid_shape)
     for step in p.local:
-        x = step.apply(x)
+        x = be.local(step, x)
     return x
 
 
@@ -303,9 +303,12 @@ def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be, cache: str | N
     keeps = v._spec.partial_axes or cache is not None
     if keeps and v._moved and key in v._moved:
         return v._moved[key], True
-    x = reshard.execute(None if be is None else v._data, plan)  # abstract: plan only, move nothing
-    if x is not None and be is not backends.NUMPY:  # blocks that moved go to the devices that own them
-        x = be.commit(x, target)
+    if be is None:  # abstract: plan only, move nothing
+        x = None
+    else:
+        x = be.move(v._data, plan, v._shape)
+        if be is not backends.NUMPY:  # blocks that moved go to the devices that own them
+            x = be.commit(x, target)
     if keeps:
         v.keep_sum(key, x)
     return x, False
@@ -398,7 +401,7 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
 
 def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     """``shard`` of a host value: each device keeps its block of it (no communication)."""
-    data = None if v._data is None else storage.place(v._data, spec)
+    data = None if v._data is None else backends.active().place(v._data, spec)
     res = make(data, spec, v._shape, v._dtype, -1, Node(PLACE, (spec,), (v,)) if tracked((v,)) else None)
     if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)

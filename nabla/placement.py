@@ -8,7 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import backends, storage
+from . import backends
+from .backends.grid import check_data_mesh
 from .backprop import from_local_node
 from .dtypes import is_inexact
 from .errors import ShardingError
@@ -32,7 +33,7 @@ def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: S
     if not isinstance(m, DeviceMesh):
         raise ShardingError(f"from_local(blocks, mesh, dim_specs): mesh must be a DeviceMesh or NamedSharding, got "
                             f"{type(mesh).__name__}")
-    storage.check_data_mesh(m, "from_local")
+    check_data_mesh(m, "from_local")
     if isinstance(blocks, dict):
         unknown = [d for d in blocks if not isinstance(d, (int, np.integer)) or d not in m._coords]
         if unknown:

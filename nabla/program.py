@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import backends
 from . import collectives as C
 from . import reshard
 from .errors import ShardingError
@@ -104,7 +105,7 @@ def _view_chain(stored: tuple[int, ...], plan: reshard.Plan, gshape: tuple[int, 
     """A plan of local cuts as a chain of views (no copy, no Python per step), or None when it needs more."""
     ops: list = []
     try:
-        out = reshard.execute(_ShapeOnly(stored, ops), plan).reshape(gshape)
+        out = backends.NUMPY.move(_ShapeOnly(stored, ops), plan).reshape(gshape)
     except (ValueError, TypeError, AttributeError, IndexError):
         return None
     chain: list = []

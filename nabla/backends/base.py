@@ -1,5 +1,8 @@
 """The interface every backend implements (its own module, so the backends build on it and the package
-imports them)."""
+imports them): where arrays live, and the jobs an interpreter of recorded steps hands a backend (place,
+add once, move, an operand's local steps). Eager dispatch (``executor``) and ``nb.jit`` (``jit/lower``) run
+the same algorithm over them: the grid backends (``grid``: numpy, eager jax) do each job on every device's
+blocks at once, ``jax_local`` on one device's block inside ``shard_map``."""
 
 from __future__ import annotations
 
@@ -32,6 +35,31 @@ class Backend:
 
     def fill(self, x: Any, regions: tuple, value: Any) -> Any:
         """A copy of ``x`` with ``value`` written at each index tuple of ``regions``."""
+        raise NotImplementedError
+
+    # -- the interpreter's jobs (``data is None`` runs, abstract ones, never reach a backend) --
+    def place(self, value: Any, spec: Any) -> Any:
+        """A host value laid out as ``spec`` (each device keeps its block; no communication). Partial axes
+        hold the value at coordinate 0 and the additive identity elsewhere."""
+        raise NotImplementedError
+
+    def add_once(self, x: Any, spec: Any, axes: tuple[str, ...], zero: Any = None) -> Any:
+        """Blocks ``x`` laid out as ``spec`` made partial over ``axes`` as well: a value that joins a partial
+        sum counts once per group, so it stays on coordinate 0 and ``zero`` (default: the additive identity,
+        -0.0 for floats) goes elsewhere. Local: nothing moves."""
+        raise NotImplementedError
+
+    def move(self, x: Any, plan: Any, shape: tuple[int, ...] = (), reduce_op: str = "sum") -> Any:
+        """Blocks ``x`` of a value of global ``shape`` carried through a reshard ``plan``, each step by its
+        collective's registry entry (reductions combine with ``reduce_op``)."""
+        raise NotImplementedError
+
+    def regrid(self, x: Any, shape: tuple[int, ...]) -> Any:
+        """Blocks seen on the kernel's common grid ``shape`` (its finer cuts); a device's own block is as is."""
+        raise NotImplementedError
+
+    def local(self, step: Any, x: Any) -> Any:
+        """A factor kind's ``LocalStep`` (a halo exchange, a mirror) done to an operand's blocks."""
         raise NotImplementedError
 
     def enter(self) -> Any:

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardingError
-from .base import Backend
+from .grid import GridBackend
 from ..layout import grid
 
 
-class JaxBackend(Backend):
+class JaxBackend(GridBackend):
     name = "jax"
 
     def __init__(self) -> None:

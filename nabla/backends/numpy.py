@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import Backend
+from .grid import GridBackend
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(GridBackend):
     name = "numpy"
 
     def owns(self, a: Any) -> bool:

@@ -5,21 +5,20 @@ blocks inside ``jax.shard_map``: kernels in ``jax.numpy``, each planned move thr
 from __future__ import annotations
 
 import weakref
-from math import prod
 from typing import Any, Callable
 
 import numpy as np
 
 from .. import collectives as C
-from .. import reshard
 from ..errors import ShardingError
-from ..executor import Local, Value
-from ..layout import chunk, chunks, grid, merge_cuts, spec_cuts
-from ..mesh import AxisRef, DeviceMesh
+from ..executor import Local, Value, ready
+from ..layout import chunks, grid, merge_cuts, spec_cuts
+from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
 from ..tensor import Tensor
 from .program import Key, Rewritten, layout
 from ..backends.jax import atom_mesh, atom_name
+from ..backends.jax_local import JaxLocalBackend, mesh_atoms
 
 
 class CompiledProgram:
@@ -43,11 +42,7 @@ class CompiledProgram:
         if cuts is None:
             raise ShardingError("jit: the sub-axes this function uses do not nest into one jax mesh")
         self.cuts = cuts
-        atoms = []
-        for name, n, c in zip(self.mesh.axis_names, self.mesh.shape, cuts):
-            pts = sorted(set(c) | {1, n})
-            atoms += [AxisRef(name, a, b // a, n) for a, b in zip(pts, pts[1:])]
-        self.atoms = tuple(atoms)
+        self.atoms = mesh_atoms(self.mesh, cuts)
         self.jmesh = atom_mesh(self.mesh, self.atoms)
         self.names = tuple(atom_name(a) for a in self.atoms)
 
@@ -166,7 +161,7 @@ def _out_key(o: Tensor, rw: Rewritten) -> Key:
 
 def run_body(prog: CompiledProgram, arrays: tuple) -> tuple:
     """The function every device runs: the instructions, in order, on its blocks."""
-    dev = _Device(prog)
+    dev = JaxLocalBackend(prog.mesh, prog.atoms, prog.names)
     xp = dev.xp
     G = len(prog.atoms)
     env: dict = {}
@@ -202,8 +197,7 @@ def _shape_of(key: Key, ins) -> tuple[int, ...]:
 def _lower_move(ins, env, dev):
     u = ins.step.uses[ins.use]
     src = env[ins.reads[0]]
-    dst = ins.writes[1]
-    return _lower_plan(src, ins.plan, u.shape, dev, "sum", dst)
+    return dev.move(src, ins.plan, u.shape)
 
 
 def _lower_alias(ins, env, dev):
@@ -211,7 +205,7 @@ def _lower_alias(ins, env, dev):
 
 
 def _lower_place(ins, env, dev):
-    return _place_local(env[ins.reads[0]], ins.step.out_spec, dev)
+    return dev.place(env[ins.reads[0]], ins.step.out_spec)
 
 
 def _lower_view(ins, env, dev):
@@ -235,8 +229,8 @@ def _lower_host(ins, env, dev):
 
 
 def _lower_kernel(ins, env, dev):
-    """Each operand's block as the kernel takes it (moved before, as the move instructions did), masked where
-    it joins a partial sum, then through its factor kinds' local steps; the kernel; the result's moves."""
+    """Each operand's block as the kernel takes it (moved before, as the move instructions did; a host value
+    placed), through the eager interpreter's ``ready``; the kernel; the result's moves."""
     xp = dev.xp
     s = ins.step
     prog = s.prog
@@ -246,15 +240,8 @@ def _lower_kernel(ins, env, dev):
         if p.kind == "scalar" and not p.mask_axes:
             arrays.append(u.const)
             continue
-        if p.kind == "scalar":
-            arrays.append(_prepare_local(xp.asarray(u.const, dtype=prog.dtype).reshape(()), p, op, dev))
-            continue
-        x = env[r]
-        if p.kind == "host":
-            x = _place_local(x, p.target, dev)
-        if p.mask_axes or p.local:
-            x = _prepare_local(x, p, op, dev)
-        arrays.append(x)
+        x = xp.asarray(u.const, dtype=prog.dtype) if p.kind == "scalar" else env[r]
+        arrays.append(ready(x if p.kind == "sharded" else dev.place(x, p.target), p, dev))
     aux = tuple(_aux_local(a, prog, dev) for a in prog.local.aux)
     out = op.kernel(arrays, Local(0, prog.local.out_chunk, prog.local.params, True, aux))
     out = xp.asarray(out)
@@ -263,7 +250,7 @@ def _lower_kernel(ins, env, dev):
     if tuple(out.shape) != prog.local.out_chunk:
         out = xp.broadcast_to(out, prog.local.out_chunk)
     if prog.post is not None:
-        out = _lower_plan(out, prog.post, prog.result_shape, dev, op.reduction, prog.result)
+        out = dev.move(out, prog.post, prog.result_shape, op.reduction)
     return out
 
 
@@ -272,7 +259,7 @@ def _lower_bucket(ins, env, dev):
     cuts, if any, done before (a sum commutes with them)."""
     blocks = []
     for r, u, plan in zip(ins.reads, ins.step.uses, ins.plan):
-        blocks.append(_lower_plan(env[r], plan, u.shape, dev, "sum", u.dst, skip=("all_reduce",)))
+        blocks.append(dev.move(env[r], plan, u.shape, skip=("all_reduce",)))
     steps = [s for p in ins.plan for s in p.collectives]
     names = dev.axis_names([seg.atoms[a] for p in ins.plan[:1] for seg in p.segments for s in seg.steps
                             if s.kind == "all_reduce" for a in s.atoms])
@@ -304,94 +291,6 @@ def _device_copy(data: Any, make: Callable[[], Any], target: Any) -> Any:
     return jax.device_put(make(), target)
 
 
-class _Device:
-    """What a lowering needs about the device it runs on: coordinates along any (sub-)axis, its mesh position,
-    and ppermute between mesh positions."""
-
-    def __init__(self, prog: CompiledProgram) -> None:
-        import jax
-        self.lax = jax.lax
-        self.xp = jax.numpy
-        self.prog = prog
-        self.mesh = prog.mesh
-
-    def axis_names(self, refs) -> tuple[str, ...]:
-        """The jax mesh axes (atoms) that make up ``refs``, major to minor."""
-        out = []
-        for r in refs:
-            for a, n in zip(self.prog.atoms, self.prog.names):
-                if a.name == r.name and r.pre <= a.pre and a.pre * a.size <= r.pre * r.size:
-                    out.append(n)
-        return tuple(out)
-
-    def linear(self, refs):
-        """This device's position along ``refs`` (mixed radix, major first)."""
-        names = self.axis_names(refs)
-        return self.lax.axis_index(names) if names else 0
-
-    def position(self):
-        return self.lax.axis_index(self.prog.names) if self.prog.names else 0
-
-    def pairs(self, fn: Callable[[int], int | None], refs) -> list[tuple[int, int]]:
-        """(source, target) mesh positions: each device sends to the one whose position along ``refs`` is
-        ``fn`` of its own, all else equal (targets outside the axis are dropped)."""
-        mesh = self.mesh
-        k = prod(r.size for r in refs)
-        out = []
-        for u, d in enumerate(mesh.devices):
-            coords = list(mesh.coords(d))
-            q = 0
-            for r in refs:
-                q = q * r.size + r.coord(coords[mesh.axis_index(r.name)])
-            t = fn(q)
-            if t is None or not 0 <= t < k:
-                continue
-            new = list(coords)
-            rest = t
-            for r in reversed(refs):
-                digit = rest % r.size
-                rest //= r.size
-                i = mesh.axis_index(r.name)
-                new[i] += (digit - r.coord(new[i])) * r.minor
-            out.append((u, mesh.devices.index(mesh.device_at(new))))
-        return out
-
-    def ppermute(self, x, pairs):
-        """Device ``u`` sends ``x`` to ``v`` for each pair; a device no one sends to receives zeros."""
-        if not self.prog.names:
-            return x
-        return self.lax.ppermute(x, self.prog.names, perm=pairs)
-
-
-def _fit(xp, x, axis: int, n: int):
-    c = x.shape[axis]
-    if c == n:
-        return x
-    if c > n:
-        return x[(slice(None),) * axis + (slice(0, n),)]
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, n - c)
-    return xp.pad(x, pad)
-
-
-
-
-def _prepare_local(x, p, op, dev):
-    """What an operand's use does to its block before the kernel: a value added to a partial sum counts once
-    per group (on coordinate 0 only), then the factor kinds' local steps."""
-    xp = dev.xp
-    if p.mask_axes:
-        first = xp.asarray(True)
-        for name in p.mask_axes:
-            first = first & (dev.linear([dev.mesh.axis_ref(name)]) == 0)
-        x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
-    for step in p.local:
-        if step.lower is None:
-            raise ShardingError(f"jit: a local step of {op.name} has no lowering")
-        x = step.lower(x, dev)
-    return x
-
-
 def _aux_local(a, prog, dev):
     """This device's part of a per-layout constant shaped (*grid of the op's atoms, ...)."""
     if not isinstance(a, np.ndarray):
@@ -407,62 +306,3 @@ def _aux_local(a, prog, dev):
 def _cuts_of(prog):
     specs = [p.target for p in prog.preps if p.target is not None] + [prog.kspec]
     return merge_cuts(*(spec_cuts(s) for s in specs))
-
-
-def _place_local(full, spec: ShardingSpec, dev):
-    """A host value's block on this device (every device holds the whole value: cut, no communication)."""
-    xp = dev.xp
-    x = xp.asarray(full)
-    for d, (refs, n) in enumerate(zip(spec.dim_refs, x.shape)):
-        k = prod(r.size for r in refs)
-        if k == 1:
-            continue
-        c = chunk(n, k)
-        x = _fit(xp, x, d, k * c)
-        x = dev.lax.dynamic_slice_in_dim(x, dev.linear(refs) * c, c, axis=d)
-    if spec.partial_axes:  # the whole value on coordinate 0 of each partial group, zeros elsewhere
-        first = xp.asarray(True)
-        for r in spec.partial_refs:
-            first = first & (dev.linear([r]) == 0)
-        x = xp.where(first, x, xp.zeros((), dtype=x.dtype))
-    return x
-
-
-class _StepContext:
-    """What a collective's lowering (``Collective.lower``) sees: jax, this device, the step's mesh atoms."""
-
-    def __init__(self, dev, refs, shape: tuple[int, ...], reduce_op: str) -> None:
-        self.lax, self.xp, self.dev = dev.lax, dev.xp, dev
-        self.refs = refs
-        self.names = dev.axis_names(refs)
-        self.k = prod(r.size for r in refs)
-        self.shape = shape
-        self.reduce_op = reduce_op
-
-    def index(self):
-        """This device's position along the step's atoms (mixed radix, major first)."""
-        return self.dev.linear(self.refs)
-
-    def fit(self, x, axis: int, n: int):
-        return _fit(self.xp, x, axis, n)
-
-    def __getattr__(self, name: str):
-        """The rest is the device's (``linear``, ``position``, ``pairs``, ``ppermute``, ``axis_names``)."""
-        return getattr(self.dev, name)
-
-
-def _lower_plan(x, plan: reshard.Plan, shape: tuple[int, ...], dev, reduce_op: str, dst: ShardingSpec,
-                skip: tuple[str, ...] = ()):
-    """A reshard plan as jax.lax collectives on one device's block: each step through its registry entry's
-    ``lower`` (its jax.lax twin)."""
-    for seg in plan.segments:
-        for s in seg.steps:
-            if s.fused or s.kind in skip:
-                continue
-            c = C.REGISTRY.get(s.kind)
-            if c is None or c.lower is None:
-                raise ShardingError(f"jit: the collective {s.kind!r} has no jax.lax lowering, so a plan using it "
-                                    f"cannot be compiled; give its registry entry one "
-                                    f"(Collective(..., lower=fn), fn(block, step, ctx) -> block)")
-            x = c.lower(x, s, _StepContext(dev, [seg.atoms[a] for a in s.atoms], tuple(shape), reduce_op))
-    return x

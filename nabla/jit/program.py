@@ -15,7 +15,7 @@ from ..value import Value
 from ..spec import DimSpec, ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step
 from .. import executor
-from .. import storage
+from ..backends.grid import blocks_of
 
 #: ``Step.op`` of a compiled call's results (published when a jitted function runs)
 CALL = "jit_call"
@@ -282,7 +282,7 @@ def _zeros_as(v: Value, lay: Any) -> Value:
     data = np.zeros(v._shape, v._dtype)
     if lay is None:
         return Value(data, None, v._shape, v._dtype)
-    return Value(storage.blocks_of(data, lay), lay, v._shape, v._dtype)
+    return Value(blocks_of(data, lay), lay, v._shape, v._dtype)
 
 
 def comm_log(rw: Rewritten) -> C.CommLog:

@@ -1,12 +1,12 @@
 """What a reshard plan is made of (``State``, ``Move``, ``Segment``, ``Plan``) and how it is carried out
-(``execute``, through the collective registry); the moves legal from a state (``LegalMoves``) and the
+(``Move.simulate`` on the grid layout, through the collective registry; backends run whole plans: ``Backend.move``); the moves legal from a state (``LegalMoves``) and the
 generators that propose them (``register_generator`` adds one)."""
 
 from __future__ import annotations
 
 from itertools import combinations
 from math import prod
-from typing import Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
@@ -43,6 +43,11 @@ class Move(NamedTuple):
     fused: bool = False  # a local cut an exchange already made on real devices (the simulation does it here)
     held: tuple[int, ...] = ()  # slice: sizes of the major pieces of the block each cut alike (a strided cut)
     pre: tuple = ()  # steps that run first, searched as one move with this one (a cut before a reduction)
+
+    def simulate(self, data: Any, G: int, reduce_op: str = "sum") -> Any:
+        """This move on every device's blocks at once (grid axes first; ``G`` of them), by its registry entry
+        (how a grid backend carries out a plan: ``GridBackend.move``)."""
+        return C.REGISTRY[self.kind].move(data, G, self, reduce_op)
 
     def events(self) -> tuple[C.CommEvent, ...]:
         if self.kind == "slice":
@@ -102,19 +107,6 @@ def exchange_move(rounds: tuple, after: State, moves: tuple, specs: tuple) -> Mo
     axes = tuple(dict.fromkeys(a for _, crossed, _ in rounds for a in crossed))
     return Move("exchange", axes, sum(b for b, _, _ in rounds), max((k for _, _, k in rounds), default=1),
                 after, moves=moves, rounds=rounds, exchange=specs)
-
-
-def execute(data, p: Plan, reduce_op: str = "sum"):
-    """Run plan ``p`` on stored blocks ``data`` (None for abstract tensors: nothing runs). The moves are logged by
-    whoever records the step they belong to (``Plan.events``), not here."""
-    if data is None:
-        return None
-    for seg in p.segments:
-        data = data.reshape(seg.start_grid + data.shape[seg.enter[0]:])
-        for s in seg.steps:
-            data = C.REGISTRY[s.kind].move(data, seg.enter[1], s, reduce_op)
-        data = data.reshape(seg.end_grid + data.shape[seg.enter[1]:])
-    return data
 
 
 # ---- the moves legal from a state -----------------------------------------------------------------------

@@ -56,11 +56,16 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_programs_on_real_jax_devices():
+def _run_on_8_devices(code: str) -> None:
+    """Run ``code`` in a child process whose jax has 8 host CPU devices; it prints "ok" last."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_programs_on_real_jax_devices():
+    _run_on_8_devices(CHILD)
 
 
 def test_namespace_follows_the_arrays():
@@ -96,7 +101,75 @@ SUB_AXES = textwrap.dedent("""
 
 
 def test_sub_axes_on_jax_devices_and_x64_restored():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", SUB_AXES], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    _run_on_8_devices(SUB_AXES)
+
+
+INTERFACE = textwrap.dedent("""
+    import jax, numpy as np
+    from jax.sharding import PartitionSpec
+    from nabla import DeviceMesh, ShardingSpec, reshard, storage
+    from nabla.backends import NUMPY
+    from nabla.backends.jax import atom_mesh, atom_name
+    from nabla.backends.jax_local import JaxLocalBackend, mesh_atoms
+    from nabla.layout import chunks, grid, merge_cuts, spec_cuts
+
+    mesh = DeviceMesh("m", (2, 4), ("dp", "tp"), devices=[7, 6, 5, 4, 3, 2, 1, 0])
+    S = lambda dims, partial=(): ShardingSpec(mesh, dims, partial_axes=list(partial))
+
+    def per_device(fn, x, src, dst, specs):
+        # fn(backend, block) on every device's block under shard_map: src's blocks (None: the whole host value on
+        # every device) in, dst's out, as one array on the specs' common grid
+        cuts = merge_cuts(*(spec_cuts(s) for s in specs))
+        atoms = mesh_atoms(mesh, cuts)
+        names = tuple(atom_name(a) for a in atoms)
+        G = len(atoms)
+        def pspec(spec, rank):
+            g = (1,) * G if spec is None else grid(spec, cuts).shape
+            return PartitionSpec(*[n if s > 1 else None for n, s in zip(names, g)], *([None] * rank))
+        if src is None:
+            x = x.reshape((1,) * G + x.shape)
+        else:
+            x = x.reshape(grid(src, cuts).shape + x.shape[len(grid(src).shape):])
+        rank = x.ndim - G
+        def body(a):
+            out = fn(JaxLocalBackend(mesh, atoms, names), a.reshape(a.shape[G:]))
+            return out.reshape((1,) * G + out.shape)
+        f = jax.shard_map(body, mesh=atom_mesh(mesh, atoms), in_specs=(pspec(src, rank),),
+                          out_specs=pspec(dst, rank), check_vma=False)
+        return np.asarray(jax.jit(f)(x)), cuts
+
+    def same(a, b):  # equal, signs of zeros included
+        np.testing.assert_array_equal(a, b)
+        assert (np.signbit(a) == np.signbit(b)).all()
+
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((5, 7)).astype(np.float32)
+    v[0, 0] = -0.0
+    specs = [S(["dp", "tp"]), S([("dp", "tp"), None]), S([None, "tp"]), S(["tp", None], ["dp"]),
+             S(["tp:(1)2", "tp:(2)2"]), S([None, None], ["tp"])]
+    for spec in specs:  # place: each device cuts its block of the host value
+        got, cuts = per_device(lambda be, b: be.place(b, spec), v, None, spec, [spec])
+        want = NUMPY.place(v, spec)
+        same(got, want.reshape(grid(spec, cuts).shape + want.shape[len(grid(spec).shape):]))
+    for spec, axes, zero in [(S(["dp", None]), ("tp",), None), (S([None, "tp:(1)2"], ["dp"]), ("tp:(2)2",), None),
+                             (S([None, None]), ("dp", "tp"), 0.0), (S(["tp:(1)2", None]), ("tp:(2)2", "dp"), None)]:
+        wider = S(spec.dim_specs, tuple(spec.partial_axes) + axes)
+        blocks = NUMPY.place(v, spec)  # add once: the value stays on coordinate 0 of the new partial axes
+        got, cuts = per_device(lambda be, b: be.add_once(b, spec, axes, zero), blocks, spec, wider, [spec, wider])
+        want = NUMPY.add_once(blocks, spec, axes, zero)
+        same(got, want.reshape(grid(wider, cuts).shape + want.shape[len(grid(wider, cuts).shape):]))
+    for src, dst in [(S(["dp", "tp"]), S(["tp", "dp"])), (S(["dp", None], ["tp"]), S(["dp", "tp"])),
+                     (S([("dp", "tp"), None]), S([None, None])), (S([None, "tp"], ["dp"]), S([None, None]))]:
+        plan = reshard.plan(v.shape, v.itemsize, src, dst)  # move: the plan's collectives, each way
+        blocks = NUMPY.place(v, src)
+        got, _ = per_device(lambda be, b: be.move(b, plan, v.shape), blocks, src, dst, [src, dst])
+        want = NUMPY.move(blocks, plan, v.shape)
+        np.testing.assert_allclose(storage.assemble(got.reshape(want.shape), dst, v.shape),
+                                   storage.assemble(want, dst, v.shape), rtol=1e-6)
+        np.testing.assert_allclose(storage.assemble(want, dst, v.shape), v, rtol=1e-6)
+    print("ok")
+""")
+
+
+def test_grid_and_per_device_backends_place_add_once_and_move_alike():
+    _run_on_8_devices(INTERFACE)

@@ -217,9 +217,10 @@ import os  # noqa: E402
 
 from hypothesis import settings  # noqa: E402
 
-from nabla import storage  # noqa: E402
+from nabla import backends, storage  # noqa: E402
+from nabla.backends.grid import blocks_of  # noqa: E402
 from nabla.layout import grid  # noqa: E402
-from nabla.reshard import execute, lacking, lower_bound  # noqa: E402
+from nabla.reshard import lacking, lower_bound  # noqa: E402
 from nabla.reshard.exchange import _edge_colouring  # noqa: E402
 
 #: every pair of every case below, not only CI's share of the largest partial one
@@ -250,7 +251,7 @@ _ids = [f"{m.name}-{'x'.join(map(str, s)) or 'scalar'}" for m, s in LB_CASES]
 def _summands(value, spec, rng):
     """``value`` stored as ``spec`` with random integer summands on the partial axes (not the whole value on
     coordinate 0 and zeros elsewhere, which a plan that forgets a summand would still pass)."""
-    data = np.array(storage.blocks_of(value, spec))
+    data = np.array(blocks_of(value, spec))
     g = grid(spec)
     if not g.partial:
         return data
@@ -266,8 +267,8 @@ def _summands(value, spec, rng):
 def _check_moves(shape, a, b, p, rng=None):
     """Carrying out plan ``p`` on stored blocks gives each device its ``b`` block (summands adding up to it)."""
     v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 7
-    out = np.asarray(execute(_summands(v, a, rng or np.random.default_rng(0)), p))
-    want = storage.blocks_of(v, b)
+    out = np.asarray(backends.NUMPY.move(_summands(v, a, rng or np.random.default_rng(0)), p))
+    want = blocks_of(v, b)
     assert out.shape == want.shape, (a, b, p.events)
     if b.partial_axes:
         np.testing.assert_array_equal(storage.assemble(out, b, shape), v, err_msg=f"{a!r} -> {b!r}")
