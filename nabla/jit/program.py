@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 from .. import collectives as C
-from .. import reshard
 from ..errors import ShardingError
 from ..program import MANUAL, Program
 from ..value import Value
@@ -117,27 +116,18 @@ def instructions(steps: Sequence[Step]) -> list[Instr]:
 
 
 def _hops(s: Step, u: Any, src: Any, dst: Any, plan: Any, i: int) -> list[Instr]:
-    """A move of several collectives as one move per collective, each writing the layout it reaches, when
-    planning each hop anew sends what the whole plan sends: a later move to one of those layouts is then made
-    once (XLA's CSE merges a collective a later move repeats). Otherwise the move as one instruction."""
-    whole = [Instr("move", s, ((u.value, layout(src)),), (u.value, layout(dst)), u.events, plan, i)]
-    steps = [(st, seg) for seg in plan.segments for st in seg.steps if st.kind != "slice"]
-    if len(steps) < 2 or not isinstance(src, ShardingSpec) or len(u.events) != len(plan.events):
-        return whole
-    mesh = src.mesh
-    try:
-        mids = [reshard.spec_of(st.after, seg.atoms, mesh) for st, seg in steps[:-1]]
-    except Exception:  # noqa: BLE001 - a state that names no spec: the move stays whole
-        return whole
-    specs = [src] + mids + [dst]
-    plans = [reshard.plan(u.shape, u.dtype.itemsize, a, b) for a, b in zip(specs, specs[1:])]
-    got = [(e.kind, tuple(e.axes), e.bytes) for p in plans for e in p.events]
-    if got != [(e.kind, tuple(e.axes), e.bytes) for e in plan.events]:
-        return whole
+    """A move of several collectives as one move per collective, each writing the layout it reaches, when the
+    planner found that planning each hop anew sends what the whole plan sends (``Plan.hops``): a later move to
+    one of those layouts is then made once (XLA's CSE merges a collective a later move repeats). Otherwise the
+    move as one instruction. Read from the plan the move ran: nothing is planned here."""
+    hops = plan.hops
+    if not hops or not isinstance(src, ShardingSpec) or len(u.events) != len(plan.events):
+        return [Instr("move", s, ((u.value, layout(src)),), (u.value, layout(dst)), u.events, plan, i)]
+    specs = [src] + [h.dst for h in hops[:-1]] + [dst]
     out, k = [], 0
-    for a, b, p in zip(specs, specs[1:], plans):
-        n = len(p.events)
-        out.append(Instr("move", s, ((u.value, layout(a)),), (u.value, layout(b)), u.events[k:k + n], p, i))
+    for a, b, h in zip(specs, specs[1:], hops):
+        n = len(h.plan.events)
+        out.append(Instr("move", s, ((u.value, layout(a)),), (u.value, layout(b)), u.events[k:k + n], h.plan, i))
         k += n
     return out
 

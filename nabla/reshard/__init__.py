@@ -8,11 +8,12 @@ can beat (``bounds``)."""
 from __future__ import annotations
 
 from .bounds import boxes, lacking, lower_bound
-from .exchange import Round, exchange_detail, exchange_rounds
-from .moves import (GENERATORS, LegalMoves, Move, Plan, Segment, State, cuts_before_reductions, gathers,
+from .exchange import Exchange, Round, exchange_detail, exchange_rounds, planned_exchange
+from .moves import (GENERATORS, LegalMoves, Move, Segment, State, cuts_before_reductions, gathers,
                     local_slices, reductions, register_generator, spec_of, unregister_generator)
-from .search import _plan, plan  # _plan: the plan cache itself (reshard._plan.cache_info())
+from .search import Hop, Plan, _plan, plan  # _plan: the plan cache itself (reshard._plan.cache_info())
 
-__all__ = ["GENERATORS", "LegalMoves", "Move", "Plan", "Round", "Segment", "State", "boxes", "cuts_before_reductions",
-           "exchange_detail", "exchange_rounds", "gathers", "lacking", "local_slices", "lower_bound",
-           "plan", "reductions", "register_generator", "spec_of", "unregister_generator"]
+__all__ = ["Exchange", "GENERATORS", "Hop", "LegalMoves", "Move", "Plan", "Round", "Segment", "State", "boxes",
+           "cuts_before_reductions", "exchange_detail", "exchange_rounds", "gathers", "lacking", "local_slices",
+           "lower_bound", "plan", "planned_exchange", "reductions", "register_generator", "spec_of",
+           "unregister_generator"]

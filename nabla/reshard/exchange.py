@@ -27,6 +27,28 @@ def exchange_rounds(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, ds
     return tuple((prod(slab) * itemsize, crossed, n) for slab, crossed, n in _summary(src.mesh, p) if prod(slab))
 
 
+class Exchange(NamedTuple):
+    """A planned exchange, carried by its move (``Move.exchange``): the rounds it was priced by and, for the
+    readers that carry it out (lowering), its pieces. The pieces are worked out by the planner's cached
+    ``exchange_detail`` on first read, not when planned: a search prices many exchanges it never takes."""
+
+    shape: tuple[int, ...]
+    itemsize: int
+    src: ShardingSpec
+    dst: ShardingSpec
+    rounds: tuple  # per round (bytes per device, mesh axes crossed, senders): what the move costs and logs
+
+    @property
+    def pieces(self) -> tuple[Round, ...]:
+        """Who sends which piece to whom, per round (the rounds priced: one ``Round`` each, empty ones too)."""
+        return exchange_detail(self.shape, self.src, self.dst)
+
+
+def planned_exchange(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> Exchange:
+    """The exchange from ``src`` to ``dst`` as its move carries it (its rounds priced, ``exchange_rounds``)."""
+    return Exchange(tuple(shape), itemsize, src, dst, exchange_rounds(tuple(shape), itemsize, src, dst))
+
+
 class Round(NamedTuple):
     """One collective_permute of an exchange: (sender, receiver, piece) with devices as mesh positions and
     the piece as a global box ((start, stop) per dim); ``slab`` the extent every sender sends per dim."""
@@ -262,11 +284,11 @@ def _exchange(x, G, s, reduce_op):
 
 
 def _lower_exchange(x, s, ctx):
-    """Every device keeps what it holds of its target block and receives the rest, one ppermute a round
-    (``exchange_detail``'s rounds)."""
+    """Every device keeps what it holds of its target block and receives the rest, one ppermute a round (the
+    pieces of the exchange its move carries: the rounds the planner priced)."""
     xp, lax = ctx.xp, ctx.lax
-    (src, dst), shape = s.exchange, ctx.shape
-    rounds = exchange_detail(tuple(shape), src, dst)
+    ex = s.exchange
+    src, dst, shape, rounds = ex.src, ex.dst, ex.shape, ex.pieces
     sb, tb = boxes(src, tuple(shape)), boxes(dst, tuple(shape))
     mesh = src.mesh
     n = len(mesh.devices)

@@ -1,6 +1,7 @@
-"""What a reshard plan is made of (``State``, ``Move``, ``Segment``, ``Plan``) and how it is carried out
-(``Move.simulate`` on the grid layout, through the collective registry; backends run whole plans: ``Backend.move``); the moves legal from a state (``LegalMoves``) and the
-generators that propose them (``register_generator`` adds one)."""
+"""What a reshard plan is made of (``State``, ``Move``, ``Segment``; the ``Plan`` itself is ``search``'s) and how
+it is carried out (``Move.simulate`` on the grid layout, through the collective registry; backends run whole
+plans: ``Backend.move``); the moves legal from a state (``LegalMoves``) and the generators that propose them
+(``register_generator`` adds one)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..layout import chunk, is_nested
 from ..mesh import AxisRef, merge_adjacent
 from ..spec import DimSpec, ShardingSpec
 from .bounds import grid_coords
-from .exchange import exchange_rounds
+from .exchange import Exchange, planned_exchange
 
 
 class State(NamedTuple):
@@ -39,7 +40,7 @@ class Move(NamedTuple):
     src_chunk: int = 0  # block length of `src` after the move
     dst_chunk: int = 0  # block length of `dst` after the move
     rounds: tuple = ()  # exchange: per collective_permute round, (bytes per device, mesh axes crossed, senders)
-    exchange: tuple = ()  # exchange: (source spec, target spec) of the whole move
+    exchange: Exchange | None = None  # exchange: the whole move as planned (its specs, rounds and pieces)
     fused: bool = False  # a local cut an exchange already made on real devices (the simulation does it here)
     held: tuple[int, ...] = ()  # slice: sizes of the major pieces of the block each cut alike (a strided cut)
     pre: tuple = ()  # steps that run first, searched as one move with this one (a cut before a reduction)
@@ -69,26 +70,6 @@ class Segment(NamedTuple):
     end_grid: tuple[int, ...]
 
 
-class Plan(NamedTuple):
-    segments: tuple[Segment, ...]
-
-    @property
-    def steps(self) -> tuple[Move, ...]:
-        return tuple(s for seg in self.segments for s in seg.steps)
-
-    @property
-    def collectives(self) -> tuple[Move, ...]:
-        return tuple(s for s in self.steps if s.kind != "slice")
-
-    @property
-    def events(self) -> tuple[C.CommEvent, ...]:
-        return tuple(e for s in self.steps for e in s.events())
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(e.bytes for e in self.events)
-
-
 def atom_names(atoms, run) -> tuple[str, ...]:
     """The mesh axes the atoms ``run`` are (adjacent sub-axes merged), ordered by name and position."""
     ordered = sorted(run, key=lambda a: (atoms[a].name, atoms[a].pre))
@@ -101,12 +82,13 @@ def spec_of(state: State, atoms, mesh) -> ShardingSpec:
     return ShardingSpec(mesh, dims, partial_axes=[str(atoms[a]) for a in sorted(state.partial)])
 
 
-def exchange_move(rounds: tuple, after: State, moves: tuple, specs: tuple) -> Move:
-    """The move of an exchange (the registry's ``"exchange"``, collective_permutes on the wire): its ``rounds``
-    (``exchange_rounds``) lead to state ``after``."""
+def exchange_move(ex: Exchange, after: State, moves: tuple) -> Move:
+    """The move of an exchange (the registry's ``"exchange"``, collective_permutes on the wire): its rounds
+    lead to state ``after``; it carries the exchange as planned, so no reader works the rounds out again."""
+    rounds = ex.rounds
     axes = tuple(dict.fromkeys(a for _, crossed, _ in rounds for a in crossed))
     return Move("exchange", axes, sum(b for b, _, _ in rounds), max((k for _, _, k in rounds), default=1),
-                after, moves=moves, rounds=rounds, exchange=specs)
+                after, moves=moves, rounds=rounds, exchange=ex)
 
 
 # ---- the moves legal from a state -----------------------------------------------------------------------
@@ -267,13 +249,13 @@ class LegalMoves:
         step = None
         if moves:
             src, dst = self.spec(s), self.spec(t)
-            rounds = exchange_rounds(shape, self.itemsize, src, dst)
+            ex = planned_exchange(shape, self.itemsize, src, dst)
             leaving = {a for m in moves for a in m[1]}
             arriving = [a for m in moves for a in m[2]]
             # an exchange needs the arriving atoms free or leaving: nothing else may sit on them
             used = set(s.partial).union(*s.dims) if s.dims else set(s.partial)
             if all(a in leaving or a not in used for a in arriving):
-                step = exchange_move(rounds, t, tuple(moves), (src, dst))
+                step = exchange_move(ex, t, tuple(moves))
         self._exchange[s] = step
         return step
 

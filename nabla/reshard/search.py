@@ -8,6 +8,7 @@ import heapq
 from functools import lru_cache
 from itertools import count
 from math import prod
+from typing import NamedTuple
 
 from .. import collectives as C
 from ..cost import CostModel, current as current_cost_model
@@ -15,8 +16,49 @@ from ..errors import ShardingError
 from ..layout import chunk, grid, merge_cuts, spec_cuts
 from ..mesh import AxisRef
 from ..spec import ShardingSpec
-from .exchange import exchange_rounds
-from .moves import LegalMoves, Move, Plan, Segment, State, atom_names, exchange_move, spec_of
+from .exchange import planned_exchange
+from .moves import LegalMoves, Move, Segment, State, atom_names, exchange_move, spec_of
+
+
+class Plan(NamedTuple):
+    """The moves from one layout to another, by segment; ``query`` (shape, itemsize, source and target layouts,
+    cost model) what the planner was asked, for a plan ``plan`` returns (empty for a part of one)."""
+
+    segments: tuple[Segment, ...]
+    query: tuple = ()
+
+    @property
+    def steps(self) -> tuple[Move, ...]:
+        return tuple(s for seg in self.segments for s in seg.steps)
+
+    @property
+    def collectives(self) -> tuple[Move, ...]:
+        return tuple(s for s in self.steps if s.kind != "slice")
+
+    @property
+    def events(self) -> tuple[C.CommEvent, ...]:
+        return tuple(e for s in self.steps for e in s.events())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.bytes for e in self.events)
+
+    @property
+    def hops(self) -> tuple[Hop, ...] | None:
+        """The move as one plan per collective, each from the layout the last one reached, when planning each
+        hop anew sends what the whole plan sends (a later move to one of those layouts can then be made once, as
+        XLA's CSE makes it); None when it is one collective or less, when hop-by-hop planning would send other
+        bytes, or for a part of a plan. The planner's, worked out on first read and cached (a search makes
+        thousands of plans; only ``nb.jit`` reads their hops): no reader plans them."""
+        return _hops(*self.query, C.epoch()) if self.query and len(self.collectives) > 1 else None
+
+
+class Hop(NamedTuple):
+    """One collective of a plan as a plan of its own: from layout ``src`` to ``dst``."""
+
+    src: ShardingSpec
+    dst: ShardingSpec
+    plan: Plan
 
 
 def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec) -> Plan:
@@ -27,6 +69,36 @@ def plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Sharding
 @lru_cache(maxsize=8192)
 def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel,
           epoch: int = 0) -> Plan:
+    """A plan as its readers get it: the cheapest route, with what it was planned for (its hops are read from
+    that)."""
+    return _route(shape, itemsize, src, dst, model, epoch)._replace(query=(shape, itemsize, src, dst, model))
+
+
+@lru_cache(maxsize=8192)
+def _hops(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel,
+          epoch: int) -> tuple[Hop, ...] | None:
+    """``Plan.hops`` of the plan from ``src`` to ``dst``: the route through the layouts its collectives reach,
+    each hop planned anew, when the hops send what the route sends (kind, axes and bytes, in order)."""
+    route = _route(shape, itemsize, src, dst, model, epoch)
+    steps = [(st, seg) for seg in route.segments for st in seg.steps if st.kind != "slice"]
+    if len(steps) < 2:
+        return None
+    try:
+        mids = [spec_of(st.after, seg.atoms, src.mesh).layout() for st, seg in steps[:-1]]
+        specs = [src] + mids + [dst]
+        plans = [_route(shape, itemsize, a, b, model, epoch) for a, b in zip(specs, specs[1:])]
+    except Exception:  # noqa: BLE001 - a state that names no spec, or a hop no plan makes: the move stays whole
+        return None
+    got = [(e.kind, tuple(e.axes), e.bytes) for p in plans for e in p.events]
+    if got != [(e.kind, tuple(e.axes), e.bytes) for e in route.events]:
+        return None
+    return tuple(Hop(a, b, p) for a, b, p in zip(specs, specs[1:], plans))
+
+
+@lru_cache(maxsize=8192)
+def _route(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel,
+           epoch: int = 0) -> Plan:
+    """The cheapest sequence of moves from ``src`` to ``dst`` (layouts) under ``model``."""
     if src.mesh != dst.mesh:
         return _across_meshes(shape, itemsize, src, dst, model)
     src.check_rank(shape, "with_sharding", "source")
@@ -56,7 +128,8 @@ def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Shardin
     whole = ShardingSpec(src.mesh, [()] * len(shape), partial_axes=dst.partial_axes).layout()
     if whole in (src, dst) or not direct.collectives:
         return direct
-    via = Plan(_plan(shape, itemsize, src, whole, model).segments + _plan(shape, itemsize, whole, dst, model).segments)
+    via = Plan(_route(shape, itemsize, src, whole, model).segments
+               + _route(shape, itemsize, whole, dst, model).segments)
     return via if _price(via, model) < _price(direct, model) else direct
 
 
@@ -160,14 +233,13 @@ def _across_grids(shape, itemsize: int, src: ShardingSpec, dst: ShardingSpec, mo
     then one exchange into the target's grid (or gather everything and cut again, whichever is cheaper)."""
     keep = [a for a in src.partial_axes if a in dst.partial_axes]
     mid = ShardingSpec(src.mesh, src.dim_specs, partial_axes=keep)
-    first = _plan(shape, itemsize, src, mid, model)
-    rounds = exchange_rounds(shape, itemsize, mid, dst)
+    first = _route(shape, itemsize, src, mid, model)
+    ex = planned_exchange(shape, itemsize, mid, dst)
     gs, gd = grid(mid), grid(dst)
     g_all = tuple(gd.shape[j] if j in gd.partial else 1 for j in range(len(gd.shape)))
     # on the source grid, every dim gathered whole; then re-entered on the target's grid and cut
-    gather = exchange_move(rounds, State((), frozenset()),
-                            tuple((d, gs.dims[d], (), (), shape[d], shape[d]) for d in range(len(shape)) if gs.dims[d]),
-                            (mid, dst))
+    gather = exchange_move(ex, State((), frozenset()),
+                           tuple((d, gs.dims[d], (), (), shape[d], shape[d]) for d in range(len(shape)) if gs.dims[d]))
     s_mid, atoms_mid = _state(mid, None)
     seg1 = Segment((), atoms_mid, s_mid, (gather,), (len(gs.shape), len(gs.shape)), gs.shape,
                    tuple(gs.shape[j] if j in gs.partial else 1 for j in range(len(gs.shape))))
@@ -180,8 +252,8 @@ def _across_grids(shape, itemsize: int, src: ShardingSpec, dst: ShardingSpec, mo
     seg2 = Segment((), atoms_dst, start, tuple(cuts), (len(gs.shape), len(gd.shape)), g_all, gd.shape)
     via_exchange = Plan(first.segments + (seg1, seg2))
     replicated = ShardingSpec(src.mesh, [()] * len(shape), partial_axes=keep)
-    via_gather = Plan(_plan(shape, itemsize, mid, replicated, model).segments
-                      + _plan(shape, itemsize, replicated, dst, model).segments)
+    via_gather = Plan(_route(shape, itemsize, mid, replicated, model).segments
+                      + _route(shape, itemsize, replicated, dst, model).segments)
     return min((via_exchange, via_gather), key=lambda p: (p.total_bytes, len(p.events)))
 
 
@@ -194,7 +266,7 @@ def _across_meshes(shape, itemsize: int, src: ShardingSpec, dst: ShardingSpec, m
                             f"order between meshes of one shape, axes and devices is a reshard (otherwise use "
                             f"nb.tensor(t.numpy()).shard(...))")
     here = ShardingSpec(a, dst.dim_specs, partial_axes=dst.partial_axes)
-    first = _plan(shape, itemsize, src, here, model)
+    first = _route(shape, itemsize, src, here, model)
     moved = tuple(n for i, n in enumerate(a.axis_names) if any(a.coords(d)[i] != b.coords(d)[i] for d in a.devices))
     if not moved:  # every device keeps its place (meshes that differ only by name): no device sends to itself
         return first
