@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 jax = pytest.importorskip("jax")
 
 import nabla as nb  # noqa: E402
+from nabla import program, reshard  # noqa: E402
 from nabla.debug import explain_steps  # noqa: E402
+from nabla.jit import program as P  # noqa: E402
+from nabla.reshard import search  # noqa: E402
 from nabla.tensor import Tensor  # noqa: E402
 from nabla.testing import examples, programs  # noqa: E402
 
@@ -148,3 +151,35 @@ def test_a_move_already_made_on_the_way_to_another_is_made_once(shape):
     e = np.exp(x.numpy() * o.numpy()) * w
     np.testing.assert_allclose(gx.numpy(), e * o.numpy(), rtol=1e-6)
     np.testing.assert_allclose(go.numpy(), e * x.numpy(), rtol=1e-6)
+
+
+
+def test_jit_builds_its_instructions_from_the_recorded_plans_without_planning(monkeypatch):
+    """The forward's gather of o over x then y (the test above, y of 4) is split into its hops from the plan it
+    ran (``Plan.hops``, the planner's): building the instructions calls no planner, and the backward's move to
+    the layout the first hop reaches is still made once."""
+    m = nb.DeviceMesh("m", (2, 4), ("x", "y"))
+    x = nb.tensor(np.array([[0.125], [-0.25]], np.float32)).shard(m, [["x", "y"], []])
+    o = nb.tensor(np.array([[0.625], [0.125]], np.float32)).shard(m, [["y"], ["x"]])
+    fn = nb.grad(lambda x, o: (nb.exp(x * o) * np.float32(0.5)).sum(), argnums=(0, 1))
+    built, seen = P.instructions, []
+
+    def no_planning(*a, **k):
+        raise AssertionError("nb.jit planned a move while building its instructions")
+
+    def instructions(steps):
+        with monkeypatch.context() as mp:
+            for mod, name in ((reshard, "plan"), (reshard, "_plan"), (search, "plan"), (search, "_plan"),
+                              (program, "program_for")):
+                mp.setattr(mod, name, no_planning)
+            got = built(steps)
+        seen.extend(got)
+        return got
+
+    monkeypatch.setattr(P, "instructions", instructions)
+    lowered = nb.jit(fn).lower(x, o)
+    hop = P.layout(nb.ShardingSpec(m, [["y"], []]))
+    hops = [i for i in seen if i.kind == "move" and not i.plan.query]  # a hop's plan answers no query of its own
+    assert [(i.writes[1] == hop, [e.axes for e in i.events]) for i in hops] == [(True, [("x",)]), (False, [("y",)])]
+    assert [(r.event.kind, r.reason) for r in lowered.comm_log.removed] == [("all_gather", "repeated")]
+    assert_hlo_is_the_log(lowered)

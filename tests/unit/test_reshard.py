@@ -467,3 +467,23 @@ def test_regular_exchanges_colour_by_shift_and_others_by_koenig():
     for c in set(colours):
         edges = [e for e, k in zip(irregular, colours) if k == c]
         assert len({u for u, _, _ in edges}) == len(edges) == len({v for _, v, _ in edges})
+
+
+def test_a_plan_carries_its_hops_and_an_exchange_its_rounds_and_pieces():
+    """What readers take from a plan is the planner's: a gather over x then y carries its hops (one plan per
+    collective, through the layout the first reaches: what nb.jit splits the move into), a single collective
+    none; an exchange move carries the rounds it was priced by and the pieces lowering sends, one per round."""
+    m = DeviceMesh("m", (2, 4), ("x", "y"))
+    p = plan((2, 1), 4, ShardingSpec(m, [["y"], ["x"]]), ShardingSpec(m, [[], []]))
+    assert [(e.kind, e.axes) for e in p.events] == [("all_gather", ("x",)), ("all_gather", ("y",))]
+    assert [(h.src, h.dst) for h in p.hops] == [(ShardingSpec(m, [["y"], ["x"]]), ShardingSpec(m, [["y"], []])),
+                                               (ShardingSpec(m, [["y"], []]), ShardingSpec(m, [[], []]))]
+    assert [e for h in p.hops for e in h.plan.events] == list(p.events)
+    assert plan((2, 1), 4, ShardingSpec(m, [["y"], []]), ShardingSpec(m, [[], []])).hops is None
+    src, dst = ShardingSpec(m, [("x", "y"), None]), ShardingSpec(m, [("y", "x"), None])
+    (step,) = plan((8, 8), 4, src, dst).collectives
+    ex = step.exchange
+    assert step.kind == "exchange" and (ex.shape, ex.itemsize, ex.src, ex.dst) == ((8, 8), 4, src, dst)
+    assert ex.rounds == step.rounds == reshard.exchange_rounds((8, 8), 4, src, dst)
+    full = [r for r in ex.pieces if all(r.slab)]
+    assert [(int(np.prod(r.slab)) * 4, r.crossed, len(r.pieces)) for r in full] == list(ex.rounds)
