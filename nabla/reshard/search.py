@@ -50,7 +50,7 @@ class Plan(NamedTuple):
         XLA's CSE makes it); None when it is one collective or less, when hop-by-hop planning would send other
         bytes, or for a part of a plan. The planner's, worked out on first read and cached (a search makes
         thousands of plans; only ``nb.jit`` reads their hops): no reader plans them."""
-        return _hops(*self.query, C.epoch()) if self.query and len(self.collectives) > 1 else None
+        return _hops(self.segments, *self.query, C.epoch()) if self.query and len(self.collectives) > 1 else None
 
 
 class Hop(NamedTuple):
@@ -75,11 +75,11 @@ def _plan(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: Shardin
 
 
 @lru_cache(maxsize=8192)
-def _hops(shape: tuple[int, ...], itemsize: int, src: ShardingSpec, dst: ShardingSpec, model: CostModel,
-          epoch: int) -> tuple[Hop, ...] | None:
-    """``Plan.hops`` of the plan from ``src`` to ``dst``: the route through the layouts its collectives reach,
-    each hop planned anew, when the hops send what the route sends (kind, axes and bytes, in order)."""
-    route = _route(shape, itemsize, src, dst, model, epoch)
+def _hops(segments: tuple[Segment, ...], shape: tuple[int, ...], itemsize: int, src: ShardingSpec,
+          dst: ShardingSpec, model: CostModel, epoch: int) -> tuple[Hop, ...] | None:
+    """``Plan.hops`` of the route ``segments`` from ``src`` to ``dst``: through the layouts its collectives
+    reach, each hop planned anew, when the hops send what the route sends (kind, axes and bytes, in order)."""
+    route = Plan(segments)
     steps = [(st, seg) for seg in route.segments for st in seg.steps if st.kind != "slice"]
     if len(steps) < 2:
         return None
