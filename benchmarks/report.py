@@ -446,7 +446,9 @@ def onnx(res: dict) -> Table | None:
              r["collectives"][k] or "-", r.get("conv_outputs_split", {}).get(k, "-")] for k in r["median_s"]]
     return Table("ResNet-50 through nabla.onnx", [
         f"onnx's light ResNet-50 (the real architecture, seeded random weights), batch {r['batch']}, "
-        f"3x224x224 float32, one forward pass, warm; onnxruntime on the CPU provider with "
+        f"3x224x224 float32, one forward pass, warm (each side's session made before: onnxruntime's, and "
+        f"nabla's weights placed and batch norms folded, kept as `nox.Backend.prepare`'s rep keeps them); "
+        f"onnxruntime on the CPU provider with "
         f"{env.get('threads') or 'default'} intra-op thread(s), nabla with numpy's BLAS on as many; nabla's 8 "
         f"devices are the mesh {r.get('mesh', '(8,)')} with the batch or the image rows sharded (rows: halo "
         f"exchange only). Median of {r['rounds']} interleaved round(s), the ratio's spread from the per-round "
