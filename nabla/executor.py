@@ -230,31 +230,9 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     arrays = [(a._data if p.view is None else _view(a._data, p.view))
               if p.direct and be is not None and (be is backends.NUMPY or not p.plan.segments)
               else _prepare(a, p, prog, op, be, sink, i, moved) for i, (a, p) in enumerate(zip(args, prog.preps))]
-    if be is None:
-        out = None
-    else:
-        if prog.padded or prog.checks:
-            # padding past a dim's end may hold anything; summands of a kept pending sum may overflow where
-            # their sum does not (run() redoes the op strictly when a summand is not finite: numpy's warnings)
-            with np.errstate(all="ignore"):
-                out = op.kernel(arrays, prog.local)
-        else:
-            out = op.kernel(arrays, prog.local)
-        if type(out) is not np.ndarray:
-            out = be.xp.asarray(out)
-        if out.dtype != prog.dtype:
-            out = out.astype(prog.dtype)
-        if out.shape != prog.out_grid:
-            out = be.xp.broadcast_to(out, prog.out_grid)
-        if prog.out_grid != prog.final:
-            out = out.reshape(prog.final)
-    if prog.post is not None:
-        if sink is not None:
-            sink[-1] = prog.post.events
-        if not prog.folded and out is not None:  # (folded: the kernel did the post plan's all_reduce)
-            out = be.move(out, prog.post, prog.result_shape, op.reduction)
-    if out is not None:
-        out = be.commit(out, prog.result)
+    out = None if be is None else be.commit(be.kernel(op, arrays, prog), prog.result)  # (abstract: no data)
+    if prog.post is not None and sink is not None:
+        sink[-1] = prog.post.events
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
 
 
