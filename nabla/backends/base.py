@@ -37,7 +37,7 @@ class Backend:
         """A copy of ``x`` with ``value`` written at each index tuple of ``regions``."""
         raise NotImplementedError
 
-    # -- the interpreter's jobs (``data is None`` runs, abstract ones, never reach a backend) --
+    # -- the interpreter's jobs (abstract runs, data None, go to ``shapes``: each job gives None) --
     def place(self, value: Any, spec: Any) -> Any:
         """A host value laid out as ``spec`` (each device keeps its block; no communication). Partial axes
         hold the value at coordinate 0 and the additive identity elsewhere."""

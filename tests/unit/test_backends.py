@@ -256,3 +256,18 @@ KERNEL = textwrap.dedent("""
 
 def test_grid_and_per_device_backends_run_a_kernel_alike():
     _run_on_8_devices(KERNEL)
+
+
+def test_abstract_values_run_on_the_shapes_backend():
+    """An abstract value goes through the same interpreter on ``shapes``: no data, the same moves logged."""
+    assert B.holding(None) is B.SHAPES and B.holding(np.ones(2)) is B.NUMPY
+    mesh = nb.DeviceMesh("m", (2, 4), ("dp", "tp"))
+    logs = []
+    for make in (lambda s: nb.abstract(s), lambda s: nb.tensor(np.ones(s, np.float32))):
+        with nb.comm_log() as log:
+            x = make((8, 16)).shard(mesh, ["dp", "tp"])
+            w = make((16, 12)).shard(mesh, ["tp", None])
+            out = ((x @ w).max(1) + make((8,))).with_sharding(mesh, [None])
+        assert (out._data is None) == (x._data is None)
+        logs.append([(e.kind, e.axes, e.bytes) for e in log.events])
+    assert logs[0] == logs[1] and logs[0]
