@@ -144,7 +144,7 @@ def _sum_now(op: OpDef, a: Value) -> None:
     """Make ``a``'s pending sum before ``op`` (remembered on ``a``: later uses reuse it), and log the move."""
     target = strip_partial(a._spec)
     plan = reshard.plan(a._shape, a._dtype.itemsize, a._spec, target)
-    _, reused = _move(a, plan, target.layout(), None if a._data is None else backends.of(a._data))
+    _, reused = _move(a, plan, target.layout(), backends.holding(a._data))
     if not reused:  # (a sum made before is only read: no step)
         publish_move(a, target, plan, op.name)
 
@@ -223,38 +223,16 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
         if isinstance(a, Value):
             d = a._data
             if d is None:
-                be = None  # abstract: plan and log, compute nothing
+                be = backends.SHAPES  # abstract: plan and log, compute nothing
                 break
             if be is backends.NUMPY and type(d) is not np.ndarray:
                 be = backends.of(d)
     arrays = [(a._data if p.view is None else _view(a._data, p.view))
-              if p.direct and be is not None and (be is backends.NUMPY or not p.plan.segments)
+              if p.direct and (be is backends.NUMPY or not p.plan.segments and be is not backends.SHAPES)
               else _prepare(a, p, prog, op, be, sink, i, moved) for i, (a, p) in enumerate(zip(args, prog.preps))]
-    if be is None:
-        out = None
-    else:
-        if prog.padded or prog.checks:
-            # padding past a dim's end may hold anything; summands of a kept pending sum may overflow where
-            # their sum does not (run() redoes the op strictly when a summand is not finite: numpy's warnings)
-            with np.errstate(all="ignore"):
-                out = op.kernel(arrays, prog.local)
-        else:
-            out = op.kernel(arrays, prog.local)
-        if type(out) is not np.ndarray:
-            out = be.xp.asarray(out)
-        if out.dtype != prog.dtype:
-            out = out.astype(prog.dtype)
-        if out.shape != prog.out_grid:
-            out = be.xp.broadcast_to(out, prog.out_grid)
-        if prog.out_grid != prog.final:
-            out = out.reshape(prog.final)
-    if prog.post is not None:
-        if sink is not None:
-            sink[-1] = prog.post.events
-        if not prog.folded and out is not None:  # (folded: the kernel did the post plan's all_reduce)
-            out = be.move(out, prog.post, prog.result_shape, op.reduction)
-    if out is not None:
-        out = be.commit(out, prog.result)
+    out = be.commit(be.kernel(op, arrays, prog), prog.result)
+    if prog.post is not None and sink is not None:
+        sink[-1] = prog.post.events
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
 
 
@@ -277,8 +255,8 @@ def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i
         if sink is not None and local_events:
             sink[i] = ((), False, local_events, False)
         # a host value joining blocks on devices goes to the devices that own them
-        x = None if be is None else be.place(a._data, p.target)
-    return None if x is None or be is None else ready(x, p, be)  # (abstract: nothing computed)
+        x = be.place(a._data, p.target)
+    return ready(x, p, be)
 
 
 def ready(x: Any, p: Prep, be: backends.Backend) -> Any:
@@ -303,12 +281,9 @@ def _move(v: Value, plan: reshard.Plan, target: ShardingSpec, be, cache: str | N
     keeps = v._spec.partial_axes or cache is not None
     if keeps and v._moved and key in v._moved:
         return v._moved[key], True
-    if be is None:  # abstract: plan only, move nothing
-        x = None
-    else:
-        x = be.move(v._data, plan, v._shape)
-        if be is not backends.NUMPY:  # blocks that moved go to the devices that own them
-            x = be.commit(x, target)
+    x = be.move(v._data, plan, v._shape)
+    if be is not backends.NUMPY:  # blocks that moved go to the devices that own them
+        x = be.commit(x, target)
     if keeps:
         v.keep_sum(key, x)
     return x, False
@@ -353,10 +328,9 @@ def _run_host(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> 
 def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
     """``with_sharding``: move stored blocks from their spec to ``target`` with planned collectives."""
     p = reshard.plan(v._shape, v._dtype.itemsize, v._spec, target)
-    be = None if v._data is None else backends.of(v._data)
+    be = backends.holding(v._data)
     out, reused = _move(v, p, target.layout(), be)
-    if out is not None:
-        out = be.commit(out, target)
+    out = be.commit(out, target)
     res = make(out, target, v._shape, v._dtype, -1, Node(RELAYOUT, (target,), (v,), p) if tracked((v,)) else None)
     if C.logging():
         user = C.current_op() or RELAYOUT_STEP
@@ -381,10 +355,9 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
     (_, axes, group), = next(iter(kinds))
     outs, block = [], 0
     for v, t, p in zip(values, targets, plans):
-        be = None if v._data is None else backends.of(v._data)
+        be = backends.holding(v._data)
         out, _ = _move(v, p, t.layout(), be)
-        if out is not None:
-            out = be.commit(out, t)
+        out = be.commit(out, t)
         outs.append(make(out, t, v._shape, v._dtype))
         block += prod(chunks(ShardingSpec(t.mesh, t.dim_specs), v._shape)) * v._dtype.itemsize
     if C.logging():
@@ -401,7 +374,7 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
 
 def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     """``shard`` of a host value: each device keeps its block of it (no communication)."""
-    data = None if v._data is None else backends.active().place(v._data, spec)
+    data = (backends.SHAPES if v._data is None else backends.active()).place(v._data, spec)
     res = make(data, spec, v._shape, v._dtype, -1, Node(PLACE, (spec,), (v,)) if tracked((v,)) else None)
     if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)

@@ -14,6 +14,7 @@ from ..errors import ShardingError
 from .base import Backend
 from .numpy import NumpyBackend
 from .jax import JaxBackend
+from .shapes import ShapesBackend
 
 
 def _numpy() -> Backend:
@@ -53,6 +54,12 @@ def get(name: str) -> Backend:
 
 
 NUMPY = get("numpy")
+SHAPES = ShapesBackend()  # abstract values' (data None); not a ``nb.backend`` name: chosen by the data
+
+
+def holding(data: Any) -> Backend:
+    """The backend that holds ``data``: ``SHAPES`` for an abstract value's (None), else ``of(data)``."""
+    return SHAPES if data is None else of(data)
 
 
 @contextlib.contextmanager

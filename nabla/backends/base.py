@@ -1,8 +1,8 @@
 """The interface every backend implements (its own module, so the backends build on it and the package
 imports them): where arrays live, and the jobs an interpreter of recorded steps hands a backend (place,
-add once, move, an operand's local steps). Eager dispatch (``executor``) and ``nb.jit`` (``jit/lower``) run
-the same algorithm over them: the grid backends (``grid``: numpy, eager jax) do each job on every device's
-blocks at once, ``jax_local`` on one device's block inside ``shard_map``."""
+add once, move, an operand's local steps, the kernel). Eager dispatch (``executor``) and ``nb.jit``
+(``jit/lower``) run the same algorithm over them: the grid backends (``grid``: numpy, eager jax) do each
+job on every device's blocks at once, ``jax_local`` on one device's block inside ``shard_map``."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class Backend:
         """A copy of ``x`` with ``value`` written at each index tuple of ``regions``."""
         raise NotImplementedError
 
-    # -- the interpreter's jobs (``data is None`` runs, abstract ones, never reach a backend) --
+    # -- the interpreter's jobs (abstract runs, data None, go to ``shapes``: each job gives None) --
     def place(self, value: Any, spec: Any) -> Any:
         """A host value laid out as ``spec`` (each device keeps its block; no communication). Partial axes
         hold the value at coordinate 0 and the additive identity elsewhere."""
@@ -60,6 +60,12 @@ class Backend:
 
     def local(self, step: Any, x: Any) -> Any:
         """A factor kind's ``LocalStep`` (a halo exchange, a mirror) done to an operand's blocks."""
+        raise NotImplementedError
+
+    def kernel(self, op: Any, arrays: list, prog: Any) -> Any:
+        """``op``'s kernel on operands made ready for program ``prog`` (``executor.ready``), its result in
+        ``prog.dtype`` laid out as ``prog.result`` (the post plan's moves done): one call site for eager
+        dispatch and ``nb.jit``, so how a result is shaped, cast and moved cannot drift between them."""
         raise NotImplementedError
 
     def enter(self) -> Any:

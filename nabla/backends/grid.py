@@ -106,3 +106,25 @@ class GridBackend(Backend):
 
     def local(self, step: Any, x: Any) -> Any:
         return step.apply(x)
+
+    def kernel(self, op: Any, arrays: list, prog: Any) -> Any:
+        """(On the grid a max/min may fold its all_reduce into the kernel, ``prog.folded``: the post plan then
+        only logs.)"""
+        if prog.padded or prog.checks:
+            # padding past a dim's end may hold anything; summands of a kept pending sum may overflow where
+            # their sum does not (run() redoes the op strictly when a summand is not finite: numpy's warnings)
+            with np.errstate(all="ignore"):
+                out = op.kernel(arrays, prog.local)
+        else:
+            out = op.kernel(arrays, prog.local)
+        if type(out) is not np.ndarray:
+            out = self.xp.asarray(out)
+        if out.dtype != prog.dtype:
+            out = out.astype(prog.dtype)
+        if out.shape != prog.out_grid:
+            out = self.xp.broadcast_to(out, prog.out_grid)
+        if prog.out_grid != prog.final:
+            out = out.reshape(prog.final)
+        if prog.post is not None and not prog.folded:
+            out = self.move(out, prog.post, prog.result_shape, op.reduction)
+        return out

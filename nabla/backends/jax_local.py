@@ -8,11 +8,14 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import collectives as C
 from ..dtypes import identity
 from ..errors import ShardingError
-from ..layout import chunk
+from ..layout import chunk, grid, merge_cuts, spec_cuts
 from ..mesh import AxisRef
+from ..opdef import Local
 from ..spec import ShardingSpec
 from .base import Backend
 from .grid import fit
@@ -138,6 +141,30 @@ class JaxLocalBackend(Backend):
         if step.lower is None:
             raise ShardingError("jit: a factor kind's local step has no lowering")
         return step.lower(x, self)
+
+    def kernel(self, op: Any, arrays: list, prog: Any) -> Any:
+        """(The kernel sees one block, ``G`` 0, and this device's part of the op's per-layout constants.)"""
+        xp = self.xp
+        aux = tuple(self.aux(a, prog) for a in prog.local.aux)
+        out = xp.asarray(op.kernel(arrays, Local(0, prog.local.out_chunk, prog.local.params, True, aux)))
+        if out.dtype != prog.dtype:
+            out = out.astype(prog.dtype)
+        if tuple(out.shape) != prog.local.out_chunk:
+            out = xp.broadcast_to(out, prog.local.out_chunk)
+        if prog.post is not None:
+            out = self.move(out, prog.post, prog.result_shape, op.reduction)
+        return out
+
+    def aux(self, a: Any, prog: Any) -> Any:
+        """This device's part of a per-layout constant shaped (*grid of the op's atoms, ...)."""
+        if not isinstance(a, np.ndarray):
+            return a
+        specs = [p.target for p in prog.preps if p.target is not None] + [prog.kspec]
+        cut_grid = grid(prog.kspec, merge_cuts(*(spec_cuts(s) for s in specs)))
+        if a.ndim < len(cut_grid.shape):
+            return self.xp.asarray(a)
+        idx = tuple(self.linear([atom]) if a.shape[j] > 1 else 0 for j, atom in enumerate(cut_grid.atoms))
+        return self.xp.asarray(a)[idx]
 
 
 class StepContext:

@@ -242,16 +242,7 @@ def _lower_kernel(ins, env, dev):
             continue
         x = xp.asarray(u.const, dtype=prog.dtype) if p.kind == "scalar" else env[r]
         arrays.append(ready(x if p.kind == "sharded" else dev.place(x, p.target), p, dev))
-    aux = tuple(_aux_local(a, prog, dev) for a in prog.local.aux)
-    out = op.kernel(arrays, Local(0, prog.local.out_chunk, prog.local.params, True, aux))
-    out = xp.asarray(out)
-    if out.dtype != prog.dtype:
-        out = out.astype(prog.dtype)
-    if tuple(out.shape) != prog.local.out_chunk:
-        out = xp.broadcast_to(out, prog.local.out_chunk)
-    if prog.post is not None:
-        out = dev.move(out, prog.post, prog.result_shape, op.reduction)
-    return out
+    return dev.kernel(op, arrays, prog)
 
 
 def _lower_bucket(ins, env, dev):
@@ -290,19 +281,3 @@ def _device_copy(data: Any, make: Callable[[], Any], target: Any) -> Any:
         return arr
     return jax.device_put(make(), target)
 
-
-def _aux_local(a, prog, dev):
-    """This device's part of a per-layout constant shaped (*grid of the op's atoms, ...)."""
-    if not isinstance(a, np.ndarray):
-        return a
-    cut_grid = grid(prog.kspec, _cuts_of(prog))
-    G = len(cut_grid.shape)
-    if a.ndim < G:
-        return dev.xp.asarray(a)
-    idx = tuple(dev.linear([atom]) if a.shape[j] > 1 else 0 for j, atom in enumerate(cut_grid.atoms))
-    return dev.xp.asarray(a)[idx]
-
-
-def _cuts_of(prog):
-    specs = [p.target for p in prog.preps if p.target is not None] + [prog.kspec]
-    return merge_cuts(*(spec_cuts(s) for s in specs))

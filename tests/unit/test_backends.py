@@ -173,3 +173,101 @@ INTERFACE = textwrap.dedent("""
 
 def test_grid_and_per_device_backends_place_add_once_and_move_alike():
     _run_on_8_devices(INTERFACE)
+
+
+KERNEL = textwrap.dedent("""
+    import jax, numpy as np, nabla as nb
+    from jax.sharding import PartitionSpec
+    from nabla import DeviceMesh, backends, storage
+    from nabla.backends import NUMPY
+    from nabla.backends.jax import atom_mesh, atom_name
+    from nabla.backends.jax_local import JaxLocalBackend, mesh_atoms
+    from nabla.executor import ready
+    from nabla.layout import grid, merge_cuts, spec_cuts
+    from nabla.program import Program
+    from nabla.value import serial
+
+    mesh = DeviceMesh("m", (2, 4), ("dp", "tp"), devices=[7, 6, 5, 4, 3, 2, 1, 0])
+    backends.get("jax")  # (kernels take jax.numpy for arrays a known backend owns, as under nb.jit)
+
+    def operand(be, x, u, p, prog):  # an operand's blocks as the kernel takes them (what the interpreters do)
+        if p.kind == "scalar" and not p.mask_axes:
+            return u.const
+        if p.kind == "sharded":
+            x = be.move(x, p.plan, u.shape)
+        elif p.kind == "scalar":  # a scalar joining a partial sum: placed, then added once
+            x = be.place(np.asarray(u.const, dtype=prog.dtype), p.target)
+        else:
+            x = be.place(x, p.target)
+        return ready(x, p, be)
+
+    def both(f, *args):
+        # f's op run eagerly; then its program's kernel by the grid backend, and by jax_local on every device
+        with nb.comm_log() as log:
+            want = f(*args)
+        step = log.steps[-1]
+        prog, op = step.prog, step.op
+        assert isinstance(prog, Program), step
+        hosts = iter(a for a in args if isinstance(a, np.ndarray))
+        data = {serial(a): a._data for a in args if isinstance(a, nb.Tensor)}
+        datas = [None if not u.value else data[u.value] if u.src is not None else next(hosts) for u in step.uses]
+        grid_out = NUMPY.kernel(op, [operand(NUMPY, d, u, p, prog) for d, u, p in zip(datas, step.uses, prog.preps)],
+                                prog)
+        np.testing.assert_array_equal(grid_out, want._data)  # eager dispatch calls this very kernel
+        specs = [s for a in args if isinstance(a, nb.Tensor) for s in [a._spec]] + \\
+            [p.target for p in prog.preps if p.target is not None] + [prog.kspec, prog.result]
+        cuts = merge_cuts(*(spec_cuts(s) for s in specs))
+        atoms = mesh_atoms(mesh, cuts)
+        names = tuple(atom_name(a) for a in atoms)
+        G = len(atoms)
+        def pspec(spec, rank):
+            g = (1,) * G if spec is None else grid(spec, cuts).shape
+            return PartitionSpec(*[n if s > 1 else None for n, s in zip(names, g)], *([None] * rank))
+        ins = [(d, u, p) for d, u, p in zip(datas, step.uses, prog.preps) if p.kind == "sharded"]
+        def body(*blocks):
+            dev = JaxLocalBackend(mesh, atoms, names)
+            it = iter(b.reshape(b.shape[G:]) for b in blocks)
+            arrays = [operand(dev, next(it) if p.kind == "sharded" else d, u, p, prog)
+                      for d, u, p in zip(datas, step.uses, prog.preps)]
+            out = dev.kernel(op, arrays, prog)
+            return out.reshape((1,) * G + out.shape)
+        xs = [d.reshape(grid(u.src, cuts).shape + d.shape[len(grid(u.src).shape):]) for d, u, _ in ins]
+        f = jax.shard_map(body, mesh=atom_mesh(mesh, atoms), in_specs=tuple(pspec(u.src, len(u.shape))
+                          for _, u, _ in ins), out_specs=pspec(prog.result, len(step.out_shape)), check_vma=False)
+        local_out = np.asarray(jax.jit(f)(*xs)).reshape(grid_out.shape)
+        np.testing.assert_allclose(storage.assemble(local_out, prog.result, step.out_shape),
+                                   storage.assemble(grid_out, prog.result, step.out_shape), rtol=1e-5, atol=1e-6)
+        return prog
+
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((6, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+    T = lambda a, dims, partial=(): nb.tensor(a).shard(mesh, dims, partial_axes=list(partial))
+    assert both(lambda a, b: a @ b, T(v, ["dp", "tp"]), T(w, ["tp", None])).result.partial_axes  # a partial sum
+    assert both(lambda a: a.max(1), T(v, ["dp", "tp"])).folded  # grid: folded all_reduce; per device: its move
+    assert both(lambda a: nb.tril(a, 1), T(v, ["dp", "tp"])).local.aux  # per-layout constants, cut per device
+    assert both(lambda a, b: nb.concatenate([a, b], 1), T(v, [None, "tp"]), T(v, [None, "tp"])).local.aux
+    both(lambda a, b: a + b, T(v, [None, "tp"], ["dp"]), v)  # a host value added once to a partial sum
+    both(lambda a: a + 1.5, T(v, ["tp", None], ["dp"]))  # a scalar added once
+    both(lambda a: a.sum(0), T(v[:5], ["tp", "dp"]))  # uneven: padded blocks
+    print("ok")
+""")
+
+
+def test_grid_and_per_device_backends_run_a_kernel_alike():
+    _run_on_8_devices(KERNEL)
+
+
+def test_abstract_values_run_on_the_shapes_backend():
+    """An abstract value goes through the same interpreter on ``shapes``: no data, the same moves logged."""
+    assert B.holding(None) is B.SHAPES and B.holding(np.ones(2)) is B.NUMPY
+    mesh = nb.DeviceMesh("m", (2, 4), ("dp", "tp"))
+    logs = []
+    for make in (lambda s: nb.abstract(s), lambda s: nb.tensor(np.ones(s, np.float32))):
+        with nb.comm_log() as log:
+            x = make((8, 16)).shard(mesh, ["dp", "tp"])
+            w = make((16, 12)).shard(mesh, ["tp", None])
+            out = ((x @ w).max(1) + make((8,))).with_sharding(mesh, [None])
+        assert (out._data is None) == (x._data is None)
+        logs.append([(e.kind, e.axes, e.bytes) for e in log.events])
+    assert logs[0] == logs[1] and logs[0]
