@@ -488,3 +488,26 @@ def test_milp_matches_brute_force_with_edges_and_memory(enumerate_up_to, cycle, 
         least = milp.least_memory(groups, edges, enumerate_up_to=enumerate_up_to)
         assert least.memory == pytest.approx(min(m for (t, m), _ in everything if np.isfinite(t)), abs=1e-6)
     assert (sum(r is not None for r in eliminated) >= 3) == (enumerate_up_to == 12), eliminated
+
+
+def test_the_choices_near_the_fastest_answer_only_when_one_of_them_fits():
+    """Where no near-fastest choice fits, a slower choice among the options they take is not the answer: a faster
+    one that fits may take an option none of them takes (HiGHS decides); nor may a tie toward less memory lie
+    beyond them. Found by review: times 100 and 5, memory 40 and 10."""
+    A = milp.Group([0.0, 0.0, 5.0], [10.0, 0.0, 0.0], [0.0] * 3, [0.0, 10.0, 0.0])
+    edges = [milp.Edge(0, 1, np.array([[0, 100, 0], [100, 0, 0], [0, 0, 0]], float))]
+    for cap in (4, milp.ENUMERATE):  # the elimination, then HiGHS; every choice tried
+        sol = milp.solve([A, A], edges, memory_limit=15, enumerate_up_to=cap)
+        assert (sol.time, sol.choice) == (5.0, (0, 2))
+    A = milp.Group([1.0, 1 + 1.5e-6, 1 + 2.2e-6], [100.0, 40.0, 10.0], [0.0] * 3)
+    B = milp.Group([0.0], [0.0], [0.0])
+    for cap in (2, milp.ENUMERATE):
+        assert milp.solve([A, B], [], memory_limit=50, enumerate_up_to=cap).choice == (2, 0)
+
+
+def test_long_chains_are_left_to_highs():
+    rng = np.random.default_rng(0)
+    groups = [milp.Group(rng.random(4), rng.random(4), np.zeros(4)) for _ in range(milp.MAX_ELIMINATED + 1)]
+    edges = [milp.Edge(i, i + 1, rng.random((4, 4))) for i in range(len(groups) - 1)]
+    assert milp._near_fastest(groups, edges, milp.ENUMERATE) is None
+    assert milp._near_fastest(groups[:milp.MAX_ELIMINATED], edges[:-2], milp.ENUMERATE) is not None
