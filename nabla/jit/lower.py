@@ -5,6 +5,7 @@ blocks inside ``jax.shard_map``: kernels in ``jax.numpy``, each planned move thr
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -276,8 +277,14 @@ def _device_copy(data: Any, make: Callable[[], Any], target: Any) -> Any:
         # a private host copy: jax's CPU client may alias an aligned numpy buffer, and a cached device array
         # that holds the tensor's own blocks would keep them alive for ever (the weak reference never fires)
         arr = jax.device_put(np.array(make()), target)
-        ref = weakref.ref(data, lambda _, key=key: _DEVICE_COPIES.pop(key, None))
-        _DEVICE_COPIES[key] = (ref, target, arr)
+        _DEVICE_COPIES[key] = (weakref.ref(data, partial(_forget, key=key)), target, arr)
         return arr
     return jax.device_put(make(), target)
+
+
+def _forget(ref: Any, key: int, copies: dict = _DEVICE_COPIES) -> None:
+    """Drop the device copy of blocks that are gone (only theirs: a later value may reuse the id; the table is
+    bound here, so the callbacks that run at interpreter exit, after module globals are cleared, still find it)."""
+    if copies.get(key, (None,))[0] is ref:
+        del copies[key]
 
