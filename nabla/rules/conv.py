@@ -60,7 +60,7 @@ def conv_rule(x: tuple[int, ...], w: tuple[int, ...], stride: tuple[int, ...], p
         return len(sizes) - 1
 
     def dim(*factors):
-        return tuple(f for f in factors if sizes[f] > 1 or kinds[f].windowed)
+        return tuple(f for f in factors if sizes[f] != 1 or kinds[f].windowed)  # (an empty dim keeps its factor)
 
     n, g = new(N, PASS), new(groups, PASS)
     c, o = new(Cg, REPLICATE if whole else REDUCE), new(O // groups, PASS)

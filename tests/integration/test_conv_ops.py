@@ -466,3 +466,15 @@ def test_fused_conv_skips_padding_blocks_on_a_later_grid_axis(xs, spec):
 def test_bad_windows_are_sharding_errors(bad, match):
     with pytest.raises(ShardingError, match=match):
         bad()
+
+
+@pytest.mark.parametrize("spec", [None, [None, None, "x", None], ["x", None, None, None], ["x", None, "y", None]])
+def test_conv_of_an_empty_batch_equals_xla(spec):
+    """A batch of 0 images (an ONNX model fed an empty batch): the rule dropped the size-0 batch factor and
+    the result came out with a batch of 1 (found by review)."""
+    x, w = R.standard_normal((0, 3, 8, 8)), R.standard_normal((4, 3, 3, 3))
+    want = ref_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1)
+    t = nb.tensor(x) if spec is None else nb.tensor(x).shard(M22, spec)
+    out = nb.conv(t, nb.tensor(w), padding=1)
+    assert out.shape == want.shape == (0, 4, 8, 8) and out.dtype == want.dtype
+    assert_sharded_allclose(out, want)
