@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextvars
 from math import prod
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -115,6 +115,31 @@ def surviving_partials(op: OpDef, sigs: tuple, shapes, dtype: np.dtype) -> tuple
                 owner.setdefault(a, i)
         keep_by = [{a for a in atoms[i] if owner[a] == i} for i in range(n)]
     return keep, keep_by
+
+
+class Survival(NamedTuple):
+    """The policy's one answer for a program: the partial axes that stay pending through the op (``keep``; per
+    operand, ``keep_by``), per operand the axes it is added once over and what its mask leaves elsewhere, and
+    what must hold at run time for the kept sums to survive (``checks``)."""
+
+    keep: frozenset
+    keep_by: tuple
+    add_once: tuple  # per operand: the axes an addend partial over fewer is added once over
+    zeros: tuple  # per operand: ``mask_zero``
+    checks: tuple
+
+
+def survival(op: OpDef, sigs: tuple, shapes, dtype: np.dtype, strict: bool | str = False) -> Survival:
+    """What happens to the operands' pending sums through ``op`` (``strict``: none survives), decided once per
+    program (the executor asks for nothing else before it plans, except ``cheaper_to_sum_now`` once the result's
+    layout is known)."""
+    keep, keep_by = surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
+    linear = range(len(sigs)) if op.linear_args is None else op.linear_args
+    add_once = tuple(tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear else ()
+                     for i in range(len(sigs)))
+    checks = survival_checks(op, sigs, keep_by, dtype) if keep else ()
+    return Survival(frozenset(keep), tuple(keep_by), add_once, tuple(mask_zero(op, i) for i in range(len(sigs))),
+                    checks)
 
 
 def cheaper_to_sum_now(mesh, sigs: tuple, shapes: tuple, keep_by: list, result: ShardingSpec,

@@ -18,7 +18,7 @@ from .errors import ShardingError
 from .factors import LocalStep, OperandContext, merge_windows
 from .layout import chunks, grid, merge_cuts, spec_cuts
 from .opdef import Local, OpDef
-from .pending import cheaper_to_sum_now, mask_zero, surviving_partials, survival_checks
+from .pending import cheaper_to_sum_now, survival
 from .propagation import propagate
 from .rules.core import Rule
 from .signatures import result_dtype, sig_id, signatures_of
@@ -151,8 +151,8 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     mesh = meshes.pop()
     rule = op.rule(shapes, *params)
     dtype = result_dtype(op, sigs, params)
-    keep, keep_by = surviving_partials(op, sigs, shapes, dtype) if not strict else (set(), [set() for _ in sigs])
-    linear_args = range(len(sigs)) if op.linear_args is None else op.linear_args
+    pend = survival(op, sigs, shapes, dtype, strict)
+    keep, keep_by = pend.keep, pend.keep_by
     reserved = tuple(sorted(keep))
     prop_specs = tuple(strip_partial(s[3]) if s[0] == "s" else None for s in sigs)
     dec = propagate(rule, prop_specs, mesh, strat, reserved)
@@ -179,8 +179,7 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     G = len(grid(post_src or result, cuts).atoms)  # (the result may be cut finer: post slices it)
     preps = []
     for i, (s, t) in enumerate(zip(sigs, targets)):
-        add_once = tuple(sorted(keep - keep_by[i])) if op.linear == "add" and i in linear_args else ()
-        zero = mask_zero(op, i)
+        add_once, zero = pend.add_once[i], pend.zeros[i]
         if s[0] == "c":
             if not add_once:
                 preps.append(Prep("scalar", None, None, (), ()))
@@ -214,7 +213,7 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     padded = any(_padded(t, shp) for t, shp in zip(targets, shapes) if t is not None) or _padded(kspec, result_shape)
     result_sid = sig_id(("s", result_shape, dtype, result))
     aux = op.aux(kspec, cuts, shapes, params) if op.aux is not None else ()
-    checks = survival_checks(op, sigs, keep_by, dtype) if keep else ()
+    checks = pend.checks
     local = Local(G, chunks(kspec, result_shape), params, True, aux)
     final = grid(kspec).shape + chunks(kspec, result_shape)
     fold = _fold(op, post, G, out_grid) if not padded else ()
