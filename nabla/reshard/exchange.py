@@ -238,28 +238,22 @@ def _koenig(us: list[int], vs: list[int], sizes: list[int]) -> list[int]:
         u, v = us[e], vs[e]
         cu, cv = at_u[u], at_v[v]
         a, b = cu.index(-1), cv.index(-1)
-        if cv[a] != -1:  # walk v -a- u1 -b- v2 -a- ... and swap a and b along the path; then a is free at v
-            path, node = [], v
-            while True:
-                f = at_v[node][a]
+        if cv[a] != -1:  # walk v -a- u1 -b- v2 -a- ... and swap a and b along the path; then a is free at v: its
+            # edges trade colours, and on every node it passes the a and b entries trade places (its ends hold one)
+            tables, f = [cv], cv[a]
+            while f >= 0:
+                colour[f] = b
+                t = at_u[us[f]]
+                tables.append(t)
+                f = t[b]
                 if f < 0:
                     break
-                path.append(f)
-                node = us[f]
-                f = at_u[node][b]
-                if f < 0:
-                    break
-                path.append(f)
-                node = vs[f]
-            for f in path:
-                c = colour[f]
-                at_u[us[f]][c] = -1
-                at_v[vs[f]][c] = -1
-            for f in path:
-                c = b if colour[f] == a else a
-                colour[f] = c
-                at_u[us[f]][c] = f
-                at_v[vs[f]][c] = f
+                colour[f] = a
+                t = at_v[vs[f]]
+                tables.append(t)
+                f = t[a]
+            for t in tables:
+                t[a], t[b] = t[b], t[a]
         colour[e] = a
         cu[a] = e
         cv[a] = e

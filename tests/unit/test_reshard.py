@@ -221,7 +221,7 @@ from nabla import backends, storage  # noqa: E402
 from nabla.backends.grid import blocks_of  # noqa: E402
 from nabla.layout import grid  # noqa: E402
 from nabla.reshard import lacking, lower_bound  # noqa: E402
-from nabla.reshard.exchange import _edge_colouring  # noqa: E402
+from nabla.reshard.exchange import _edge_colouring, _koenig  # noqa: E402
 
 #: every pair of every case below, not only CI's share of the largest partial one
 EXHAUSTIVE = os.environ.get("NABLA_EXHAUSTIVE") == "1" or os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
@@ -467,6 +467,18 @@ def test_regular_exchanges_colour_by_shift_and_others_by_koenig():
     for c in set(colours):
         edges = [e for e, k in zip(irregular, colours) if k == c]
         assert len({u for u, _, _ in edges}) == len(edges) == len({v for _, v, _ in edges})
+
+
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9), st.integers(1, 3)), min_size=1, max_size=60))
+@settings(max_examples=examples(60), deadline=None)
+def test_koenig_colours_any_bipartite_multigraph_properly_with_its_largest_degree(edges):
+    """Koenig: every bipartite multigraph's edges colour with as many colours as its largest degree, no
+    device sending or receiving twice in a round (the rounds of an exchange that no shift colours)."""
+    us, vs, sizes = (list(x) for x in zip(*edges))
+    colours = _koenig(us, vs, sizes)
+    degree = max(max(np.bincount(us)), max(np.bincount(vs)))
+    assert set(colours) == set(range(degree))
+    assert len({(u, c) for u, c in zip(us, colours)}) == len(edges) == len({(v, c) for v, c in zip(vs, colours)})
 
 
 def test_a_plan_carries_its_hops_and_an_exchange_its_rounds_and_pieces():
