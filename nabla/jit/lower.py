@@ -185,16 +185,6 @@ def run_body(prog: CompiledProgram, arrays: tuple) -> tuple:
     return tuple(env[k].reshape((1,) * G + tuple(env[k].shape)) for k in prog.out_keys)
 
 
-def _shape_of(key: Key, ins) -> tuple[int, ...]:
-    s = ins.step
-    if key[0] == s.out:
-        return s.out_shape
-    for u in s.uses:
-        if u.value == key[0]:
-            return u.shape
-    raise ShardingError(f"internal: jit lost the shape of {key}")
-
-
 def _lower_move(ins, env, dev):
     u = ins.step.uses[ins.use]
     src = env[ins.reads[0]]

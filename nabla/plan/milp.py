@@ -298,10 +298,10 @@ def _marginal(factors: list, sizes: list[int], target: int) -> np.ndarray | None
     factors = list(factors)
     left = set(range(len(sizes))) - {target}
     while left:
-        def table(v):  # the groups a table eliminating v spans
-            return sorted({u for vs, _ in factors if v in vs for u in vs} - {v})
-        v = min(left, key=lambda v: (prod(sizes[u] for u in table(v)), v))
-        span = table(v)
+        spans = {v: sorted({u for vs, _ in factors if v in vs for u in vs} - {v}) for v in left}  # what eliminating
+        # v joins
+        v = min(left, key=lambda v: (prod(sizes[u] for u in spans[v]), v))
+        span = spans[v]
         if prod(sizes[u] for u in span) * sizes[v] > MAX_TABLE:
             return None
         axes = span + [v]

@@ -104,21 +104,20 @@ def test_sub_axes_on_jax_devices_and_x64_restored():
     _run_on_8_devices(SUB_AXES)
 
 
-INTERFACE = textwrap.dedent("""
+#: what both child scripts below start with: a reversed 2x4 mesh, and the per-device view of a set of layouts
+#: (their common cuts, the jax mesh atoms and names, how many grid axes, a PartitionSpec for each layout)
+DEVICE_GRID = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import PartitionSpec
-    from nabla import DeviceMesh, ShardingSpec, reshard, storage
+    from nabla import DeviceMesh
     from nabla.backends import NUMPY
     from nabla.backends.jax import atom_mesh, atom_name
     from nabla.backends.jax_local import JaxLocalBackend, mesh_atoms
-    from nabla.layout import chunks, grid, merge_cuts, spec_cuts
+    from nabla.layout import grid, merge_cuts, spec_cuts
 
     mesh = DeviceMesh("m", (2, 4), ("dp", "tp"), devices=[7, 6, 5, 4, 3, 2, 1, 0])
-    S = lambda dims, partial=(): ShardingSpec(mesh, dims, partial_axes=list(partial))
 
-    def per_device(fn, x, src, dst, specs):
-        # fn(backend, block) on every device's block under shard_map: src's blocks (None: the whole host value on
-        # every device) in, dst's out, as one array on the specs' common grid
+    def device_grid(specs):
         cuts = merge_cuts(*(spec_cuts(s) for s in specs))
         atoms = mesh_atoms(mesh, cuts)
         names = tuple(atom_name(a) for a in atoms)
@@ -126,6 +125,18 @@ INTERFACE = textwrap.dedent("""
         def pspec(spec, rank):
             g = (1,) * G if spec is None else grid(spec, cuts).shape
             return PartitionSpec(*[n if s > 1 else None for n, s in zip(names, g)], *([None] * rank))
+        return cuts, atoms, names, G, pspec
+""")
+
+INTERFACE = DEVICE_GRID + textwrap.dedent("""
+    from nabla import ShardingSpec, reshard, storage
+
+    S = lambda dims, partial=(): ShardingSpec(mesh, dims, partial_axes=list(partial))
+
+    def per_device(fn, x, src, dst, specs):
+        # fn(backend, block) on every device's block under shard_map: src's blocks (None: the whole host value on
+        # every device) in, dst's out, as one array on the specs' common grid
+        cuts, atoms, names, G, pspec = device_grid(specs)
         if src is None:
             x = x.reshape((1,) * G + x.shape)
         else:
@@ -175,19 +186,13 @@ def test_grid_and_per_device_backends_place_add_once_and_move_alike():
     _run_on_8_devices(INTERFACE)
 
 
-KERNEL = textwrap.dedent("""
-    import jax, numpy as np, nabla as nb
-    from jax.sharding import PartitionSpec
-    from nabla import DeviceMesh, backends, storage
-    from nabla.backends import NUMPY
-    from nabla.backends.jax import atom_mesh, atom_name
-    from nabla.backends.jax_local import JaxLocalBackend, mesh_atoms
+KERNEL = DEVICE_GRID + textwrap.dedent("""
+    import nabla as nb
+    from nabla import backends, storage
     from nabla.executor import ready
-    from nabla.layout import grid, merge_cuts, spec_cuts
     from nabla.program import Program
     from nabla.value import serial
 
-    mesh = DeviceMesh("m", (2, 4), ("dp", "tp"), devices=[7, 6, 5, 4, 3, 2, 1, 0])
     backends.get("jax")  # (kernels take jax.numpy for arrays a known backend owns, as under nb.jit)
 
     def operand(be, x, u, p, prog):  # an operand's blocks as the kernel takes them (what the interpreters do)
@@ -216,13 +221,7 @@ KERNEL = textwrap.dedent("""
         np.testing.assert_array_equal(grid_out, want._data)  # eager dispatch calls this very kernel
         specs = [s for a in args if isinstance(a, nb.Tensor) for s in [a._spec]] + \\
             [p.target for p in prog.preps if p.target is not None] + [prog.kspec, prog.result]
-        cuts = merge_cuts(*(spec_cuts(s) for s in specs))
-        atoms = mesh_atoms(mesh, cuts)
-        names = tuple(atom_name(a) for a in atoms)
-        G = len(atoms)
-        def pspec(spec, rank):
-            g = (1,) * G if spec is None else grid(spec, cuts).shape
-            return PartitionSpec(*[n if s > 1 else None for n, s in zip(names, g)], *([None] * rank))
+        cuts, atoms, names, G, pspec = device_grid(specs)
         ins = [(d, u, p) for d, u, p in zip(datas, step.uses, prog.preps) if p.kind == "sharded"]
         def body(*blocks):
             dev = JaxLocalBackend(mesh, atoms, names)
