@@ -41,7 +41,8 @@ class Collective:
     entry. ``legs(sent, k, k_in, k_out)``: how a group spanning ``k_in`` devices of a node and ``k_out`` nodes
     runs it, as ``(kind, tier, group, bytes)`` legs from the ``sent`` bytes of a flat ring (None: one leg, the
     whole group on the network); ``legs_at_once``: the legs run at the same time rather than one after
-    another."""
+    another. ``pairwise``: each device sends its block to one peer (a permute), so the whole group runs on the
+    tier its pairs cross, and even a group of one takes a latency step (a device sends to itself over a link)."""
 
     name: str
     ring_bytes: Callable[[int, int], int]
@@ -53,6 +54,7 @@ class Collective:
     logs_as: str = ""  # the kind its events are logged and priced as ("": its own name)
     legs: Callable[[float, int, int, int], tuple] | None = None  # its phases on a node-then-network group
     legs_at_once: bool = False
+    pairwise: bool = False
 
 
 REGISTRY: dict[str, Collective] = {}
@@ -338,7 +340,7 @@ register(Collective("all_to_all", lambda B, k: (k - 1) * B // k, lambda k: k - 1
 register(Collective("bucket", REGISTRY["all_reduce"].ring_bytes, REGISTRY["all_reduce"].ring_steps, "bucket",
                     _bucket, lower=_lower_bucket, logs_as="all_reduce"))  # B: the blocks' total bytes
 register(Collective("collective_permute", lambda B, k: B, lambda k: 1, "collective_permute", _collective_permute,
-                    lower=_lower_collective_permute))
+                    lower=_lower_collective_permute, pairwise=True))
 
 
 # ---- the events moves log: made here only ----------------------------------------------------------------

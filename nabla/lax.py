@@ -323,6 +323,12 @@ def _lower_ppermute(x, params, dev):
     return dev.ppermute(x, [p for s, t in perm for p in dev.pairs(lambda q, s=s, t=t: t if q == s else None, refs)])
 
 
+def _wired(wire: str, field: str):
+    """The wire kind's ``field`` as its registry holds it when called: an entry that replaces the wire kind
+    (a tree all_gather) prices nb.lax's collective too."""
+    return lambda *a: getattr(C.REGISTRY[wire], field)(*a)
+
+
 #: each nb.lax collective's registry entry: logged and priced as the collective it is on the wire
 KINDS = {"psum": "lax.psum", "pmax": "lax.pmax", "pmin": "lax.pmin", "all_gather": "lax.all_gather",
          "psum_scatter": "lax.psum_scatter", "all_to_all": "lax.all_to_all", "ppermute": "lax.ppermute"}
@@ -334,9 +340,8 @@ for _name, _wire, _transpose, _move, _lower in (
         ("psum_scatter", "reduce_scatter", "all_gather", _sim_psum_scatter, _lower_psum_scatter),
         ("all_to_all", "all_to_all", "all_to_all", _sim_all_to_all, _lower_all_to_all),
         ("ppermute", "collective_permute", "ppermute", _sim_ppermute, _lower_ppermute)):
-    _core = C.REGISTRY[_wire]
-    C.register(C.Collective(KINDS[_name], _core.ring_bytes, _core.ring_steps, KINDS[_transpose], _move,
-                            lower=_lower, logs_as=_wire))
+    C.register(C.Collective(KINDS[_name], _wired(_wire, "ring_bytes"), _wired(_wire, "ring_steps"),
+                            KINDS[_transpose], _move, lower=_lower, logs_as=_wire))
 
 
 def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:

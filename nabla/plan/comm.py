@@ -26,16 +26,16 @@ def phases(event: CommEvent, tier: Tier) -> tuple[Phase, ...]:
     group of ``k = k_in * k_out``; on a tier spanning NVLink and the network, the kind's registry entry says how
     it runs in legs (``Collective.legs``: all_reduce = reduce_scatter inside + all_reduce across on the node's
     share + all_gather inside; reduce_scatter inside then across; all_gather across then inside; all_to_all's
-    node-bound and network-bound parts at once). A kind without legs (collective_permute: some device's block
-    crosses a node whenever a group spans nodes) is priced whole on the network; a permute on one device's
-    NVLink or network tier, even over a group of one, is priced there."""
+    node-bound and network-bound parts at once). A kind without legs is priced whole on the network; so is a
+    pairwise kind (``Collective.pairwise``, a permute: some device's block crosses a node whenever a group spans
+    nodes), which on one NVLink or network tier, even over a group of one, is priced there."""
     k, kind, sent = tier.group, event.kind, float(event.bytes)
     entry = REGISTRY.get(kind)
     if entry is None or entry.local or entry.logs_as:
         raise ShardingError(f"comm: unknown collective kind {kind!r}; kinds are {list(kinds())}")
     if sent == 0:
         return ()
-    if kind == "collective_permute":
+    if entry.pairwise:
         return (Phase(kind, "nvlink" if tier.kind == "nvlink" else "network", k, sent),)
     if k == 1:
         return ()
@@ -52,9 +52,8 @@ def phase_time(phase: Phase, cluster: Cluster) -> float:
     hops of the tree latency, at the tree's fraction of the bandwidth."""
     hw = cluster.hardware
     latency, bandwidth = hw.link(phase.tier)
-    steps = REGISTRY[phase.kind].ring_steps(phase.group) if phase.group > 1 else 0
-    if phase.kind == "collective_permute":
-        steps = 1
+    entry = REGISTRY[phase.kind]
+    steps = entry.ring_steps(phase.group) if phase.group > 1 or entry.pairwise else 0
     ring = steps * latency + phase.bytes / bandwidth
     if phase.kind != "all_reduce" or phase.tier != "network" or phase.group <= 2:
         return ring

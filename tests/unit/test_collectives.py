@@ -370,3 +370,49 @@ def test_a_kind_replaced_from_outside_is_used_priced_and_logged():
     with nb.comm_log() as after:  # the entry back: plans made afresh, the log as before
         nb.tensor(v).shard(m, ["x"])[4:12]
     assert [e.bytes for e in after.events] == [e.bytes for e in before.events]
+
+
+def test_one_registration_reaches_eager_the_estimator_nb_lax_and_nb_jit():
+    """A kind registered once is what every reader uses: here all_gather replaced by a tree (log2 k latency
+    steps, its moves and lowerings counted). Eager runs its move, nb.lax's all_gather (logged as all_gather on
+    the wire) and the eager gather are priced by its steps, the estimator prices both so, nb.jit lowers through
+    it. Expected times: alpha-beta by hand from the A100 preset (NVLink 3.4 us per step, 300 GB/s x 0.775)."""
+    import dataclasses
+
+    jax = pytest.importorskip("jax")
+    ring = C.REGISTRY["all_gather"]
+    moved, lowered = [], []
+
+    def move(*a):
+        moved.append(1)
+        return ring.move(*a)
+
+    def lower(*a):
+        lowered.append(1)
+        return ring.lower(*a)
+
+    cl = nb.Cluster(nb.Hardware.preset("a100-sxm-80gb"), nodes=1, devices_per_node=8)
+    m = cl.mesh("m", (8,), ("x",))
+    v = np.arange(64.0, dtype=np.float32)  # 8 floats a device: 32 bytes, 7 x 32 sent in a ring of 8
+    eager = lambda t: t.with_sharding(m, [None]) * 2  # noqa: E731
+    manual = nb.shard_map(lambda b: nb.lax.all_gather(b, "x", tiled=True) * 2, m, [["x"]], [None])
+    one = 3 * 3.4e-6 + 7 * 32 / (300e9 * 0.775)  # the tree: log2(8) = 3 steps (the ring: 7)
+    C.register(dataclasses.replace(ring, ring_steps=lambda k: max(1, (k - 1).bit_length()), move=move,
+                                   lower=lower))
+    try:
+        for fn in (eager, manual):
+            x = nb.tensor(v).shard(m, ["x"])
+            with nb.comm_log() as log:
+                out = fn(x)
+            np.testing.assert_array_equal(out.numpy(), v * 2)
+            assert log.counts == {"all_gather": 1} and log.events[0].bytes == 7 * 32 and log.events[0].steps == 3
+            assert nb.estimate(fn, cl)(x).comm_time == pytest.approx(one)
+        assert moved == [1]  # the eager gather ran the entry's move (nb.lax's own simulation is its entry's)
+        if len(jax.devices()) >= 8:
+            np.testing.assert_array_equal(nb.jit(eager)(nb.tensor(v).shard(m, ["x"])).numpy(), v * 2)
+            assert lowered
+    finally:
+        C.register(ring)
+    x = nb.tensor(v).shard(m, ["x"])
+    assert nb.estimate(eager, cl)(x).comm_time == pytest.approx(7 * 3.4e-6 + 7 * 32 / (300e9 * 0.775))
+    assert nb.estimate(manual, cl)(x).comm_time == pytest.approx(7 * 3.4e-6 + 7 * 32 / (300e9 * 0.775))
