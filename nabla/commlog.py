@@ -215,6 +215,16 @@ def replaces(new: Sequence[Any], old: Sequence[Any]) -> None:
                 r(a, b)
 
 
+def composed(op: Any, params: tuple, args: Sequence[Any], out: Any) -> None:
+    """Tell the open recorders that read ops as they were called (ONNX export writes one node per op) that the
+    steps just published made ``out``, one ``op`` of ``args`` (``log_softmax`` over a sharded dim runs as max,
+    sum and log steps). Other readers keep the steps that ran; a recorder that reads it has ``composed``."""
+    for log in _logs.get():
+        f = getattr(log, "composed", None)
+        if f is not None:
+            f(op, params, args, out)
+
+
 def publish(step: Any, values: Sequence[tuple[int, Any]] = ()) -> None:
     """Hand a recorded step to every open log: the one place moves enter a comm log. ``values``: (serial,
     value) pairs a log that keeps values takes."""

@@ -1,6 +1,6 @@
 """The record of what a computation ran: every op applied to a tracked value leaves a ``Node`` on its result
 (the op, its params, its operands and the program the executor chose, plans included). Autodiff walks it
-backward, ``nb.jit`` replays it inside shard_map, ONNX export turns it into a graph: one record for all three."""
+backward and ``nb.jit`` traces with it; ONNX export, like ``nb.explain``, reads the recorded steps (``step.py``)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ class Node(_Record):
 
     Given the op's ``result``, a node keeps only the residuals its op declares (``OpDef.saves``): every other
     operand is held as a husk (its shape, layout and record, no data), so the backward pass keeps alive what JAX
-    and PyTorch keep, no more, and a VJP reading anything else gets no data. Whole-program traces (``nb.jit``,
-    ONNX export) keep everything: they read the values themselves; so do nodes whose VJP will be differentiated
+    and PyTorch keep, no more, and a VJP reading anything else gets no data. Whole-program traces (``nb.jit``)
+    keep everything: they read the values themselves; so do nodes whose VJP will be differentiated
     again (a gradient of a gradient). Under ``nb.checkpoint(fn, policy="regather")`` an operand kept that an
     all_gather made from a smaller value (sequence parallelism's gathered norm output) is kept as that smaller
     value and gathered again by the backward pass (``regather``: (operand index, source, layout)), as

@@ -1,12 +1,16 @@
 """``export``: a nabla function traced into an ONNX model that carries the shardings nabla chose.
 
-Each tensor argument becomes a traced leaf (a twin sharing its blocks, as autodiff makes them); ``fn`` runs
-eagerly (on abstract tensors no kernel runs), and every result that depends on a leaf records a ``Node``:
-the op, its params, its operands and the executor's program. The trace, operands first, becomes the graph:
-one ONNX node (or a few) per nabla op, as the op's registry entry says (``OpDef.onnx``: an ONNX op type, or an
-export function next to the op), constants as initializers, and under a ``DeviceConfigurationProto``
-named after the mesh, on the main node of each op, the layout each operand was brought to before the
-local kernel ran and the layout of the result.
+``fn`` runs once, eagerly (on abstract tensors no kernel runs), on twins of its tensor arguments (the same
+blocks under serials of their own) under a comm log that keeps the values its steps read and make. The steps it
+records (``nabla.step.Step``: the op, its params, each operand by serial and the program the executor chose),
+those the outputs need that read an argument, in the order they ran, become the graph: one ONNX node (or a few)
+per step, as the op's registry entry says (``OpDef.onnx``: an ONNX op type, or an export function next to the
+op); a ``with_sharding`` or a host value placed on the mesh is an Identity; a move made for later uses is none
+(the value keeps its name). What reads no argument is a constant, an initializer. An op made of other ops
+(``log_softmax`` over a sharded dim) is told to the log as one step after theirs (``commlog.composed``), and
+written as one node, as it was called. Under a ``DeviceConfigurationProto`` named after the mesh, the main node
+of each step carries the layout each operand was brought to before the local kernel ran and the layout of the
+result: what ``nb.jit`` and ``nb.explain`` read from the same steps.
 
 Partial sums have no ONNX form: a value nabla holds as partial sums is annotated with its dims only (the
 layout it has once summed). ``nox.run`` treats annotations as ``with_sharding``, so rerunning an exported
@@ -23,17 +27,17 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..pytree import flatten, leaf_paths
+from ..commlog import CommLog, recording
 from ..errors import ShardingError
-from ..value import Value
+from ..jit import inlined
 from ..mesh import DeviceMesh
 from ..ops import registry
+from ..pytree import flatten, leaf_paths, unflatten
 from ..spec import ShardingSpec
+from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step, Use
 from ..tensor import Tensor
-from ..trace import LEAF, LEAF_NODE, PLACE, RELAYOUT, topological
+from ..value import Value, serial
 from .specs import spec_to_onnx
-from ..pytree import unflatten
-from ..jit import inlined
 
 OPSET = 21
 IR_VERSION = 10  # device configurations arrived in IR version 10
@@ -84,21 +88,61 @@ def _param_names(fn: Callable, n: int) -> list[str]:
     return names
 
 
-def _traced(t: Tensor) -> Tensor:
-    """A traced twin of ``t``: the same blocks, recording every op that uses it (backprop's ``traced_leaf``)."""
-    return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, LEAF_NODE)
+def _twin(t: Tensor) -> Tensor:
+    """``t``'s blocks under a serial of their own (an argument passed twice is two graph inputs), without the sums
+    an earlier use made of them (what a first run does)."""
+    return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid)
 
 
 def _rebuild(tree: Any, leaves: list) -> Any:
     return unflatten(flatten(tree)[1], leaves)
 
 
+class _Recorder(CommLog):
+    """The trace's comm log, keeping the values its steps read and make (the constants' data, the operands'
+    shapes), that also takes an op made of other ops as one step after theirs (see ``commlog.composed``)."""
+
+    def __init__(self) -> None:
+        super().__init__(keep_values=True)
+
+    def composed(self, op: Any, params: tuple, args: tuple, out: Value) -> None:
+        uses = tuple(Use(serial(a), a._shape, a._dtype, a._spec, a._spec) for a in args)
+        self.take(Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, user=op.name),
+                  [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
+
+
+def _needed(steps: list[Step], inputs: set[int], outputs: list[int]) -> list[Step]:
+    """The steps the outputs need that read an input, in the order they ran (what reads none is a constant); a
+    gradient bucket as one relayout per value, and no move made for later uses (the value keeps its serial).
+    A value made again as one op (``composed``) is made by that step, so the steps it was made of are left."""
+    flat: list[Step] = []
+    for s in steps:
+        if s.op == BUCKET:
+            targets, outs = s.params
+            flat += [Step(RELAYOUT, (t,), (u._replace(dst=t),), o, u.shape, u.dtype, t)
+                     for u, t, o in zip(s.uses, targets, outs)]
+        elif s.op != MOVE:
+            flat.append(s)
+    traced, made = set(inputs), {}
+    for i, s in enumerate(flat):
+        if s.out not in inputs and any(u.value in traced for u in s.uses):
+            traced.add(s.out)
+            made[s.out] = i
+    live: set[int] = set()
+    stack = [made[o] for o in outputs if o in made]
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack += [made[u.value] for u in flat[i].uses if u.value in made]
+    return [flat[i] for i in sorted(live)]
+
+
 class _Builder:
     def __init__(self) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
-        self.names: dict[int, str] = {}  # id(value) -> tensor name
-        self.keep: list[Any] = []  # values whose ids are in ``names`` stay alive
+        self.names: dict[int, str] = {}  # a value's serial -> its tensor name
         self.used: set[str] = set()
         self.counts: dict[str, int] = {}
         self.mesh: DeviceMesh | None = None
@@ -127,10 +171,10 @@ class _Builder:
 
     # -- constants -----------------------------------------------------------------------------------------
     def constant(self, value: Any, dtype: np.dtype | None = None, base: str = "const") -> str:
-        """The name of an initializer holding ``value`` (a Tensor without a trace, an array or a scalar)."""
+        """The name of ``value`` (a value by its serial: an initializer unless it has one; an array or a scalar)."""
         if isinstance(value, Value):
-            if id(value) in self.names:
-                return self.names[id(value)]
+            if serial(value) in self.names:
+                return self.names[serial(value)]
             if value._data is None:
                 raise ShardingError(f"export: a constant operand of shape {value._shape} is abstract "
                                     f"(nb.abstract) and has no value to store; pass it as an argument of fn")
@@ -139,8 +183,7 @@ class _Builder:
             arr = np.asarray(t.numpy()).reshape(value._shape)
             name = self.fresh(base)
             self.inits.append(numpy_helper.from_array(arr, name))
-            self.names[id(value)] = name
-            self.keep.append(value)
+            self.names[serial(value)] = name
             return name
         arr = np.asarray(value, dtype=dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
@@ -183,26 +226,25 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
         raise ShardingError(f"export: fn must be callable, got {type(fn).__name__}")
     b = _Builder()
     arg_names = _param_names(fn, len(args))
-    traced_args, graph_inputs = [], []
+    twin_args, graph_inputs = [], []
     for a, pname in zip(args, arg_names):
         leaves, _ = flatten(a)
         paths = leaf_paths(a, pname, dotted=True) if isinstance(a, (dict, list, tuple)) else [pname]
         new_leaves = []
         for leaf, path in zip(leaves, paths):
             if isinstance(leaf, Tensor):
-                t = _traced(leaf)
+                t = _twin(leaf)
                 iname = b.fresh(path)
-                b.names[id(t)] = iname
-                b.keep.append(t)
+                b.names[serial(t)] = iname
                 b.see_mesh(leaf.sharding, f"input {iname!r}")
                 graph_inputs.append(helper.make_tensor_value_info(iname, _onnx_type(leaf.dtype, iname),
                                                                   list(leaf.shape)))
                 new_leaves.append(t)
             else:
                 new_leaves.append(leaf)
-        traced_args.append(_rebuild(a, new_leaves) if isinstance(a, (dict, list, tuple)) else new_leaves[0])
-    with inlined():
-        result = fn(*traced_args)
+        twin_args.append(_rebuild(a, new_leaves) if isinstance(a, (dict, list, tuple)) else new_leaves[0])
+    with inlined(), recording(_Recorder()) as log:
+        result = fn(*twin_args)
     out_leaves, _ = flatten(result)
     if isinstance(result, dict):
         out_paths = [p[len("output."):] for p in leaf_paths(result, "output", dotted=True)]
@@ -213,36 +255,29 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
     for o in out_leaves:
         if not isinstance(o, Tensor):
             raise ShardingError(f"export: fn must return tensors (or a pytree of them), got {type(o).__name__}")
-    order = topological(out_leaves)
+    outs = [serial(o) for o in out_leaves]
+    steps = _needed(log.steps, set(b.names), outs)
+    made = {s.out for s in steps}
     # a value returned once (and not an input) is produced under its output name directly
     renamed: dict[int, str] = {}
-    for o, p in zip(out_leaves, out_paths):
-        if o._node is not None and o._node.op is not LEAF and id(o) not in renamed and id(o) not in b.names:
-            renamed[id(o)] = b.fresh(p)
+    for o, p in zip(outs, out_paths):
+        if o in made and o not in renamed and o not in b.names:
+            renamed[o] = b.fresh(p)
     annotations: dict[int, tuple[onnx.NodeProto, list[tuple[str, ShardingSpec]]]] = {}
-    for v in order:
-        node = v._node
-        if node.op == LEAF:
-            if id(v) not in b.names:  # a traced value from an enclosing trace: a constant here
-                b.constant(v)
-            continue
+    for s in steps:
         start = len(b.nodes)
-        out_name, specs = _emit(b, v, renamed.get(id(v)))
-        b.names[id(v)] = out_name
-        b.keep.append(v)
-        if v.sharding is not None:
-            b.see_mesh(v.sharding, f"the result of {getattr(node.op, 'name', node.op)}")
+        b.names[s.out], specs = _emit(b, s, log.values, renamed.get(s.out))
+        if s.out_spec is not None:
+            b.see_mesh(s.out_spec, f"the result of {s.name}")
         for tname, spec in specs:
             holder = _holder(b.nodes[start:], tname)
             if holder is not None and spec is not None:
                 annotations.setdefault(id(holder), (holder, []))[1].append((tname, spec))
     outputs = []
-    for o, p in zip(out_leaves, out_paths):
-        src = b.names.get(id(o))
-        if src is None:  # not traced: a constant result
-            src = b.constant(o)
+    for o, s, p in zip(out_leaves, outs, out_paths):
+        src = b.constant(o)  # (its name, when the trace made it or it is an input)
         if src in [x.name for x in outputs] or src in {vi.name for vi in graph_inputs} or \
-                src in {i.name for i in b.inits} or renamed.get(id(o)) != src:
+                src in {i.name for i in b.inits} or renamed.get(s) != src:
             src = b.node("Identity", [src], p)
             if o.sharding is not None:
                 b.see_mesh(o.sharding, f"output {p!r}")
@@ -293,23 +328,24 @@ def _annotate(mesh: DeviceMesh, annotations: list[tuple[onnx.NodeProto, list[tup
 
 
 class _Export:
-    """What an op's export function sees of one traced op (see ``nabla.ops.registry``): the op's node, its
-    params and result dtype, and the builder's steps named after the result."""
+    """What an op's export function sees of one recorded step (see ``nabla.ops.registry``): the step, its operands
+    (``args``: values, or Python scalars), params and result (``v``, its dtype), and the builder's steps named
+    after the result."""
 
-    def __init__(self, b: _Builder, v: Tensor, out_name: str | None) -> None:
-        self.b, self.v, self.out_name = b, v, out_name
-        self.node = v._node
-        op = self.node.op
-        self.name = getattr(op, "name", op)
+    def __init__(self, b: _Builder, step: Step, values: dict[int, Value], out_name: str | None) -> None:
+        self.b, self.step, self.out_name = b, step, out_name
+        self.args = tuple(values[u.value] if u.value else u.const for u in step.uses)
+        self.v = values.get(step.out)
+        self.name = step.name
         self.base = out_name or self.name
-        self.params = self.node.params
-        self.dtype = v._dtype
+        self.params = step.params
+        self.dtype = step.out_dtype
 
     def operand(self, i: int, dtype: np.dtype | None = None) -> str:
-        """The name of operand ``i`` (a constant for a value that is not traced), cast to ``dtype`` if given."""
-        a = self.node.args[i]
+        """The name of operand ``i`` (a constant for a value no step here made), cast to ``dtype`` if given."""
+        a = self.args[i]
         if isinstance(a, Value):
-            nm = self.b.names[id(a)] if id(a) in self.b.names else self.b.constant(a)
+            nm = self.b.constant(a)
             return nm if dtype is None else self.b.cast(nm, a._dtype, dtype)
         return self.b.constant(a, dtype if dtype is not None else np.result_type(a))
 
@@ -334,28 +370,28 @@ class _Export:
 
     def finish(self, name: str, main_inputs: list[tuple[str, int]]) -> tuple[str, list]:
         """The result's name and the annotations of the main node: the operands among ``main_inputs`` (name,
-        operand index) as the kernel received them, and the result."""
-        prog = self.node.prog
-        preps = getattr(prog, "preps", None) if prog is not None else None
+        operand index) as the kernel received them (the step's program's targets), and the result."""
+        preps = getattr(self.step.prog, "preps", None)
         specs = [(nm, preps[i].target if preps is not None and i < len(preps) else None)
-                 for nm, i in main_inputs if isinstance(self.node.args[i], Value)]
-        specs.append((name, self.v.sharding))
+                 for nm, i in main_inputs if isinstance(self.args[i], Value)]
+        specs.append((name, self.step.out_spec))
         return name, specs
 
     def one(self, op_type: str, cast: bool = True, **attrs) -> tuple[str, list]:
         """One node over every operand (in the result's dtype unless ``cast`` is False)."""
-        ins = [self.operand(i, self.dtype if cast else None) for i in range(len(self.node.args))]
+        ins = [self.operand(i, self.dtype if cast else None) for i in range(len(self.args))]
         return self.finish(self.out(op_type, ins, **attrs), [(x, i) for i, x in enumerate(ins)])
 
 
-def _emit(b: _Builder, v: Tensor, out_name: str | None) -> tuple[str, list[tuple[str, ShardingSpec | None]]]:
-    """Emit the nodes computing ``v`` as its op's registry entry says; returns its tensor name and the (tensor,
-    spec) annotations for the op's main node: its data inputs as the kernel received them, and its output."""
-    ex = _Export(b, v, out_name)
-    op = ex.node.op
-    if op in (RELAYOUT, PLACE):
+def _emit(b: _Builder, step: Step, values: dict[int, Value], out_name: str | None
+          ) -> tuple[str, list[tuple[str, ShardingSpec | None]]]:
+    """Emit the nodes computing ``step``'s result as its op's registry entry says; returns its tensor name and the
+    (tensor, spec) annotations for the op's main node: its data inputs as the kernel received them, and its
+    output."""
+    ex = _Export(b, step, values, out_name)
+    if step.op in (RELAYOUT, PLACE):
         return ex.finish(ex.out("Identity", [ex.operand(0)]), [])
-    how = getattr(op, "onnx", None)
+    how = getattr(step.op, "onnx", None)
     if how is None:
         raise ShardingError(f"export: op {ex.name!r} has no ONNX mapping (ops with one: {sorted(MAPPING)})")
     return ex.one(how) if isinstance(how, str) else how(ex)

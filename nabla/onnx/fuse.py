@@ -133,9 +133,9 @@ def _conv_act_aux(spec, cuts, shapes, params):
 def _conv_act_onnx(ex):
     """Conv with its bias, then the residual Add and Relu when fused."""
     stride, pads, dilation, groups, relu, residual = ex.params
-    ins = [ex.operand(i, ex.dtype) for i in range(len(ex.node.args))]
+    ins = [ex.operand(i, ex.dtype) for i in range(len(ex.args))]
     attrs = dict(strides=list(stride), pads=onnx_pads(pads), dilations=list(dilation), group=int(groups),
-                 kernel_shape=[int(k) for k in ex.node.args[1]._shape[2:]])
+                 kernel_shape=[int(k) for k in ex.args[1]._shape[2:]])
     main = [(x, i) for i, x in enumerate(ins)]
     conv_ins = ins[:-1] if residual else ins
     if not relu and not residual:

@@ -274,7 +274,7 @@ class _Graph:
     def __init__(self, ex: Any, backward: bool) -> None:
         self.ex = ex
         scale, causal, has_bias, has_mask, _ = ex.params
-        args = ex.node.args
+        args = ex.args
         B, T, N, H = _shape(args[0])
         S, K = _shape(args[1])[1], _shape(args[1])[2]
         self.B, self.T, self.N, self.H, self.S, self.K, self.G = B, T, N, H, S, K, N // K
@@ -330,7 +330,7 @@ class _Graph:
 
     def grouped(self, i: int, dtype: Any, what: str) -> str:
         """A bias or mask (b, n, t, s) as (b, K|1, G|1, t, s)."""
-        b, n, t, s = _shape(self.ex.node.args[i])
+        b, n, t, s = _shape(self.ex.args[i])
         shape = (b, 1, 1, t, s) if n == 1 else (b, self.K, self.G, t, s)
         return self.ex.emit("Reshape", [self.operand(i, dtype), self.ex.ints(shape)], what)
 
@@ -394,7 +394,7 @@ def _dbias_onnx(ex: Any) -> tuple:
     g = _Graph(ex, True)
     _, ds = g.d_scores()
     ds = ex.emit("Reshape", [ds, ex.ints((g.B, g.N, g.T, g.S))], "ds_scores")
-    shape = _shape(ex.node.args[5])
+    shape = _shape(ex.args[5])
     axes = [d for d, (n, m) in enumerate(zip(shape, (g.B, g.N, g.T, g.S))) if n == 1 and m != 1]
     if axes:
         ds = ex.emit("ReduceSum", [ds, ex.ints(axes, "axes")], "ds_summed", keepdims=1)

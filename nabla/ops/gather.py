@@ -265,7 +265,7 @@ def _scatter_onnx(ex):
     axis, n = ex.params
     g, ids = ex.operand(0, ex.dtype), ex.operand(1, np.int64)
     shape = tuple(ex.v.shape)
-    ni = len(_shape(ex.node.args[1]))
+    ni = len(_shape(ex.args[1]))
     rank = len(shape)
     perm = list(range(axis, axis + ni)) + list(range(axis)) + list(range(axis + ni, rank - 1 + ni))
     u = ex.emit("Transpose", [g], "updates", perm=perm) if perm != sorted(perm) else g

@@ -172,7 +172,7 @@ def _jax_bitcast(x, dt):
 @onnx_export("BitCast")
 def _bitcast_onnx(ex):
     """ONNX has BitCast from opset 24 only; nabla writes opset 21."""
-    raise ShardingError(f"export: a bitcast of {ex.node.args[0].dtype} to {ex.dtype} has no ONNX form at opset 21 "
+    raise ShardingError(f"export: a bitcast of {ex.args[0].dtype} to {ex.dtype} has no ONNX form at opset 21 "
                         f"(BitCast arrived in opset 24)")
 
 

@@ -157,7 +157,7 @@ def _dropout_onnx(ex):
     """The mask is a constant of the shape and the key: ``Where(mask, x * scale, 0)``."""
     rate, key = ex.params
     x = ex.operand(0)
-    shape = ex.node.args[0]._shape
+    shape = ex.args[0]._shape
     mask = ex.b.constant(np.broadcast_to(keep_mask(np, _host_offsets(shape), rate, key), shape), base="keep")
     scaled = ex.emit("Mul", [x, ex.b.constant(np.array(1.0 / (1.0 - rate), ex.dtype), base="scale")], "scaled")
     return ex.finish(ex.out("Where", [mask, scaled, ex.b.constant(np.zeros((), ex.dtype), base="zero")]), [(x, 0)])

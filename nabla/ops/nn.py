@@ -13,6 +13,7 @@ import numpy as np
 from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
+from ..commlog import composed
 from ..dtypes import accumulation, is_inexact
 from ..errors import ShardingError
 from ..value import Value, serial
@@ -36,14 +37,18 @@ def _float(dtype: np.dtype) -> np.dtype:
 def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor]) -> Tensor:
     """``op``'s value computed by ``run()`` from other ops (a reduced dim is sharded: no one kernel sees it
     whole). The result records ``op`` itself, so its gradient is ``op``'s VJP (lean: no value the size of the
-    whole dim is made on any device) and ONNX export writes ``op``'s node."""
+    whole dim is made on any device), and the open recorders that read ops as called are told its steps made one
+    ``op`` (ONNX export writes ``op``'s node)."""
     if not tracked(args):
-        return run()
-    with paused():
         out = run()
-    # the same value, recording ``op`` (its node keeps what the VJP reads of ``out``: the same blocks and serial)
-    return Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, Node(op, params, tuple(args), result=out),
-                  serial(out))
+    else:
+        with paused():
+            out = run()
+        # the same value, recording ``op`` (its node keeps what the VJP reads of ``out``: the same blocks and serial)
+        out = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, Node(op, params, tuple(args), result=out),
+                     serial(out))
+    composed(op, params, args, out)
+    return out
 
 
 def _sharded_along(x: Any, axes: Sequence[int]) -> bool:

@@ -39,7 +39,7 @@ def _compare(*op_types: str):
     """A comparison in the operands' common dtype; ``not_equal`` is Not(Equal)."""
     @onnx_export(*op_types)
     def export(ex):
-        common = np.result_type(*(a._dtype if isinstance(a, Value) else a for a in ex.node.args))
+        common = np.result_type(*(a._dtype if isinstance(a, Value) else a for a in ex.args))
         ins = [ex.operand(i, common) for i in range(2)]
         name = ex.out(op_types[0], ins) if len(op_types) == 1 else \
             ex.out(op_types[1], [ex.emit(op_types[0], ins, "eq")])
@@ -286,7 +286,7 @@ def _float_test(op_type: str):
     """IsNaN, or isfinite as Not(Or(IsNaN, IsInf)); integer and bool operands (never NaN) are cast to float."""
     @onnx_export(*(("IsNaN",) if op_type == "IsNaN" else ("IsNaN", "IsInf", "Or", "Not")))
     def export(ex):
-        a = ex.node.args[0]
+        a = ex.args[0]
         dt = a._dtype if isinstance(a, Value) else np.result_type(a)
         x = ex.operand(0, None if is_float(dt) else np.dtype(np.float32))
         if op_type == "IsNaN":

@@ -14,15 +14,15 @@ An elementwise op is one call::
 other op is an ``OpDef`` (``nabla.opdef``) with its rule, kernel and VJP, and ``public`` set to its user-facing
 function: ``register(OpDef(...))``.
 
-An export function takes the export context ``ex`` of one traced op and returns ``ex.finish(...)``; mark it
+An export function takes the export context ``ex`` of one recorded step and returns ``ex.finish(...)``; mark it
 with the ONNX op types it emits (``nabla.onnx.export.MAPPING`` lists them)::
 
     @onnx_export("Softmax")
     def _softmax_onnx(ex):
         return ex.one("Softmax", axis=int(ex.params[0]))
 
-``ex`` holds ``node`` (the traced op: ``args``, ``params``), ``name`` (the op's), ``params``, ``dtype`` (the
-result's) and ``base`` (a name stem). ``ex.operand(i, dtype=None)``: the name of operand ``i`` (cast when a dtype
+``ex`` holds ``step`` (the recorded ``Step``), ``args`` (its operands: values, or Python scalars), ``name`` (the
+op's), ``params``, ``v`` (the result), ``dtype`` (the result's) and ``base`` (a name stem). ``ex.operand(i, dtype=None)``: the name of operand ``i`` (cast when a dtype
 is given); ``ex.out(op_type, inputs, **attrs)``: the op's main node, named as its result; ``ex.emit(op_type,
 inputs, suffix, **attrs)``: an intermediate node; ``ex.ints(values, base)``: an int64 constant;
 ``ex.onnx_type(dtype, what)``: an ONNX element type; ``ex.finish(name, [(input name, operand index), ...])``: the

@@ -301,7 +301,7 @@ def _roll_vjp(g, node, out):
 def _roll_onnx(ex):
     axis, shift = ex.params
     x = ex.operand(0)
-    n = ex.node.args[0]._shape[axis]
+    n = ex.args[0]._shape[axis]
     tail = ex.emit("Slice", [x, ex.ints([n - shift], "starts"), ex.ints([n], "ends"), ex.ints([axis], "axes")], "tail")
     head = ex.emit("Slice", [x, ex.ints([0], "starts"), ex.ints([n - shift], "ends"), ex.ints([axis], "axes")], "head")
     return ex.finish(ex.out("Concat", [tail, head], axis=int(axis)), [(x, 0)])

@@ -89,7 +89,7 @@ def _sort_onnx(output: int):
     @onnx_export("TopK")
     def export(ex):
         axis = ex.params[0]
-        return _top_k_node(ex, axis, ex.node.args[0]._shape[axis], False, output)
+        return _top_k_node(ex, axis, ex.args[0]._shape[axis], False, output)
     return export
 
 
@@ -216,11 +216,11 @@ def top_k(x: ArrayLike, k: int) -> tuple[Tensor, Tensor]:
 
 @onnx_export("TopK")
 def _top_k_onnx(ex):
-    if len(ex.node.args) > 1:
+    if len(ex.args) > 1:
         raise ShardingError("export: top_k over a sharded last dim picks global indices among gathered candidates, "
                             "which has no one-node ONNX form; export it with the last dim whole")
     k, part = ex.params
-    return _top_k_node(ex, len(ex.node.args[0]._shape) - 1, k, True, 0 if part == "values" else 1)
+    return _top_k_node(ex, len(ex.args[0]._shape) - 1, k, True, 0 if part == "values" else 1)
 
 
 _TOP_K = register(OpDef("top_k", _top_k_rule, _top_k_kernel, vjp=_top_k_vjp, onnx=_top_k_onnx, public=top_k,

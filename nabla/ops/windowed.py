@@ -157,7 +157,7 @@ def _conv_vjp(g, node, out):
 def _conv_onnx(ex):
     stride, pads, dilation, groups = ex.params
     x, w = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
-    kernel = [int(k) for k in ex.node.args[1]._shape[2:]]
+    kernel = [int(k) for k in ex.args[1]._shape[2:]]
     return ex.finish(ex.out("Conv", [x, w], strides=list(stride), pads=onnx_pads(pads), dilations=list(dilation),
                             group=int(groups), kernel_shape=kernel), [(x, 0), (w, 1)])
 
@@ -258,12 +258,12 @@ def _layer_norm_stats(blocks, out, params) -> int:
 @onnx_export("LayerNormalization")
 def _layer_norm_onnx(ex):
     axes, eps, has_scale, has_bias = ex.params
-    rank = len(ex.node.args[0]._shape)
+    rank = len(ex.args[0]._shape)
     x = ex.operand(0, ex.dtype)
     if axes != tuple(range(axes[0], rank)):
         raise ShardingError(f"export: layer_norm over dims {axes} of a rank-{rank} tensor has no LayerNormalization "
                             f"form (ONNX normalises trailing dims); move the dims last first")
-    norm = tuple(ex.node.args[0]._shape[a] for a in axes)
+    norm = tuple(ex.args[0]._shape[a] for a in axes)
     ins = [x, ex.operand(1, ex.dtype) if has_scale else ex.b.constant(np.ones(norm, ex.dtype), base="scale")]
     if has_bias:
         ins.append(ex.operand(1 + has_scale, ex.dtype))

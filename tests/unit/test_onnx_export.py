@@ -385,3 +385,85 @@ def test_floor_divide_remainder_and_square_export_to_onnxruntime_s_values(dtype,
         got = sess.run(None, {sess.get_inputs()[0].name: v})[0]
         assert got.dtype == want.dtype
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# ---- the graph is read from the recorded steps ----------------------------------------------------------------
+
+
+def test_the_graph_follows_the_steps_a_comm_log_records_of_the_same_call():
+    """One node per recorded step, in the order they ran, each annotated with the layouts the step records: the
+    operands as the kernel received them (``Use.dst``) and the result (dims only). The program moves a value
+    with with_sharding and places a host value on the mesh: both are Identities annotated with their target."""
+    from nabla.step import PLACE, RELAYOUT
+
+    def f(a, c):
+        b = nb.exp(a).with_sharding(MESH, [None, "tp"])
+        p = nb.tanh(c).shard(MESH, ["dp", "tp"])  # a host value placed on the mesh
+        return b * p + 1.0
+
+    a, c = sharded(X, ["dp", None]), nb.tensor(Y)
+    a2, c2 = sharded(X, ["dp", None]), nb.tensor(Y)
+    with nb.comm_log() as log:
+        f(a2, c2)
+    steps = log.steps
+    assert [s.name for s in steps] == ["exp", RELAYOUT, "tanh", PLACE, "multiply", "add"]
+    m = check_export(f, a, c)
+    assert [(n.op_type,) for n in m.graph.node] == [MAPPING[s.name] if s.op not in (RELAYOUT, PLACE) else
+                                                 ("Identity",) for s in steps]
+    rank = ranks(m)
+
+    def dims(spec):  # what an annotation says of a layout: its dims, closed, without partial axes
+        return ShardingSpec(MESH, [d.axes for d in spec.dim_specs])
+
+    for n, s in zip(m.graph.node, steps):
+        got = {sp.tensor_name: nox.spec_from_onnx(sp, MESH, rank[sp.tensor_name])
+               for cfg in n.device_configurations for sp in cfg.sharding_spec}
+        want = {n.output[0]: dims(s.out_spec)} if s.out_spec is not None else {}
+        if s.op not in (RELAYOUT, PLACE):
+            want.update({name: dims(u.dst) for name, u in zip(n.input, s.uses) if u.value and u.dst is not None})
+        assert got == want, (s.name, got, want)
+    assert dims(steps[1].out_spec) == ShardingSpec(MESH, [None, "tp"])  # the relayout's and the place's targets
+    assert dims(steps[3].out_spec) == ShardingSpec(MESH, ["dp", "tp"])
+
+
+def test_an_op_made_of_steps_is_one_node_and_a_gradient_inside_is_its_steps():
+    """log_softmax over a sharded dim runs as max, sum and log steps but is written as the one op it was called
+    as; a gradient (and a checkpoint) taken inside the function is exported as the steps of its backward pass,
+    so the model computes it from its inputs."""
+    x, x1 = sharded(X, ["dp", "tp"]), sharded(X, ["dp", "tp"])
+    with nb.comm_log() as log:
+        nb.log_softmax(x1, 1)
+    assert len(log.steps) > 1
+    m = check_export(lambda a: nb.log_softmax(a, 1), x)
+    assert [n.op_type for n in m.graph.node] == ["LogSoftmax"]
+
+    w = sharded(rand(6, 3), ["tp", None])
+
+    def f(a, w):
+        return nb.grad(lambda w: nb.checkpoint(lambda w: nb.tanh(a @ w))(w).sum())(w)
+
+    m = check_export(f, x, w, rtol=1e-4, atol=1e-5, rerun=False)
+    x2 = X * 2
+    got, = ort_run(m, {"a": x2, "w": w.numpy()})
+    np.testing.assert_allclose(got, f(sharded(x2, ["dp", "tp"]), w).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_gradient_bucket_inside_is_one_identity_per_gradient():
+    """DDP's gradient bucket (one recorded step summing several gradients) is one Identity per gradient,
+    annotated with its layout."""
+    r = np.random.default_rng(5)
+    ps = {f"w{i}": sharded(r.standard_normal((8, 8)).astype(np.float32), [None, None]) for i in range(2)}
+
+    def loss(p, x):
+        for i in range(2):
+            x = nb.tanh(x @ p[f"w{i}"])
+        return x.sum()
+
+    f = lambda p, x: nb.grad(loss, bucket_bytes=1 << 20)(p, x)  # noqa: E731
+    x = sharded(rand(4, 8), ["dp", None])
+    with nb.comm_log() as log:
+        f(ps, sharded(rand(4, 8), ["dp", None]))
+    assert [s.name for s in log.steps].count("bucket") == 1
+    m = check_export(f, ps, x, rtol=1e-4, atol=1e-5, rerun=False)
+    assert [n.op_type for n in m.graph.node][-2:] == ["Identity", "Identity"]
+    assert [o.name for o in m.graph.output] == ["w0", "w1"]
