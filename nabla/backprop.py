@@ -371,7 +371,7 @@ class Finisher:
                 return True
             g = g if g.dtype == x.dtype else g.astype(x.dtype)
         nbytes = prod(chunks(target, g.shape)) * g.dtype.itemsize  # each device's block, as DDP's buffers
-        key = (target.mesh, g.sharding.partial_axes)
+        key = (target.mesh, g.sharding.partial_axes, g.dtype)  # (one buffer, one dtype: as DDP's buckets)
         if self.bucket and (key != self._key or self.size + nbytes > self.bucket_bytes):
             self.flush()
         self.bucket.append((i, g, target))

@@ -279,9 +279,10 @@ def _lower_collective_permute(x, s, ctx):
                         "be compiled: nb.jit runs on one jax mesh; keep one mesh inside the function")
 
 
-def _bucket(blocks, G, atoms, reduce_op):
-    """Several values' partial blocks summed over the same grid ``atoms`` (DDP's gradient bucket)."""
-    return [reduce_over(b, atoms, reduce_op or "sum") for b in blocks]
+def _bucket(blocks, plans, shapes, be):
+    """Several values' partial blocks (DDP's gradient bucket), every device's at once: each summed by its plan's
+    all_reduce (and local cuts), side by side, which is what the one collective computes (``GridBackend.bucket``)."""
+    return [be.move(x, p, shape) for x, p, shape in zip(blocks, plans, shapes)]
 
 
 def _lower_bucket(blocks, names, ctx):

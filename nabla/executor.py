@@ -354,10 +354,11 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
                             f"are {[p.events for p in plans]}")
     (_, axes, group), = next(iter(kinds))
     outs, block = [], 0
-    for v, t, p in zip(values, targets, plans):
-        be = backends.holding(v._data)
-        out, _ = _move(v, p, t.layout(), be)
-        out = be.commit(out, t)
+    be = backends.holding(values[0]._data)
+    summed = be.bucket(C.REGISTRY["bucket"], [v._data for v in values], tuple(plans), [v._shape for v in values])
+    for v, t, x in zip(values, targets, summed):
+        out = be.commit(x, t)
+        v.keep_sum(t.layout(), out)  # a partial value's sum, made once (as ``_move`` keeps it)
         outs.append(make(out, t, v._shape, v._dtype))
         block += prod(chunks(ShardingSpec(t.mesh, t.dim_specs), v._shape)) * v._dtype.itemsize
     if C.logging():

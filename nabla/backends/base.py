@@ -62,6 +62,12 @@ class Backend:
         """A factor kind's ``LocalStep`` (a halo exchange, a mirror) done to an operand's blocks."""
         raise NotImplementedError
 
+    def bucket(self, entry: Any, blocks: list, plans: tuple, shapes: list) -> list:
+        """Several partial values' blocks, each summed by its ``plan`` (one all_reduce over the same mesh axes, and
+        local cuts), as one collective (DDP's fused gradient buffer) by ``entry``, the registry's ``"bucket"`` (its
+        ``move`` on the grid, its ``lower`` on a device's block), so eager dispatch and ``nb.jit`` sum alike."""
+        raise NotImplementedError
+
     def kernel(self, op: Any, arrays: list, prog: Any) -> Any:
         """``op``'s kernel on operands made ready for program ``prog`` (``executor.ready``), its result in
         ``prog.dtype`` laid out as ``prog.result`` (the post plan's moves done): one call site for eager

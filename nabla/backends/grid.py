@@ -107,6 +107,9 @@ class GridBackend(Backend):
     def local(self, step: Any, x: Any) -> Any:
         return step.apply(x)
 
+    def bucket(self, entry: Any, blocks: list, plans: tuple, shapes: list) -> list:
+        return entry.move(blocks, plans, shapes, self)
+
     def kernel(self, op: Any, arrays: list, prog: Any) -> Any:
         """(On the grid a max/min may fold its all_reduce into the kernel, ``prog.folded``: the post plan then
         only logs.)"""

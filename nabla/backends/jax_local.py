@@ -142,6 +142,14 @@ class JaxLocalBackend(Backend):
             raise ShardingError("jit: a factor kind's local step has no lowering")
         return step.lower(x, self)
 
+    def bucket(self, entry: Any, blocks: list, plans: tuple, shapes: list) -> list:
+        """(The plans' local cuts first, their all_reduce left out: a sum commutes with them; then one psum of the
+        blocks flattened.)"""
+        moved = [self.move(x, p, shape, skip=("all_reduce",)) for x, p, shape in zip(blocks, plans, shapes)]
+        names = self.axis_names([seg.atoms[a] for p in plans[:1] for seg in p.segments for s in seg.steps
+                                 if s.kind == "all_reduce" for a in s.atoms])
+        return entry.lower(moved, names, self)
+
     def kernel(self, op: Any, arrays: list, prog: Any) -> Any:
         """(The kernel sees one block, ``G`` 0, and this device's part of the op's per-layout constants.)"""
         xp = self.xp

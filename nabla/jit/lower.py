@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import collectives as C
 from ..errors import ShardingError
-from ..executor import Local, Value, ready
+from .. import interpret
+from ..value import Value
 from ..layout import chunks, grid, merge_cuts, spec_cuts
 from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
@@ -176,7 +176,7 @@ def run_body(prog: CompiledProgram, arrays: tuple) -> tuple:
     for k, (v, spec), a in zip(prog.rw.consts, prog.consts, arrays[len(prog.twins):]):
         env[k] = block_of(a, v, spec)
     for ins in prog.rw.instrs:
-        got = _LOWER[ins.kind](ins, env, dev)
+        got = _LOWER[ins.kind](ins, [None if r is None else env[r] for r in ins.reads], dev)
         if ins.kind == "bucket":
             for k, x in zip((ins.writes,) + ins.more, got):
                 env[k] = x
@@ -185,71 +185,20 @@ def run_body(prog: CompiledProgram, arrays: tuple) -> tuple:
     return tuple(env[k].reshape((1,) * G + tuple(env[k].shape)) for k in prog.out_keys)
 
 
-def _lower_move(ins, env, dev):
-    u = ins.step.uses[ins.use]
-    src = env[ins.reads[0]]
-    return dev.move(src, ins.plan, u.shape)
-
-
-def _lower_alias(ins, env, dev):
-    return env[ins.reads[0]]
-
-
-def _lower_place(ins, env, dev):
-    return dev.place(env[ins.reads[0]], ins.step.out_spec)
-
-
-def _lower_view(ins, env, dev):
-    x = env[ins.reads[0]]
+def _lower_view(ins, blocks, dev):
     s = ins.step
-    return x.reshape(_block(s.out_spec, s.out_shape) if isinstance(s.out_spec, ShardingSpec) else s.out_shape)
+    return blocks[0].reshape(_block(s.out_spec, s.out_shape) if isinstance(s.out_spec, ShardingSpec) else s.out_shape)
 
 
-def _lower_manual(ins, env, dev):
+def _lower_manual(ins, blocks, dev):
     s = ins.step
-    ins_ = [env[r] if r is not None else u.const for r, u in zip(ins.reads, s.uses)]
     if hasattr(s.op, "lower"):
-        return s.op.lower(ins_[0] if ins_ else None, dev)
-    return dev.xp.asarray(s.op.kernel(ins_, Local(0, s.out_shape, s.params)))
+        return s.op.lower(blocks[0] if blocks else None, dev)
+    return interpret.host(ins, blocks, dev)
 
 
-def _lower_host(ins, env, dev):
-    s = ins.step
-    arrays = [env[r] if r is not None else u.const for r, u in zip(ins.reads, s.uses)]
-    return dev.xp.asarray(s.op.kernel(arrays, Local(0, s.out_shape, s.params)))
-
-
-def _lower_kernel(ins, env, dev):
-    """Each operand's block as the kernel takes it (moved before, as the move instructions did; a host value
-    placed), through the eager interpreter's ``ready``; the kernel; the result's moves."""
-    xp = dev.xp
-    s = ins.step
-    prog = s.prog
-    op = s.op
-    arrays = []
-    for r, u, p in zip(ins.reads, s.uses, prog.preps):
-        if p.kind == "scalar" and not p.mask_axes:
-            arrays.append(u.const)
-            continue
-        x = xp.asarray(u.const, dtype=prog.dtype) if p.kind == "scalar" else env[r]
-        arrays.append(ready(x if p.kind == "sharded" else dev.place(x, p.target), p, dev))
-    return dev.kernel(op, arrays, prog)
-
-
-def _lower_bucket(ins, env, dev):
-    """The values' blocks summed by the registry's ``"bucket"`` (one psum of them flattened), the plans' local
-    cuts, if any, done before (a sum commutes with them)."""
-    blocks = []
-    for r, u, plan in zip(ins.reads, ins.step.uses, ins.plan):
-        blocks.append(dev.move(env[r], plan, u.shape, skip=("all_reduce",)))
-    steps = [s for p in ins.plan for s in p.collectives]
-    names = dev.axis_names([seg.atoms[a] for p in ins.plan[:1] for seg in p.segments for s in seg.steps
-                            if s.kind == "all_reduce" for a in s.atoms])
-    return C.REGISTRY["bucket"].lower(blocks, names if steps else (), dev)
-
-
-_LOWER = {"bucket": _lower_bucket, "move": _lower_move, "alias": _lower_alias, "place": _lower_place, "view": _lower_view,
-          "manual": _lower_manual, "host": _lower_host, "kernel": _lower_kernel}
+#: the shared interpreter's jobs (``interpret``), and the kinds only a device's block has
+_LOWER = {**interpret.JOBS, "view": _lower_view, "manual": _lower_manual}
 
 
 _DEVICE_COPIES: dict[int, tuple] = {}  # id of numpy blocks -> (weak reference to them, jax sharding, jax array)

@@ -13,7 +13,7 @@ from ..program import MANUAL, Program
 from ..value import Value
 from ..spec import DimSpec, ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT, Step
-from .. import executor
+from .. import backends, interpret
 from ..backends.grid import blocks_of
 
 #: ``Step.op`` of a compiled call's results (published when a jitted function runs)
@@ -209,8 +209,9 @@ def _op_key(ins: Instr) -> tuple | None:
 
 def _fold(instrs: list[Instr], inputs: set, values: dict, removed: list) -> tuple[list[Instr], dict]:
     """Values with no elements, values made only from them, and a compiled call's results read no input data:
-    XLA would fold them (collectives included), so they are computed here, eagerly (on zeros), and enter the
-    program as constants."""
+    XLA would fold them (collectives included), so they are computed here, on zeros, by the recorded steps run
+    again as they ran (``interpret``, on the grid: nothing is propagated or planned), and enter the program as
+    constants."""
     free: dict[Key, Value] = {}
 
     def empty(k) -> bool:
@@ -234,17 +235,8 @@ def _fold(instrs: list[Instr], inputs: set, values: dict, removed: list) -> tupl
             continue
         elif v is not None and 0 in v._shape:
             free[ins.writes] = _zeros_as(v, ins.writes[1])
-        elif reads and all(r in free or empty(r) for r in reads) and ins.kind in ("move", "alias", "place", "kernel",
-                                                                                     "host"):
-            if ins.kind == "alias":
-                got = free.get(reads[0]) or stand_in(reads[0])
-            else:
-                with C.unlogged():  # computed, not communicated: nothing is logged
-                    got = _evaluate(ins, [None if r is None else stand_in(r) for r in ins.reads])
-            if layout(got._spec) != ins.writes[1]:
-                out.append(ins)  # it would be made in another layout: left to the program
-                continue
-            free[ins.writes] = got
+        elif reads and all(r in free or empty(r) for r in reads) and ins.kind in interpret.JOBS:
+            free[ins.writes] = _evaluate(ins, [None if r is None else stand_in(r) for r in ins.reads])
         else:
             out.append(ins)
             continue
@@ -253,16 +245,17 @@ def _fold(instrs: list[Instr], inputs: set, values: dict, removed: list) -> tupl
 
 
 def _evaluate(ins: Instr, args: list) -> Value:
-    """An instruction run eagerly on (zero-filled) values."""
+    """An instruction run on (zero-filled) values by the interpreter of recorded steps, on the backend holding
+    them (an abstract value's data is None: so is the result's)."""
     s = ins.step
-    if ins.kind == "move":
-        return executor.relayout(args[0], ins.step.uses[ins.use].dst if ins.use >= 0 else s.out_spec)
-    if ins.kind == "place":
-        return executor.place(args[0], s.out_spec)
-    if ins.kind in ("kernel", "host"):
-        real = [a if a is not None else u.const for a, u in zip(args, s.uses)]
-        return executor.run(s.op, real, s.params)
-    raise ShardingError(f"internal: jit cannot fold a {ins.kind} instruction ({s.name})")
+    shape, dtype = (s.uses[ins.use].shape, s.uses[ins.use].dtype) if ins.kind == "move" else \
+        (s.out_shape, s.out_dtype)
+    data = [a._data for a in args if a is not None]
+    if any(d is None for d in data):
+        return Value(None, ins.writes[1], shape, dtype)
+    be = backends.of(*data)
+    got = interpret.run(ins, [None if a is None else a._data for a in args], be)
+    return Value(be.commit(got, ins.writes[1]), ins.writes[1], shape, dtype)
 
 
 def _zeros_as(v: Value, lay: Any) -> Value:

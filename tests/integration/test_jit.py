@@ -274,6 +274,81 @@ def test_tensors_without_elements_compile_and_move_nothing(name):
     assert_hlo_is_the_log(lowered)
 
 
+def test_folding_runs_the_recorded_steps_and_plans_nothing(monkeypatch):
+    """Values made only from values with no elements are folded by running their recorded steps again on the grid
+    (``interpret``: each move by the plan it ran, each kernel by its program). With the planner's and propagation's
+    entry points raising while folding, the constants are numpy's: an empty slice's partial sum all-reduced, a host
+    op's result placed, kernels of them (a max's all_reduce after the kernel)."""
+    from nabla import executor, interpret, program, propagation, reshard
+    from nabla.jit import program as P
+    from nabla.reshard import search
+
+    v = T(8, 8)
+    x = nb.tensor(v).shard(M, ["dp", "tp"])
+    e = np.ones((0, 8), np.float32)
+
+    def fn(x):
+        z = x[3:3].sum(0)  # no rows: zeros, partial over dp
+        w = nb.exp(z.with_sharding(M, ["tp"])) * 3.0
+        c = nb.exp(nb.tensor(e).sum(0).shard(M, ["tp"])) + w  # 4 everywhere
+        return x * c.sum() + c.max()
+
+    folded, ran = P._fold, []
+
+    def no_planning(*a, **k):
+        raise AssertionError("nb.jit planned while folding")
+
+    def fold(*a, **k):
+        with monkeypatch.context() as mp:
+            for mod, name in ((reshard, "plan"), (reshard, "_plan"), (search, "plan"), (search, "_plan"),
+                              (search, "_route"), (program, "program_for"), (program, "propagate"),
+                              (propagation, "propagate"), (executor, "program_for"), (executor, "run"),
+                              (executor, "relayout"), (executor, "place")):
+                mp.setattr(mod, name, no_planning)
+            mp.setattr(interpret, "run", lambda ins, b, be, run=interpret.run: (ran.append(ins.kind),
+                                                                                run(ins, b, be))[1])
+            return folded(*a, **k)
+
+    monkeypatch.setattr(P, "_fold", fold)
+    f = nb.jit(fn)
+    lowered = f.lower(x)
+    assert {"move", "alias", "host", "place", "kernel"} <= set(ran)
+    assert [r.event.kind for r in lowered.comm_log.removed if r.reason == "folded"].count("all_reduce") == 2
+    assert lowered.comm_log.events == []
+    np.testing.assert_array_equal(f(x).numpy(), v * np.float32(32) + np.float32(4))
+    assert_hlo_is_the_log(lowered)
+
+
+def test_gradient_buckets_run_the_registry_entry_eagerly_and_compiled_one_dtype_each(monkeypatch):
+    """Eager dispatch and nb.jit sum a gradient bucket through one backend job, the registry's ``"bucket"`` entry
+    (its grid move, its jax.lax lowering); a bucket holds one dtype (a flat buffer has one, as DDP's), so the
+    compiled sums are the eager ones bit for bit (a float16 gradient bucketed with a float32 one was summed in
+    float32 under nb.jit)."""
+    import dataclasses
+
+    from nabla import collectives as C
+
+    entry, ran = C.REGISTRY["bucket"], []
+    monkeypatch.setitem(C.REGISTRY, "bucket", dataclasses.replace(
+        entry, move=lambda *a: (ran.append("move"), entry.move(*a))[1],
+        lower=lambda *a: (ran.append("lower"), entry.lower(*a))[1]))
+    ps = {"a": nb.tensor(T(16).astype(np.float16)).shard(M4, [None]), "b": nb.tensor(T(16, seed=1)).shard(M4, [None])}
+    v = T(8, 16, seed=2) + np.float32(1 / 3)
+    x, x16 = nb.tensor(v).shard(M4, ["dp", None]), nb.tensor(v.astype(np.float16)).shard(M4, ["dp", None])
+    g = nb.grad(lambda p, x, x16: (x * p["b"]).sum() + (x16 * p["a"]).sum().astype(np.float32), bucket_bytes=1 << 20)
+    with nb.comm_log() as log:
+        want = g(ps, x, x16)
+    assert ran == ["move", "move"]
+    assert [e.op for e in log.events if "bucket" in e.op] == ["grad of p['b'] (one bucket)",
+                                                               "grad of p['a'] (one bucket)"]
+    got = nb.jit(g)(ps, x, x16)
+    assert ran[2:] == ["lower", "lower"]
+    for k in want:
+        assert got[k].dtype == want[k].dtype
+        np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
+    np.testing.assert_allclose(got["b"].numpy(), v.sum(0), rtol=1e-5)
+
+
 def _jit_program(prog):
     def fn(a, b):
         x = a
