@@ -327,6 +327,16 @@ def backward_forward(r: dict) -> float:
     return (r["forward_backward"] - r["forward"]) / r["forward"]
 
 
+def _stamp(d: dict) -> str:
+    """Where a section measured on its own (``run.py --only``) was measured, when that is not the whole run's."""
+    m = d.get("measured")
+    if not m:
+        return ""
+    load = m.get("load") or []
+    at = f", load average {load[0]:.1f} to {load[-1]:.1f}" if load else ""
+    return f" Measured on their own at commit {m['commit']} ({m['date'][:10]}{at})."
+
+
 def dispatch(res: dict) -> Table | None:
     d = res.get("dispatch")
     if not d:
@@ -339,7 +349,7 @@ def dispatch(res: dict) -> Table | None:
         "64x64 global array, interleaved, best round kept. The arrays are small so that the kernel is cheap; "
         "overhead = nabla − numpy is what nabla adds (propagation lookup, the vectorised kernel over the device "
         "grid, any simulated collective), and the targets apply to it: ≤ 5 µs for an elementwise op "
-        "on sharded operands, ≤ 10 µs for any op."],
+        "on sharded operands, ≤ 10 µs for any op." + _stamp(d)],
         ["op", "nabla call", "nabla sends", "nabla", "numpy", "overhead", "target", "met"], rows,
         [f"{r['op']}: numpy's own call on the blocks as each device holds them (strided views, into contiguous "
          f"result blocks), without nabla, takes {us(r['numpy_same_blocks_us'])} against "
