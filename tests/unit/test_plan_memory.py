@@ -264,6 +264,28 @@ def test_views_share_their_source_bytes():
     assert a.shape == (32, 2, 32) and b.shape == (32, 64) and c.sharding == x.sharding
 
 
+def test_a_data_parallel_step_needs_the_same_memory_per_device_on_any_number_of_devices():
+    """Data parallelism's premise (the ZeRO paper's baseline): each device holds the whole model and its own batch
+    block, so per-device memory does not depend on how many devices share the batch. A mean loss's gradient is
+    broadcast back to the activations' global shape before each device cuts its block: a view (numpy's
+    broadcast_to strides; XLA fuses it), not an allocation of the global batch on every device, which grew with
+    the device count (196 MiB on 8 devices, 1,092 on 64, 4,164 on 256). By hand here: the weight, its gradient, and
+    three 16 MiB blocks kept (x, relu's input, power's input), plus the backward pass's block-sized temporaries."""
+    hw = nb.Hardware.preset("a100-sxm-80gb")
+    peaks = []
+    for nodes in (1, 8):
+        cluster = nb.Cluster(hw, nodes=nodes, devices_per_node=8)
+        mesh = cluster.mesh("m", (nodes * 8,), ("dp",))
+        w = nb.abstract((1024, 1024)).shard(mesh, [None, None])
+        x = nb.abstract((nodes * 8 * 4096, 1024)).shard(mesh, ["dp", None])  # 16 MiB per device
+        rep = nb.estimate(nb.value_and_grad(lambda w, x: (nb.relu(x @ w) ** 2).mean()), cluster)(w, x)
+        by = {k: max(v.values()) for k, v in rep.memory.by_kind.items()}
+        assert by["params"] == by["grads"] == 4 * 2**20 and by["activations"] == 48 * 2**20
+        assert by["temporaries"] <= 3 * 16 * 2**20  # block-sized: never the global (N * 4096, 1024) batch
+        peaks.append(max(rep.memory.peak.values()))
+    assert peaks[0] == peaks[1]
+
+
 def test_a_host_value_read_by_a_device_kernel_counts_on_every_device_as_placed():
     """An unplaced tensor added to a sharded one is placed for the kernel (replicated, as jax.device_put puts a
     host array on every device): it costs each device the same as placing it first."""
