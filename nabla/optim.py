@@ -55,6 +55,33 @@ def _check(grads, params, what, state=None, kind=None):
     return gl, pl, pt
 
 
+def _as_params(tree: Any, params: Any, what: str, name: str, path: str = "params") -> Any:
+    """Optimizer state shaped like the parameters, in the parameters' order: dict entries matched by key, as JAX's
+    pytrees match them (whatever order each dict was built in), so a moment never updates another parameter; any
+    other difference is an error naming where (a state made by ``init`` of other parameters)."""
+    if isinstance(params, dict):
+        if not isinstance(tree, dict) or set(tree) != set(params):
+            have = f"keys {_keys(tree)}" if isinstance(tree, dict) else f"a {type(tree).__name__}"
+            raise ShardingError(f"{what}: the state's {name} at {path} has {have} where the parameters have keys "
+                                f"{_keys(params)} (a state from init(...) of other parameters?)")
+        return {k: _as_params(tree[k], v, what, name, f"{path}[{k!r}]") for k, v in params.items()}
+    if isinstance(params, (list, tuple)):
+        if not isinstance(tree, (list, tuple)) or len(tree) != len(params):
+            raise ShardingError(f"{what}: the state's {name} at {path} is {_outline(tree)[:200]} where the parameters "
+                                f"have {len(params)} entries (a state from init(...) of other parameters?)")
+        items = [_as_params(t, p, what, name, f"{path}[{i}]") for i, (t, p) in enumerate(zip(tree, params))]
+        return type(params)(*items) if hasattr(params, "_fields") else type(params)(items)
+    if params is not None and getattr(tree, "shape", None) != getattr(params, "shape", None):
+        raise ShardingError(f"{what}: the state's {name} at {path} has shape {getattr(tree, 'shape', None)} for a "
+                            f"parameter of shape {getattr(params, 'shape', None)} (a state from init(...) of other "
+                            f"parameters?)")
+    return tree
+
+
+def _keys(d: dict) -> str:
+    return ", ".join(sorted(map(repr, d)))
+
+
 class SGDState(NamedTuple):
     momentum: Any  # a pytree like params, or None without momentum
 
@@ -76,6 +103,7 @@ class SGD:
         gl, pl, tree = _check(grads, params, "SGD.update", state, SGDState)
         _given(gl, state, pl)
         if self.momentum:
+            state = SGDState(_as_params(state.momentum, params, "SGD.update", "momentum"))
             vl, _ = flatten(state.momentum)
             vl = [_like(v * self.momentum + _to(g, v.sharding, v.dtype), v) for v, g in zip(vl, gl)]
             new = [_like(_to(p, v.sharding, p.dtype) - v * self.lr, p) for p, v in zip(pl, vl)]
@@ -125,6 +153,10 @@ class Adam:
 
     def update(self, grads: Any, state: AdamState, params: Any) -> tuple[Any, AdamState]:
         gl, pl, tree = _check(grads, params, "Adam.update", state, AdamState)
+        state = state._replace(mu=_as_params(state.mu, params, "Adam.update", "mu"),
+                               nu=_as_params(state.nu, params, "Adam.update", "nu"),
+                               master=None if state.master is None else
+                               _as_params(state.master, params, "Adam.update", "master copy"))
         _given(gl, state, pl)
         ml, _ = flatten(state.mu)
         vl, _ = flatten(state.nu)

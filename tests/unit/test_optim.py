@@ -102,3 +102,43 @@ def test_zero_stage_1_keeps_the_state_sharded_and_gathers_the_new_parameters():
     upd, _ = ref.update(g0, ref.init(w0), w0)
     np.testing.assert_allclose(w1.numpy(), np.asarray(optax.apply_updates(w0, upd)), rtol=1e-5, atol=1e-6)
     assert w1.sharding == w.sharding
+
+
+@pytest.mark.parametrize("ours,theirs", [(lambda: optim.SGD(0.05, momentum=0.9), lambda: optax.sgd(0.05, 0.9)),
+                                          (lambda: optim.Adam(0.1), lambda: optax.adam(0.1)),
+                                          (lambda: optim.Adam(0.1, master_dtype="float32"), lambda: optax.adam(0.1))],
+                         ids=["momentum", "adam", "adam_master"])
+def test_dict_entries_are_matched_by_key_whatever_order_the_dicts_were_built_in(ours, theirs):
+    """JAX's pytrees match dict entries by key (jax.tree_util sorts them): optax's state follows each parameter
+    through dicts rebuilt in another order. nabla's state did so by position: a moment updated another
+    parameter, silently."""
+    r = np.random.default_rng(3)
+    a0, b0 = np.float32(1.0) + r.standard_normal(4).astype(np.float32), r.standard_normal(4).astype(np.float32)
+    ga, gb = r.standard_normal(4).astype(np.float32), 1e-2 * r.standard_normal(4).astype(np.float32)
+    opt, ref = ours(), theirs()
+    t = {"a": nb.tensor(a0).shard(MESH, ["tp"]), "b": nb.tensor(b0).shard(MESH, ["tp"])}
+    state, rstate = opt.init(t), ref.init({"a": a0, "b": b0})
+    p = {"a": a0, "b": b0}
+    for order in (("a", "b"), ("b", "a"), ("b", "a")):  # the second and third steps with the dicts built b first
+        g = {"a": ga, "b": gb}
+        t, state = opt.update({k: nb.tensor(g[k]).shard(MESH, ["tp"]) for k in order}, state,
+                              {k: t[k] for k in order})
+        upd, rstate = ref.update({k: g[k] for k in order}, rstate, {k: p[k] for k in order})
+        p = optax.apply_updates({k: p[k] for k in order}, upd)
+        for k in "ab":  # (float32 rounding at lr 0.1: 2e-6 apart in either order; swapped moments: 0.1 and more)
+            assert_sharded_allclose(t[k], np.asarray(p[k]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_state_of_other_parameters_names_where_it_differs():
+    p = {"v": nb.ones((2,))}
+    with pytest.raises(ShardingError, match=r"Adam.update: the state's mu at params has keys 'v' where the "
+                                            r"parameters have keys 'w'"):
+        optim.Adam(0.1).update({"w": nb.ones((2,))}, optim.Adam(0.1).init(p), {"w": nb.ones((2,))})
+    with pytest.raises(ShardingError, match=r"SGD.update: the state's momentum at params\['v'\] has shape \(2,\) "
+                                            r"for a parameter of shape \(3,\)"):
+        optim.SGD(0.1, momentum=0.9).update({"v": nb.ones((3,))}, optim.SGD(0.1, momentum=0.9).init(p),
+                                            {"v": nb.ones((3,))})
+    with pytest.raises(ShardingError, match=r"the state's nu at params is \[<2>, <2>\] where the parameters have 3 "
+                                            r"entries"):
+        q = [nb.ones((2,)), nb.ones((2,)), nb.ones((2,))]
+        optim.Adam(0.1).update(q, optim.Adam(0.1).init({"x": nb.ones((2,))})._replace(mu=q, nu=q[:2]), q)
