@@ -4,6 +4,7 @@ pytrees), ``checkpoint`` (rematerialisation) and the Nabla sharding README's ``t
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable, Sequence
 
@@ -137,6 +138,7 @@ def _value_and_grad(f: Callable, argnums: int | Sequence[int], has_aux: bool, bu
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
 
+    @functools.wraps(f)  # (its name and parameters: what ONNX export and the comm log name inputs after)
     def wrapped(*args, **kwargs):
         for n in nums:
             if not -len(args) <= n < len(args):
@@ -182,6 +184,7 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
     ``grad_specs``: as ``value_and_grad``'s)."""
     vg = _value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs, "grad")
 
+    @functools.wraps(f)
     def wrapped(*args, **kwargs):
         (value, grads) = vg(*args, **kwargs)
         return (grads, value[1]) if has_aux else grads

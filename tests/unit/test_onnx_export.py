@@ -467,3 +467,25 @@ def test_a_gradient_bucket_inside_is_one_identity_per_gradient():
     m = check_export(f, ps, x, rtol=1e-4, atol=1e-5, rerun=False)
     assert [n.op_type for n in m.graph.node][-2:] == ["Identity", "Identity"]
     assert [o.name for o in m.graph.output] == ["w0", "w1"]
+
+
+def test_an_exported_gradient_names_its_inputs_after_the_function_differentiated():
+    """``nb.grad(f)`` and ``nb.value_and_grad(f)`` carry ``f``'s name and parameters (as jax.grad's wrapper does), so
+    the model's inputs are ``p.w1 .. y`` as ``nb.jit(f)``'s are, not ``args_0.w1``; fed by those names, onnxruntime
+    gives jax.grad's gradient."""
+    jax = pytest.importorskip("jax")
+
+    def loss_fn(p, x, y):
+        return ((nb.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2).mean()
+
+    host = {"w1": rand(4, 8), "w2": rand(8, 2)}
+    xs, ys = rand(6, 4), rand(6, 2)
+    args = ({k: nb.tensor(v) for k, v in host.items()}, sharded(xs, ["dp", None]), sharded(ys, ["dp", None]))
+    model = nox.export(nb.grad(loss_fn), *args)
+    assert model.graph.name == "loss_fn" and [i.name for i in model.graph.input] == ["p.w1", "p.w2", "x", "y"]
+    got = ort_run(model, {"p.w1": host["w1"], "p.w2": host["w2"], "x": xs, "y": ys})
+    want = jax.grad(lambda p: ((jax.numpy.tanh(xs @ p["w1"]) @ p["w2"] - ys) ** 2).mean())(host)
+    np.testing.assert_allclose(got[0], want["w1"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], want["w2"], rtol=1e-5, atol=1e-6)
+    named = nox.export(nb.value_and_grad(loss_fn, argnums=1), *args)
+    assert [i.name for i in named.graph.input] == ["p.w1", "p.w2", "x", "y"]
