@@ -81,6 +81,12 @@ def matmul(a: ArrayLike, b: ArrayLike) -> Tensor:
     ra, rb = _ndim(a), _ndim(b)
     if ra == 0 or rb == 0:
         raise ShardingError(f"matmul: operands must have at least 1 dim, got ranks {ra} and {rb}")
+    if ra == 1 or rb == 1:  # (said of the operands as given: lifted, a vector's dim would be misnamed)
+        sa, sb = _shape(a), _shape(b)
+        db = 0 if rb == 1 else rb - 2
+        if sa[-1] != sb[db]:
+            raise ShardingError(f"matmul: contracted dims differ: operand 0 (shape {sa}) dim {ra - 1} has size "
+                                f"{sa[-1]}, operand 1 (shape {sb}) dim {db} has size {sb[db]}")
     a2 = expand_dims(a, 0) if ra == 1 else a
     b2 = expand_dims(b, 1) if rb == 1 else b
     out = apply(_MATMUL, (a2, b2))

@@ -429,6 +429,20 @@ def batch_norm(x: ArrayLike, mean: ArrayLike, var: ArrayLike, scale: ArrayLike, 
 
 
 @_named
+def _check_affine(x: ArrayLike, axes: tuple[int, ...], params: dict) -> None:
+    """A scale or bias must broadcast to ``x`` (covering the normalised trailing dims): the error names it, not the
+    multiply inside."""
+    shape = tuple(np.shape(x) if not isinstance(x, Tensor) else x.shape)
+    trailing = shape[min(axes):] if axes else ()
+    for name, t in params.items():
+        if t is None:
+            continue
+        got = tuple(t.shape) if isinstance(t, Tensor) else np.shape(t)
+        if len(got) > len(shape) or any(g not in (1, n) for g, n in zip(got[::-1], shape[::-1])):
+            raise ShardingError(f"layer_norm: {name} of shape {got} does not broadcast to the normalised dims "
+                                f"{trailing} (x of shape {shape}, axis {axes})")
+
+
 def layer_norm(x: ArrayLike, scale: ArrayLike | None = None, bias: ArrayLike | None = None, axis: Any = -1,
                eps: float = 1e-5) -> Tensor:
     """Normalise over ``axis`` (an int or a tuple, the trailing dims the scale and bias cover). With those dims
@@ -436,6 +450,7 @@ def layer_norm(x: ArrayLike, scale: ArrayLike | None = None, bias: ArrayLike | N
     the backward pass only its input (and two float32 numbers per row) kept, as Megatron-LM's and Apex's fused
     layer norms keep them. Over a sharded dim: two all_reduces, the mean's and the variance's."""
     axes = _axes(axis, _ndim(x), "layer_norm")
+    _check_affine(x, axes, {"scale": scale, "bias": bias})
     spec = x._spec if isinstance(x, Tensor) else None
     if spec is None or not any(spec.dim_specs[a].axes for a in axes):
         args = (x,) + tuple(t for t in (scale, bias) if t is not None)

@@ -84,7 +84,10 @@ def _as_spec(mesh: DeviceMesh, spec: Any, rank: int, path: str) -> ShardingSpec:
             raise ShardingError(f"autoshard: fixed spec for {path} is on {spec.mesh!r}, the arguments on {mesh!r}")
         s = spec
     else:
-        s = ShardingSpec(mesh, spec)
+        try:
+            s = ShardingSpec(mesh, spec)
+        except ShardingError as e:  # (the spec's own error, told as the call's: which fixed entry)
+            raise ShardingError(f"autoshard: fixed[{path!r}] = {spec!r}: {e}") from None
     s.check_rank((0,) * rank, "autoshard", path)
     return s
 

@@ -79,3 +79,35 @@ def test_the_extras_hold_what_the_messages_promise():
     assert {"scipy", "matplotlib"} <= names["plan"]  # nb.autoshard, and report.plot() on what it returns
     assert "matplotlib" in names["plot"]
     assert "onnx" in names["onnx"] and "jax" in names["jax"] and "rich" in names["viz"]
+
+
+def test_a_norm_s_scale_of_the_wrong_size_names_the_norm_and_the_scale():
+    # (it said "multiply: shapes [(8, 16), (5,)] do not broadcast", the op inside)
+    with pytest.raises(nb.ShardingError, match=r"layer_norm: scale of shape \(5,\) does not broadcast to the "
+                                               r"normalised dims \(16,\) \(x of shape \(8, 16\)"):
+        nb.layer_norm(nb.ones((8, 16)), nb.ones(5))
+    with pytest.raises(nb.ShardingError, match=r"layer_norm: bias of shape \(4, 16\)"):
+        nb.layer_norm(nb.ones((8, 16)), nb.ones(16), nb.ones((4, 16)))
+    np.testing.assert_allclose(nb.layer_norm(nb.ones((8, 16)), nb.ones((1, 16))).numpy(), np.zeros((8, 16)))
+
+
+@pytest.mark.parametrize("a,b,said", [((3,), (4,), r"operand 0 \(shape \(3,\)\) dim 0 has size 3, operand 1 \(shape "
+                                                   r"\(4,\)\) dim 0 has size 4"),
+                                      ((2, 3), (4,), r"operand 0 \(shape \(2, 3\)\) dim 1 has size 3, operand 1 "
+                                                     r"\(shape \(4,\)\) dim 0")])
+def test_matmul_of_a_vector_names_the_vector_s_own_dim(a, b, said):
+    with pytest.raises(ValueError):  # numpy refuses them too
+        np.ones(a) @ np.ones(b)
+    with pytest.raises(nb.ShardingError, match="matmul: contracted dims differ: " + said):
+        nb.ones(a) @ nb.ones(b)
+
+
+def test_a_fixed_spec_naming_an_unknown_axis_names_the_fixed_entry():
+    cl = nb.Cluster(nb.Hardware.preset("h100-sxm-80gb"), nodes=1, devices_per_node=4)
+    m = cl.mesh("m", (4,), ("dp",))
+    o = nb.DimSpec([], is_open=True)
+    p = {"w1": nb.abstract((8, 8)).shard(m, [o, o])}
+    with pytest.raises(nb.ShardingError, match=r"""autoshard: fixed\["p\['w1'\]"\] = \['zz', None\]: .*unknown axis """
+                                               r"'zz'; the mesh has axes \['dp'\]"):
+        nb.autoshard(lambda p, x: (x @ p["w1"]).sum(), cl, p, nb.abstract((4, 8)).shard(m, [o, o]),
+                     fixed={"p['w1']": ["zz", None]})
