@@ -149,10 +149,11 @@ def _sum_now(op: OpDef, a: Value) -> None:
         publish_move(a, target, plan, op.name)
 
 
-def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None
-                ) -> None:
+def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None,
+                named: bool = False) -> None:
     """Publish the step of an op the executor did not plan (per-device code, ``nb.lax`` collectives, values
-    crossing into and out of ``nb.shard_map``): each operand read as it is, ``events`` its moves."""
+    crossing into and out of ``nb.shard_map``, a compiled call): each operand read as it is, ``events`` its moves
+    (``named``: already stamped with the op and phase each ran for, as a compiled call's are)."""
     if not C.logging():
         return
     name = op if isinstance(op, str) else op.name
@@ -161,7 +162,7 @@ def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events:
                  Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None, const=a)
                  for a in args)
     if events and uses:
-        uses = (uses[0]._replace(events=tuple(C.stamped(e, user) for e in events)),) + uses[1:]
+        uses = (uses[0]._replace(events=events if named else tuple(C.stamped(e, user) for e in events)),) + uses[1:]
     C.publish(Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, (), prog, C.step_user(user),
                    C.current_phase(), 0, C.current_scope()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
 

@@ -323,9 +323,10 @@ class Lowered:
         outs = self._program.outputs(arrays)
         if C.logging():  # the program's moves, as it runs them: one step per result, the moves on the first
             ins = [leaves[i] for i in self._inputs]
-            events = tuple(C.stamped(e, e.op) for e in self.comm_log.events)
+            # (each in the phase and under the op it ran for in the traced program: a backward sum stays one)
+            events = tuple(C.stamped(e, e.op)._replace(phase=e.phase) for e in self.comm_log.events)
             for k, o in enumerate(outs):
-                record_step(P.CALL, (self._name(), k), ins, o, events if k == 0 else ())
+                record_step(P.CALL, (self._name(), k), ins, o, events if k == 0 else (), named=True)
         return unflatten(self._out_tree, outs)
 
     def _name(self) -> str:

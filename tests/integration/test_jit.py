@@ -567,3 +567,24 @@ def test_a_jitted_gradient_step_with_an_unused_parameter_equals_jax_grad():
     for k in params:
         assert got[k].sharding.dim_specs == params[k].sharding.dim_specs
         np.testing.assert_allclose(got[k].numpy(), np.asarray(want[k]), rtol=1e-4, atol=1e-6)
+
+
+def test_a_comm_log_around_a_compiled_call_reads_as_the_eager_one():
+    """Each move of a compiled call keeps the phase and op it ran for in the traced program (they all read
+    "forward ... jit_call" before): the same (phase, kind, axes, bytes, op) as eager's, event for event, and the
+    same summary."""
+    mesh = nb.DeviceMesh("m", (2, 4), ("dp", "tp"))
+    rng = np.random.default_rng(0)
+    x = nb.tensor(rng.standard_normal((32, 16)).astype(np.float32)).shard(mesh, ["dp", None])
+    p = {"w1": nb.tensor(rng.standard_normal((16, 64)).astype(np.float32)).shard(mesh, [None, "tp"]),
+         "w2": nb.tensor(rng.standard_normal((64, 4)).astype(np.float32)).shard(mesh, ["tp", None])}
+    f = nb.value_and_grad(lambda p, x: ((nb.relu(x @ p["w1"]) @ p["w2"]) ** 2).mean())
+    with nb.comm_log() as eager:
+        f(p, x)
+    jf = nb.jit(f)
+    jf(p, x)
+    with nb.comm_log() as compiled:
+        jf(p, x)
+    fields = lambda log: [(e.phase, e.kind, e.axes, e.bytes, e.op) for e in log.events]  # noqa: E731
+    assert fields(compiled) == fields(eager) and {e.phase for e in eager.events} == {"forward", "backward"}
+    assert compiled.summary() == eager.summary()
