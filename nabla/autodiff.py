@@ -22,15 +22,20 @@ from .trace import (LEAF, Node, Remat, Watch, by_node, differentiating, outer_li
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False):
     """``out, vjp_fn = nb.vjp(f, *primals)``: ``vjp_fn(cotangent)`` returns one gradient pytree per primal."""
-    return _vjp(f, primals, has_aux, [arg_name(f, i) for i in range(len(primals))])
+    return _vjp(f, primals, has_aux, arg_names(f, len(primals)))
 
 
-def arg_name(f: Callable, i: int) -> str:
-    """The name of ``f``'s positional parameter ``i`` (``args[2]`` for a ``*args``), for the comm log."""
+def arg_names(f: Callable, n: int) -> list[str]:
+    """The names of ``f``'s first ``n`` positional parameters (``args[2]`` for a ``*args``), for the comm log
+    (``f``'s signature read once: autoshard's replays call ``vjp`` hundreds of times, with ten primals)."""
     try:
         params = list(inspect.signature(f).parameters.values())
     except (TypeError, ValueError):
-        return f"arg{i}"
+        return [f"arg{i}" for i in range(n)]
+    return [_arg_name(params, i) for i in range(n)]
+
+
+def _arg_name(params: list, i: int) -> str:
     for j, p in enumerate(params):
         if p.kind is inspect.Parameter.VAR_POSITIONAL:
             return f"{p.name}[{i - j}]"
@@ -155,7 +160,8 @@ def _value_and_grad(f: Callable, argnums: int | Sequence[int], has_aux: bool, bu
                 full[n] = d
             return f(*full, **kwargs)
 
-        res = _vjp(g, [args[n] for n in nums], has_aux, [arg_name(f, n % len(args)) for n in nums],
+        names = arg_names(f, len(args))
+        res = _vjp(g, [args[n] for n in nums], has_aux, [names[n % len(args)] for n in nums],
                    bucket_bytes=bucket_bytes, grad_specs=None if grad_specs is None else
                    ((grad_specs,) if single else tuple(grad_specs)), who=name)
         out, fn = res[0], res[1]

@@ -23,7 +23,7 @@ class CostModel:
     """Alpha-beta costs per mesh axis: ``CostModel(axes={"dp": AxisCost(20e-6, 12.5e9)})`` makes a slow
     inter-node ``dp`` next to the default fast links. Frozen and hashable: plans are cached per model."""
 
-    __slots__ = ("default", "axes", "__weakref__")
+    __slots__ = ("default", "axes", "_links", "__weakref__")
     _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
     def __new__(cls, latency: float = 5e-6, bandwidth: float = 25e9,
@@ -40,6 +40,7 @@ class CostModel:
             self = object.__new__(cls)
             object.__setattr__(self, "default", default)
             object.__setattr__(self, "axes", per_axis)
+            object.__setattr__(self, "_links", {})  # axes -> ``link``'s answer (every collective asks it)
             cls._interned[key] = self
         return self
 
@@ -55,9 +56,15 @@ class CostModel:
 
     def link(self, axes: Sequence[str]) -> AxisCost:
         """The slowest link among ``axes`` (sub-axes ``x:(1)2`` run over axis ``x``'s link)."""
-        table = dict(self.axes)
-        links = [table.get(a.split(":")[0], self.default) for a in axes] or [self.default]
-        return AxisCost(max(c.latency for c in links), min(c.bandwidth for c in links))
+        key = tuple(axes)
+        got = self._links.get(key)
+        if got is None:
+            table = dict(self.axes)
+            links = [table.get(a.split(":")[0], self.default) for a in key] or [self.default]
+            got = AxisCost(max(c.latency for c in links), min(c.bandwidth for c in links))
+            if len(self._links) < 4096:
+                self._links[key] = got
+        return got
 
     def split(self, steps: int, nbytes: int, axes: Sequence[str]) -> tuple[int, int]:
         """(transfer, latency) of a collective in femtoseconds: whole numbers, so that equal plans tie exactly

@@ -95,15 +95,20 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
             uses.append(Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None,
                             const=a))
             continue
-        events, reused, inside, cached = sink[i] or ((), False, (), False)
+        got = sink[i]
         dst = preps[i].target if preps is not None and preps[i].target is not None else a._spec
         k = kept[i] if i < len(kept) else None
         copy = serial(k) if isinstance(k, Value) and k._serial and k is not orig and k._serial != serial(orig) and \
             k._spec == dst else 0  # the moved operand the node keeps (a recompute's gathered weight)
-        uses.append(Use(serial(a), a._shape, a._dtype, a._spec, dst, tuple(C.stamped(e, user) for e in events),
-                        reused, inside=tuple(C.stamped(e, user) for e in inside), settled=orig is not a, kept=copy,
-                        cached=cached))
-    post = tuple(C.stamped(e, user) for e in sink[-1] or ())
+        if got is None:  # (nothing moved: most operands; positional, as keywords cost more)
+            uses.append(Use(a._serial or serial(a), a._shape, a._dtype, a._spec, dst, (), False, None, (),
+                            orig is not a, copy))
+            continue
+        events, reused, inside, cached = got
+        uses.append(Use(a._serial or serial(a), a._shape, a._dtype, a._spec, dst,
+                        tuple([C.stamped(e, user) for e in events]) if events else (), reused, None,
+                        tuple([C.stamped(e, user) for e in inside]) if inside else (), orig is not a, copy, cached))
+    post = tuple([C.stamped(e, user) for e in sink[-1]]) if sink[-1] else ()
     if type(prog) is Program:
         flops = prog.flops
     else:  # on the host, or per-device code: the op on whole operands (a per-device value is its block)

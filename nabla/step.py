@@ -79,7 +79,11 @@ class Step(NamedTuple):
     @property
     def events(self) -> tuple:
         """Every move of the step, in the order it ran: each operand's, then the result's."""
-        return tuple(e for u in self.uses for e in u.events + u.inside) + tuple(self.post)
+        out = ()
+        for u in self.uses:  # (most steps move nothing: this is read for every step a log takes)
+            if u.events or u.inside:
+                out += u.events + u.inside
+        return out + tuple(self.post) if self.post else out
 
     @property
     def bytes_in(self) -> int:

@@ -11,7 +11,7 @@ from math import prod
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .. import reshard
-from ..autodiff import arg_name
+from ..autodiff import arg_names
 from ..errors import ShardingError
 from ..mesh import DeviceMesh
 from ..pytree import flatten, leaf_paths
@@ -48,12 +48,12 @@ class Leaf(NamedTuple):
 
 def _names(fn: Callable, n: int) -> list[str]:
     f = fn
-    names = [arg_name(f, i) for i in range(n)]
+    names = arg_names(f, n)
     if any(nm.startswith("args[") for nm in names):  # nb.grad / nb.value_and_grad: the function they wrap
         inner = next((c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
                       if callable(c.cell_contents) and not isinstance(c.cell_contents, type)), None)
         if inner is not None:
-            names = [arg_name(inner, i) for i in range(n)]
+            names = arg_names(inner, n)
     return names
 
 

@@ -62,15 +62,37 @@ def kernel_times(steps: Sequence[StepLike], hw: Hardware, fusion: bool = True) -
     for g in groups(steps):
         members = steps[g.start:g.stop]
         if len(members) == 1 and g.bytes_in == members[0].bytes_in and g.bytes_out == members[0].bytes_out:
-            times.append(kernel_time(members[0], hw))
+            times.append(_kernel_time(members[0], hw))
             first.append(g.start)
             continue
         s = members[0]
         op = s.op if len(members) == 1 or s.op in MATMUL_OPS else "fused"  # a GEMM with its folded sum: a GEMM
-        total = kernel_time(PricedStep(op, out_dtype=s.out_dtype, flops=g.flops, bytes_in=g.bytes_in,
-                                 bytes_out=g.bytes_out, in_dtype=getattr(s, "in_dtype", None)), hw)
-        alone = [0.0 if kind(m) == "alias" else kernel_time(m, hw) for m in members]  # a view runs no kernel
+        total = _kernel_time(PricedStep(op, out_dtype=s.out_dtype, flops=g.flops, bytes_in=g.bytes_in,
+                                  bytes_out=g.bytes_out, in_dtype=getattr(s, "in_dtype", None)), hw)
+        alone = [0.0 if kind(m) == "alias" else _kernel_time(m, hw) for m in members]  # a view runs no kernel
         whole = sum(alone)
         times.extend(total * a / whole if whole else total / len(members) for a in alone)
         first.extend([g.start] * len(members))
     return times, first
+
+
+#: id(hardware) -> (the hardware, kept alive so its id is not reused; the fields ``kernel_time`` reads -> its
+#: time): a search prices the same kernels over and over (hundreds of replays of one layer, 80 alike layers
+#: stitched end to end), and a lookup costs a tenth of pricing one
+_TIMES: dict[int, tuple[Hardware, dict]] = {}
+
+
+def _kernel_time(step: StepLike, hw: Hardware) -> float:
+    """``kernel_time``, cached on what it reads of the step (bounded: cleared when full)."""
+    got = _TIMES.get(id(hw))
+    if got is None or got[0] is not hw:
+        if len(_TIMES) > 16:
+            _TIMES.clear()
+        got = _TIMES[id(hw)] = (hw, {})
+    key = (step.op, step.flops, step.bytes_in, step.bytes_out, getattr(step, "in_dtype", None), step.out_dtype)
+    t = got[1].get(key)
+    if t is None:
+        if len(got[1]) > 65536:
+            got[1].clear()
+        t = got[1][key] = kernel_time(step, hw)
+    return t

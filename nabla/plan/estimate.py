@@ -33,15 +33,16 @@ def priced_step(step: Any) -> PricedStep:
     transpose that shares its operand's storage, ``Step.alias``) is an ``"alias"``: no kernel, as cuBLAS and
     XLA read a transposed or reshaped operand in place."""
     operands = [u for u in step.uses if u.value]
-    reads = tuple((u.value, _block(u.dst, u.shape) * u.dtype.itemsize) for u in operands)
+    reads = tuple([(u.value, _block(u.dst, u.shape) * u.dtype.itemsize) for u in operands])
     size = step.out_dtype.itemsize
-    elems = _block(step.out_spec, step.out_shape)
+    elems = out = _block(step.out_spec, step.out_shape)
     name = step.name
     if name in REDUCE_OPS and operands:
         elems = max(b // u.dtype.itemsize for u, (_, b) in zip(operands, reads))
-    bytes_in = 0 if isinstance(step.op, str) else sum(b for _, b in reads)
-    moves = tuple(u.value for u in step.uses for _ in u.events + u.inside) + (step.out,) * len(step.post)
+    bytes_in = 0 if isinstance(step.op, str) else sum([b for _, b in reads])
     events = step.events
+    moves = tuple([u.value for u in step.uses for _ in u.events + u.inside]) + (step.out,) * len(step.post) \
+        if events else ()
     view = getattr(step, "alias", 0) or (getattr(step.op, "view", False) and step.prog is None)  # host: numpy's view
     kind = "alias" if view and not events and not isinstance(step.op, str) else ""
     in_dtype = None
@@ -49,7 +50,7 @@ def priced_step(step: Any) -> PricedStep:
         floats = [u.dtype for u in operands if u.dtype.kind == "f" or u.dtype.name.startswith(("bfloat", "float"))]
         in_dtype = max(floats, key=lambda d: d.itemsize) if floats else None
     return PricedStep(name, step.user, step.phase, step.out_dtype, step.flops, bytes_in,
-                      _block(step.out_spec, step.out_shape) * size, events, getattr(step, "layer", "") or None,
+                      out * size, events, getattr(step, "layer", "") or None,
                       reads, step.out, elems, kind, in_dtype, moves)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -174,6 +175,14 @@ class Hardware:
 
 def dtype_key(dtype: Any) -> str:
     """The ``peak_flops`` key of a dtype: its numpy name, with every float8 variant as ``"float8"``."""
+    try:
+        return _dtype_key(dtype)  # (remembered: pricing a large step asks tens of thousands of times, of a few)
+    except TypeError:  # an unhashable dtype-like
+        return _dtype_key.__wrapped__(dtype)
+
+
+@lru_cache(maxsize=256)
+def _dtype_key(dtype: Any) -> str:
     if isinstance(dtype, str) and dtype in ("tf32", "float8"):
         return dtype
     try:

@@ -212,7 +212,11 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
     for k, b in enumerate(buf):
         root = abs(b[5]) if b[5] is not None else b[4]
         names = sharers.get(of.get(root, k), [root]) if b[5] is not None else sharers.get(k, [root])
-        kind = next((kind_of(s) for s in names if kind_of(s)), "")
+        kind = ""
+        for s in names:  # (the first sharer's that has one, each asked once)
+            kind = kind_of(s)
+            if kind:
+                break
         if not kind:
             when = made.get(root, "")
             later = _LATER.get(when, ())
@@ -300,7 +304,10 @@ class MemoryLog:
             self._refs[s] = [weakref.ref(v)]
             if s not in self._first and getattr(v, "_shape", None) is not None:
                 self._first[s] = (v._spec, v._shape, v._dtype)
-        elif len(refs) < 8 and all(r() is not v for r in refs):
+        elif len(refs) < 8:
+            for r in refs:  # (a loop, not all(): this runs for every operand of every step)
+                if r() is v:
+                    return
             refs.append(weakref.ref(v))
 
     def tag(self, value: Any, kind: str) -> None:

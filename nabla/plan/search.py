@@ -20,7 +20,7 @@ from . import layers as L
 from . import milp
 from .candidates import (Candidate, Slot, _ways, all_layouts, arg_leaves, axis_options, baseline_options,
                          data_dims_only, given_layout, layout_key, layout_of, megatron_classes, mesh_of, reshard_time)
-from .estimate import _priced, estimate
+from .estimate import estimate
 from .report import Report, estimate_steps, step_time
 
 #: a class whose arguments have at most this many layouts together is searched over all of them
@@ -47,7 +47,6 @@ class Priced(NamedTuple):
 
 # ---- pricing ----------------------------------------------------------------------------------------------
 
-
 _strip = L.without_partial
 
 
@@ -62,6 +61,7 @@ class Search:
         self.leaves, self.info, self.tree = arg_leaves(args, fn, self.mesh, fixed)
         self.limit = float(cluster.hardware.hbm_bytes if memory_limit is None else memory_limit)
         self._prices: dict = {}
+        self.replays = L.Replays(lambda steps: step_time(steps, cluster, self.mesh, overlap))
         self.refined: dict = {}  # (producer, its candidate, consumer, its candidate) -> Priced
         self.has_tp = False  # some class has parameters Megatron's cut applies to
         self.kept: set[str] = set()  # standard layouts the arguments' closed or fixed dims change
@@ -259,7 +259,7 @@ class Search:
         layouts = list(cand.layouts)
         params = [sl.param for sl in slots]
         cts = None if cotangents is None else list(cotangents)
-        r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
+        r = self.replays(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
         feeds = self.feeds(cls)
         # a repeated layer's steady state: its input as the one before hands it over, its output's cotangent as
         # the next one's input gradient comes back (one more replay settles it; from a given cotangent, the
@@ -277,9 +277,8 @@ class Search:
             for e, j in feeds.items():
                 layouts[e] = r.outputs[j]
             cts = new
-            r = L.replay(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
-        steps = tuple(_priced(s) for s in r.steps)
-        time = step_time(steps, self.cluster, self.mesh, self.overlap)
+            r = self.replays(cls, layouts, shapes, dtypes, diff, self.train, cts, params)
+        r = self.replays.settled(r)
         opt = self.opt_ratio[0]
         held = params = 0.0
         for e, (s, lay) in enumerate(zip(slots, cand.layouts)):
@@ -291,18 +290,14 @@ class Search:
             elif not s.data or cls.rep.inputs[e] in self.serials:
                 held += b  # an argument the program reads (a batch, targets) stays all step (the values flowing
                 # from layer to layer are counted where they are saved)
-        by = r.memory.by_kind
-        saved = max(by.get("activations", {}).values(), default=0)
-        peak = max(r.memory.peak.values(), default=0)
-        base = sum(max(by.get(k, {}).values(), default=0) for k in ("params", "grads", "activations"))
         # what the backward pass of this layer leaves behind: its parameters' gradients, each summed into the
         # parameter's layout as soon as the pass completes it (nb.grad finishes gradients as DDP/FSDP do, so one
         # layer's raw partial gradients never wait for the next layer's): one parameter's bytes again
         held += params * (1 + opt)
         late = held + params if self.train else held
-        held += saved
-        return Priced(steps, time, held, max(0.0, peak - base), tuple(layouts), r.outputs, late, r.gradients,
-                      r.names)
+        held += r.saved
+        return Priced(r.steps, r.time, held, max(0.0, r.peak - r.base), tuple(layouts), r.outputs, late,
+                      r.gradients, r.names)
 
     # -- the program as a MILP --
     def solve(self):
