@@ -428,7 +428,6 @@ def batch_norm(x: ArrayLike, mean: ArrayLike, var: ArrayLike, scale: ArrayLike, 
     return add(multiply(subtract(x, reshape(mean, shape)), inv), reshape(bias, shape))
 
 
-@_named
 def _check_affine(x: ArrayLike, axes: tuple[int, ...], params: dict) -> None:
     """A scale or bias must broadcast to ``x`` (covering the normalised trailing dims): the error names it, not the
     multiply inside."""
@@ -443,6 +442,7 @@ def _check_affine(x: ArrayLike, axes: tuple[int, ...], params: dict) -> None:
                                 f"{trailing} (x of shape {shape}, axis {axes})")
 
 
+@_named
 def layer_norm(x: ArrayLike, scale: ArrayLike | None = None, bias: ArrayLike | None = None, axis: Any = -1,
                eps: float = 1e-5) -> Tensor:
     """Normalise over ``axis`` (an int or a tuple, the trailing dims the scale and bias cover). With those dims

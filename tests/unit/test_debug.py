@@ -115,11 +115,11 @@ def test_explain_follows_the_backward_pass_of_grad_and_names_the_public_op_of_ea
     titles = [line for line in text.splitlines() if line.startswith("%")]
     # every step that ran, in order: the forward pass (its pending sum is never made: nothing reads it), the seed
     # cotangent broadcast back through sum, then d/dw sum(x @ w) = x.T @ ones (an einsum of x as it is: no transposed copy): a contraction over the dp-sharded
-    # batch, and the dp sum of its summands
-    assert titles == ["%1 = matmul(args[1], args[0])", "%2 = sum(%1)", "%3 = shard(const)",
+    # batch, and the dp sum of its summands; the arguments named as the differentiated function names them
+    assert titles == ["%1 = matmul(x, w)", "%2 = sum(%1)", "%3 = shard(const)",
                       "%4 = expand_dims(%3)    (in gradient of sum)", "%5 = broadcast_to(%4)    (in gradient of sum)",
                       "%6 = with_sharding(%5)    (in gradient of sum)",  # laid out as the summed value: a local cut
-                      "%7 = einsum(args[1], %6)    (in gradient of matmul)",  # x contracted as it is kept
+                      "%7 = einsum(x, %6)    (in gradient of matmul)",  # x contracted as it is kept
                       "%8 = with_sharding(%7)    (in grad of w)"], titles
     assert "[?|?] Σdp -> [-|-]: all_reduce over dp (group of 4): 48 B/device, est. 30.0 us" in text
     assert "total: 1 collective, 48 B/device, est. 30.0 us" in text
