@@ -143,7 +143,8 @@ def _value_and_grad(f: Callable, argnums: int | Sequence[int], has_aux: bool, bu
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
 
-    @functools.wraps(f)  # (its name and parameters: what ONNX export and the comm log name inputs after)
+    @functools.wraps(f, updated=())  # (its name and parameters, what ONNX export and the comm log name inputs
+    # after; not its __dict__: a jitted f's would make an outer nb.jit of this call f instead)
     def wrapped(*args, **kwargs):
         for n in nums:
             if not -len(args) <= n < len(args):
@@ -190,7 +191,7 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
     ``grad_specs``: as ``value_and_grad``'s)."""
     vg = _value_and_grad(f, argnums, has_aux, bucket_bytes, grad_specs, "grad")
 
-    @functools.wraps(f)
+    @functools.wraps(f, updated=())
     def wrapped(*args, **kwargs):
         (value, grads) = vg(*args, **kwargs)
         return (grads, value[1]) if has_aux else grads

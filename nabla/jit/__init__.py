@@ -65,7 +65,7 @@ class Jitted:
         self.in_shardings, self.out_shardings = in_shardings, out_shardings
         self.static_argnums, self.static_argnames = static_argnums, static_argnames
         self._cache: dict = {}
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn, updated=())  # (not fn's __dict__: a jitted fn's would replace these)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         if self.in_shardings is not None:

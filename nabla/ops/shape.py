@@ -140,10 +140,9 @@ def broadcast_to(x: ArrayLike, shape: int | Sequence[int]) -> Tensor:
 _BROADCAST = register(OpDef("broadcast_to", lambda shapes, target: R.broadcast_to_rule(shapes[0], target),
                             _broadcast_kernel, "add", dtype="same",
                             vjp=lambda g, node, out: (_unbroadcast(g, node.args[0]),), numpy="broadcast_to",
-                            onnx=_broadcast_onnx, arity=1, public=broadcast_to, saves="none", view=True))
-# (a view: numpy's broadcast_to strides the operand's storage and XLA fuses a broadcast into its consumer, so the
-# memory log counts no bytes for it and the estimator no kernel; a loss's gradient broadcast to the activations'
-# global shape, before each device cuts its block, is not an allocation of that shape on every device)
+                            onnx=_broadcast_onnx, arity=1, public=broadcast_to, saves="none"))
+# (not a view: XLA materialises a broadcast a matmul reads or a program returns; one read only by elementwise ops,
+# reductions and moves is fused into them, and the memory log counts it so: ``plan.memory.fused_broadcasts``)
 
 
 # ---- expand_dims, squeeze ---------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from .. import collectives as C
 from ..spec import ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT
 from ..value import serial
+from .fusion import EXECUTOR_OPS, LOOP_OPS, REDUCE_OPS
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "comm")
 _TAGGED = ("params", "grads", "optimizer")
@@ -63,6 +64,23 @@ class Accounts(NamedTuple):
     kept: dict  # mesh -> bytes kept for the backward pass when it starts
 
 
+#: what a broadcast fuses into, as XLA's loop and input fusions take it (a matmul reads it materialised)
+_FUSES_BROADCAST = LOOP_OPS | REDUCE_OPS | EXECUTOR_OPS
+
+
+def fused_broadcasts(steps: Sequence[Any], held: set) -> set[int]:
+    """The broadcasts no kernel materialises: read only by elementwise ops, reductions and moves, and not held at
+    the end (a loss's gradient broadcast to the activations' global shape and cut at once into each device's
+    block is that block, not the global batch on every device)."""
+    readers: dict[int, set] = {}
+    for st in steps:
+        for u in st.uses:
+            if u.value:
+                readers.setdefault(u.value, set()).add(st.name)
+    return {st.out for st in steps if st.name == "broadcast_to" and st.out not in held and
+            readers.get(st.out) and readers[st.out] <= _FUSES_BROADCAST}
+
+
 def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: set, start: Iterable[int] = (),
             replaces: dict | None = None) -> Accounts:
     """The liveness pass. ``first``: serial -> (layout, shape, dtype) of values the steps read that were made
@@ -87,6 +105,7 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
     keep_alive = []  # (the layouts whose ids key ``sized``)
     copies: dict[tuple, int] = {}  # (serial, layout) -> buffer of the gathered copy made last
     copy_end: dict[int, int] = {}  # buffer of a gathered copy -> the last step reading it
+    fused = fused_broadcasts(steps, held)
 
     def size(layout: Any, shape: Any, dtype: Any) -> tuple[Any, int]:
         key = (id(layout), shape, dtype)
@@ -164,6 +183,8 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
             continue
         if st.alias and st.alias in of:
             of[s] = of[st.alias]
+        elif s in fused and st.uses[0].value in of:  # fused into its readers: no buffer of its own
+            of[s] = of[st.uses[0].value]
         else:
             alloc(s, i, st.out_spec, st.out_shape, st.out_dtype, st.extra)
         made[s] = st.phase

@@ -588,3 +588,23 @@ def test_a_comm_log_around_a_compiled_call_reads_as_the_eager_one():
     fields = lambda log: [(e.phase, e.kind, e.axes, e.bytes, e.op) for e in log.events]  # noqa: E731
     assert fields(compiled) == fields(eager) and {e.phase for e in eager.events} == {"forward", "backward"}
     assert compiled.summary() == eager.summary()
+
+
+def test_jit_of_a_gradient_of_a_jitted_function_is_the_gradient():
+    """nb.grad carries f's name and signature, not its attributes: jit(grad(jit(loss))) was loss itself (the inner
+    jit's fn and cache copied onto the outer one). Reference: jax.grad."""
+    jax = pytest.importorskip("jax")
+    w0 = (np.arange(9.0).reshape(3, 3) / 10).astype(np.float32)
+    x0 = np.ones((2, 3), np.float32)
+
+    def loss(w, x):
+        return ((x @ w) ** 2).sum()
+
+    want = jax.grad(lambda w: ((x0 @ w) ** 2).sum())(w0)
+    got = nb.jit(nb.grad(nb.jit(loss)))(nb.tensor(w0), nb.tensor(x0))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+    value, g = nb.jit(nb.value_and_grad(nb.jit(loss)))(nb.tensor(w0), nb.tensor(x0))
+    np.testing.assert_allclose(g.numpy(), want, rtol=1e-6)
+    assert float(value.numpy()) == pytest.approx(float(((x0 @ w0) ** 2).sum()), rel=1e-6)
+    outer = nb.jit(nb.jit(loss), static_argnums=(1,))
+    assert outer.static_argnums == (1,) and outer.fn is not loss

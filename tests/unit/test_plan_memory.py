@@ -286,6 +286,25 @@ def test_a_data_parallel_step_needs_the_same_memory_per_device_on_any_number_of_
     assert peaks[0] == peaks[1]
 
 
+@pytest.mark.parametrize("case", ["returned", "into matmul"])
+def test_a_broadcast_a_matmul_reads_or_a_program_returns_is_materialised_as_xla_does(case):
+    """A broadcast fuses into elementwise readers (the data-parallel test above); one a matmul reads or the
+    program returns is a buffer of its own: nb.jit's memory equals XLA's compiled memory_analysis (arguments +
+    output + temporaries), 33,558,528 and 71,307,264 bytes here."""
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 1:
+        pytest.skip("needs a jax device")
+    mesh = nb.DeviceMesh("m", (1,), ("dp",))
+    x = nb.tensor(np.ones(1024, np.float32)).shard(mesh, [None])
+    w = nb.tensor(np.ones((1024, 1024), np.float32)).shard(mesh, [None, None])
+    f, args = {"returned": (lambda x: nb.broadcast_to(x, (8192, 1024)), (x,)),
+               "into matmul": (lambda x, w: nb.broadcast_to(x, (8192, 1024)) @ w, (x, w))}[case]
+    lowered = nb.jit(f).lower(*args)
+    m = lowered.compile().memory_analysis()
+    assert max(lowered.memory.peak.values()) == \
+        m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+
+
 def test_a_host_value_read_by_a_device_kernel_counts_on_every_device_as_placed():
     """An unplaced tensor added to a sharded one is placed for the kernel (replicated, as jax.device_put puts a
     host array on every device): it costs each device the same as placing it first."""
