@@ -334,7 +334,8 @@ def _stamp(d: dict) -> str:
         return ""
     load = m.get("load") or []
     at = f", load average {load[0]:.1f} to {load[-1]:.1f}" if load else ""
-    return f" Measured on their own at commit {m['commit']} ({m['date'][:10]}{at})."
+    how = " with short timings (--quick)" if m.get("mode") == "quick" else ""
+    return f" Measured on their own{how} at commit {m['commit']} ({m['date'][:10]}{at})."
 
 
 def dispatch(res: dict) -> Table | None:

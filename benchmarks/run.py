@@ -527,7 +527,7 @@ def only_dispatch(args: argparse.Namespace) -> None:
     env = environment(HERE)
     d = dispatch(args.quick)
     d["measured"] = {"commit": env["commit"], "date": env["date"], "load": env["load_average_at_start"][:1] +
-                     load_average()[:1]}
+                     load_average()[:1], "mode": "quick" if args.quick else "full", "threads": THREADS}
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
     res["dispatch"] = d
     args.out.write_text(json.dumps(res, indent=1, default=str) + "\n")

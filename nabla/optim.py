@@ -45,6 +45,11 @@ def _check(grads, params, what, state=None, kind=None):
                             f"{what.split('.')[0]}.init(params) returns (a state from another optimizer?)")
     gl, gt = flatten(grads)
     pl, pt = flatten(params)
+    if gt != pt:  # dicts built in another order: matched by key, as the state is
+        try:
+            gl, gt = flatten(_as_params(grads, params, what, "gradients"))
+        except ShardingError:
+            pass
     if gt != pt:
         g, p = _outline(grads), _outline(params)
         raise ShardingError(f"{what}: grads and params have different structures: grads {g[:300]}, "

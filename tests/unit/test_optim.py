@@ -110,8 +110,8 @@ def test_zero_stage_1_keeps_the_state_sharded_and_gathers_the_new_parameters():
                          ids=["momentum", "adam", "adam_master"])
 def test_dict_entries_are_matched_by_key_whatever_order_the_dicts_were_built_in(ours, theirs):
     """JAX's pytrees match dict entries by key (jax.tree_util sorts them): optax's state follows each parameter
-    through dicts rebuilt in another order. nabla's state did so by position: a moment updated another
-    parameter, silently."""
+    through dicts rebuilt in another order, and takes gradients in any order too. nabla's state went by position: a
+    moment updated another parameter, silently."""
     r = np.random.default_rng(3)
     a0, b0 = np.float32(1.0) + r.standard_normal(4).astype(np.float32), r.standard_normal(4).astype(np.float32)
     ga, gb = r.standard_normal(4).astype(np.float32), 1e-2 * r.standard_normal(4).astype(np.float32)
@@ -121,8 +121,8 @@ def test_dict_entries_are_matched_by_key_whatever_order_the_dicts_were_built_in(
     p = {"a": a0, "b": b0}
     for order in (("a", "b"), ("b", "a"), ("b", "a")):  # the second and third steps with the dicts built b first
         g = {"a": ga, "b": gb}
-        t, state = opt.update({k: nb.tensor(g[k]).shard(MESH, ["tp"]) for k in order}, state,
-                              {k: t[k] for k in order})
+        t, state = opt.update({k: nb.tensor(g[k]).shard(MESH, ["tp"]) for k in order[::-1]}, state,
+                              {k: t[k] for k in order})  # (the gradients' dict in the other order again)
         upd, rstate = ref.update({k: g[k] for k in order}, rstate, {k: p[k] for k in order})
         p = optax.apply_updates({k: p[k] for k in order}, upd)
         for k in "ab":  # (float32 rounding at lr 0.1: 2e-6 apart in either order; swapped moments: 0.1 and more)
