@@ -15,6 +15,7 @@ from .. import rules as R
 from .. import windows as _windows
 from ..backends import xp as _xp
 from ..errors import ShardingError
+from ..rules.elementwise import broadcast_shapes
 from ..layout import grid
 from ..opdef import OpDef
 from ..windows import out_size
@@ -431,15 +432,18 @@ def batch_norm(x: ArrayLike, mean: ArrayLike, var: ArrayLike, scale: ArrayLike, 
 def _check_affine(x: ArrayLike, axes: tuple[int, ...], params: dict) -> None:
     """A scale or bias must broadcast to ``x`` (covering the normalised trailing dims): the error names it, not the
     multiply inside."""
-    shape = tuple(np.shape(x) if not isinstance(x, Tensor) else x.shape)
-    trailing = shape[min(axes):] if axes else ()
+    shape = tuple(_shape(x))
     for name, t in params.items():
         if t is None:
             continue
-        got = tuple(t.shape) if isinstance(t, Tensor) else np.shape(t)
-        if len(got) > len(shape) or any(g not in (1, n) for g, n in zip(got[::-1], shape[::-1])):
+        got = tuple(_shape(t))
+        try:
+            fits = broadcast_shapes((shape, got)) == shape
+        except ShardingError:
+            fits = False
+        if not fits:
             raise ShardingError(f"layer_norm: {name} of shape {got} does not broadcast to the normalised dims "
-                                f"{trailing} (x of shape {shape}, axis {axes})")
+                                f"{shape[min(axes):] if axes else ()} (x of shape {shape}, axis {axes})")
 
 
 @_named

@@ -291,9 +291,7 @@ def test_a_broadcast_a_matmul_reads_or_a_program_returns_is_materialised_as_xla_
     """A broadcast fuses into elementwise readers (the data-parallel test above); one a matmul reads or the
     program returns is a buffer of its own: nb.jit's memory equals XLA's compiled memory_analysis (arguments +
     output + temporaries), 33,558,528 and 71,307,264 bytes here."""
-    jax = pytest.importorskip("jax")
-    if len(jax.devices()) < 1:
-        pytest.skip("needs a jax device")
+    pytest.importorskip("jax")
     mesh = nb.DeviceMesh("m", (1,), ("dp",))
     x = nb.tensor(np.ones(1024, np.float32)).shard(mesh, [None])
     w = nb.tensor(np.ones((1024, 1024), np.float32)).shard(mesh, [None, None])
