@@ -24,7 +24,7 @@ from ..ops import apply
 from ..spec import DimSpec, ShardingSpec
 from ..tensor import Tensor
 from .fuse import ADD_RELU, Fold, fold, foldable
-from .ops import OPS, Node, Op, conv_act, holdable
+from .ops import Node, Op, conv_act, entry, holdable
 from .specs import config_mesh, node_specs, spec_from_onnx
 
 _DOMAINS = ("", "ai.onnx")
@@ -76,7 +76,7 @@ class Program:
         for i, p in enumerate(self.graph.node):
             where = label(p, i)
             node = Node(p, self.opset, where)
-            op = OPS.get(p.op_type) if p.domain in _DOMAINS else None
+            op = entry(p.op_type, len(p.input), bool(p.attribute)) if p.domain in _DOMAINS else None
             if op is None and strict_ops:
                 dom = f" in domain {p.domain!r}" if p.domain not in _DOMAINS else ""
                 raise ShardingError(f"{where}: op type {p.op_type!r}{dom} is not supported by nabla.onnx "

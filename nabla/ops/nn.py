@@ -70,9 +70,16 @@ def stop_gradient(x: ArrayLike) -> Tensor:
     return out
 
 
+@onnx_export("Identity")
+def _stop_onnx(ex: Any) -> tuple:
+    """ONNX has no stop-gradient: an Identity node (an export function, not the op type itself, so the ONNX importer
+    does not read every Identity back as a stop of gradients)."""
+    return ex.one("Identity", cast=False)
+
+
 _STOP = register(OpDef("stop_gradient", lambda shapes: R.elementwise_rule((shapes[0],), op="stop_gradient"),
                        lambda arrays, local: arrays[0], "add", dtype="same", fast=lambda x: x,
-                       vjp=lambda g, node, out: (None,), onnx="Identity", reference=lambda x: x, arity=1,
+                       vjp=lambda g, node, out: (None,), onnx=_stop_onnx, reference=lambda x: x, arity=1,
                        public=stop_gradient, flops=lambda blocks, out, params: 0, saves="none"))
 
 

@@ -30,7 +30,7 @@ from onnx.backend.test.loader import load_model_tests  # noqa: E402
 import nabla as nb  # noqa: E402
 import nabla.onnx as nox  # noqa: E402
 from nabla.onnx.backend import backend_for, placed_dim  # noqa: E402
-from nabla.onnx.ops import OPS  # noqa: E402
+from nabla.onnx.ops import claimed  # noqa: E402
 
 UNHOLDABLE = r"int4|int2|float4|string|e8m0"  # bfloat16 and float8 are ml_dtypes' (held); e8m0 is a scale type
 OUT_OF_SCOPE = [r"^test_identity_(sequence|opt)_", r"^test_training_dropout(_default|_mask|)(_mask)?_",
@@ -42,7 +42,7 @@ OUT_OF_SCOPE = [r"^test_identity_(sequence|opt)_", r"^test_training_dropout(_def
 # sums now accumulate in float32 and round once, as jax's and onnx's reference do.)
 KNOWN: dict[str, list[str]] = {}
 
-CLAIMED = {op for op, entry in OPS.items() if all(hasattr(nb, f) for f in entry.needs)}
+CLAIMED = claimed()
 with warnings.catch_warnings():  # onnx computes some expected outputs with inf and NaN
     warnings.simplefilter("ignore", RuntimeWarning)
     TESTS = {t.name: t for t in load_model_tests(kind="node")}

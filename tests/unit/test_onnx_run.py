@@ -346,3 +346,39 @@ def test_inputs_must_have_the_declared_shape():
     for bad in (np.ones((3, 3), np.float32), np.ones((8,), np.float32)):
         with pytest.raises(nb.ShardingError, match=r"input 'x' has shape .* but the graph declares \(8, 'n'\)"):
             nox.run(model, {"x": bad})
+
+
+def test_a_registered_op_naming_an_onnx_type_runs_its_nodes_before_the_table():
+    """One registration serves export and import: an op registered as ONNX's Softsign runs Softsign nodes (its one
+    kernel step), and the table's composition again once it is unregistered; both equal onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    from nabla.ops import elementwise, unregister
+    m = model([helper.make_node("Softsign", ["x"], ["y"], name="s")], [("x", F, [4, 6])], [("y", F, [4, 6])])
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    xs = nb.tensor(x).shard(MESH, ["d", None])
+    elementwise("test_softsign", lambda xp, v: v / (1 + xp.abs(v)), onnx="Softsign", public=False)
+    try:
+        with nb.comm_log() as log:
+            got = nox.run(m, {"x": xs})["y"]
+        assert [s.name for s in log.steps] == ["test_softsign"]
+        assert_sharded_allclose(got, want, rtol=1e-6)
+    finally:
+        unregister("test_softsign")
+    with nb.comm_log() as log:
+        got = nox.run(m, {"x": xs})["y"]
+    assert "test_softsign" not in [s.name for s in log.steps] and len(log.steps) > 1  # the table's abs, add, divide
+    assert_sharded_allclose(got, want, rtol=1e-6)
+
+
+def test_an_exported_stop_gradient_reads_back_as_identity():
+    """ONNX has no stop-gradient: nb.stop_gradient exports as Identity, and an Identity node imports as the value
+    itself, not as a stop of gradients."""
+    assert nox.ops.entry("Identity", 1) is OPS["Identity"]
+    m = nox.export(lambda x: nb.stop_gradient(x) * 2.0, nb.tensor(np.ones((2, 3), np.float32)))
+    assert [n.op_type for n in m.graph.node if n.op_type != "Constant"] == ["Identity", "Mul"]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with nb.comm_log() as log:
+        got = nox.run(m, {m.graph.input[0].name: x})
+    assert [s.name for s in log.steps] == ["multiply"]
+    np.testing.assert_array_equal(np.asarray(next(iter(got.values()))), x * 2)

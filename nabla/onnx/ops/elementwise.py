@@ -7,7 +7,7 @@ an integer) that no other family needs."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -40,19 +40,6 @@ def _expm1(x: Tensor) -> Tensor:
     return nb.where(near, (t + t) / den, nb.exp(x) - _c(x, 1))
 
 
-def _atan2(y: Tensor, x) -> Tensor:
-    """atan2 (float64) through the complex logarithm: Im log(x + iy) is atan2(y, x), exactly as numpy's
-    clog gives it; log(z) - log(conj z) cancels the real parts exactly, so no rounding is added."""
-    iy = nb.astype(y, np.complex128) * 1j
-    z, zc = iy + x, -iy + x
-    return nb.astype((nb.log(z) - nb.log(zc)) * (-0.5j), np.float64)
-
-
-def _atan(x: Tensor) -> Tensor:
-    finite = nb.where(nb.abs(x) == np.inf, 0.0, x)
-    return nb.where(x == np.inf, np.pi / 2, nb.where(x == -np.inf, -np.pi / 2, _atan2(finite, 1.0)))
-
-
 def _floor(x: Tensor) -> Tensor:
     """floor through an int64 cast (truncation): exact, since every float of magnitude >= 2**mantissa
     is an integer already (kept as is, like inf and NaN)."""
@@ -69,18 +56,6 @@ def _trunc(x: Tensor) -> Tensor:
         return x
     big = _c(x, 2.0 ** np.finfo(x.dtype).nmant)
     return nb.where(nb.abs(x) < big, nb.astype(nb.astype(x, np.int64), x.dtype), x)
-
-
-def _round_even(x: Tensor) -> Tensor:
-    if not _f(x):
-        return x
-    r = _floor(x)
-    d = x - r  # exact below 2**mantissa
-    half = r * _c(x, 0.5)
-    odd = nb.not_equal(_floor(half), half)
-    up = nb.maximum(d > _c(x, 0.5), nb.multiply(d == _c(x, 0.5), odd))  # or, and on bools
-    big = _c(x, 2.0 ** np.finfo(x.dtype).nmant)
-    return nb.where(nb.abs(x) < big, r + nb.astype(up, x.dtype), x)
 
 
 def _sign(x: Tensor) -> Tensor:
@@ -106,14 +81,6 @@ def _bits(x: Tensor) -> tuple[list[Tensor], np.dtype]:
     return out[::-1], ut
 
 
-def _from_bits(bits: Sequence[Tensor], ut: np.dtype, dtype: np.dtype) -> Tensor:
-    acc = None
-    for k, b in enumerate(bits):
-        term = nb.astype(b, ut) * (ut.type(1) << ut.type(k))
-        acc = term if acc is None else acc + term
-    return _cast(acc, dtype)
-
-
 # ---- unary elementwise (the ONNX sharding formalism's first group) ------------------------------------------------------
 
 
@@ -122,22 +89,7 @@ def _unary(names: str, fn):
         OPS[name] = Op(lambda n, x, _fn=fn: _fn(x))
 
 
-_unary("Abs", nb.abs)
-_unary("Neg", nb.negative)
-_unary("Exp", nb.exp)
-_unary("Log", nb.log)
-_unary("Sin", nb.sin)
-_unary("Cos", nb.cos)
-_unary("Tanh", nb.tanh)
-_unary("Sqrt", nb.sqrt)
-_unary("Sigmoid", nb.sigmoid)
-_unary("Relu", nb.relu)
 _unary("Tan", lambda x: nb.sin(x) / nb.cos(x))
-_unary("Reciprocal", lambda x: _c(x, 1) / x)
-_unary("Floor", _floor)
-_unary("Ceil", lambda x: -_floor(-x) if _f(x) else x)
-_unary("Round", _round_even)
-_unary("Sign", _sign)
 _unary("IsNaN", lambda x: nb.not_equal(x, x))
 _unary("Not", lambda x: nb.equal(x, False))
 _unary("Softsign", lambda x: x / (_c(x, 1) + nb.abs(x)))
@@ -150,20 +102,9 @@ def _hi_unary(fn):
     return run
 
 
-def _sinh(x):
-    t = nb.tanh(x * 0.5)
-    small = nb.abs(x) < 1.0
-    return nb.where(small, (t + t) / nb.where(small, 1.0 - t * t, 1.0), (nb.exp(x) - nb.exp(-x)) * 0.5)
-
-
-_unary("Sinh", _hi_unary(_sinh))
-_unary("Cosh", _hi_unary(lambda x: (nb.exp(x) + nb.exp(-x)) * 0.5))
 _unary("Asinh", _hi_unary(lambda x: _sign(x) * _log1p(nb.abs(x) + x * x / (1.0 + nb.sqrt(x * x + 1.0)))))
 _unary("Acosh", _hi_unary(lambda x: _log1p((x - 1.0) + nb.sqrt((x - 1.0) * (x + 1.0)))))
 _unary("Atanh", _hi_unary(lambda x: 0.5 * _log1p((x + x) / (1.0 - x))))
-_unary("Atan", _hi_unary(_atan))
-_unary("Asin", _hi_unary(lambda x: _atan2(x, nb.sqrt((1.0 - x) * (1.0 + x)))))
-_unary("Acos", _hi_unary(lambda x: _atan2(nb.sqrt((1.0 - x) * (1.0 + x)), x)))
 
 
 def _erf64(x: Tensor) -> Tensor:
@@ -188,7 +129,6 @@ def _erf64(x: Tensor) -> Tensor:
     return _sign(x) * nb.where(a < 2.0, small, big) + nb.where(x != x, x, 0.0)
 
 
-_unary("Erf", _hi_unary(_erf64))
 
 
 @op("IsInf")
@@ -450,23 +390,6 @@ def _bitshift(n, x, s):
     return _cast(acc, x.dtype)
 
 
-def _bitwise(f):
-    def run(n, a, b):
-        ba, ut = _bits(a)
-        bb, _ = _bits(b)
-        return _from_bits([f(p, q) for p, q in zip(ba, bb)], ut, np.result_type(a.dtype, b.dtype))
-    return run
-
-
-OPS["BitwiseAnd"] = Op(_bitwise(nb.multiply))
-OPS["BitwiseOr"] = Op(_bitwise(nb.maximum))
-OPS["BitwiseXor"] = Op(_bitwise(nb.not_equal))
-
-
-@op("BitwiseNot")
-def _bitwise_not(n, x):
-    bits, ut = _bits(x)
-    return _from_bits([nb.equal(b, False) for b in bits], ut, x.dtype)
 
 
 def _variadic(fn):

@@ -5,6 +5,7 @@ op family uses."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -15,6 +16,7 @@ import nabla as nb
 
 from ...dtypes import is_float
 from ...errors import ShardingError
+from ...ops import apply, registry as ops_registry
 from ...tensor import Tensor
 
 
@@ -106,6 +108,30 @@ class Op(NamedTuple):
 
 
 OPS: dict[str, Op] = {}
+
+
+def entry(op_type: str, inputs: int | None = None, attributes: bool = False) -> Op | None:
+    """What runs a node of ``op_type`` (default domain) with ``inputs`` inputs (None: any count): the op registered
+    as exactly that ONNX op (``OpDef.onnx`` naming the type: one node over its operands, no attributes) when the
+    node has no attributes, so one registration serves ``nb.export_onnx`` and the importer alike; else this
+    table's entry (ONNX ops that are compositions of nabla's, or that take attributes)."""
+    if not attributes:
+        same = [o for o in ops_registry.by_onnx(op_type)
+                if o.onnx == op_type and (inputs is None or o.arity == inputs)]
+        if len(same) == 1:
+            return Op(partial(_registered, same[0]))
+    return OPS.get(op_type)
+
+
+def claimed() -> set[str]:
+    """The ONNX op types nodes of which nabla.onnx runs (on this nabla: the table's entries whose nabla functions
+    exist, and the registered ops' own types)."""
+    table = {t for t, e in OPS.items() if all(hasattr(nb, f) for f in e.needs)}
+    return table | {o.onnx for o in list(ops_registry.REGISTRY.values()) if isinstance(o.onnx, str)}
+
+
+def _registered(op: Any, n: Node, *xs: Tensor) -> Tensor:
+    return apply(op, xs)
 
 
 def op(*names: str, needs: tuple[str, ...] = (), check=None):
