@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..tensor import Tensor
 from . import registry
 from .core import ArrayLike, _align, _arg, _axes, apply, _is_diff, _mask, _named, _ndim, _shape
-from .registry import REGISTRY, _unbroadcast, reduce_cotangent, by_numpy, by_onnx, elementwise, function, lookup, onnx_export, register, unregister
+from .registry import REGISTRY, _unbroadcast, reduce_cotangent, as_onnx, by_numpy, by_onnx, elementwise, function, lookup, onnx_export, register, unregister
 from .creation import _numeric_array, abstract, arange, full, ones, tensor, zeros
 from .pointwise import (_ASTYPE, _BINARY, _RECIPROCAL, _UNARY, _WHERE, abs, add, astype, clip, cos, divide, equal, exp,
                         greater, greater_equal, less, less_equal, log, maximum, minimum, multiply, negative, not_equal,

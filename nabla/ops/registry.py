@@ -50,6 +50,7 @@ from .core import Tensor, _align, apply, _is_diff
 #: op name -> OpDef, in registration order (random programs draw in this order)
 REGISTRY: dict[str, OpDef] = {}
 _BY_NUMPY: dict[str, OpDef] = {}
+_AS_ONNX: dict[str, tuple[OpDef, ...]] = {}  # ONNX op type -> the ops exported as exactly one node of it
 _LOCK = threading.Lock()
 
 
@@ -70,6 +71,8 @@ def register(op: OpDef) -> OpDef:
         REGISTRY[op.name] = op
         if op.numpy is not None:
             _BY_NUMPY[op.numpy] = op
+        if isinstance(op.onnx, str):
+            _AS_ONNX[op.onnx] = tuple(o for o in _AS_ONNX.get(op.onnx, ()) if o is not op) + (op,)
     return op
 
 
@@ -82,6 +85,8 @@ def unregister(op: OpDef | str) -> OpDef:
             raise ShardingError(f"unregister: no op named {name!r} is registered")
         if held.numpy is not None and _BY_NUMPY.get(held.numpy) is held:
             del _BY_NUMPY[held.numpy]
+        if isinstance(held.onnx, str):
+            _AS_ONNX[held.onnx] = tuple(o for o in _AS_ONNX.get(held.onnx, ()) if o is not held)
     return held
 
 
@@ -130,6 +135,12 @@ def onnx_types(op: OpDef) -> tuple[str, ...]:
 def by_onnx(op_type: str) -> list[OpDef]:
     """The ops whose export emits ONNX nodes of ``op_type``."""
     return [op for op in list(REGISTRY.values()) if op_type in onnx_types(op)]
+
+
+def as_onnx(op_type: str) -> tuple[OpDef, ...]:
+    """The ops whose export is exactly one ``op_type`` node over their operands (``OpDef.onnx`` naming it): what
+    the ONNX importer runs such a node as."""
+    return _AS_ONNX.get(op_type, ())
 
 
 def function(name: str) -> Callable | None:

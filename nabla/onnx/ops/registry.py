@@ -116,8 +116,7 @@ def entry(op_type: str, inputs: int | None = None, attributes: bool = False) -> 
     node has no attributes, so one registration serves ``nb.export_onnx`` and the importer alike; else this
     table's entry (ONNX ops that are compositions of nabla's, or that take attributes)."""
     if not attributes:
-        same = [o for o in ops_registry.by_onnx(op_type)
-                if o.onnx == op_type and (inputs is None or o.arity == inputs)]
+        same = [o for o in ops_registry.as_onnx(op_type) if inputs is None or o.arity == inputs]
         if len(same) == 1:
             return Op(partial(_registered, same[0]))
     return OPS.get(op_type)
