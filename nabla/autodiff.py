@@ -16,7 +16,7 @@ from .pytree import flatten, leaf_paths, unflatten
 from .sharding import specs_like
 from .value import serial
 from .tensor import Tensor
-from .trace import (LEAF, Node, Remat, Watch, by_node, differentiating, outer_live, recorded, recording,
+from .trace import (LEAF, Node, Remat, Watch, by_node, differentiating, link, node_of, outer_live, recorded, recording,
                     regathering, remat, swapped, topological, watching)
 
 
@@ -230,7 +230,7 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
         if not recording():  # nothing is differentiated: an ordinary call
             return fn(*args)
         leaves, tree = flatten(args)
-        diff = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._node is not None and x._node.diff]
+        diff = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and getattr(node_of(x), "diff", False)]
         keep = Remat(_MATMULS if policy == "save_matmuls" else frozenset())
         # no node: nothing of fn's run is kept but what ``keep`` holds; the watch notes what fn closes over
         with watching(Watch(leaves[i] for i in diff)) as watch, remat(keep):
@@ -248,8 +248,8 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
         res = []
         for k, o in enumerate(outs):
             # the same value fn made (its bytes counted once, where fn made it)
-            res.append(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, Node(op, (k,), inputs, diff=True),
-                              serial(o)))
+            res.append(link(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, serial(o)),
+                            Node(op, (k,), inputs, diff=True)))
         return unflatten(out_tree, res)
 
     wrapped.__name__ = f"checkpoint_{name}"
@@ -291,7 +291,7 @@ def trace(t: Tensor) -> Tensor:
 
 def backward(out: Tensor, cotangent: Any = None) -> None:
     """``loss.backward()``: every traced leaf ``loss`` depends on gets (or adds to) its ``.grad``."""
-    if out._node is None:
+    if node_of(out) is None:
         raise ShardingError("backward: this tensor does not depend on any traced tensor (use x = t.trace())")
     if cotangent is None:
         if out.shape != ():
@@ -300,7 +300,7 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
             cotangent = ones_seed(out)
     got = backward_pass([out], [as_tensor(cotangent, "backward")])
     for v in topological([out]):
-        if v._node.op == LEAF and by_node(v) in got:
+        if node_of(v).op == LEAF and by_node(v) in got:
             g, = Finisher([v], [v], None).done(got)
             v.grad = g if v.grad is None else v.grad + g
 

@@ -23,7 +23,7 @@ from .propagation import current_strategy
 from .scoped import setting
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use
-from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, gathered_copy, tracked
+from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, gathered_copy, link, node_of, tracked
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
@@ -57,10 +57,8 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         out, prog = _rerun_strict(op, used, params, make, sink)
     if tracked(args):
         settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
-        node = Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved)
-        # the value recording its node (made after it: the node keeps what the VJP reads of the result; the same
-        # blocks, and the serial the node's copy of it took, if it took one)
-        out = make(out._data, out._spec, out._shape, out._dtype, out._sid, node, out._serial, out._moved)
+        # (the node keeps what the VJP reads of the result: a twin, the same blocks and serial)
+        link(out, Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved))
     if rec:
         _publish(op, params, args, used, out, prog, sink)
     if r is not None and op.name in r.ops:
@@ -78,8 +76,8 @@ def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Calla
                             f"must run the same ops each time") from None
     # the same value: sums made of it are reused; its node keeps what the op's VJP reads of it (of ``kept``: the
     # same blocks, serial and sums)
-    node = Node(op, params, tuple(args), prog, result=kept) if tracked(args) else None
-    return make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid, node, serial(kept), kept._moved)
+    out = make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid, serial(kept), kept._moved)
+    return link(out, Node(op, params, tuple(args), prog, result=kept)) if tracked(args) else out
 
 
 def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any], out: Any, prog: Any,
@@ -88,7 +86,7 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
     user = C.current_op() or op.name
     uses = []
     preps = prog.preps if type(prog) is Program else None
-    node = getattr(out, "_node", None)
+    node = node_of(out)
     kept = node.args if node is not None and node.out is not None else ()  # what a pruned node holds
     for i, (orig, a) in enumerate(zip(args, used)):
         if not isinstance(a, Value):
@@ -129,7 +127,7 @@ def _views(prog: Program) -> bool:
 
 def _residual_record(op: OpDef, params: tuple, out: Any, uses: list) -> tuple[tuple, int]:
     """What the op's node keeps for the backward pass (serials), and the bytes per device it keeps besides."""
-    node = out._node
+    node = node_of(out)
     if node is None or node.out is None:
         return (), 0
     kept = [serial(a) for a in node.args if isinstance(a, Value) and a._serial is not None]  # (husks: None)
@@ -337,7 +335,9 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
     be = backends.holding(v._data)
     out, reused = _move(v, p, target.layout(), be)
     out = be.commit(out, target)
-    res = make(out, target, v._shape, v._dtype, -1, Node(RELAYOUT, (target,), (v,), p) if tracked((v,)) else None)
+    res = make(out, target, v._shape, v._dtype, -1)
+    if tracked((v,)):
+        link(res, Node(RELAYOUT, (target,), (v,), p))
     if C.logging():
         user = C.current_op() or RELAYOUT_STEP
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
@@ -382,7 +382,9 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
 def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     """``shard`` of a host value: each device keeps its block of it (no communication)."""
     data = (backends.SHAPES if v._data is None else backends.active()).place(v._data, spec)
-    res = make(data, spec, v._shape, v._dtype, -1, Node(PLACE, (spec,), (v,)) if tracked((v,)) else None)
+    res = make(data, spec, v._shape, v._dtype, -1)
+    if tracked((v,)):
+        link(res, Node(PLACE, (spec,), (v,)))
     if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
         C.publish(Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Any, Iterator, NamedTuple
 
 from .collectives import _op as _user_op, _phase, _scope
@@ -68,7 +69,7 @@ class Node(_Record):
         if swap is not None:  # nb.checkpoint's recompute: a value its function closes over reads as its twin
             args = tuple(swap.get(id(a), a) for a in args)
         if diff is None:
-            diff = any(getattr(getattr(a, "_node", None), "diff", False) for a in args)
+            diff = any(getattr(node_of(a), "diff", False) for a in args)
         out, regather = None, ()
         if result is not None and getattr(op, "saves", None) is not None:
             # (a node made inside a function differentiated twice is kept whole: the VJP an inner pass runs on
@@ -85,14 +86,14 @@ class Node(_Record):
 
 
 def _differentiated(a: Any) -> bool:
-    node = getattr(a, "_node", None)
+    node = node_of(a)
     return node is not None and node.diff and is_inexact(a._dtype)
 
 
 def husk(v: Any) -> Any:
     """``v`` without its data: its shape, layout, dtype and record (a backward pass finds its node through it);
     reads of it name no recorded value."""
-    return type(v)(None, v._spec, v._shape, v._dtype, node=v._node, serial=None)
+    return link(type(v)(None, v._spec, v._shape, v._dtype, serial=None), node_of(v))
 
 
 def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = True, moved: list | None = None
@@ -111,15 +112,15 @@ def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = T
             continue
         got = next((m for m in moved or () if m[0] == i), None) if prune and i in keep else None
         if got is not None:  # kept as the op gathered it (a new value: a serial of its own)
-            t = type(a)(got[1], got[2], a._shape, a._dtype, node=a._node)
+            t = link(type(a)(got[1], got[2], a._shape, a._dtype), node_of(a))
             serial(t)
             kept.append(t)
-        elif a._node is not None and a._node.op == LEAF:
+        elif node_of(a) is not None and node_of(a).op == LEAF:
             kept.append(a)  # a leaf (its holder keeps it anyway, and ``.grad`` goes on it)
         elif i not in keep:
             # (a value whose own node kept everything is read by that node's VJP as its output: kept whole)
-            whole = not prune or a._node is not None and a._node.out is None and \
-                getattr(a._node.op, "saves", None) is not None
+            n = node_of(a)
+            whole = not prune or n is not None and n.out is None and getattr(n.op, "saves", None) is not None
             kept.append(a if whole else husk(a))
         else:
             src = _gathered_from(a) if _regather.get() else None
@@ -145,7 +146,7 @@ def _summed(a: Any) -> Any:
         return a
     for spec, data in moved.items():
         if not spec.partial_axes:
-            return type(a)(data, spec, a._shape, a._dtype, node=a._node, serial=serial(a))
+            return link(type(a)(data, spec, a._shape, a._dtype, serial=serial(a)), node_of(a))
     return a
 
 
@@ -153,7 +154,7 @@ def _gathered_from(a: Any) -> Any:
     """The value ``a`` was all_gathered from by ``with_sharding`` (nothing else moved), else None: keeping that
     smaller value and gathering again costs the backward pass one all_gather and saves the gathered bytes (what
     Megatron-LM's sequence parallelism does with a norm's output; FSDP keeps no gathered weight either)."""
-    node = a._node
+    node = node_of(a)
     if node is None or node.op != RELAYOUT or not node.args:
         return None
     moves = getattr(node.prog, "collectives", None)
@@ -163,6 +164,37 @@ def _gathered_from(a: Any) -> Any:
 
 
 LEAF_NODE = Node(LEAF)
+
+
+class _Ref(weakref.ref):
+    __slots__ = ("key",)
+
+
+#: the tape: ``id`` of a value -> (a weak reference to it, its node). The node lives as long as its value does
+#: (it holds the operands the VJP reads, and they their own nodes): what the backward pass keeps alive is what the
+#: values the program holds reach, as when the node was an attribute of its value
+_LINKS: dict[int, tuple[_Ref, Node]] = {}
+
+
+def _gone(r: _Ref, links: dict = _LINKS) -> None:
+    got = links.get(r.key)
+    if got is not None and got[0] is r:
+        del links[r.key]
+
+
+def link(v: Any, node: Node | None) -> Any:
+    """Record that ``v`` was made as ``node`` says (nothing when ``node`` is None); returns ``v``."""
+    if node is not None:
+        r = _Ref(v, _gone)
+        r.key = k = id(v)
+        _LINKS[k] = (r, node)
+    return v
+
+
+def node_of(v: Any) -> Node | None:
+    """How ``v`` was made, when it depends on a traced value (else None)."""
+    got = _LINKS.get(id(v))
+    return None if got is None else got[1]
 _regather: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_regather", default=False)
 _recording: contextvars.ContextVar[Any] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
@@ -175,7 +207,8 @@ def recording() -> bool:
 
 def differentiated(v: Any) -> bool:
     """Whether ``v`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
-    return v._node is not None and v._node.diff and recording()
+    node = node_of(v)
+    return node is not None and node.diff and recording()
 
 
 class Remat:
@@ -205,7 +238,7 @@ def gathered_copy(v: Any) -> str | None:
     keeps one: a parameter's gathered copy never is, nor that of a value made from parameters alone (a bf16 cast
     of a float32 weight: FSDP gathers each weight again), nor an untraced value's (nothing says when its later
     uses end)."""
-    node = v._node
+    node = node_of(v)
     if node is None:  # untraced: kept only inside one imported program (nb.import_jax), not for its parameters
         state = _program.get()
         if state is None or id(v) in state[0]:
@@ -242,7 +275,7 @@ def _from_leaves(node: Node, depth: int) -> bool:
         return False
     seen = False
     for a in node.args:
-        n = getattr(a, "_node", None)
+        n = node_of(a)
         if n is None:
             if getattr(a, "_shape", None) is not None:  # an untraced tensor: data, not a parameter
                 return False
@@ -305,8 +338,10 @@ def whole() -> Any:
 
 def tracked(args) -> bool:
     """Whether any operand carries a node, so the result must record one."""
+    if not _LINKS:  # (nothing traced anywhere: the common case costs one test)
+        return False
     for a in args:
-        if getattr(a, "_node", None) is not None:
+        if id(a) in _LINKS:
             r = _recording.get()
             return r.saw(args) if type(r) is Watch else r
     return False
@@ -328,7 +363,7 @@ class Watch:
 
     def saw(self, args: Any) -> bool:
         for a in args:
-            n = getattr(a, "_node", None)
+            n = node_of(a)
             if n is not None and n.diff and id(a) not in self.args:
                 self.seen.setdefault(id(a), a)
         return False
@@ -349,7 +384,7 @@ def topological(outputs, stop=None, key=id) -> list:
     of values whose ``key`` is in ``stop`` are not visited (a backward pass stops at its own leaves). ``key``
     names a value (``id``; a backward pass names values by their node, so a husk is the value it stands for)."""
     order, seen = [], set()
-    stack = [(v, False) for v in outputs if getattr(v, "_node", None) is not None]
+    stack = [(v, False) for v in outputs if id(v) in _LINKS]
     while stack:
         v, done = stack.pop()
         if done:
@@ -362,13 +397,12 @@ def topological(outputs, stop=None, key=id) -> list:
         stack.append((v, True))
         if stop is not None and k in stop:
             continue
-        node = v._node
-        for a in node.args:
-            if getattr(a, "_node", None) is not None and key(a) not in seen:
+        for a in node_of(v).args:
+            if id(a) in _LINKS and key(a) not in seen:
                 stack.append((a, False))
     return order
 
 
 def by_node(v: Any) -> int:
     """A value's name in a backward pass: its node (a husk and the value it stands for share it)."""
-    return id(v._node)
+    return id(node_of(v))

@@ -23,7 +23,7 @@ from ..executor import record_step
 from ..spec import ShardingSpec
 from ..value import serial
 from ..tensor import Tensor
-from ..trace import LEAF_NODE, Node, tracked, tracing_whole, whole
+from ..trace import LEAF_NODE, Node, link, node_of, tracked, tracing_whole, whole
 from . import program as P
 from .lower import _DEVICE_COPIES, CompiledProgram  # noqa: F401 - the device copies are read by tests
 from ..scoped import setting
@@ -129,7 +129,7 @@ class _JitCall:
         fn = getattr(lowered._fn, "__self__", None)
         self.name = f"jit({getattr(getattr(fn, 'fn', None), '__name__', 'fn')})"
         self.consts = [None if isinstance(x, Tensor) else x for x in leaves]  # the trace's constants
-        self.diff = tuple(i for i in lowered._inputs if leaves[i]._node is not None and leaves[i]._node.diff and is_inexact(leaves[i].dtype))
+        self.diff = tuple(i for i in lowered._inputs if getattr(node_of(leaves[i]), "diff", False) and is_inexact(leaves[i].dtype))
 
     def vjp(self, g: Tensor, node: Any, out: Tensor) -> tuple:
         k = node.params[0]
@@ -255,7 +255,7 @@ class Lowered:
         twins = []
         for x in leaves:
             if isinstance(x, Tensor):
-                t = Tensor(None, x.sharding, x.shape, x.dtype, node=LEAF_NODE)
+                t = link(Tensor(None, x.sharding, x.shape, x.dtype), LEAF_NODE)
                 serial(t)
                 twins.append(t)
             else:
@@ -313,8 +313,8 @@ class Lowered:
         op = _JitCall(self, leaves)
         args = tuple(leaves[i] for i in self._inputs)
         # each result recorded (the same value: its blocks and serial)
-        return unflatten(tree, [Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, Node(op, (k,), args), serial(o),
-                                       o._moved) for k, o in enumerate(outs)])
+        return unflatten(tree, [link(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, serial(o), o._moved),
+                                     Node(op, (k,), args)) for k, o in enumerate(outs)])
 
     def _run(self, leaves: list) -> Any:
         fn = self.compile()

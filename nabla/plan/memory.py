@@ -18,6 +18,7 @@ import numpy as np
 from .. import collectives as C
 from ..spec import ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT
+from ..trace import node_of
 from ..value import serial
 from .fusion import EXECUTOR_OPS, LOOP_OPS, REDUCE_OPS
 
@@ -312,7 +313,7 @@ class MemoryLog:
             if s:
                 self._watch(s, v)
         if step.saves and values:  # what the op's node keeps for the backward pass holds those values too
-            node = getattr(values[-1][1], "_node", None)
+            node = node_of(values[-1][1])
             if node is not None:
                 for a in node.args + (node.out,):
                     s = getattr(a, "_serial", None)
