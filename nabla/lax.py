@@ -20,7 +20,7 @@ from .manual import ManualSpec
 from .shard_map import SM_IN, SM_OUT, _axes_of, _to_manual
 from .spec import ShardingSpec
 from .tensor import Tensor
-from .trace import Node, link, node_of, recording, tracked, tracing_whole
+from .trace import link_of, recording, tracked, tracing_whole
 from .shard_map import current_mesh
 from .ops import arange, equal, reshape, sum as nsum
 
@@ -112,10 +112,8 @@ def _result(x: Tensor, shape, varying, name: str, params: tuple, k: int) -> Tens
             data.flags.writeable = False
     op = LaxOp(name, params)
     out = Tensor(data, spec, tuple(shape), x.dtype)
-    if tracked((x,)):
-        link(out, Node(op, params, (x,), "manual"))
     events = (C.event(KINDS[name], params[0], prod(x.shape) * x.dtype.itemsize, k),) if k else ()
-    record_step(op, params, (x,), out, events, "manual")
+    record_step(op, params, (x,), out, events, "manual", tape=tracked((x,)))
     return out
 
 
@@ -362,9 +360,7 @@ def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:
     data.flags.writeable = False
     op = LaxOp("axis_index", (names,))
     out = Tensor(data, ManualSpec(mesh, names), (), np.dtype(np.int32))
-    if tracing_whole():  # (nb.jit computes it on each device)
-        link(out, Node(op, (names,), (), "manual"))
-    record_step(op, (names,), (), out, (), "manual")
+    record_step(op, (names,), (), out, (), "manual", tape=tracing_whole())  # (nb.jit computes it on each device)
     return out
 
 
@@ -462,7 +458,7 @@ def as_manual(g: Tensor, mesh: DeviceMesh) -> Tensor:
         return g
     if g.sharding is not None:
         raise ShardingError(f"grad: a global cotangent {g.sharding!r} for a per-device value inside nb.shard_map")
-    if node_of(g) is not None and recording() and not tracing_whole():
+    if link_of(g) is not None and recording() and not tracing_whole():
         raise ShardingError("grad: a host cotangent that is itself being differentiated met a per-device value "
                             "inside nb.shard_map; this derivative cannot be differentiated again")
     data = None if g._data is None else np.asarray(g._data).reshape((1,) * mesh.ndim + g.shape)
@@ -494,9 +490,7 @@ def in_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
         data = _xp(g._data).broadcast_to(g._data, ManualSpec(mesh, split + extra).grid() + g.shape).reshape(
             grid(gspec).shape + g.shape)
     res = Tensor(data, gspec, t.shape, g.dtype)
-    if tracked((g,)):
-        link(res, Node(SM_OUT, (gspec,), (g,)))
-    record_step(SM_OUT, (gspec,), (g,), res)
+    record_step(SM_OUT, (gspec,), (g,), res, tape=tracked((g,)))
     return (res,)
 
 

@@ -16,7 +16,7 @@ from .spec import ShardingSpec
 from .executor import record_step
 from .manual import ManualSpec
 from .tensor import Tensor
-from .trace import Node, link, tracked
+from .trace import tracked
 from .sharding import is_pspec
 from .layout import grid
 from .backends import xp
@@ -140,9 +140,7 @@ def _to_manual(t: Tensor, spec: ShardingSpec) -> Tensor:
     m = ManualSpec(spec.mesh, _axes_of(spec, "in_spec"))
     data = None if t._data is None else t._data.reshape(m.grid() + block)
     out = Tensor(data, m, block, t.dtype)
-    if tracked((t,)):
-        link(out, Node(SM_IN, (spec,), (t,)))
-    record_step(SM_IN, (spec,), (t,), out)
+    record_step(SM_IN, (spec,), (t,), out, tape=tracked((t,)))
     return out
 
 
@@ -162,9 +160,7 @@ def _from_manual(o: Any, mesh: DeviceMesh, s: Any, i: int) -> Tensor:
     if o._data is not None:
         data = xp(o._data).broadcast_to(o._data, ManualSpec(mesh, axes).grid() + o.shape).reshape(g + o.shape)
     out = Tensor(data, spec, shape, o.dtype)
-    if tracked((o,)):
-        link(out, Node(SM_OUT, (spec,), (o,)))
-    record_step(SM_OUT, (spec,), (o,), out)
+    record_step(SM_OUT, (spec,), (o,), out, tape=tracked((o,)))
     return out
 
 
