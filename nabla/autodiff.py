@@ -17,7 +17,7 @@ from .sharding import specs_like
 from .value import serial
 from .tensor import Tensor
 from .trace import (LEAF, Remat, Watch, by_link, differentiating, held_grad, link_of, outer_live, record, recorded,
-                    recording, regathering, releasing_grads, remat, swapped, topological, watching)
+                    recording, regathering, remat, swapped, topological, watching)
 
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False):
@@ -61,7 +61,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
             C.tag(leaves + traced[-1], "params")
         for t, path in zip(traced[-1], leaf_paths(p, names[i])):
             labels[by_link(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
-    with differentiating(), releasing_grads():
+    with differentiating():
         res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
     if has_aux:
         if not (isinstance(res, tuple) and len(res) == 2):

@@ -16,7 +16,7 @@ import numpy as np
 from .collectives import _op as _user_op, _phase, _scope, step_user
 from .dtypes import is_inexact
 from .scoped import setting
-from .step import PLACE, RELAYOUT, Step, Use  # noqa: F401 (PLACE, RELAYOUT: link ops, read from here)
+from .step import PLACE, RELAYOUT, Step, Use
 from .value import Value, serial
 
 #: ``Step.op`` of a traced input's link, a step that ran nothing (``RELAYOUT`` and ``PLACE``, the executor's own
@@ -75,8 +75,12 @@ class Link(NamedTuple):
 
     @property
     def name(self) -> str:
-        """The op's name for people: the public op it ran for, else its own."""
-        return self.user or getattr(self.op, "name", None) or str(self.op)
+        """The op's name for people: the public op it ran for, else its own (the comm log's names of the sums of a
+        relayout's or placement's cotangents: "relayout", "place", as before their links held steps)."""
+        return self.user or getattr(self.op, "name", None) or _OWN_NAMES.get(self.op, str(self.op))
+
+
+_OWN_NAMES = {RELAYOUT: "relayout", PLACE: "place"}
 
 
 def keeping(op: Any, params: tuple, args: tuple, result: Any = None, moved: list | None = None,
@@ -354,10 +358,13 @@ def paused() -> Any:
     return contextlib.nullcontext() if _whole.get() else setting(_recording, False)
 
 
-def differentiating() -> Any:
+@contextlib.contextmanager
+def differentiating() -> Iterator[None]:
     """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
-    inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate."""
-    return setting(_depth, _depth.get() + 1)
+    inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate (and the
+    ``.grad`` it leaves is unrecorded when the run ends: ``releasing_grads``)."""
+    with setting(_depth, _depth.get() + 1), releasing_grads():
+        yield
 
 
 def outer_live() -> bool:
