@@ -1,6 +1,9 @@
 """The reverse-mode engine: pytrees, argnums, has_aux, vjp, seed 002's trace()/backward()/.grad, errors, and
 the communication of training steps (DP x TP, FSDP, attention with heads on tp) asserted in bytes."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -256,9 +259,6 @@ def test_a_recorded_grad_does_not_keep_its_tape_alive():
     """The tape is a side table: a link lives as long as its value. ``w.grad`` recorded inside an outer grad is made
     from ``w``, so through the table it would keep ``w`` (and its whole tape) alive for good; once the outer forward
     run ends it holds the same value unrecorded, and everything is freed (by reference counts alone)."""
-    import gc
-    import weakref
-
     held = []
 
     def inner(u):
