@@ -16,8 +16,8 @@ from .pytree import flatten, leaf_paths, unflatten
 from .sharding import specs_like
 from .value import serial
 from .tensor import Tensor
-from .trace import (LEAF, Node, Remat, Watch, by_node, differentiating, outer_live, recorded, recording,
-                    regathering, remat, swapped, topological, watching)
+from .trace import (LEAF, Remat, Watch, by_link, differentiating, held_grad, link_of, outer_live, record, recorded,
+                    recording, regathering, remat, swapped, topological, watching)
 
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False):
@@ -60,7 +60,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         if params:  # to a memory log: the values being differentiated are the parameters (the caller holds them)
             C.tag(leaves + traced[-1], "params")
         for t, path in zip(traced[-1], leaf_paths(p, names[i])):
-            labels[by_node(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
+            labels[by_link(t)] = f"grad of {path}"  # the comm log names a gradient's sums after its parameter
     with differentiating():
         res = f(*(unflatten(t, lv) for t, lv in zip(trees, traced)))
     if has_aux:
@@ -86,7 +86,7 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
         specs = None
         if grad_specs is not None:
             specs = [s for fl, tree, gs in zip(flat, trees, grad_specs) for s in _grad_specs(unflatten(tree, fl), gs)]
-        ids = [by_node(t) for tr in traced for t in tr]
+        ids = [by_link(t) for tr in traced for t in tr]
         if raw:
             got = backward_pass(out_leaves, cts, ids, labels, None)
             live = outer_live()
@@ -230,9 +230,9 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
         if not recording():  # nothing is differentiated: an ordinary call
             return fn(*args)
         leaves, tree = flatten(args)
-        diff = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and x._node is not None and x._node.diff]
+        diff = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and getattr(link_of(x), "diff", False)]
         keep = Remat(_MATMULS if policy == "save_matmuls" else frozenset())
-        # no node: nothing of fn's run is kept but what ``keep`` holds; the watch notes what fn closes over
+        # no link: nothing of fn's run is kept but what ``keep`` holds; the watch notes what fn closes over
         with watching(Watch(leaves[i] for i in diff)) as watch, remat(keep):
             out = fn(*args)
         outer = list(watch.seen.values())  # differentiated tensors fn reads but was not given: their gradients too
@@ -248,8 +248,8 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
         res = []
         for k, o in enumerate(outs):
             # the same value fn made (its bytes counted once, where fn made it)
-            res.append(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, Node(op, (k,), inputs, diff=True),
-                              serial(o)))
+            res.append(record(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, serial(o)), op, (k,), inputs,
+                              diff=True))
         return unflatten(out_tree, res)
 
     wrapped.__name__ = f"checkpoint_{name}"
@@ -264,7 +264,7 @@ def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, outer: lis
             full = list(leaves)
             for i, v in zip(diff, variables):
                 full[i] = v
-            # the closed-over tensors fn reads are the recompute's variables too: its nodes read their twins
+            # the closed-over tensors fn reads are the recompute's variables too: its links read their twins
             with swapped({id(w): v for w, v in zip(outer, variables[len(diff):])}):
                 outs, _ = flatten(fn(*unflatten(tree, full)))
             return outs[k]
@@ -291,7 +291,7 @@ def trace(t: Tensor) -> Tensor:
 
 def backward(out: Tensor, cotangent: Any = None) -> None:
     """``loss.backward()``: every traced leaf ``loss`` depends on gets (or adds to) its ``.grad``."""
-    if out._node is None:
+    if link_of(out) is None:
         raise ShardingError("backward: this tensor does not depend on any traced tensor (use x = t.trace())")
     if cotangent is None:
         if out.shape != ():
@@ -300,9 +300,11 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
             cotangent = ones_seed(out)
     got = backward_pass([out], [as_tensor(cotangent, "backward")])
     for v in topological([out]):
-        if v._node.op == LEAF and by_node(v) in got:
+        if link_of(v).op == LEAF and by_link(v) in got:
             g, = Finisher([v], [v], None).done(got)
             v.grad = g if v.grad is None else v.grad + g
+            if link_of(v.grad) is not None:  # (inside a differentiation: recorded, and made from ``v``)
+                held_grad(v)
 
 
 def _trace_method(self: Tensor) -> Tensor:

@@ -22,8 +22,8 @@ from .spec import ShardingSpec
 from .layout import chunks
 from .value import serial
 from .tensor import Tensor
-from .trace import (HUSK, LEAF, PLACE, RELAYOUT, Node, by_node, husk, outer_live, paused, recording, topological,
-                    tracing_for_replay, tracing_whole)
+from .trace import (HUSK, LEAF, PLACE, RELAYOUT, Link, by_link, husk, link, link_of, outer_live, paused, record,
+                    recording, topological, tracing_for_replay, tracing_whole)
 from .ops import getitem
 from .ops import add
 from .ops import tensor
@@ -49,13 +49,13 @@ def traced_leaf(t: Tensor, what: str) -> Tensor:
         raise ShardingError(f"{what}: differentiating with respect to a {t.dtype} tensor of shape {t.shape}; "
                             f"gradients need float or complex inputs (cast with .astype('float32'))")
     # a leaf made from a traced value remembers it (a whole-program trace computes it from there)
-    # (each leaf its own node: a backward pass names values by their node); the same value as ``t`` (its serial):
+    # (each leaf its own link: a backward pass names values by their link); the same value as ``t`` (its serial):
     # steps that read the leaf read ``t``
-    return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid,
-                  Node(LEAF, GRAD_LEAF.params, () if t._node is None else (t,), diff=True), serial(t))
+    return record(Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, serial(t)), LEAF, GRAD_LEAF,
+                  () if link_of(t) is None else (t,), diff=True)
 
 
-GRAD_LEAF = Node(LEAF, ("autodiff",), diff=True)  # a value being differentiated (not a twin nb.explain or ONNX export traces)
+GRAD_LEAF = ("autodiff",)  # a leaf's params: a value being differentiated (not a twin nb.explain or ONNX export traces)
 
 
 def _from_local_vjp(g, node, out):
@@ -65,18 +65,18 @@ def _from_local_vjp(g, node, out):
     return tuple(getitem(g, spec.shard_slices(out.shape, d)) if d in holders else None for d in devices)
 
 
-def from_local_node(blocks: dict, spec: Any, holders: set) -> Node | None:
-    """The record of ``nb.from_local`` of traced blocks (device -> block), so gradients reach them; None when
-    nothing is recorded."""
+def from_local_record(out: Tensor, blocks: dict, spec: Any, holders: set) -> Tensor:
+    """``out``, made by ``nb.from_local`` of traced blocks (device -> block), linked to them on the tape so that
+    gradients reach them (when ops are recorded)."""
     if not recording():
-        return None
+        return out
     devices = tuple(blocks)
-    return Node(_FROM_LOCAL, (spec, devices, frozenset(holders)), tuple(blocks[d] for d in devices))
+    return record(out, _FROM_LOCAL, (spec, devices, frozenset(holders)), tuple(blocks[d] for d in devices))
 
 
 def detach(t: Any) -> Any:
     """The value without its record (a whole-program trace, nb.jit's, keeps it: the value is computed there)."""
-    if isinstance(t, Tensor) and t._node is not None and not tracing_whole():
+    if isinstance(t, Tensor) and link_of(t) is not None and not tracing_whole():
         return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, serial=serial(t))
     return t
 
@@ -90,7 +90,7 @@ def _unreduced(c: Tensor, v: Any) -> tuple:
 
 
 class VjpOp:
-    """A node op that runs no kernel (autodiff's own records): its name and its VJP."""
+    """The op of a link no kernel ran as (autodiff's own records): its name and its VJP."""
 
     def __init__(self, name: str, vjp: Callable) -> None:
         self.name, self.vjp = name, vjp
@@ -110,7 +110,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                   wrt: Sequence[int] | None = None, labels: dict[int, str] | None = None,
                   ready: Callable[[int, Tensor], None] | None = None) -> dict[int, Tensor]:
     """Cotangents of the traced leaves the outputs depend on, by ``id`` of the leaf: the leaves whose ids are
-    in ``wrt`` (``vjp``'s), or every LEAF node (``backward()``). A leaf of an inner differentiation made from a
+    in ``wrt`` (``vjp``'s), or every LEAF link (``backward()``). A leaf of an inner differentiation made from a
     traced value is, to an outer pass, that value itself. Inside an enclosing differentiation the ops of this
     pass are recorded (so a gradient of a gradient differentiates them); otherwise they record nothing.
     Collectives are logged under the public op each VJP belongs to (``softmax``, not the ``max`` inside it),
@@ -118,12 +118,12 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     ``ready(leaf id, cotangent)`` is called as each leaf's cotangent is complete, in the order the pass completes
     them (so a gradient is summed while the pass goes on, as DDP's hooks do, not held raw to the end)."""
     stop = None if wrt is None else set(wrt)
-    key = by_node  # values are named by their node: a husk a node keeps stands for the value it was made from
+    key = by_link  # values are named by their link: a husk a link keeps stands for the value it was made from
     order = topological(outputs, stop, key)
-    is_leaf = (lambda v: v._node.op == LEAF) if stop is None else (lambda v: key(v) in stop)
+    is_leaf = (lambda v: link_of(v).op == LEAF) if stop is None else (lambda v: key(v) in stop)
     needed: set[int] = set()  # the values that depend on a leaf: only their cotangents are worth computing
     for v in order:
-        if is_leaf(v) or any(getattr(a, "_node", None) is not None and key(a) in needed for a in v._node.args):
+        if is_leaf(v) or any(link_of(a) is not None and key(a) in needed for a in link_of(v).args):
             needed.add(key(v))
     # cotangents by value, grouped by the mesh axes along which they vary but the value does not (per-device
     # code: contributions that are still per-device summands); a plain value has one group, ()
@@ -131,7 +131,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     leaves: dict[int, Tensor] = {}
 
     def label(a) -> str:
-        return (labels or {}).get(key(a)) or (a._node.name if a._node.op != LEAF else "grad of a traced tensor")
+        return (labels or {}).get(key(a)) or (link_of(a).name if link_of(a).op != LEAF else "grad of a traced tensor")
 
     def accumulate(a, c):
         extra = _unreduced(c, a)
@@ -146,8 +146,8 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     users: dict[int, int] = {}
     if ready is not None:
         for v in order:
-            for a in v._node.args:
-                if getattr(a, "_node", None) is not None and key(a) in needed and is_leaf(a):
+            for a in link_of(v).args:
+                if link_of(a) is not None and key(a) in needed and is_leaf(a):
                     users[key(a)] = users.get(key(a), 0) + 1
     finished: set[int] = set()
     regathered: dict = {}  # (source, layout) -> the source gathered again, once per backward pass
@@ -172,7 +172,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
 
     def used(node) -> None:
         for a in node.args:
-            k = key(a) if getattr(a, "_node", None) is not None else None
+            k = key(a) if link_of(a) is not None else None
             if k in users:
                 users[k] -= 1
                 if users[k] == 0:
@@ -180,7 +180,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
 
     with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
         for o, c in zip(outputs, cotangents):
-            if getattr(o, "_node", None) is not None and key(o) in needed:
+            if link_of(o) is not None and key(o) in needed:
                 accumulate(o, c)
         for v in reversed(order):
             if key(v) not in needed or key(v) in finished:
@@ -188,7 +188,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
             if is_leaf(v):
                 leaf_done(v)
                 continue
-            node = v._node
+            node = link_of(v)
             if node.op == SM_IN or getattr(node.op, "raw_cotangent", False):
                 # these transpose each group as it is (into shard_map: partial sums over its axes; all_gather: a
                 # psum_scatter of the summands along the gathered axes)
@@ -198,7 +198,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                     with C.user_op(node.user or ("shard_map" if node.op == SM_IN else node.op.name)):
                         parts = fn(g, node, v)
                     for arg, c in zip(node.args, parts):
-                        if c is not None and getattr(arg, "_node", None) is not None and key(arg) in needed:
+                        if c is not None and link_of(arg) is not None and key(arg) in needed:
                             accumulate(arg, c)
                 used(node)
                 continue
@@ -223,13 +223,13 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                     out = v if node.out is None else husk(v) if node.out is HUSK else node.out
                     parts = node.op.vjp(g, node, out)
             for arg, c in zip(node.args, parts):
-                if c is not None and getattr(arg, "_node", None) is not None and key(arg) in needed:
+                if c is not None and link_of(arg) is not None and key(arg) in needed:
                     accumulate(arg, c)
             used(node)
     return leaves
 
 
-def _regathered(node: Node, done: dict) -> Node:
+def _regathered(node: Link, done: dict) -> Link:
     """``node`` with each operand it kept as the value it was gathered from gathered again (once per pass)."""
     args = list(node.args)
     for i, src, layout in node.regather:
@@ -238,7 +238,7 @@ def _regathered(node: Node, done: dict) -> Node:
         if got is None:
             got = src.with_sharding(layout)  # (a step of the backward pass: its all_gather is logged there)
             # recording the operand it stands for (its cotangent goes there)
-            got = Tensor(got._data, got._spec, got._shape, got._dtype, got._sid, args[i]._node, serial(got))
+            got = link(Tensor(got._data, got._spec, got._shape, got._dtype, got._sid, serial(got)), link_of(args[i]))
             done[k] = got
         args[i] = got
     return node._replace(args=tuple(args), regather=())
@@ -288,7 +288,7 @@ def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
         return g
     if getattr(node.op, "name", "") in _PASS_THROUGH:
         shared = [a for a in takers if a.shape == g.shape]
-        if len(shared) == len(takers) or not any(_fans_out(a._node, needed) for a in shared):
+        if len(shared) == len(takers) or not any(_fans_out(link_of(a), needed) for a in shared):
             return g
     elif sum(prod(a.shape) for a in takers) < prod(g.shape):
         return g
@@ -297,8 +297,8 @@ def _summed_before_fan_out(g: Tensor, node: Any, needed: set) -> Tensor:
 
 def _takers(node: Any, needed: set) -> list:
     """The operands of ``node`` that a cotangent flows to."""
-    return [a for a in node.args if isinstance(a, Tensor) and a._node is not None and a._node.diff and
-            by_node(a) in needed]
+    return [a for a in node.args if isinstance(a, Tensor) and getattr(link_of(a), "diff", False) and
+            by_link(a) in needed]
 
 
 def _fans_out(node: Any, needed: set) -> bool:
@@ -311,8 +311,8 @@ def _fans_out(node: Any, needed: set) -> bool:
 def _to_host(g: Tensor) -> Tensor:
     """A sharded gradient as a host tensor (a host read), still differentiable when it is being recorded."""
     data = None if g.is_abstract else tensor(g.numpy())._data  # (nb.tensor: a read-only copy)
-    node = Node(_TO_HOST, (), (g,)) if g._node is not None and recording() and not tracing_whole() else None
-    return Tensor(data, None, g.shape, g.dtype, node=node)
+    out = Tensor(data, None, g.shape, g.dtype)
+    return record(out, _TO_HOST, (), (g,)) if link_of(g) is not None and recording() and not tracing_whole() else out
 
 
 def _finish(g: Tensor | None, primal: Tensor, spec: Any = "primal") -> Tensor:
@@ -346,7 +346,7 @@ class Finisher:
 
     def __init__(self, traced: Sequence[Tensor], primals: Sequence[Tensor], labels: dict[int, str] | None,
                  bucket_bytes: int | None = None, specs: Sequence[Any] | None = None) -> None:
-        self.index = {by_node(t): i for i, t in enumerate(traced)}
+        self.index = {by_link(t): i for i, t in enumerate(traced)}
         self.traced, self.primals, self.labels = traced, primals, labels or {}
         self.bucket_bytes, self.specs = bucket_bytes, specs
         self.out: list = [None] * len(traced)
@@ -355,7 +355,7 @@ class Finisher:
         self.live = outer_live()
 
     def _label(self, i: int) -> str:
-        return self.labels.get(by_node(self.traced[i]), "grad of a traced tensor")
+        return self.labels.get(by_link(self.traced[i]), "grad of a traced tensor")
 
     def __call__(self, leaf: int, g: Tensor | None) -> bool:
         """Finish (or bucket) the gradient of ``leaf``; whether it was taken."""
@@ -394,7 +394,7 @@ class Finisher:
         self.flush()
         for i, t in enumerate(self.traced):
             if self.out[i] is None:
-                self(by_node(t), got.get(by_node(t)))
+                self(by_link(t), got.get(by_link(t)))
         self.flush()
         return self.out if self.live else [detach(g) for g in self.out]
 

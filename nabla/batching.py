@@ -23,7 +23,8 @@ from .ops.core import apply
 from .rules.core import PASS, Rule
 from .spec import DimSpec, ShardingSpec
 from .tensor import Tensor
-from .trace import LEAF, PLACE, RELAYOUT, Node, differentiating, recorded, replay_trace, topological
+from .trace import (LEAF, PLACE, RELAYOUT, Link, bare, differentiating, entry, link, link_of, recorded, replay_trace,
+                    topological)
 
 _BATCHED: dict[OpDef, OpDef] = {}
 _LOCK = threading.Lock()
@@ -110,11 +111,11 @@ def _batched_vjp(op: OpDef) -> Callable:
     result, then run on the batched ones; an operand the batch did not change (batch dim 1) gets its cotangent
     summed over the batch."""
     def vjp(g, node, out):
-        stand = [_stand_in(a, diff=getattr(getattr(a, "_node", None), "diff", False)) if isinstance(a, Value)
+        stand = [_stand_in(a, diff=getattr(link_of(a), "diff", False)) if isinstance(a, Value)
                  else a for a in node.args]
         g_u, out_u = _stand_in(g, False), _stand_in(out, False)
         with _tracing():
-            parts = op.vjp(g_u, Node(op, node.params, tuple(stand)), out_u)
+            parts = op.vjp(g_u, entry(bare(op, node.params), tuple(stand)), out_u)
         env = {id(g_u): g, id(out_u): out}
         env.update({id(s): a for s, a in zip(stand, node.args) if isinstance(a, Value)})
         got = _replay([p for p in parts if p is not None], env)
@@ -143,8 +144,8 @@ def _tracing() -> Iterator[None]:
         yield
 
 
-_STAND_IN = Node(LEAF, ("vmap",), diff=False)
-_STAND_IN_DIFF = Node(LEAF, ("vmap",), diff=True)
+_STAND_IN = Link(bare(LEAF, ("vmap",)), diff=False)
+_STAND_IN_DIFF = Link(bare(LEAF, ("vmap",)), diff=True)
 
 
 def _stand_in(v: Value, diff: bool) -> Tensor:
@@ -152,8 +153,8 @@ def _stand_in(v: Value, diff: bool) -> Tensor:
     spec = v._spec
     if spec is not None and not isinstance(spec, ShardingSpec):
         raise ShardingError("vmap: cannot batch per-device values (inside nb.shard_map)")
-    return Tensor(None, None if spec is None else _unbatched_spec(spec), tuple(v._shape[1:]), v._dtype,
-                  node=_STAND_IN_DIFF if diff else _STAND_IN)
+    return link(Tensor(None, None if spec is None else _unbatched_spec(spec), tuple(v._shape[1:]), v._dtype),
+                _STAND_IN_DIFF if diff else _STAND_IN)
 
 
 def _replay(outputs: Sequence[Any], env: dict[int, Any]) -> list[tuple[Any, bool]]:
@@ -165,7 +166,7 @@ def _replay(outputs: Sequence[Any], env: dict[int, Any]) -> list[tuple[Any, bool
     for v in topological([o for o in outputs if isinstance(o, Value)]):
         if id(v) in vals:
             continue
-        node = v._node
+        node = link_of(v)
         if not any(isinstance(a, Value) and id(a) in batched_ids for a in node.args):
             continue  # unbatched: the value the trace computed (real, as its operands are)
         args = [vals.get(id(a), a) if isinstance(a, Value) else a for a in node.args]

@@ -23,7 +23,7 @@ from .propagation import current_strategy
 from .scoped import setting
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use
-from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, gathered_copy, tracked
+from .trace import HUSK, Link, _remat, entry, gathered_copy, keeping, link, record, tracked, user as tape_user
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
@@ -34,13 +34,14 @@ SCALARS = (bool, int, float, complex, np.generic)
 
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
     """Apply ``op`` to ``args`` (Values or Python scalars); ``make(data, spec, shape, dtype, sid)`` wraps it.
-    When an operand is traced, the result records a Node (op, params, operands, program); when a comm log is
-    open, the op's step (what moved, and why) is published to it."""
+    The op's step (what moved, and why) is built when an operand is traced (the result is linked to it on the tape,
+    with the operands its VJP keeps) or a comm log is open (it is published there)."""
     r = _remat.get()
     if r is not None and op.name in r.ops:
         if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
             return _replayed(r, op, params, args, make)
     rec = C.logging()
+    track = tracked(args)
     if op.linear == "mul" and len(args) > 1:
         for a in repeated_partials(args):
             _sum_now(op, a)
@@ -49,20 +50,15 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         if getattr(a, "_moved", None):
             used = [reused_sum(a) for a in args]
             break
-    sink = [None] * (len(used) + 1) if rec else None  # per operand (events, reused), then the result's moves
+    sink = [None] * (len(used) + 1) if rec or track else None  # per operand (events, reused), then the result's moves
     moved = [] if r is not None and r.gather else None  # a recompute keeps the operands it gathered
     out, prog = _run(op, used, params, make, sink, moved)
     if type(prog) is Program and prog.checks and prog.checks[-1] is KEEPS and overflowed(out._data, prog):
-        sink = [None] * (len(used) + 1) if rec else None
+        sink = [None] * (len(used) + 1) if rec or track else None
         out, prog = _rerun_strict(op, used, params, make, sink)
-    if tracked(args):
-        settled = tuple(u._spec if u is not a else None for u, a in zip(used, args))
-        node = Node(op, params, tuple(args), prog, settled if any(settled) else (), result=out, moved=moved)
-        # the value recording its node (made after it: the node keeps what the VJP reads of the result; the same
-        # blocks, and the serial the node's copy of it took, if it took one)
-        out = make(out._data, out._spec, out._shape, out._dtype, out._sid, node, out._serial, out._moved)
-    if rec:
-        _publish(op, params, args, used, out, prog, sink)
+    if rec or track:
+        keep = keeping(op, params, tuple(args), out, moved) if track else None
+        _publish(op, params, args, used, out, prog, sink, keep)
     if r is not None and op.name in r.ops:
         r.saved.append((out, prog))
     return out
@@ -70,26 +66,26 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
 
 def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Callable) -> Any:
     """The output ``nb.checkpoint`` kept of this op in the forward run, as the recompute's result (nothing runs,
-    nothing is logged: it was not recomputed); it records a node, so its gradient flows to its operands."""
+    nothing is logged: it was not recomputed); it is linked on the tape, so its gradient flows to its operands."""
     try:
         kept, prog = next(r.replay)
     except StopIteration:
         raise ShardingError(f"checkpoint: the recompute ran more {op.name} ops than the forward run; the function "
                             f"must run the same ops each time") from None
-    # the same value: sums made of it are reused; its node keeps what the op's VJP reads of it (of ``kept``: the
+    # the same value: sums made of it are reused; its link keeps what the op's VJP reads of it (of ``kept``: the
     # same blocks, serial and sums)
-    node = Node(op, params, tuple(args), prog, result=kept) if tracked(args) else None
-    return make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid, node, serial(kept), kept._moved)
+    out = make(kept._data, kept._spec, kept._shape, kept._dtype, kept._sid, serial(kept), kept._moved)
+    return record(out, op, params, args, result=kept, prog=prog) if tracked(args) else out
 
 
 def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any], out: Any, prog: Any,
-             sink: list) -> None:
-    """The step of one op as it ran, to the open comm logs."""
+             sink: list, keep: tuple | None = None) -> None:
+    """The step of one op as it ran: ``out`` linked to it on the tape with ``keep`` (``trace.keeping``: what its VJP
+    keeps), when given; published to the open comm logs."""
     user = C.current_op() or op.name
     uses = []
     preps = prog.preps if type(prog) is Program else None
-    node = getattr(out, "_node", None)
-    kept = node.args if node is not None and node.out is not None else ()  # what a pruned node holds
+    kept = keep[0] if keep is not None and keep[2] is not None else ()  # what a pruned link holds
     for i, (orig, a) in enumerate(zip(args, used)):
         if not isinstance(a, Value):
             uses.append(Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None,
@@ -99,7 +95,7 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
         dst = preps[i].target if preps is not None and preps[i].target is not None else a._spec
         k = kept[i] if i < len(kept) else None
         copy = serial(k) if isinstance(k, Value) and k._serial and k is not orig and k._serial != serial(orig) and \
-            k._spec == dst else 0  # the moved operand the node keeps (a recompute's gathered weight)
+            k._spec == dst else 0  # the moved operand the link keeps (a recompute's gathered weight)
         if got is None:  # (nothing moved: most operands; positional, as keywords cost more)
             uses.append(Use(a._serial or serial(a), a._shape, a._dtype, a._spec, dst, (), False, None, (),
                             orig is not a, copy))
@@ -115,10 +111,13 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
         shapes = tuple(u.shape for u in uses)
         flops = op.flops(shapes, out._shape, params) if op.flops is not None else prod(out._shape)
     alias = uses[0].value if op.view and type(prog) is Program and _views(prog) and not uses[0].events else 0
-    saves, extra = _residual_record(op, params, out, uses)
-    C.publish(Step(op, params, tuple(uses), serial(out), out._shape, out._dtype, out._spec, post, prog,
-                   C.step_user(user), C.current_phase(), int(flops), C.current_scope(), alias, saves, extra),
-              [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
+    saves, extra = _residual_record(op, params, out, uses, keep)
+    step = Step(op, params, tuple(uses), serial(out), out._shape, out._dtype, out._spec, post, prog,
+                C.step_user(user), C.current_phase(), int(flops), C.current_scope(), alias, saves, extra)
+    if keep is not None:
+        link(out, Link(step, *keep, tape_user()))
+    if C.logging():
+        C.publish(step, [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
 
 
 def _views(prog: Program) -> bool:
@@ -127,14 +126,14 @@ def _views(prog: Program) -> bool:
     return p.direct and not p.local and prog.post is None and not prog.padded
 
 
-def _residual_record(op: OpDef, params: tuple, out: Any, uses: list) -> tuple[tuple, int]:
-    """What the op's node keeps for the backward pass (serials), and the bytes per device it keeps besides."""
-    node = out._node
-    if node is None or node.out is None:
+def _residual_record(op: OpDef, params: tuple, out: Any, uses: list, keep: tuple | None) -> tuple[tuple, int]:
+    """What the op's link keeps for the backward pass (serials), and the bytes per device it keeps besides."""
+    if keep is None or keep[2] is None:
         return (), 0
-    kept = [serial(a) for a in node.args if isinstance(a, Value) and a._serial is not None]  # (husks: None)
-    kept += [serial(src) for _, src, _ in node.regather]
-    if node.out is not HUSK:
+    args, _, keep_out, regather = keep
+    kept = [serial(a) for a in args if isinstance(a, Value) and a._serial is not None]  # (husks: None)
+    kept += [serial(src) for _, src, _ in regather]
+    if keep_out is not HUSK:
         kept.append(serial(out))
     saves = tuple(dict.fromkeys(k for k in kept if k))
     extra = 0
@@ -155,11 +154,13 @@ def _sum_now(op: OpDef, a: Value) -> None:
 
 
 def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events: tuple = (), prog: Any = None,
-                named: bool = False) -> None:
+                named: bool = False, tape: bool = False) -> None:
     """Publish the step of an op the executor did not plan (per-device code, ``nb.lax`` collectives, values
     crossing into and out of ``nb.shard_map``, a compiled call): each operand read as it is, ``events`` its moves
-    (``named``: already stamped with the op and phase each ran for, as a compiled call's are)."""
-    if not C.logging():
+    (``named``: already stamped with the op and phase each ran for, as a compiled call's are); with ``tape``,
+    ``out`` is linked to it on the tape."""
+    log = C.logging()
+    if not (log or tape):
         return
     name = op if isinstance(op, str) else op.name
     user = C.current_op() or name
@@ -168,8 +169,12 @@ def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events:
                  for a in args)
     if events and uses:
         uses = (uses[0]._replace(events=events if named else tuple(C.stamped(e, user) for e in events)),) + uses[1:]
-    C.publish(Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, (), prog, C.step_user(user),
-                   C.current_phase(), 0, C.current_scope()), [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
+    step = Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, (), prog, C.step_user(user),
+                C.current_phase(), 0, C.current_scope())
+    if tape:
+        link(out, entry(step, tuple(args)))
+    if log:
+        C.publish(step, [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
 
 
 def publish_move(v: Value, target: Any, plan: Any, op: str) -> None:
@@ -337,15 +342,19 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
     be = backends.holding(v._data)
     out, reused = _move(v, p, target.layout(), be)
     out = be.commit(out, target)
-    res = make(out, target, v._shape, v._dtype, -1, Node(RELAYOUT, (target,), (v,), p) if tracked((v,)) else None)
-    if C.logging():
+    res = make(out, target, v._shape, v._dtype, -1)
+    track, log = tracked((v,)), C.logging()
+    if track or log:
         user = C.current_op() or RELAYOUT_STEP
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
         use = Use(serial(v), v._shape, v._dtype, v._spec, target, events, reused)
         alias = use.value if not p.segments else 0  # laid out as it was: the same blocks
-        C.publish(Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
-                       C.step_user(user), C.current_phase(), 0, C.current_scope(), alias),
-                  [(use.value, v), (serial(res), res)])
+        step = Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
+                    C.step_user(user), C.current_phase(), 0, C.current_scope(), alias)
+        if track:
+            link(res, entry(step, (v,)))
+        if log:
+            C.publish(step, [(use.value, v), (serial(res), res)])
     return res
 
 
@@ -382,10 +391,14 @@ def relayout_bucket(values: Sequence[Value], targets: Sequence[ShardingSpec], ma
 def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     """``shard`` of a host value: each device keeps its block of it (no communication)."""
     data = (backends.SHAPES if v._data is None else backends.active()).place(v._data, spec)
-    res = make(data, spec, v._shape, v._dtype, -1, Node(PLACE, (spec,), (v,)) if tracked((v,)) else None)
-    if C.logging():
+    res = make(data, spec, v._shape, v._dtype, -1)
+    track, log = tracked((v,)), C.logging()
+    if track or log:
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
-        C.publish(Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,
-                       user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase(),
-                       layer=C.current_scope()), [(use.value, v), (serial(res), res)])
+        step = Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,
+                    user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase(), layer=C.current_scope())
+        if track:
+            link(res, entry(step, (v,)))
+        if log:
+            C.publish(step, [(use.value, v), (serial(res), res)])
     return res

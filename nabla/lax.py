@@ -20,7 +20,7 @@ from .manual import ManualSpec
 from .shard_map import SM_IN, SM_OUT, _axes_of, _to_manual
 from .spec import ShardingSpec
 from .tensor import Tensor
-from .trace import Node, recording, tracked, tracing_whole
+from .trace import link_of, recording, tracked, tracing_whole
 from .shard_map import current_mesh
 from .ops import arange, equal, reshape, sum as nsum
 
@@ -111,9 +111,9 @@ def _result(x: Tensor, shape, varying, name: str, params: tuple, k: int) -> Tens
             data = np.ascontiguousarray(data)
             data.flags.writeable = False
     op = LaxOp(name, params)
-    out = Tensor(data, spec, tuple(shape), x.dtype, node=Node(op, params, (x,), "manual") if tracked((x,)) else None)
+    out = Tensor(data, spec, tuple(shape), x.dtype)
     events = (C.event(KINDS[name], params[0], prod(x.shape) * x.dtype.itemsize, k),) if k else ()
-    record_step(op, params, (x,), out, events, "manual")
+    record_step(op, params, (x,), out, events, "manual", tape=tracked((x,)))
     return out
 
 
@@ -359,9 +359,8 @@ def axis_index(axes: Any, like: Tensor | None = None) -> Tensor:
     data = np.ascontiguousarray(ids.transpose(order)).reshape(grid)
     data.flags.writeable = False
     op = LaxOp("axis_index", (names,))
-    out = Tensor(data, ManualSpec(mesh, names), (), np.dtype(np.int32),  # (nb.jit computes it on each device)
-                 node=Node(op, (names,), (), "manual") if tracing_whole() else None)
-    record_step(op, (names,), (), out, (), "manual")
+    out = Tensor(data, ManualSpec(mesh, names), (), np.dtype(np.int32))
+    record_step(op, (names,), (), out, (), "manual", tape=tracing_whole())  # (nb.jit computes it on each device)
     return out
 
 
@@ -459,7 +458,7 @@ def as_manual(g: Tensor, mesh: DeviceMesh) -> Tensor:
         return g
     if g.sharding is not None:
         raise ShardingError(f"grad: a global cotangent {g.sharding!r} for a per-device value inside nb.shard_map")
-    if g._node is not None and recording() and not tracing_whole():
+    if link_of(g) is not None and recording() and not tracing_whole():
         raise ShardingError("grad: a host cotangent that is itself being differentiated met a per-device value "
                             "inside nb.shard_map; this derivative cannot be differentiated again")
     data = None if g._data is None else np.asarray(g._data).reshape((1,) * mesh.ndim + g.shape)
@@ -490,8 +489,8 @@ def in_vjp(g: Tensor, node: Any, out: Tensor) -> tuple:
     if g._data is not None:
         data = _xp(g._data).broadcast_to(g._data, ManualSpec(mesh, split + extra).grid() + g.shape).reshape(
             grid(gspec).shape + g.shape)
-    res = Tensor(data, gspec, t.shape, g.dtype, node=Node(SM_OUT, (gspec,), (g,)) if tracked((g,)) else None)
-    record_step(SM_OUT, (gspec,), (g,), res)
+    res = Tensor(data, gspec, t.shape, g.dtype)
+    record_step(SM_OUT, (gspec,), (g,), res, tape=tracked((g,)))
     return (res,)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import backends
 from .backends.grid import check_data_mesh
-from .backprop import from_local_node
+from .backprop import from_local_record
 from .dtypes import is_inexact
 from .errors import ShardingError
 from .layout import chunks, dim_position, grid, grid_index
@@ -19,6 +19,7 @@ from .ops import tensor
 from .sharding import to_spec
 from .spec import ShardingSpec
 from .tensor import Tensor
+from .trace import link_of
 
 
 def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: Sequence[str] = (),
@@ -104,10 +105,10 @@ def from_local(blocks: Any, mesh: Any, dim_specs: Any = None, replicated_axes: S
     data = backends.active().commit(data, spec)
     if isinstance(data, np.ndarray):
         data.flags.writeable = False
-    traced = {d: b for d, b in by_dev.items() if isinstance(b, Tensor) and b._node is not None}
+    traced = {d: b for d, b in by_dev.items() if isinstance(b, Tensor) and link_of(b) is not None}
     # blocks computed from values being differentiated: gradients reach them
-    node = from_local_node(traced, spec, set(holder.values())) if traced else None
-    return Tensor(data, spec, shape, dtype, node=node)
+    out = Tensor(data, spec, shape, dtype)
+    return from_local_record(out, traced, spec, set(holder.values())) if traced else out
 
 
 def device_put(x: Any, sharding: Any) -> Tensor:

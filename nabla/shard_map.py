@@ -16,7 +16,7 @@ from .spec import ShardingSpec
 from .executor import record_step
 from .manual import ManualSpec
 from .tensor import Tensor
-from .trace import Node, tracked
+from .trace import tracked
 from .sharding import is_pspec
 from .layout import grid
 from .backends import xp
@@ -139,8 +139,8 @@ def _to_manual(t: Tensor, spec: ShardingSpec) -> Tensor:
     block = tuple(n // spec.num_shards(d) for d, n in enumerate(t.shape))
     m = ManualSpec(spec.mesh, _axes_of(spec, "in_spec"))
     data = None if t._data is None else t._data.reshape(m.grid() + block)
-    out = Tensor(data, m, block, t.dtype, node=Node(SM_IN, (spec,), (t,)) if tracked((t,)) else None)
-    record_step(SM_IN, (spec,), (t,), out)
+    out = Tensor(data, m, block, t.dtype)
+    record_step(SM_IN, (spec,), (t,), out, tape=tracked((t,)))
     return out
 
 
@@ -159,8 +159,8 @@ def _from_manual(o: Any, mesh: DeviceMesh, s: Any, i: int) -> Tensor:
     data = None
     if o._data is not None:
         data = xp(o._data).broadcast_to(o._data, ManualSpec(mesh, axes).grid() + o.shape).reshape(g + o.shape)
-    out = Tensor(data, spec, shape, o.dtype, node=Node(SM_OUT, (spec,), (o,)) if tracked((o,)) else None)
-    record_step(SM_OUT, (spec,), (o,), out)
+    out = Tensor(data, spec, shape, o.dtype)
+    record_step(SM_OUT, (spec,), (o,), out, tape=tracked((o,)))
     return out
 
 

@@ -17,7 +17,7 @@ from . import storage
 from .sharding import to_spec
 from .executor import place, relayout
 from .propagation import keep_open
-from .trace import differentiated, tracing_whole
+from .trace import differentiated, link_of, tracing_whole
 from .interop.jax import to_jax
 
 
@@ -186,7 +186,7 @@ class Tensor(Value):
             raise ShardingError(f"to_local: device {device_id!r} is not in mesh {mesh!r} "
                                 f"(devices {list(mesh.devices)})")
         data = self._need_data("to_local")
-        if self._node is not None:
+        if link_of(self) is not None:
             if differentiated(self):  # a host array: the gradient would silently stop here
                 raise ShardingError(f"to_local: this tensor depends on a value being differentiated, and to_local "
                                     f"returns a host array that gradients cannot flow through; compute on the "

@@ -1,103 +1,159 @@
-"""The record of what a computation ran: every op applied to a tracked value leaves a ``Node`` on its result
-(the op, its params, its operands and the program the executor chose, plans included). Autodiff walks it
-backward and ``nb.jit`` traces with it; ONNX export, like ``nb.explain``, reads the recorded steps (``step.py``)."""
+"""Autodiff's tape: a value an op made from a tracked value is linked to the ``Step`` the executor recorded for it,
+the one record of what ran (its op, params, operands, the program chosen, plans included), together with what the
+backward pass needs beyond it: the operands its VJP reads, whether it is differentiated, and its output as the VJP
+reads it. The links are a side table owned here (a value carries no record). Autodiff walks them backward and
+``nb.jit`` traces with them; ONNX export, like ``nb.explain``, reads the steps as the logs took them."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Any, Iterator, NamedTuple
 
-from .collectives import _op as _user_op, _phase, _scope
+import numpy as np
+
+from .collectives import _op as _user_op, _phase, _scope, step_user
 from .dtypes import is_inexact
 from .scoped import setting
-from .value import serial
+from .step import PLACE, RELAYOUT, Step, Use
+from .value import Value, serial
 
-LEAF, RELAYOUT, PLACE = "leaf", "relayout", "place"
-
-
-class _Record(NamedTuple):
-    op: Any
-    params: tuple
-    args: tuple
-    prog: Any
-    settled: tuple
-    user: str
-    diff: bool
-    scope: str
-    out: Any
-    regather: tuple
-
+#: ``Step.op`` of a traced input's link, a step that ran nothing (``RELAYOUT`` and ``PLACE``, the executor's own
+#: steps, are read from here too)
+LEAF = "leaf"
 
 _swap: contextvars.ContextVar[dict | None] = contextvars.ContextVar("nabla_swap", default=None)
 
-#: ``Node.out`` of an op whose VJP does not read its output: the backward pass hands it a data-free stand-in
+#: ``Link.out`` of an op whose VJP does not read its output: the backward pass hands it a data-free stand-in
 HUSK = "husk"
 
 
-class Node(_Record):
-    """How a value was made: ``op`` is an OpDef, or LEAF (a traced input), RELAYOUT (``with_sharding``) or
-    PLACE (a host value put on a mesh); ``args`` its operands (values or Python scalars); ``prog`` what the
-    executor decided for it (its reshard plans and local steps), or the relayout's plan; ``settled``, per
-    operand, the summed layout used instead of a partial operand whose sum an earlier use already paid;
-    ``user``, the public op it ran for (``softmax`` for the max and sum inside it), read from the comm log's
-    op name when the node is made, so a backward pass names its collectives after it; ``diff``, whether the
-    value depends on one being differentiated (a traced twin that ``nb.jit`` or ``nb.explain`` follows is not:
-    the backward pass computes no cotangent for it); ``out``, what the VJP reads as the op's output (None: the
-    value itself; ``HUSK``: nothing, the op does not read it; else a twin sharing its blocks).
+class Link(NamedTuple):
+    """How a value was made, as the backward pass reads it: ``step``, the step recorded for it (its ``op``: an
+    OpDef, LEAF (a traced input), RELAYOUT (``with_sharding``), PLACE (a host value put on a mesh), or a record of
+    autodiff's own; its ``params``; its ``prog``, what the executor decided: reshard plans and local steps, or the
+    relayout's plan); ``args``, its operands (values or Python scalars) as the tape keeps them; ``diff``, whether
+    the value depends on one being differentiated (a traced twin that ``nb.jit`` or ``nb.explain`` follows is
+    not: the backward pass computes no cotangent for it); ``out``, what the VJP reads as the op's output (None: the
+    value itself; ``HUSK``: nothing, the op does not read it; else a twin sharing its blocks); ``user``, the public
+    op it ran for (``softmax`` for the max and sum inside it; "" outside any), as the comm log named it when the
+    link was made, so a backward pass names its collectives after it.
 
-    Given the op's ``result``, a node keeps only the residuals its op declares (``OpDef.saves``): every other
-    operand is held as a husk (its shape, layout and record, no data), so the backward pass keeps alive what JAX
+    Given the op's result, a link keeps only the residuals its op declares (``OpDef.saves``): every other
+    operand is held as a husk (its shape, layout and link, no data), so the backward pass keeps alive what JAX
     and PyTorch keep, no more, and a VJP reading anything else gets no data. Whole-program traces (``nb.jit``)
-    keep everything: they read the values themselves; so do nodes whose VJP will be differentiated
+    keep everything: they read the values themselves; so do links whose VJP will be differentiated
     again (a gradient of a gradient). Under ``nb.checkpoint(fn, policy="regather")`` an operand kept that an
     all_gather made from a smaller value (sequence parallelism's gathered norm output) is kept as that smaller
     value and gathered again by the backward pass (``regather``: (operand index, source, layout)), as
     Megatron-LM does: one more all_gather for the gathered bytes."""
 
-    __slots__ = ()
+    step: Step
+    args: tuple = ()
+    diff: bool = False
+    out: Any = None
+    regather: tuple = ()
+    user: str = ""
 
-    def __new__(cls, op: Any, params: tuple = (), args: tuple = (), prog: Any = None, settled: tuple = (),
-                user: str | None = None, diff: bool | None = None, result: Any = None, moved: list | None = None
-                ) -> "Node":
-        if user is None:
-            user = _user_op.get()
-            if user and _phase.get() == "backward" and not user.startswith("grad of"):
-                user = f"gradient of {user}"  # a step of the backward pass of the public op ``user``
-        swap = _swap.get()
-        if swap is not None:  # nb.checkpoint's recompute: a value its function closes over reads as its twin
-            args = tuple(swap.get(id(a), a) for a in args)
-        if diff is None:
-            diff = any(getattr(getattr(a, "_node", None), "diff", False) for a in args)
-        out, regather = None, ()
-        if result is not None and getattr(op, "saves", None) is not None:
-            # (a node made inside a function differentiated twice is kept whole: the VJP an inner pass runs on
-            # it is itself differentiated, through its operands and output)
-            prune = not _whole.get() and _depth.get() <= 1
-            if prune or _regather.get():
-                args, out, regather = _residuals(op, params, args, result, prune, moved)
-        return super().__new__(cls, op, params, args, prog, settled, user, diff, _scope.get(), out, regather)
+    @property
+    def op(self) -> Any:
+        return self.step.op
+
+    @property
+    def params(self) -> tuple:
+        return self.step.params
+
+    @property
+    def prog(self) -> Any:
+        return self.step.prog
+
+    @property
+    def scope(self) -> str:
+        """The ``nb.named_scope`` it ran in (its VJP runs there too)."""
+        return self.step.layer
 
     @property
     def name(self) -> str:
-        """The op's name for people: the public op it ran for, else its own."""
-        return self.user or getattr(self.op, "name", None) or str(self.op)
+        """The op's name for people: the public op it ran for, else its own (the comm log's names of the sums of a
+        relayout's or placement's cotangents: "relayout", "place", as before their links held steps)."""
+        return self.user or getattr(self.op, "name", None) or _OWN_NAMES.get(self.op, str(self.op))
+
+
+_OWN_NAMES = {RELAYOUT: "relayout", PLACE: "place"}
+
+
+def keeping(op: Any, params: tuple, args: tuple, result: Any = None, moved: list | None = None,
+         diff: bool | None = None) -> tuple[tuple, bool, Any, tuple]:
+    """What a link of ``op`` on ``args`` keeps besides its step: (operands, diff, out, regather), pruned to the
+    residuals the op declares when ``result`` is given (``Link``); ``moved``: the operands it gathered, which a
+    recompute keeps as gathered."""
+    swap = _swap.get()
+    if swap is not None:  # nb.checkpoint's recompute: a value its function closes over reads as its twin
+        args = tuple(swap.get(id(a), a) for a in args)
+    if diff is None:
+        diff = any(getattr(link_of(a), "diff", False) for a in args)
+    out, regather = None, ()
+    if result is not None and getattr(op, "saves", None) is not None:
+        # (a link made inside a function differentiated twice is kept whole: the VJP an inner pass runs on
+        # it is itself differentiated, through its operands and output)
+        prune = not _whole.get() and _depth.get() <= 1
+        if prune or _regather.get():
+            args, out, regather = _residuals(op, params, args, result, prune, moved)
+    return args, diff, out, regather
+
+
+def user() -> str:
+    """The public op the running code belongs to, as its backward pass is named (``Link.user``)."""
+    u = _user_op.get()
+    if u and _phase.get() == "backward" and not u.startswith("grad of"):
+        u = f"gradient of {u}"  # a step of the backward pass of the public op ``u``
+    return u
+
+
+def entry(step: Step, args: tuple, result: Any = None, moved: list | None = None, diff: bool | None = None) -> Link:
+    """The link of a value ``step`` made from ``args`` (``keeping`` says what it keeps of them)."""
+    return Link(step, *keeping(step.op, step.params, args, result, moved, diff), user())
+
+
+_SCALARS = (bool, int, float, complex, np.generic)
+
+
+def bare(op: Any, params: tuple = (), args: tuple = (), out: Any = None, prog: Any = None) -> Step:
+    """The step of a value no kernel made as ``op`` (a leaf; a checkpointed or compiled call's result; blocks
+    assembled by ``from_local``): each operand read as it is, nothing moved, never published (what ran was
+    logged as it ran). Without ``out``: a link shared by many values (``nb.jit``'s inputs)."""
+    uses = tuple(Use(serial(a), a._shape, a._dtype, a._spec, a._spec) if isinstance(a, Value) else
+                 Use(0, (), np.dtype(type(a)) if isinstance(a, _SCALARS) else np.dtype(object), None, None, const=a)
+                 for a in args)
+    if out is None:
+        return Step(op, params, uses, 0, (), np.dtype(object), None, prog=prog, user="", layer=_scope.get())
+    name = op if isinstance(op, str) else getattr(op, "name", str(op))
+    return Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, prog=prog,
+                user=step_user(_user_op.get() or name), phase=_phase.get(), layer=_scope.get())
+
+
+def record(v: Any, op: Any, params: tuple = (), args: tuple = (), diff: bool | None = None, result: Any = None,
+           prog: Any = None) -> Any:
+    """Link ``v`` to a bare step of ``op`` on ``args`` (``bare``); returns ``v``."""
+    args = tuple(args)
+    return link(v, entry(bare(op, params, args, v, prog), args, result, None, diff))
 
 
 def _differentiated(a: Any) -> bool:
-    node = getattr(a, "_node", None)
+    node = link_of(a)
     return node is not None and node.diff and is_inexact(a._dtype)
 
 
 def husk(v: Any) -> Any:
-    """``v`` without its data: its shape, layout, dtype and record (a backward pass finds its node through it);
+    """``v`` without its data: its shape, layout, dtype and link (a backward pass finds its record through it);
     reads of it name no recorded value."""
-    return type(v)(None, v._spec, v._shape, v._dtype, node=v._node, serial=None)
+    return link(type(v)(None, v._spec, v._shape, v._dtype, serial=None), link_of(v))
 
 
 def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = True, moved: list | None = None
                ) -> tuple[tuple, Any, tuple]:
-    """The operands as the node keeps them (husks where the VJP reads nothing, when ``prune``; an operand the op
+    """The operands as the link keeps them (husks where the VJP reads nothing, when ``prune``; an operand the op
     gathered, as gathered, when ``moved`` lists it), the output as the VJP reads it, and the kept operands to
     gather again in the backward pass."""
     diff = tuple(_differentiated(a) for a in args)
@@ -111,15 +167,15 @@ def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = T
             continue
         got = next((m for m in moved or () if m[0] == i), None) if prune and i in keep else None
         if got is not None:  # kept as the op gathered it (a new value: a serial of its own)
-            t = type(a)(got[1], got[2], a._shape, a._dtype, node=a._node)
+            t = link(type(a)(got[1], got[2], a._shape, a._dtype), link_of(a))
             serial(t)
             kept.append(t)
-        elif a._node is not None and a._node.op == LEAF:
+        elif link_of(a) is not None and link_of(a).op == LEAF:
             kept.append(a)  # a leaf (its holder keeps it anyway, and ``.grad`` goes on it)
         elif i not in keep:
-            # (a value whose own node kept everything is read by that node's VJP as its output: kept whole)
-            whole = not prune or a._node is not None and a._node.out is None and \
-                getattr(a._node.op, "saves", None) is not None
+            # (a value whose own link kept everything is read by that link's VJP as its output: kept whole)
+            n = link_of(a)
+            whole = not prune or n is not None and n.out is None and getattr(n.op, "saves", None) is not None
             kept.append(a if whole else husk(a))
         else:
             src = _gathered_from(a) if _regather.get() else None
@@ -138,14 +194,14 @@ def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = T
 
 
 def _summed(a: Any) -> Any:
-    """A pending sum the op had made of ``a`` (kept on it for later uses) is what the node keeps: the same value,
+    """A pending sum the op had made of ``a`` (kept on it for later uses) is what the link keeps: the same value,
     summed, so the summands need not outlive the forward pass."""
     moved = a._moved
     if not moved or not a._spec.partial_axes:  # (a kept gathered copy stays on the value: read by later uses)
         return a
     for spec, data in moved.items():
         if not spec.partial_axes:
-            return type(a)(data, spec, a._shape, a._dtype, node=a._node, serial=serial(a))
+            return link(type(a)(data, spec, a._shape, a._dtype, serial=serial(a)), link_of(a))
     return a
 
 
@@ -153,7 +209,7 @@ def _gathered_from(a: Any) -> Any:
     """The value ``a`` was all_gathered from by ``with_sharding`` (nothing else moved), else None: keeping that
     smaller value and gathering again costs the backward pass one all_gather and saves the gathered bytes (what
     Megatron-LM's sequence parallelism does with a norm's output; FSDP keeps no gathered weight either)."""
-    node = a._node
+    node = link_of(a)
     if node is None or node.op != RELAYOUT or not node.args:
         return None
     moves = getattr(node.prog, "collectives", None)
@@ -162,7 +218,39 @@ def _gathered_from(a: Any) -> Any:
     return node.args[0]
 
 
-LEAF_NODE = Node(LEAF)
+LEAF_LINK = Link(bare(LEAF))  # a traced input of a whole-program trace (``nb.jit``)
+
+
+class _Ref(weakref.ref):
+    __slots__ = ("key",)
+
+
+#: the tape: ``id`` of a value -> (a weak reference to it, its link). A link lives as long as its value does (it
+#: holds the operands the VJP reads, and they their own links): what the backward pass keeps alive is what the
+#: values the program holds reach. (A value whose ``.grad`` holds a recorded value made from it would be kept by
+#: its own link through this table: ``releasing_grads`` unrecords such a ``.grad`` when its differentiation ends.)
+_LINKS: dict[int, tuple[_Ref, Link]] = {}
+
+
+def _gone(r: _Ref, links: dict = _LINKS) -> None:
+    got = links.get(r.key)
+    if got is not None and got[0] is r:
+        del links[r.key]
+
+
+def link(v: Any, how: Link | None) -> Any:
+    """Record that ``v`` was made as ``how`` says (nothing when it is None); returns ``v``."""
+    if how is not None:
+        r = _Ref(v, _gone)
+        r.key = k = id(v)
+        _LINKS[k] = (r, how)
+    return v
+
+
+def link_of(v: Any) -> Link | None:
+    """How ``v`` was made, when it depends on a traced value (else None)."""
+    got = _LINKS.get(id(v))
+    return None if got is None else got[1]
 _regather: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_regather", default=False)
 _recording: contextvars.ContextVar[Any] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
@@ -175,7 +263,8 @@ def recording() -> bool:
 
 def differentiated(v: Any) -> bool:
     """Whether ``v`` depends on a value being differentiated (an ``nb.grad``/``vjp`` argument, a ``.trace()``)."""
-    return v._node is not None and v._node.diff and recording()
+    node = link_of(v)
+    return node is not None and node.diff and recording()
 
 
 class Remat:
@@ -205,7 +294,7 @@ def gathered_copy(v: Any) -> str | None:
     keeps one: a parameter's gathered copy never is, nor that of a value made from parameters alone (a bf16 cast
     of a float32 weight: FSDP gathers each weight again), nor an untraced value's (nothing says when its later
     uses end)."""
-    node = v._node
+    node = link_of(v)
     if node is None:  # untraced: kept only inside one imported program (nb.import_jax), not for its parameters
         state = _program.get()
         if state is None or id(v) in state[0]:
@@ -236,13 +325,13 @@ def one_program(params: Any = ()) -> Iterator[None]:
             v.drop_copies()
 
 
-def _from_leaves(node: Node, depth: int) -> bool:
+def _from_leaves(node: Link, depth: int) -> bool:
     """Whether ``node``'s value is made from traced inputs alone (within ``depth`` ops: casts, transposes)."""
     if depth == 0:
         return False
     seen = False
     for a in node.args:
-        n = getattr(a, "_node", None)
+        n = link_of(a)
         if n is None:
             if getattr(a, "_shape", None) is not None:  # an untraced tensor: data, not a parameter
                 return False
@@ -254,25 +343,28 @@ def _from_leaves(node: Node, depth: int) -> bool:
 
 
 def regathering() -> Any:
-    """Nodes made inside keep a gathered operand as the value it was gathered from (``policy="regather"``)."""
+    """Links made inside keep a gathered operand as the value it was gathered from (``policy="regather"``)."""
     return setting(_regather, True)
 
 
 def recorded() -> Any:
-    """Ops inside leave nodes, even inside a backward pass (a recompute differentiates what it runs)."""
+    """Ops inside are recorded, even inside a backward pass (a recompute differentiates what it runs)."""
     return setting(_recording, True)
 
 
 def paused() -> Any:
-    """Ops inside leave no nodes (a backward pass that does not need its own gradients), unless a whole
+    """Ops inside are not recorded (a backward pass that does not need its own gradients), unless a whole
     program is being traced (``nb.jit`` compiles the backward pass too)."""
     return contextlib.nullcontext() if _whole.get() else setting(_recording, False)
 
 
-def differentiating() -> Any:
+@contextlib.contextmanager
+def differentiating() -> Iterator[None]:
     """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
-    inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate."""
-    return setting(_depth, _depth.get() + 1)
+    inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate (and the
+    ``.grad`` it leaves is unrecorded when the run ends: ``releasing_grads``)."""
+    with setting(_depth, _depth.get() + 1), releasing_grads():
+        yield
 
 
 def outer_live() -> bool:
@@ -304,18 +396,20 @@ def whole() -> Any:
 
 
 def tracked(args) -> bool:
-    """Whether any operand carries a node, so the result must record one."""
+    """Whether any operand is linked, so the result must be linked too."""
+    if not _LINKS:  # (nothing traced anywhere: the common case costs one test)
+        return False
     for a in args:
-        if getattr(a, "_node", None) is not None:
+        if id(a) in _LINKS:
             r = _recording.get()
             return r.saw(args) if type(r) is Watch else r
     return False
 
 
 class Watch:
-    """``nb.checkpoint``'s forward run: it records no nodes, but notes the differentiated values it reads that are
+    """``nb.checkpoint``'s forward run: it records nothing, but notes the differentiated values it reads that are
     not its arguments (tensors its function closes over), so that their gradients are not lost. Inside the run
-    no value it makes carries a node, so any operand that does is an argument or comes from outside."""
+    no value it makes is linked, so any operand that is linked is an argument or comes from outside."""
 
     __slots__ = ("args", "seen")
 
@@ -328,28 +422,28 @@ class Watch:
 
     def saw(self, args: Any) -> bool:
         for a in args:
-            n = getattr(a, "_node", None)
+            n = link_of(a)
             if n is not None and n.diff and id(a) not in self.args:
                 self.seen.setdefault(id(a), a)
         return False
 
 
 def watching(watch: Watch) -> Any:
-    """Ops inside leave no nodes; ``watch`` notes the differentiated values they read from outside."""
+    """Ops inside are not recorded; ``watch`` notes the differentiated values they read from outside."""
     return contextlib.nullcontext(watch) if _whole.get() else setting(_recording, watch, watch)
 
 
 def swapped(swap: dict) -> Any:
-    """Nodes made inside read the value ``swap[id(v)]`` wherever an operand is ``v``."""
+    """Links made inside read the value ``swap[id(v)]`` wherever an operand is ``v``."""
     return setting(_swap, swap or None)
 
 
 def topological(outputs, stop=None, key=id) -> list:
     """Every tracked value the outputs depend on, operands before the values made from them; the operands
     of values whose ``key`` is in ``stop`` are not visited (a backward pass stops at its own leaves). ``key``
-    names a value (``id``; a backward pass names values by their node, so a husk is the value it stands for)."""
+    names a value (``id``; a backward pass names values by their link, so a husk is the value it stands for)."""
     order, seen = [], set()
-    stack = [(v, False) for v in outputs if getattr(v, "_node", None) is not None]
+    stack = [(v, False) for v in outputs if id(v) in _LINKS]
     while stack:
         v, done = stack.pop()
         if done:
@@ -362,13 +456,40 @@ def topological(outputs, stop=None, key=id) -> list:
         stack.append((v, True))
         if stop is not None and k in stop:
             continue
-        node = v._node
-        for a in node.args:
-            if getattr(a, "_node", None) is not None and key(a) not in seen:
+        for a in link_of(v).args:
+            if id(a) in _LINKS and key(a) not in seen:
                 stack.append((a, False))
     return order
 
 
-def by_node(v: Any) -> int:
-    """A value's name in a backward pass: its node (a husk and the value it stands for share it)."""
-    return id(v._node)
+def by_link(v: Any) -> int:
+    """A value's name in a backward pass: its link (a husk and the value it stands for share it)."""
+    return id(link_of(v))
+
+
+_held: contextvars.ContextVar[list | None] = contextvars.ContextVar("nabla_recorded_grads", default=None)
+
+
+def held_grad(v: Any) -> None:
+    """Note that ``v.grad`` holds a recorded value (``t.backward()`` inside a differentiation): ``releasing_grads``
+    unrecords it when that differentiation's forward run ends."""
+    got = _held.get()
+    if got is not None:
+        got.append(v)
+
+
+@contextlib.contextmanager
+def releasing_grads() -> Iterator[None]:
+    """A ``.grad`` that holds a recorded value noted inside (``held_grad``) holds that value unrecorded on exit (the
+    same blocks and serial): it was made from the value it is the gradient of, so through this table its link
+    would keep that value, and itself, alive for good. The enclosing pass has read it by then: its record holds
+    the recorded value itself."""
+    got: list = []
+    try:
+        with setting(_held, got):
+            yield
+    finally:
+        for v in got:
+            g = v.grad
+            if link_of(g) is not None:
+                v.grad = type(g)(g._data, g._spec, g._shape, g._dtype, g._sid, serial(g), g._moved)

@@ -1,8 +1,9 @@
 """What a value is made of, and how readers outside the executor see it: ``Value`` holds stored blocks (or a host
-array, or None when abstract), a spec, a shape and a dtype, and its record (``node``) and serial, all given when it
-is made (a twin: the same blocks under another record); everyone reads them through read-only properties (a value
-is immutable). Only what is filled in on first need is written later, here: the serial, the signature id and the
-sums made of a partial value."""
+array, or None when abstract), a spec, a shape, a dtype and its serial, all given when it is made (a twin: the same
+blocks under another serial or record); everyone reads them through read-only properties (a value is immutable).
+How it was made is not on it: autodiff's tape links a value to the step that made it (``trace.link``). Only what is
+filled in on first need is written later, here: the serial, the signature id and the sums made of a partial
+value."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .spec import ShardingSpec
-    from .trace import Node
 
 
 _SERIALS = itertools.count(1)  # atomic under the GIL: two threads never get the same serial
@@ -36,19 +36,18 @@ class Value:
     its signature (kind, shape, dtype, spec), the program cache's key, computed once per value; and its serial
     in recorded steps (given on first need; values sharing their blocks share it)."""
 
-    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_node", "_serial", "__weakref__")
+    __slots__ = ("_data", "_spec", "_shape", "_dtype", "_moved", "_sid", "_serial", "__weakref__")
 
     def __init__(self, data: Any, spec: ShardingSpec | None, shape: tuple[int, ...], dtype: np.dtype,
-                 sid: int = -1, node: Node | None = None, serial: int | None = 0, moved: dict | None = None) -> None:
-        """``node``: how it was made, when it depends on a traced value. A twin of a value (the same blocks under
-        another record) passes that value's ``serial`` (``None``: it names no recorded value) and ``moved``."""
+                 sid: int = -1, serial: int | None = 0, moved: dict | None = None) -> None:
+        """A twin of a value (the same blocks under another record) passes that value's ``serial`` (``None``: it
+        names no recorded value) and ``moved``."""
         self._data = data
         self._spec = spec
         self._shape = shape
         self._dtype = dtype
         self._moved = moved
         self._sid = sid
-        self._node = node
         self._serial = serial
 
     # ---- what is filled in on first need (a cache of the value's own facts, not a change of it) ----------------

@@ -20,6 +20,7 @@ from ..rules.core import factor_names
 from ..step import MOVE, PLACE, RELAYOUT
 from ..value import serial
 from ..tensor import Tensor
+from ..trace import link, link_of
 from .visualize import short
 
 
@@ -144,7 +145,7 @@ def explain_steps(fn: Any, args: tuple, kwargs: dict) -> tuple[list[_Step], Any,
     for name, v in leaves:
         if isinstance(v, Tensor) and id(v) not in table:
             # a twin: the same blocks, none of the sums an earlier use made of them (what a first run does)
-            tw = table[id(v)] = Tensor(v._data, v._spec, v._shape, v._dtype, v._sid, v._node)
+            tw = table[id(v)] = link(Tensor(v._data, v._spec, v._shape, v._dtype, v._sid), link_of(v))
             names[serial(tw)] = name
     with C.comm_log() as log, inlined():
         out = fn(*_replace_leaves(args, table), **_replace_leaves(kwargs, table))

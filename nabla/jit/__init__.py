@@ -23,7 +23,7 @@ from ..executor import record_step
 from ..spec import ShardingSpec
 from ..value import serial
 from ..tensor import Tensor
-from ..trace import LEAF_NODE, Node, tracked, tracing_whole, whole
+from ..trace import LEAF_LINK, link, link_of, record, releasing_grads, tracked, tracing_whole, whole
 from . import program as P
 from .lower import _DEVICE_COPIES, CompiledProgram  # noqa: F401 - the device copies are read by tests
 from ..scoped import setting
@@ -129,7 +129,8 @@ class _JitCall:
         fn = getattr(lowered._fn, "__self__", None)
         self.name = f"jit({getattr(getattr(fn, 'fn', None), '__name__', 'fn')})"
         self.consts = [None if isinstance(x, Tensor) else x for x in leaves]  # the trace's constants
-        self.diff = tuple(i for i in lowered._inputs if leaves[i]._node is not None and leaves[i]._node.diff and is_inexact(leaves[i].dtype))
+        self.diff = tuple(i for i in lowered._inputs
+                          if getattr(link_of(leaves[i]), "diff", False) and is_inexact(leaves[i].dtype))
 
     def vjp(self, g: Tensor, node: Any, out: Tensor) -> tuple:
         k = node.params[0]
@@ -255,14 +256,14 @@ class Lowered:
         twins = []
         for x in leaves:
             if isinstance(x, Tensor):
-                t = Tensor(None, x.sharding, x.shape, x.dtype, node=LEAF_NODE)
+                t = link(Tensor(None, x.sharding, x.shape, x.dtype), LEAF_LINK)
                 serial(t)
                 twins.append(t)
             else:
                 twins.append(x)
         # a trace of its own: every op recorded (even when called from a backward pass, where recording is
         # paused), its steps in its own log only (an enclosing log sees them when the program runs)
-        with _trace.recorded(), C.unlogged(), whole(), C.comm_log(keep_values=True) as log:
+        with _trace.recorded(), C.unlogged(), whole(), releasing_grads(), C.comm_log(keep_values=True) as log:
             out = fn(*unflatten(tree, twins))
         outs, self._out_tree = flatten(out)
         for o in outs:
@@ -307,14 +308,14 @@ class Lowered:
         return self._run(_flatten_call(args, kwargs)[0])
 
     def _differentiable(self, leaves: list) -> Any:
-        """The compiled call's results, each recording a node whose VJP runs a compiled backward pass."""
+        """The compiled call's results, each linked on the tape to a step whose VJP runs a compiled backward pass."""
         out = self._run(leaves)
         outs, tree = flatten(out)
         op = _JitCall(self, leaves)
         args = tuple(leaves[i] for i in self._inputs)
         # each result recorded (the same value: its blocks and serial)
-        return unflatten(tree, [Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, Node(op, (k,), args), serial(o),
-                                       o._moved) for k, o in enumerate(outs)])
+        return unflatten(tree, [record(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, serial(o), o._moved), op,
+                                       (k,), args) for k, o in enumerate(outs)])
 
     def _run(self, leaves: list) -> Any:
         fn = self.compile()

@@ -12,6 +12,7 @@ from ..dtypes import is_float, is_inexact
 from ..collectives import user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, run
+from ..trace import link_of
 from ..value import Value
 from ..args import short_repr
 from ..opdef import Local, OpDef
@@ -127,7 +128,7 @@ def _axes(axis, ndim: int, op: str) -> tuple[int, ...]:
 
 def _is_diff(x: Any) -> bool:
     """Whether ``x`` needs a cotangent: a float or complex value that depends on a traced one."""
-    return isinstance(x, Value) and x._node is not None and x._node.diff and is_inexact(x._dtype)
+    return isinstance(x, Value) and getattr(link_of(x), "diff", False) and is_inexact(x._dtype)
 
 
 def _laid_like(t: Tensor, x: Any) -> Tensor:

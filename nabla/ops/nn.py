@@ -19,7 +19,7 @@ from ..errors import ShardingError
 from ..value import Value, serial
 from ..layout import global_rows
 from ..opdef import OpDef
-from ..trace import Node, paused, tracked
+from ..trace import link, link_of, paused, record, tracked
 from .core import ArrayLike, Tensor, _axes, apply, _is_diff, _ndim, _shape
 from ..args import dtype_arg
 from .gather import _indices, take_along_axis
@@ -44,9 +44,9 @@ def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor])
     else:
         with paused():
             out = run()
-        # the same value, recording ``op`` (its node keeps what the VJP reads of ``out``: the same blocks and serial)
-        out = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, Node(op, params, tuple(args), result=out),
-                     serial(out))
+        # the same value, linked to ``op`` (its link keeps what the VJP reads of ``out``: the same blocks and serial)
+        out = record(Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, serial(out)), op, params, args,
+                     result=out)
     composed(op, params, args, out)
     return out
 
@@ -64,9 +64,10 @@ def stop_gradient(x: ArrayLike) -> Tensor:
     nothing, keeping ``x``'s sharding (pending sums included). What is computed from it alone is not
     differentiated: no cotangent is made for it."""
     out = apply(_STOP, (x,))
-    if out._node is not None and out._node.diff:  # the same value, recorded as not differentiated
-        out = Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, out._node._replace(diff=False),
-                     serial(out), out._moved)
+    node = link_of(out)
+    if node is not None and node.diff:  # the same value, recorded as not differentiated
+        out = link(Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, serial(out), out._moved),
+                   node._replace(diff=False))
     return out
 
 

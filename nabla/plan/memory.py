@@ -18,6 +18,7 @@ import numpy as np
 from .. import collectives as C
 from ..spec import ShardingSpec
 from ..step import BUCKET, MOVE, PLACE, RELAYOUT
+from ..trace import link_of
 from ..value import serial
 from .fusion import EXECUTOR_OPS, LOOP_OPS, REDUCE_OPS
 
@@ -153,7 +154,7 @@ def account(steps: Sequence[Any], first: dict, tags: dict, made_at: dict, held: 
                 last_sum[s] = i  # the sum made of it before, read again
             else:
                 last[s] = i
-            if u.kept:  # the moved operand, kept by the op's node for the backward pass
+            if u.kept:  # the moved operand, kept by the op's link for the backward pass
                 alloc(u.kept, i, u.dst, u.shape, u.dtype)
                 made[u.kept] = st.phase
             elif kernel and u.events and not u.reused:
@@ -311,10 +312,10 @@ class MemoryLog:
         for s, v in values:
             if s:
                 self._watch(s, v)
-        if step.saves and values:  # what the op's node keeps for the backward pass holds those values too
-            node = getattr(values[-1][1], "_node", None)
-            if node is not None:
-                for a in node.args + (node.out,):
+        if step.saves and values:  # what the op's link on the tape keeps for the backward pass holds those values too
+            kept = link_of(values[-1][1])
+            if kept is not None:
+                for a in kept.args + (kept.out,):
                     s = getattr(a, "_serial", None)
                     if s:
                         self._watch(s, a)

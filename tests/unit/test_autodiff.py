@@ -1,12 +1,16 @@
 """The reverse-mode engine: pytrees, argnums, has_aux, vjp, seed 002's trace()/backward()/.grad, errors, and
 the communication of training steps (DP x TP, FSDP, attention with heads on tp) asserted in bytes."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
 import nabla as nb
 from nabla import DeviceMesh, ShardingError
 from nabla.testing import assert_sharded_allclose
+from nabla.trace import link_of
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -49,7 +53,7 @@ def test_vjp_with_a_cotangent_and_unused_inputs():
     wx, wy = jfn(ct)
     np.testing.assert_allclose(gx.numpy(), wx)
     np.testing.assert_array_equal(gy.numpy(), np.zeros(4))  # unused: zeros of the primal's shape
-    assert out._node is None  # the returned value records nothing further
+    assert link_of(out) is None  # the returned value records nothing further
 
 
 def test_seed_002_spelling_trace_backward_grad():
@@ -163,7 +167,7 @@ def test_aux_is_returned_detached_and_frees_the_activations():
         return (h * h).sum(), {"h2": h * 2.0, "n": 3}
 
     (g, aux) = nb.grad(f, has_aux=True)(nb.tensor(R.standard_normal((3, 2))))
-    assert aux["h2"]._node is None and aux["n"] == 3
+    assert link_of(aux["h2"]) is None and aux["n"] == 3
     gc.collect()
     assert seen[0]() is None  # nothing returned keeps the forward's activations alive
 
@@ -251,11 +255,30 @@ def test_hessian_vector_product_of_a_sharded_mlp_equals_jax():
     assert_sharded_allclose(g, np.asarray(want), rtol=1e-10, atol=1e-12)
 
 
+def test_a_recorded_grad_does_not_keep_its_tape_alive():
+    """The tape is a side table: a link lives as long as its value. ``w.grad`` recorded inside an outer grad is made
+    from ``w``, so through the table it would keep ``w`` (and its whole tape) alive for good; once the outer forward
+    run ends it holds the same value unrecorded, and everything is freed (by reference counts alone)."""
+    held = []
+
+    def inner(u):
+        w = u.trace()
+        (nb.sin(w) ** 2).sum().backward()
+        held.append(weakref.ref(w))
+        return (w.grad * 3.0).sum()
+
+    x = np.linspace(-1.0, 1.0, 6)
+    g = nb.grad(inner)(nb.tensor(x))
+    np.testing.assert_allclose(g.numpy(), 3 * 2 * np.cos(2 * x), rtol=1e-12)
+    gc.collect()
+    assert held[0]() is None
+
+
 def test_gradients_outside_any_differentiation_record_nothing():
     """A top-level gradient, value and vjp output carry no trace (nothing keeps the activations alive)."""
     t = nb.tensor(R.standard_normal(3))
     value, g = nb.value_and_grad(lambda b: (nb.exp(b) * b).sum())(t)
-    assert value._node is None and g._node is None
+    assert link_of(value) is None and link_of(g) is None
 
 
 # ---- communication of training steps, in bytes ----------------------------------------------------------

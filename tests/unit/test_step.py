@@ -12,6 +12,7 @@ import pytest
 
 import nabla as nb
 from nabla import opdef
+from nabla.trace import link_of
 
 PROGRAM = '''
 import numpy as np, nabla as nb
@@ -77,3 +78,19 @@ def test_an_op_missing_from_the_loading_process_is_named():
     made = opdef.OpDef("matmul", None, None)  # a second op of a name takes another key
     assert made.key.startswith("matmul#") and opdef.by_key(made.key) is made
     assert opdef.by_key("matmul") is nb.ops.registry.lookup("matmul")
+
+
+def test_the_tape_holds_the_steps_the_log_took():
+    """One record: a traced value is linked to the very step the comm log took for the op that made it (a
+    ``with_sharding`` too); an untraced one to none, and no step is built for it when no log is open."""
+    m = nb.DeviceMesh("m", (2,), ("x",))
+    w = nb.tensor(np.ones((4, 6))).shard(m, [None, "x"]).trace()
+    x = nb.tensor(np.ones((2, 4)))
+    with nb.comm_log() as log:
+        y = x @ w
+        z = y.with_sharding(m, [None, None])
+        u = x * 2.0
+    assert link_of(y).step is log.steps[-3] and link_of(y).op.name == "matmul" and link_of(y).args[0] is x
+    assert link_of(z).step is log.steps[-2] and link_of(z).prog is log.steps[-2].prog
+    assert link_of(u) is None and log.steps[-1].name == "multiply"
+    assert link_of(x * 2.0) is None
