@@ -27,6 +27,7 @@ CASES = {
     "arctan": (X.arctan, jnp.arctan, [G]), "arcsin": (X.arcsin, jnp.arcsin, [F]), "arccos": (X.arccos, jnp.arccos, [F]),
     "sinh": (X.sinh, jnp.sinh, [G]), "cosh": (X.cosh, jnp.cosh, [G]), "arctan2": (X.arctan2, jnp.arctan2, [G, ZERO_SOME]),
     "rint": (X.rint, jnp.rint, [G * 3]), "cbrt": (X.cbrt, jnp.cbrt, [G]), "erf_inv": (X.erf_inv, jax.lax.erf_inv, [G / 2.5]),
+    "erfc": (X.erfc, jax.lax.erfc, [G * 3]),
     "shifts": (lambda a, b: X.bitwise_xor(X.left_shift(a, b), X.right_shift(a, b)),
                lambda a, b: jax.lax.shift_left(a, b) ^ jax.lax.shift_right_logical(a, b), [U, S]),
     "logic": (lambda a, b: X.bitwise_or(X.bitwise_and(a, X.invert(b)), b), lambda a, b: (a & ~b) | b, [U, S]),
