@@ -100,6 +100,12 @@ sinh = elementwise("lax_sinh", lambda xp, x: xp.sinh(x), onnx="Sinh", public=Fal
                    vjp=lambda g, x, o: g * ((exp(x) + exp(-x)) * 0.5))
 cosh = elementwise("lax_cosh", lambda xp, x: xp.cosh(x), onnx="Cosh", public=False,
                    vjp=lambda g, x, o: g * ((exp(x) - exp(-x)) * 0.5))
+arcsinh = elementwise("lax_asinh", lambda xp, x: xp.arcsinh(x), onnx="Asinh", public=False,
+                      vjp=lambda g, x, o: g / sqrt(x * x + 1.0))
+arccosh = elementwise("lax_acosh", lambda xp, x: xp.arccosh(x), onnx="Acosh", public=False,
+                      vjp=lambda g, x, o: g / sqrt((x - 1.0) * (x + 1.0)))
+arctanh = elementwise("lax_atanh", lambda xp, x: xp.arctanh(x), onnx="Atanh", public=False,
+                      vjp=lambda g, x, o: g / ((1.0 - x) * (1.0 + x)))
 arctan2 = elementwise("lax_arctan2", lambda xp, a, b: xp.arctan2(a, b), onnx=_arctan2_onnx, public=False,
                       vjp=(lambda g, a, b, o: g * b / (a * a + b * b), lambda g, a, b, o: -g * a / (a * a + b * b)))
 rint = elementwise("lax_rint", lambda xp, x: xp.rint(x), onnx="Round", public=False, vjp=lambda g, x, o: g * 0.0)
