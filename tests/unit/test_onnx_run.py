@@ -229,6 +229,25 @@ def test_erf_is_accurate():
     np.testing.assert_allclose(got, [erf(t) for t in v], rtol=1e-13, atol=1e-15)
 
 
+def test_arg_reductions_with_nan_and_composite_reductions_over_no_axes_equal_the_onnx_reference():
+    """ArgMin of a row holding NaN is the first NaN's index, as ArgMax's (onnx.reference: numpy's); its composition
+    with min gave 7, no index of a 7-wide row (and -1 with select_last_index). With noop_with_empty_axes and no axes,
+    a composite reduction still runs its elementwise steps (the spec: ReduceSumSquare squares, ReduceLogSum takes
+    the log); they returned the input."""
+    reference = pytest.importorskip("onnx.reference")
+    x = np.float32([[3, 1, np.nan, 0.5, np.nan, 2, 7], [4, -1, 2, 0.5, -1, 2, 7]])
+    pos = np.abs(x[1:]) + 0.5
+    cases = [("ArgMin", x, {"axis": 1}), ("ArgMin", x, {"axis": 1, "select_last_index": 1}), ("ArgMax", x, {"axis": 1})]
+    cases += [(r, pos, {"noop_with_empty_axes": 1}) for r in ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+                                                                "ReduceLogSumExp", "ReduceSum", "ReduceMax", "ReduceProd")]
+    for op, v, attrs in cases:
+        m = model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", F, list(v.shape))],
+                  [("y", TensorProto.INT64 if op.startswith("Arg") else F, None)])
+        want = reference.ReferenceEvaluator(m).run(None, {"x": v})[0]
+        got = nox.run(m, {"x": nb.tensor(v).shard(MESH, [None, "d"])})["y"]  # 7 over 2: 4 and 3
+        assert_sharded_allclose(got, want)
+
+
 def test_einsum_diagonal_and_trace():
     a = np.arange(9, dtype=np.float32).reshape(3, 3)
     b = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
