@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import is_float
+from ..dtypes import exp_dtype, is_float, is_inexact
 from .. import rules as R
 from ..backends import xp as _xp
 from ..errors import ShardingError
@@ -98,6 +98,8 @@ def _relu(xp, x):
 
 def _sigmoid(xp, x):
     x = xp.asarray(x)
+    if not is_inexact(x.dtype):  # (-x in an integer dtype wraps: sigmoid(uint8 1) gave 0)
+        x = x.astype(exp_dtype(x.dtype))
     one = x.dtype.type(1) if is_float(x.dtype) else 1.0
     return one / (one + xp.exp(-x))
 
