@@ -327,6 +327,9 @@ def _annotate(mesh: DeviceMesh, annotations: list[tuple[onnx.NodeProto, list[tup
 # ---- one nabla op -> ONNX nodes ------------------------------------------------------------------------------
 
 
+_LOGICAL = {"BitwiseAnd": "And", "BitwiseOr": "Or", "BitwiseXor": "Xor", "BitwiseNot": "Not"}
+
+
 class _Export:
     """What an op's export function sees of one recorded step (see ``nabla.ops.registry``): the step, its operands
     (``args``: values, or Python scalars), params and result (``v``, its dtype), and the builder's steps named
@@ -378,7 +381,10 @@ class _Export:
         return name, specs
 
     def one(self, op_type: str, cast: bool = True, **attrs) -> tuple[str, list]:
-        """One node over every operand (in the result's dtype unless ``cast`` is False)."""
+        """One node over every operand (in the result's dtype unless ``cast`` is False). ONNX's bitwise ops take
+        integers only: on bools (JAX's ``mask & causal``, ``~mask``) they are its logical ops."""
+        if self.dtype == np.bool_:
+            op_type = _LOGICAL.get(op_type, op_type)
         ins = [self.operand(i, self.dtype if cast else None) for i in range(len(self.args))]
         return self.finish(self.out(op_type, ins, **attrs), [(x, i) for i, x in enumerate(ins)])
 

@@ -32,6 +32,8 @@ CASES = {
     "shifts": (lambda a, b: X.bitwise_xor(X.left_shift(a, b), X.right_shift(a, b)),
                lambda a, b: jax.lax.shift_left(a, b) ^ jax.lax.shift_right_logical(a, b), [U, S]),
     "logic": (lambda a, b: X.bitwise_or(X.bitwise_and(a, X.invert(b)), b), lambda a, b: (a & ~b) | b, [U, S]),
+    "bool_logic": (lambda a, b: X.bitwise_or(X.bitwise_and(a, X.invert(b)), X.bitwise_xor(a, b)),
+                   lambda a, b: (a & ~b) | (a ^ b), [U % 3 == 0, S % 2 == 0]),  # (a mask & a causal mask)
     "threefry": (lambda a, b: X.threefry2x32(np.uint32(3), np.uint32(9), a, b),
                  lambda a, b: jnp.stack(_threefry(jnp.uint32(3), jnp.uint32(9), a, b), -1), [U, S]),
 }
