@@ -38,7 +38,8 @@ for _name, _fn in {
     "neg": O.negative, "exp": O.exp, "log": O.log, "tanh": O.tanh, "sin": O.sin, "cos": O.cos, "tan": X.tan,
     "sqrt": O.sqrt, "abs": O.abs, "sign": O.sign, "floor": O.floor, "ceil": O.ceil, "is_finite": O.isfinite,
     "logistic": O.sigmoid, "log1p": X.log1p, "expm1": X.expm1, "asin": X.arcsin, "acos": X.arccos,
-    "atan": X.arctan, "asinh": X.arcsinh, "acosh": X.arccosh, "atanh": X.arctanh, "sinh": X.sinh, "cosh": X.cosh, "cbrt": X.cbrt, "erf": erf, "erfc": X.erfc, "erf_inv": X.erf_inv,
+    "atan": X.arctan, "asinh": X.arcsinh, "acosh": X.arccosh, "atanh": X.arctanh, "sinh": X.sinh, "cosh": X.cosh,
+    "cbrt": X.cbrt, "erf": erf, "erfc": X.erfc, "erf_inv": X.erf_inv,
     "square": O.square, "not": X.invert, "stop_gradient": O.stop_gradient,
 }.items():
     primitive(_name, elementwise=True)(_unary(_fn))
