@@ -328,6 +328,11 @@ def _annotate(mesh: DeviceMesh, annotations: list[tuple[onnx.NodeProto, list[tup
 
 
 _LOGICAL = {"BitwiseAnd": "And", "BitwiseOr": "Or", "BitwiseXor": "Xor", "BitwiseNot": "Not"}
+# ONNX's Floor, Ceil and Round take floats, Relu and Neg signed numbers, Abs no bools; on the integers and bools
+# numpy gives them to (by dtype kind) they are identities, or a subtraction from 0
+_INTEGER_FORMS = {"Floor": dict.fromkeys("biu", "Identity"), "Ceil": dict.fromkeys("biu", "Identity"),
+                  "Round": dict.fromkeys("biu", "Identity"), "Relu": dict.fromkeys("bu", "Identity"),
+                  "Abs": {"b": "Identity"}, "Neg": {"u": "Sub"}}
 
 
 class _Export:
@@ -385,6 +390,11 @@ class _Export:
         integers only: on bools (JAX's ``mask & causal``, ``~mask``) they are its logical ops."""
         if self.dtype == np.bool_:
             op_type = _LOGICAL.get(op_type, op_type)
+        if self.dtype.kind in "biu" and op_type in _INTEGER_FORMS:  # (ONNX's type constraints refuse these)
+            op_type = _INTEGER_FORMS[op_type].get(self.dtype.kind, op_type)
+            if op_type == "Sub":  # -x of an unsigned integer: 0 - x, which wraps as numpy's does
+                x = self.operand(0, self.dtype)
+                return self.finish(self.out("Sub", [self.b.constant(self.dtype.type(0), self.dtype), x]), [(x, 0)])
         ins = [self.operand(i, self.dtype if cast else None) for i in range(len(self.args))]
         return self.finish(self.out(op_type, ins, **attrs), [(x, i) for i, x in enumerate(ins)])
 

@@ -12,6 +12,7 @@ import nabla.onnx as nox  # noqa: E402
 from nabla import DeviceMesh, ShardingError, ShardingSpec  # noqa: E402
 from nabla.executor import OpDef, run as execute  # noqa: E402
 from nabla.onnx.export import MAPPING  # noqa: E402
+from nabla.ops import lax_ops  # noqa: E402
 from nabla.rules import elementwise_rule  # noqa: E402
 from nabla.tensor import Tensor  # noqa: E402
 
@@ -489,3 +490,25 @@ def test_an_exported_gradient_names_its_inputs_after_the_function_differentiated
     np.testing.assert_allclose(got[1], want["w2"], rtol=1e-5, atol=1e-6)
     named = nox.export(nb.value_and_grad(loss_fn, argnums=1), *args)
     assert [i.name for i in named.graph.input] == ["p.w1", "p.w2", "x", "y"]
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "uint32", "int64", "uint64"])
+def test_integer_and_bool_operands_export_to_nodes_onnx_types_allow(dtype):
+    """ONNX's Floor, Ceil and Round take floats, its Relu and Neg signed numbers, Abs no bools, its Bitwise* no
+    bools: the export wrote them over such operands anyway (Floor(int8), Neg(uint8), BitwiseNot(bool): models
+    onnx.checker and onnxruntime refused); it writes what they are there (identities, 0 - x, Not...)."""
+    v = (np.arange(8).reshape(4, 2) * 77 - 100).astype(dtype) if dtype != "bool" else np.arange(8).reshape(4, 2) % 3 == 0
+    x = sharded(v, ["dp", "tp"])
+    fns = [nb.floor, nb.ceil, nb.abs]
+    fns += [nb.relu] if dtype[0] in "bu" else []  # (onnxruntime has no int8 or int64 Relu kernel)
+    fns += [nb.negative, nb.sign] if dtype != "bool" else []  # (numpy's negative and sign refuse bools)
+    if dtype == "bool":
+        fns.append(lambda a: lax_ops.bitwise_xor(lax_ops.invert(a), lax_ops.bitwise_and(a, a[::-1])))
+    for fn in fns:
+        model = nox.export(fn, x)
+        onnx.checker.check_model(model, full_check=True)
+        got = ort_run(model, {model.graph.input[0].name: v})[0]
+        with np.errstate(over="ignore"):
+            want = fn(x).numpy()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
