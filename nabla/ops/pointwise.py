@@ -36,10 +36,13 @@ def _arith(op_type: str, bool_type: str | None = None):
 
 
 def _compare(*op_types: str):
-    """A comparison in the operands' common dtype; ``not_equal`` is Not(Equal)."""
+    """A comparison in the operands' common dtype; ``not_equal`` is Not(Equal). ONNX orders no bools: they are
+    compared as int8 (False < True, as numpy orders them)."""
     @onnx_export(*op_types)
     def export(ex):
         common = np.result_type(*(a._dtype if isinstance(a, Value) else a for a in ex.args))
+        if common == np.bool_ and op_types[0] != "Equal":
+            common = np.dtype(np.int8)
         ins = [ex.operand(i, common) for i in range(2)]
         name = ex.out(op_types[0], ins) if len(op_types) == 1 else \
             ex.out(op_types[1], [ex.emit(op_types[0], ins, "eq")])
