@@ -495,8 +495,9 @@ def test_an_exported_gradient_names_its_inputs_after_the_function_differentiated
 @pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "uint32", "int64", "uint64"])
 def test_integer_and_bool_operands_export_to_nodes_onnx_types_allow(dtype):
     """ONNX's Floor, Ceil and Round take floats, its Relu and Neg signed numbers, Abs, Bitwise*, Less and Greater
-    no bools: the export wrote them over such operands anyway (Floor(int8), Neg(uint8), BitwiseNot(bool), Less(bool):
-    models onnx.checker and onnxruntime refused); it writes what they are there (identities, 0 - x, Not...)."""
+    no bools, MatMul no 8- or 16-bit integers: the export wrote them over such operands anyway (Floor(int8),
+    Neg(uint8), BitwiseNot(bool), Less(bool), MatMul(int8): models onnx.checker and onnxruntime refused); it writes
+    what they are there (identities, 0 - x, Not..., MatMul in int32 cast back)."""
     v = (np.arange(8).reshape(4, 2) * 77 - 100).astype(dtype) if dtype != "bool" else np.arange(8).reshape(4, 2) % 3 == 0
     x = sharded(v, ["dp", "tp"])
     fns = [nb.floor, nb.ceil, nb.abs]
@@ -505,6 +506,7 @@ def test_integer_and_bool_operands_export_to_nodes_onnx_types_allow(dtype):
     if dtype == "bool":
         fns.append(lambda a: lax_ops.bitwise_xor(lax_ops.invert(a), lax_ops.bitwise_and(a, a[::-1])))
     fns += [lambda a: a < a[::-1], lambda a: a >= a[:, ::-1], lambda a: a != a[::-1]]  # (Less(bool) was refused)
+    fns += [lambda a: a.T @ a]  # MatMul of int8, uint8 or bools: refused too
     for fn in fns:
         model = nox.export(fn, x)
         onnx.checker.check_model(model, full_check=True)
