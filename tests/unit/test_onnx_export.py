@@ -515,3 +515,16 @@ def test_integer_and_bool_operands_export_to_nodes_onnx_types_allow(dtype):
             want = fn(x).numpy()
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+def test_exported_float_remainder_is_numpys_fmod_moved_by_the_divisor():
+    """``a - floor(a / b) * b`` rounded where a / b is large and made NaN of a finite ``a % inf``: 12345.678 % 0.7 in
+    float32 exported as 0.47753906 (numpy 0.4779446), 1e7 % 0.3 as 0 (0.0026357), 2.15 % inf as NaN (2.15)."""
+    a = np.float32([[12345.678, 1e7, 2.15, -3.11], [7.5, -7.5, np.inf, 5.0], [-98765.4, 0.1, 3.0, -4.0]])
+    b = np.float32([[0.7, 0.3, np.inf, np.inf], [2.0, 2.0, 2.0, 0.0], [1.1, 0.03, -0.7, 2.0]])
+    fn = lambda x, y: x % y  # noqa: E731
+    model = nox.export(fn, sharded(a, ["dp", "tp"]), sharded(b, [None, "tp"]))
+    with np.errstate(invalid="ignore"):
+        want = a % b
+        np.testing.assert_array_equal(ort_run(model, {"x": a, "y": b})[0], want)
+        np.testing.assert_array_equal(nox.run(model, {"x": a, "y": b})["output"].numpy(), want)
