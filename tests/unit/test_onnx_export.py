@@ -517,14 +517,14 @@ def test_integer_and_bool_operands_export_to_nodes_onnx_types_allow(dtype):
         np.testing.assert_array_equal(got, want)
 
 
-def test_exported_float_remainder_is_numpys_fmod_moved_by_the_divisor():
-    """``a - floor(a / b) * b`` rounded where a / b is large and made NaN of a finite ``a % inf``: 12345.678 % 0.7 in
-    float32 exported as 0.47753906 (numpy 0.4779446), 1e7 % 0.3 as 0 (0.0026357), 2.15 % inf as NaN (2.15)."""
-    a = np.float32([[12345.678, 1e7, 2.15, -3.11], [7.5, -7.5, np.inf, 5.0], [-98765.4, 0.1, 3.0, -4.0]])
-    b = np.float32([[0.7, 0.3, np.inf, np.inf], [2.0, 2.0, 2.0, 0.0], [1.1, 0.03, -0.7, 2.0]])
-    fn = lambda x, y: x % y  # noqa: E731
-    model = nox.export(fn, sharded(a, ["dp", "tp"]), sharded(b, [None, "tp"]))
-    with np.errstate(invalid="ignore"):
-        want = a % b
-        np.testing.assert_array_equal(ort_run(model, {"x": a, "y": b})[0], want)
-        np.testing.assert_array_equal(nox.run(model, {"x": a, "y": b})["output"].numpy(), want)
+def test_exported_floor_divide_and_remainder_are_numpys_divmod():
+    """``a - floor(a / b) * b`` and ``floor(a / b)`` round: 12345.678 % 0.7 in float32 exported as 0.47753906 (numpy
+    0.4779446), 1e7 % 0.3 as 0 (0.0026357), 2.15 % inf as NaN (2.15), 1.0 // 0.1 as 10 (9), inf // 2 as inf (NaN);
+    an integer divided by 0 as -2**31 (0)."""
+    a = np.float32([[12345.678, 1e7, 2.15, -3.11], [7.5, -7.5, np.inf, 5.0], [1.0, 4.0, -1.0, 0.1]])
+    b = np.float32([[0.7, 0.3, np.inf, np.inf], [2.0, -2.0, 2.0, 0.0], [0.1, 0.4, 0.1, 0.03]])
+    for x, y in ((a, b), (a.astype(np.float64), b.astype(np.float64)), (np.int32([[7, -7], [5, 0]]), np.int32([[2, 2], [0, 3]]))):
+        for fn in (lambda x, y: x % y, lambda x, y: x // y):
+            with np.errstate(divide="ignore", invalid="ignore"):  # (the trace runs nabla's kernels, numpy's)
+                model = nox.export(fn, sharded(x, ["dp", "tp"]), sharded(y, [None, "tp"]))
+                np.testing.assert_array_equal(ort_run(model, {"x": x, "y": y})[0], fn(x, y))
