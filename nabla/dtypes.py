@@ -35,6 +35,15 @@ def is_inexact(dt: Any) -> bool:
 _INEXACT: dict = {}
 
 
+@lru_cache(maxsize=256)
+def exp_dtype(dt: Any) -> np.dtype:
+    """The dtype numpy computes ``exp`` in: the dtype itself for floats and complex, numpy's promotion for integers
+    and bools (int8: float16, int32: float64). Functions built on ``exp`` (softmax, sigmoid) convert integers to it
+    first: ``x - max`` or ``-x`` in the integer dtype would wrap."""
+    dt = np.dtype(dt)
+    return dt if is_inexact(dt) else np.exp(np.zeros((), dt)).dtype
+
+
 def finfo(dt: Any) -> Any:
     """``np.finfo`` for every float dtype nabla holds (``ml_dtypes.finfo`` for theirs)."""
     dt = np.dtype(dt)

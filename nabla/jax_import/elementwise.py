@@ -12,6 +12,7 @@ import numpy as np
 from .. import ops as O
 from ..ops import lax_ops as X
 from ..ops.pointwise import erf
+from ..dtypes import finfo, is_float
 from ..errors import ShardingError
 from . import sums
 from .table import as_tensor, primitive
@@ -37,7 +38,8 @@ for _name, _fn in {
     "neg": O.negative, "exp": O.exp, "log": O.log, "tanh": O.tanh, "sin": O.sin, "cos": O.cos, "tan": X.tan,
     "sqrt": O.sqrt, "abs": O.abs, "sign": O.sign, "floor": O.floor, "ceil": O.ceil, "is_finite": O.isfinite,
     "logistic": O.sigmoid, "log1p": X.log1p, "expm1": X.expm1, "asin": X.arcsin, "acos": X.arccos,
-    "atan": X.arctan, "sinh": X.sinh, "cosh": X.cosh, "cbrt": X.cbrt, "erf": erf, "erf_inv": X.erf_inv,
+    "atan": X.arctan, "asinh": X.arcsinh, "acosh": X.arccosh, "atanh": X.arctanh, "sinh": X.sinh, "cosh": X.cosh,
+    "cbrt": X.cbrt, "erf": erf, "erfc": X.erfc, "erf_inv": X.erf_inv,
     "square": O.square, "not": X.invert, "stop_gradient": O.stop_gradient,
 }.items():
     primitive(_name, elementwise=True)(_unary(_fn))
@@ -125,18 +127,19 @@ def _exp2(ev, e, x):
     return O.power(np.asarray(2, dtype=e.out_avals[0].dtype)[()], x)
 
 
-@primitive("erfc", elementwise=True)
-def _erfc(ev, e, x):
-    return 1.0 - erf(x)
-
-
 @primitive("round", elementwise=True)
 def _round(ev, e, x):
     """rounding_method 0: half away from zero; 1: half to even (numpy's)."""
     method = int(getattr(e.params.get("rounding_method"), "value", e.params.get("rounding_method", 0)))
     if method == 1:
         return X.rint(x)
-    return O.sign(x) * O.floor(O.abs(x) + 0.5)
+    big = 2.0 ** finfo(x.dtype).nmant  # from here on every float is an integer (and inf and NaN are kept)
+    c = O.clip(O.where(O.isnan(x), big, x), -big, big)  # NaN kept as x below (bfloat16 compares of NaN warn)
+    a = O.abs(c)  # floor(a + 0.5) would round 0.49999997 up (the sum rounds to 1.0)
+    f = O.floor(a)
+    m = O.where(O.greater_equal(a - f, 0.5), f + 1, f)  # a - f: exact
+    r = O.where(O.less(a, 0.5), c * 0, O.where(O.less(c, 0), -m, m))  # zeros keep x's sign, as in XLA
+    return O.where(O.less(a, big), r, x)
 
 
 def _shift_right(kind: str):
@@ -158,7 +161,23 @@ primitive("shift_right_arithmetic", elementwise=True)(_shift_right("i"))
 def _convert(ev, e, x):
     dt = np.dtype(e.params["new_dtype"])
     x = as_tensor(x)
-    return x if x.dtype == dt else O.astype(x, dt)
+    if x.dtype == dt:
+        return x
+    if dt.kind in "iu" and is_float(x.dtype):
+        return _saturating(x, dt)
+    return O.astype(x, dt)
+
+
+def _saturating(x, dt: np.dtype):
+    """XLA's float-to-integer conversion: truncation, clamped to the type's range, NaN to 0 (numpy's cast wraps or
+    gives the type's minimum: 3e9 to int32 is -2**31, 300.0 to uint8 44, where XLA gives 2**31 - 1 and 255)."""
+    info, top = np.iinfo(dt), float(finfo(x.dtype).max)
+    hi, lo = float(info.max) + 1.0, float(info.min)  # powers of two: exact in a float wide enough to hold them
+    x = O.where(O.isnan(x), 0, x)  # (first: bfloat16 compares of NaN warn)
+    over = O.greater_equal(x, hi) if hi <= top else O.greater(x, top)  # (a float16 holds no 2**31: only inf is over)
+    under = O.less(x, lo) if -lo <= top else O.less(x, -top)
+    inside = O.where(over, 0, O.where(under, 0, x))
+    return O.where(over, dt.type(info.max), O.where(under, dt.type(info.min), O.astype(inside, dt)))
 
 
 @primitive("bitcast_convert_type", elementwise=True)

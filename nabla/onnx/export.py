@@ -327,6 +327,23 @@ def _annotate(mesh: DeviceMesh, annotations: list[tuple[onnx.NodeProto, list[tup
 # ---- one nabla op -> ONNX nodes ------------------------------------------------------------------------------
 
 
+_LOGICAL = {"BitwiseAnd": "And", "BitwiseOr": "Or", "BitwiseXor": "Xor", "BitwiseNot": "Not"}
+# ONNX's Floor, Ceil and Round take floats, Relu and Neg signed numbers, Abs no bools; on the integers and bools
+# numpy gives them to (by dtype kind) they are identities, or a subtraction from 0
+_INTEGER_FORMS = {"Floor": dict.fromkeys("biu", "Identity"), "Ceil": dict.fromkeys("biu", "Identity"),
+                  "Round": dict.fromkeys("biu", "Identity"), "Relu": dict.fromkeys("bu", "Identity"),
+                  "Abs": {"b": "Identity"}, "Neg": {"u": "Sub"}}
+
+
+def _wide_integer(op_type: str, dtype: np.dtype) -> np.dtype | None:
+    """int32, for a MatMul of integers ONNX refuses (int8, int16, uint8, uint16; bools): sums of products wrap to the
+    same low bits, and a bool matmul is nonzero where numpy's is True. None otherwise (a power does not wrap so:
+    onnxruntime's integer Pow goes through double)."""
+    if op_type != "MatMul" or dtype.kind not in "biu" or dtype.itemsize >= 4:
+        return None
+    return np.dtype(np.int32)
+
+
 class _Export:
     """What an op's export function sees of one recorded step (see ``nabla.ops.registry``): the step, its operands
     (``args``: values, or Python scalars), params and result (``v``, its dtype), and the builder's steps named
@@ -378,9 +395,22 @@ class _Export:
         return name, specs
 
     def one(self, op_type: str, cast: bool = True, **attrs) -> tuple[str, list]:
-        """One node over every operand (in the result's dtype unless ``cast`` is False)."""
-        ins = [self.operand(i, self.dtype if cast else None) for i in range(len(self.args))]
-        return self.finish(self.out(op_type, ins, **attrs), [(x, i) for i, x in enumerate(ins)])
+        """One node over every operand (in the result's dtype unless ``cast`` is False). ONNX's bitwise ops take
+        integers only: on bools (JAX's ``mask & causal``, ``~mask``) they are its logical ops."""
+        if self.dtype == np.bool_:
+            op_type = _LOGICAL.get(op_type, op_type)
+        if self.dtype.kind in "biu" and op_type in _INTEGER_FORMS:  # (ONNX's type constraints refuse these)
+            op_type = _INTEGER_FORMS[op_type].get(self.dtype.kind, op_type)
+            if op_type == "Sub":  # -x of an unsigned integer: 0 - x, which wraps as numpy's does
+                x = self.operand(0, self.dtype)
+                return self.finish(self.out("Sub", [self.b.constant(self.dtype.type(0), self.dtype), x]), [(x, 0)])
+        wide = _wide_integer(op_type, self.dtype) if cast else None
+        ins = [self.operand(i, wide or self.dtype if cast else None) for i in range(len(self.args))]
+        main = [(x, i) for i, x in enumerate(ins)]
+        if wide is not None:  # computed in int32 and cast back
+            y = self.emit(op_type, ins, "wide", **attrs)
+            return self.finish(self.out("Cast", [y], to=_onnx_type(self.dtype, self.name)), main)
+        return self.finish(self.out(op_type, ins, **attrs), main)
 
 
 def _emit(b: _Builder, step: Step, values: dict[int, Value], out_name: str | None

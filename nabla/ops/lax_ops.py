@@ -13,7 +13,7 @@ from math import prod
 import numpy as np
 
 from .. import rules as R
-from ..backends import xp as _xp
+from ..backends import require_jax, xp as _xp
 from ..errors import ShardingError
 from ..opdef import OpDef
 from ..rules.core import PASS, build
@@ -100,6 +100,12 @@ sinh = elementwise("lax_sinh", lambda xp, x: xp.sinh(x), onnx="Sinh", public=Fal
                    vjp=lambda g, x, o: g * ((exp(x) + exp(-x)) * 0.5))
 cosh = elementwise("lax_cosh", lambda xp, x: xp.cosh(x), onnx="Cosh", public=False,
                    vjp=lambda g, x, o: g * ((exp(x) - exp(-x)) * 0.5))
+arcsinh = elementwise("lax_asinh", lambda xp, x: xp.arcsinh(x), onnx="Asinh", public=False,
+                      vjp=lambda g, x, o: g / sqrt(x * x + 1.0))
+arccosh = elementwise("lax_acosh", lambda xp, x: xp.arccosh(x), onnx="Acosh", public=False,
+                      vjp=lambda g, x, o: g / sqrt((x - 1.0) * (x + 1.0)))
+arctanh = elementwise("lax_atanh", lambda xp, x: xp.arctanh(x), onnx="Atanh", public=False,
+                      vjp=lambda g, x, o: g / ((1.0 - x) * (1.0 + x)))
 arctan2 = elementwise("lax_arctan2", lambda xp, a, b: xp.arctan2(a, b), onnx=_arctan2_onnx, public=False,
                       vjp=(lambda g, a, b, o: g * b / (a * a + b * b), lambda g, a, b, o: -g * a / (a * a + b * b)))
 rint = elementwise("lax_rint", lambda xp, x: xp.rint(x), onnx="Round", public=False, vjp=lambda g, x, o: g * 0.0)
@@ -153,6 +159,29 @@ def _erf_inv_onnx(ex):
 
 erf_inv = elementwise("lax_erf_inv", _erf_inv, onnx=_erf_inv_onnx, public=False,
                       vjp=lambda g, x, o: g * (0.886226925452758 * exp(o * o)))  # sqrt(pi)/2 e^(y^2)
+
+
+_ERFC64 = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _erfc(xp, x):
+    """erfc without the cancellation of ``1 - erf(x)`` (erfc(6) is 2.2e-17, ``1 - erf(6)`` is 0, and erfc(2) in
+    float32 loses 4 digits): libm's through float64 under numpy, ``jax.lax.erfc`` under ``nb.jit``."""
+    x = xp.asarray(x)
+    if xp is np:
+        return _ERFC64(x.astype(np.float64)).astype(x.dtype) if x.size else x.copy()
+    return require_jax("erfc under nb.jit").lax.erfc(x)
+
+
+@onnx_export("Erf", "Sub")
+def _erfc_onnx(ex):
+    """ONNX has no Erfc: Sub(1, Erf(x)), exact to the float's precision near 0 and 0 where erfc is below it."""
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("Sub", [ex.b.constant(1.0, ex.dtype), ex.emit("Erf", [x], "erf")]), [(x, 0)])
+
+
+erfc = elementwise("lax_erfc", _erfc, onnx=_erfc_onnx, public=False,
+                   vjp=lambda g, x, o: g * (exp(-(x * x)) * -1.1283791670955126))  # -2/sqrt(pi) e^(-x^2)
 
 
 # ---- bitcast ------------------------------------------------------------------------------------------------------

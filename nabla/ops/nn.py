@@ -14,7 +14,7 @@ from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..commlog import composed
-from ..dtypes import accumulation, is_inexact
+from ..dtypes import accumulation, exp_dtype, is_inexact
 from ..errors import ShardingError
 from ..value import Value, serial
 from ..layout import global_rows
@@ -27,11 +27,6 @@ from .pointwise import astype, equal, exp, log, where
 from .reduction import _wide_sum, max, mean, sum  # noqa: A004 - numpy's names
 from .registry import onnx_export, register
 from .shape import expand_dims, squeeze
-
-
-def _float(dtype: np.dtype) -> np.dtype:
-    """The dtype numpy computes ``exp`` in: the dtype itself for floats, numpy's promotion for ints and bools."""
-    return dtype if is_inexact(dtype) else np.exp(np.zeros((), dtype)).dtype
 
 
 def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor]) -> Tensor:
@@ -143,7 +138,7 @@ _ONE_HOT = register(OpDef("one_hot", lambda shapes, n, axis, dtype: R.one_hot_ru
 def _log_softmax_kernel(arrays, local):
     x = arrays[0]
     xp = _xp(x)
-    x = x.astype(_float(x.dtype)) if not is_inexact(x.dtype) else x
+    x = x.astype(exp_dtype(x.dtype)) if not is_inexact(x.dtype) else x
     if x.size == 0:
         return x
     ax = local.G + local.params[0]
@@ -170,7 +165,7 @@ def _log_softmax_onnx(ex):
 
 def _log_softmax_np(x: np.ndarray, axis: int = -1) -> np.ndarray:
     x = np.asarray(x)
-    x = x.astype(_float(x.dtype)) if not is_inexact(x.dtype) else x
+    x = x.astype(exp_dtype(x.dtype)) if not is_inexact(x.dtype) else x
     if x.size == 0:
         return x
     s = x - x.max(axis=axis, keepdims=True)
@@ -194,7 +189,7 @@ def log_softmax(x: ArrayLike, axis: int = -1) -> Tensor:
         return apply(_LOG_SOFTMAX, (x,), (ax,))
 
     def run():
-        y = x if is_inexact(x._dtype) else astype(x, _float(x._dtype))
+        y = x if is_inexact(x._dtype) else astype(x, exp_dtype(x._dtype))
         s = y - stop_gradient(max(y, ax, keepdims=True))
         acc = accumulation(s._dtype)
         if acc == s._dtype:
@@ -219,7 +214,7 @@ def _logsumexp_kernel(arrays, local):
     axes, keepdims = local.params
     x = arrays[0]
     xp = _xp(x)
-    x = x.astype(_float(x.dtype)) if not is_inexact(x.dtype) else x
+    x = x.astype(exp_dtype(x.dtype)) if not is_inexact(x.dtype) else x
     ax = tuple(local.G + a for a in axes)
     if any(x.shape[a] == 0 for a in ax):  # a sum of no exponentials: log(0)
         shape = tuple(1 if d in ax else n for d, n in enumerate(x.shape) if keepdims or d not in ax)
@@ -261,7 +256,7 @@ def logsumexp(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: b
         return apply(_LOGSUMEXP, (x,), (axes, keep))
 
     def run():
-        y = x if is_inexact(x._dtype) else astype(x, _float(x._dtype))
+        y = x if is_inexact(x._dtype) else astype(x, exp_dtype(x._dtype))
         m = max(y, axes, keepdims=True)
         m = stop_gradient(where(equal(m - m, 0), m, 0))  # an infinite (or NaN) max shifts nothing
         out = log(sum(exp(y - m), axes, keepdims=True)) + m

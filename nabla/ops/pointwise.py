@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import is_float
+from ..dtypes import exp_dtype, is_float, is_inexact
 from .. import rules as R
 from ..backends import xp as _xp
 from ..errors import ShardingError
@@ -36,10 +36,13 @@ def _arith(op_type: str, bool_type: str | None = None):
 
 
 def _compare(*op_types: str):
-    """A comparison in the operands' common dtype; ``not_equal`` is Not(Equal)."""
+    """A comparison in the operands' common dtype; ``not_equal`` is Not(Equal). ONNX orders no bools: they are
+    compared as int8 (False < True, as numpy orders them)."""
     @onnx_export(*op_types)
     def export(ex):
         common = np.result_type(*(a._dtype if isinstance(a, Value) else a for a in ex.args))
+        if common == np.bool_ and op_types[0] != "Equal":
+            common = np.dtype(np.int8)
         ins = [ex.operand(i, common) for i in range(2)]
         name = ex.out(op_types[0], ins) if len(op_types) == 1 else \
             ex.out(op_types[1], [ex.emit(op_types[0], ins, "eq")])
@@ -98,6 +101,8 @@ def _relu(xp, x):
 
 def _sigmoid(xp, x):
     x = xp.asarray(x)
+    if not is_inexact(x.dtype):  # (-x in an integer dtype wraps: sigmoid(uint8 1) gave 0)
+        x = x.astype(exp_dtype(x.dtype))
     one = x.dtype.type(1) if is_float(x.dtype) else 1.0
     return one / (one + xp.exp(-x))
 
@@ -147,36 +152,63 @@ def _square_onnx(ex):
     return ex.finish(ex.out("Mul", [x, x]), [(x, 0)])
 
 
-def _wide(ex) -> np.dtype:
-    """The dtype a floored quotient is computed in: the result's float dtype, float64 for integers."""
-    return ex.dtype if is_float(ex.dtype) else np.dtype(np.float64)
+_DIVMOD_TYPES = ("Div", "Floor", "Mul", "Sub", "Cast", "Mod", "Less", "Greater", "Xor", "Equal", "Not", "And", "Add",
+                 "Where")
 
 
-@onnx_export("Div", "Floor", "Cast")
+def _fmod(ex) -> tuple:
+    """numpy's float divmod (its ``npy_divmod``) as ONNX nodes: C's fmod of a by b (Mod with fmod=1: exact) and where
+    numpy moves it by b (its sign differs from b's and it is not 0); ``a - floor(a / b) * b`` and ``floor(a / b)``
+    round instead (1.0 // 0.1 is 9, Floor(1.0 / 0.1) 10). Returns a, b, the fmod, the move, and a constant 0."""
+    a, b = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
+    zero = ex.b.constant(ex.dtype.type(0), ex.dtype)
+    r = ex.emit("Mod", [a, b], "fmod", fmod=1)
+    differ = ex.emit("Xor", [ex.emit("Less", [r, zero], "neg_r"), ex.emit("Less", [b, zero], "neg_b")], "differ")
+    fix = ex.emit("And", [differ, ex.emit("Not", [ex.emit("Equal", [r, zero], "exact")], "inexact")], "fix")
+    return a, b, r, fix, zero
+
+
+def _integer_divmod(ex, remainder: bool) -> tuple:
+    """An integer floor_divide or remainder: in float64 (ONNX's integer Div truncates toward zero, numpy's floors;
+    its integer Mod fails on a zero divisor), 0 where b is 0 (numpy's; the cast of inf gave -2**31), cast back."""
+    a, b = ex.operand(0, np.dtype(np.float64)), ex.operand(1, np.dtype(np.float64))
+    zero = ex.b.constant(np.float64(0), np.dtype(np.float64))
+    out = fq = ex.emit("Floor", [ex.emit("Div", [a, b], "q")], "fq")
+    if remainder:
+        out = ex.emit("Sub", [a, ex.emit("Mul", [fq, b], "m")], "r")
+    out = ex.emit("Where", [ex.emit("Equal", [b, zero], "by_zero"), zero, out], "safe")
+    return ex.finish(ex.out("Cast", [out], to=ex.onnx_type(ex.dtype, ex.name)), [(a, 0), (b, 1)])
+
+
+@onnx_export(*_DIVMOD_TYPES)
 def _floor_divide_onnx(ex):
-    """``Floor(Div(a, b))`` (ONNX's integer Div truncates toward zero, numpy's floor_divide floors), in float64
-    for integers, cast back."""
-    wide = _wide(ex)
-    a, b = ex.operand(0, wide), ex.operand(1, wide)
-    q = ex.emit("Div", [a, b], "q")
-    if wide == ex.dtype:
-        return ex.finish(ex.out("Floor", [q]), [(a, 0), (b, 1)])
-    return ex.finish(ex.out("Cast", [ex.emit("Floor", [q], "fq")], to=ex.onnx_type(ex.dtype, "floor_divide")),
-                     [(a, 0), (b, 1)])
+    """numpy's float floor_divide: (a - fmod) / b, one less where the fmod is moved, rounded to the nearest integer
+    (a floor and a half-up step), a zero signed as a / b; a / b itself for b = 0."""
+    if not is_float(ex.dtype):
+        return _integer_divmod(ex, False)
+    a, b, r, fix, zero = _fmod(ex)
+    div = ex.emit("Div", [ex.emit("Sub", [a, r], "a_r"), b], "div")
+    div = ex.emit("Where", [fix, ex.emit("Sub", [div, ex.b.constant(ex.dtype.type(1), ex.dtype)], "less"), div], "moved")
+    fl = ex.emit("Floor", [div], "floor")
+    up = ex.emit("Greater", [ex.emit("Sub", [div, fl], "frac"), ex.b.constant(ex.dtype.type(0.5), ex.dtype)], "up")
+    fl = ex.emit("Where", [up, ex.emit("Add", [fl, ex.b.constant(ex.dtype.type(1), ex.dtype)], "fl1"), fl], "near")
+    q = ex.emit("Div", [a, b], "q")  # (finite where div is 0: 0 * q is a zero signed as q)
+    fl = ex.emit("Where", [ex.emit("Equal", [div, zero], "none"), ex.emit("Mul", [q, zero], "zero_q"), fl], "signed")
+    return ex.finish(ex.out("Where", [ex.emit("Equal", [b, zero], "by_zero"), q, fl]), [(a, 0), (b, 1)])
 
 
-@onnx_export("Div", "Floor", "Mul", "Sub", "Cast")
+@onnx_export(*_DIVMOD_TYPES)
 def _remainder_onnx(ex):
-    """``a - floor(a / b) * b``: numpy's remainder takes the divisor's sign (ONNX's float Mod needs fmod=1, the
-    dividend's sign)."""
-    wide = _wide(ex)
-    a, b = ex.operand(0, wide), ex.operand(1, wide)
-    fq = ex.emit("Floor", [ex.emit("Div", [a, b], "q")], "fq")
-    r_in = [a, ex.emit("Mul", [fq, b], "m")]
-    if wide == ex.dtype:
-        return ex.finish(ex.out("Sub", r_in), [(a, 0), (b, 1)])
-    return ex.finish(ex.out("Cast", [ex.emit("Sub", r_in, "r")], to=ex.onnx_type(ex.dtype, "remainder")),
-                     [(a, 0), (b, 1)])
+    """numpy's float remainder, with the divisor's sign: the fmod moved by b where numpy moves it, an exact zero
+    signed as b (``a - floor(a / b) * b`` rounded: 12345.678 % 0.7 in float32 was 0.47753906, numpy's 0.4779446,
+    and 2.15 % inf NaN)."""
+    if not is_float(ex.dtype):
+        return _integer_divmod(ex, True)
+    a, b, r, fix, zero = _fmod(ex)
+    moved = ex.emit("Where", [fix, ex.emit("Add", [r, b], "rb"), r], "moved")
+    minus = ex.emit("Mul", [zero, ex.b.constant(ex.dtype.type(-1), ex.dtype)], "minus_zero")  # (-0.0: b may be inf)
+    signed = ex.emit("Where", [ex.emit("Less", [b, zero], "neg_b"), minus, zero], "signed_zero")
+    return ex.finish(ex.out("Where", [ex.emit("Equal", [r, zero], "exact"), signed, moved]), [(a, 0), (b, 1)])
 
 
 floor = elementwise("floor", numpy="floor", onnx="Floor", vjp=lambda g, x, o: g * 0.0, reads="")  # as jax: zero

@@ -18,7 +18,7 @@ from ..value import Value
 from ..opdef import OpDef
 from ..args import dtype_arg
 from .core import _laid_like, ArrayLike, Tensor, _axes, apply, _is_diff, _mask, _named, _ndim, _shape
-from ..dtypes import accumulation
+from ..dtypes import accumulation, exp_dtype, is_inexact
 from ..errors import ShardingError
 from ..layout import chunk
 from .pointwise import abs, astype, divide, equal, exp, sqrt, where
@@ -253,6 +253,7 @@ argmax, argmin = _ARGMAX.public, _ARGMIN.public
 def _softmax_kernel(arrays, local):
     x = arrays[0]
     xp = _xp(x)
+    x = x if is_inexact(x.dtype) else x.astype(exp_dtype(x.dtype))  # (x - max in int8 wraps: -100 - 100 is 56)
     if x.size == 0:
         return xp.exp(x)
     ax = local.G + local.params[0]
@@ -287,7 +288,8 @@ def softmax(x: ArrayLike, axis: int = -1) -> Tensor:
         if not axes:  # a 0-d value (numpy reduces it over axis 0 or -1): exp(0) / exp(0)
             e = exp(x - max(x))
             return e / sum(e)
-        e = exp(x - max(x, axes[0], keepdims=True))
+        y = x if is_inexact(x._dtype) else astype(x, exp_dtype(x._dtype))  # (x - max in an integer dtype wraps)
+        e = exp(y - max(y, axes[0], keepdims=True))
         return e / sum(e, axes[0], keepdims=True)
 
 

@@ -99,7 +99,8 @@ CASES = {
     "positive_math": (lambda a: (jnp.log(a), jnp.sqrt(a), jax.lax.rsqrt(a), jnp.log1p(a), jnp.expm1(a),
                                  jnp.cbrt(a), jnp.tan(a * 0.3), jnp.arctan(a), jnp.arcsin(a * 0.2),
                                  jnp.arccos(a * 0.2), jnp.sinh(a), jnp.cosh(a), jnp.exp2(a),
-                                 jnp.arctan2(a, a - 1.5)), (pos(4, 8),), (0,)),
+                                 jnp.arctan2(a, a - 1.5), jnp.arcsinh(a - 1.5), jnp.arccosh(a + 1.0),
+                                 jnp.arctanh(a * 0.3)), (pos(4, 8),), (0,)),
     "erf_logistic": (lambda a: (jax.scipy.special.erf(a), jax.nn.sigmoid(a), jax.lax.erf_inv(jnp.tanh(a) * 0.9),
                                 jax.scipy.special.erfc(a), jax.nn.gelu(a), jax.nn.gelu(a, approximate=False),
                                 jax.nn.silu(a), jax.nn.relu(a), _softplus(a)), (f32(8, 4),), (0,)),
@@ -565,3 +566,19 @@ def test_keyword_arguments_captured_constants_and_an_outer_scope():
     assert {s.layer for s in log.steps} == {"outer"}
     with pytest.raises(nb.ShardingError, match="typed PRNG key"):
         nb.import_jax(lambda k: jax.random.bits(k, (2,)))(jax.random.key(0))
+
+
+def test_round_erfc_and_float_to_int_casts_are_xlas_at_their_edges():
+    """lax.round halves away from zero without rounding ``|x| + 0.5`` first (0.49999997 gave 1), erfc keeps its
+    relative precision in the tail (``1 - erf``: erfc(6) gave 0), and a float-to-integer cast saturates and takes NaN
+    to 0 (numpy's cast gave -2**31 for 3e9 and 44 for 300 to uint8)."""
+    x = np.float32([0.49999997, -0.49999997, 2.5, -2.5, 8388609.0, -0.3, -0.0, np.nan, np.inf, -np.inf, 3e9, -3e9,
+                    300.0, 2.0, 6.0])
+    f = lambda a: (jax.lax.round(a), jax.lax.erfc(a), a.astype(jnp.int32), a.astype(jnp.uint8))  # noqa: E731
+    got = [g.numpy() for g in nb.import_jax(f)(nb.tensor(x).shard(MESH, ["y"]))]  # 15 over 4: 4, 4, 4, 3
+    want = [np.asarray(w) for w in jax.jit(f)(x)]
+    np.testing.assert_array_equal(got[0], want[0])
+    assert (np.signbit(got[0]) == np.signbit(want[0])).all()  # -0.3 and -0.0 round to -0.0
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got[2], want[2])
+    np.testing.assert_array_equal(got[3], want[3])

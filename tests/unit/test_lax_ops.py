@@ -27,9 +27,13 @@ CASES = {
     "arctan": (X.arctan, jnp.arctan, [G]), "arcsin": (X.arcsin, jnp.arcsin, [F]), "arccos": (X.arccos, jnp.arccos, [F]),
     "sinh": (X.sinh, jnp.sinh, [G]), "cosh": (X.cosh, jnp.cosh, [G]), "arctan2": (X.arctan2, jnp.arctan2, [G, ZERO_SOME]),
     "rint": (X.rint, jnp.rint, [G * 3]), "cbrt": (X.cbrt, jnp.cbrt, [G]), "erf_inv": (X.erf_inv, jax.lax.erf_inv, [G / 2.5]),
+    "erfc": (X.erfc, jax.lax.erfc, [G * 3]), "arcsinh": (X.arcsinh, jnp.arcsinh, [G * 50]),
+    "arccosh": (X.arccosh, jnp.arccosh, [1.0 + F * 9]), "arctanh": (X.arctanh, jnp.arctanh, [G / 2.5]),
     "shifts": (lambda a, b: X.bitwise_xor(X.left_shift(a, b), X.right_shift(a, b)),
                lambda a, b: jax.lax.shift_left(a, b) ^ jax.lax.shift_right_logical(a, b), [U, S]),
     "logic": (lambda a, b: X.bitwise_or(X.bitwise_and(a, X.invert(b)), b), lambda a, b: (a & ~b) | b, [U, S]),
+    "bool_logic": (lambda a, b: X.bitwise_or(X.bitwise_and(a, X.invert(b)), X.bitwise_xor(a, b)),
+                   lambda a, b: (a & ~b) | (a ^ b), [U % 3 == 0, S % 2 == 0]),  # (a mask & a causal mask)
     "threefry": (lambda a, b: X.threefry2x32(np.uint32(3), np.uint32(9), a, b),
                  lambda a, b: jnp.stack(_threefry(jnp.uint32(3), jnp.uint32(9), a, b), -1), [U, S]),
 }

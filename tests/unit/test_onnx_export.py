@@ -12,6 +12,7 @@ import nabla.onnx as nox  # noqa: E402
 from nabla import DeviceMesh, ShardingError, ShardingSpec  # noqa: E402
 from nabla.executor import OpDef, run as execute  # noqa: E402
 from nabla.onnx.export import MAPPING  # noqa: E402
+from nabla.ops import lax_ops  # noqa: E402
 from nabla.rules import elementwise_rule  # noqa: E402
 from nabla.tensor import Tensor  # noqa: E402
 
@@ -489,3 +490,41 @@ def test_an_exported_gradient_names_its_inputs_after_the_function_differentiated
     np.testing.assert_allclose(got[1], want["w2"], rtol=1e-5, atol=1e-6)
     named = nox.export(nb.value_and_grad(loss_fn, argnums=1), *args)
     assert [i.name for i in named.graph.input] == ["p.w1", "p.w2", "x", "y"]
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "uint32", "int64", "uint64"])
+def test_integer_and_bool_operands_export_to_nodes_onnx_types_allow(dtype):
+    """ONNX's Floor, Ceil and Round take floats, its Relu and Neg signed numbers, Abs, Bitwise*, Less and Greater
+    no bools, MatMul no 8- or 16-bit integers: the export wrote them over such operands anyway (Floor(int8),
+    Neg(uint8), BitwiseNot(bool), Less(bool), MatMul(int8): models onnx.checker and onnxruntime refused); it writes
+    what they are there (identities, 0 - x, Not..., MatMul in int32 cast back)."""
+    v = (np.arange(8).reshape(4, 2) * 77 - 100).astype(dtype) if dtype != "bool" else np.arange(8).reshape(4, 2) % 3 == 0
+    x = sharded(v, ["dp", "tp"])
+    fns = [nb.floor, nb.ceil, nb.abs]
+    fns += [nb.relu] if dtype[0] in "bu" else []  # (onnxruntime has no int8 or int64 Relu kernel)
+    fns += [nb.negative, nb.sign] if dtype != "bool" else []  # (numpy's negative and sign refuse bools)
+    if dtype == "bool":
+        fns.append(lambda a: lax_ops.bitwise_xor(lax_ops.invert(a), lax_ops.bitwise_and(a, a[::-1])))
+    fns += [lambda a: a < a[::-1], lambda a: a >= a[:, ::-1], lambda a: a != a[::-1]]  # (Less(bool) was refused)
+    fns += [lambda a: a.T @ a]  # MatMul of int8, uint8 or bools: refused too
+    for fn in fns:
+        model = nox.export(fn, x)
+        onnx.checker.check_model(model, full_check=True)
+        got = ort_run(model, {model.graph.input[0].name: v})[0]
+        with np.errstate(over="ignore"):
+            want = fn(x).numpy()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_exported_floor_divide_and_remainder_are_numpys_divmod():
+    """``a - floor(a / b) * b`` and ``floor(a / b)`` round: 12345.678 % 0.7 in float32 exported as 0.47753906 (numpy
+    0.4779446), 1e7 % 0.3 as 0 (0.0026357), 2.15 % inf as NaN (2.15), 1.0 // 0.1 as 10 (9), inf // 2 as inf (NaN);
+    an integer divided by 0 as -2**31 (0)."""
+    a = np.float32([[12345.678, 1e7, 2.15, -3.11], [7.5, -7.5, np.inf, 5.0], [1.0, 4.0, -1.0, 0.1]])
+    b = np.float32([[0.7, 0.3, np.inf, np.inf], [2.0, -2.0, 2.0, 0.0], [0.1, 0.4, 0.1, 0.03]])
+    for x, y in ((a, b), (a.astype(np.float64), b.astype(np.float64)), (np.int32([[7, -7], [5, 0]]), np.int32([[2, 2], [0, 3]]))):
+        for fn in (lambda x, y: x % y, lambda x, y: x // y):
+            with np.errstate(divide="ignore", invalid="ignore"):  # (the trace runs nabla's kernels, numpy's)
+                model = nox.export(fn, sharded(x, ["dp", "tp"]), sharded(y, [None, "tp"]))
+                np.testing.assert_array_equal(ort_run(model, {"x": x, "y": y})[0], fn(x, y))

@@ -377,3 +377,19 @@ def test_floor_divide_remainder_clip_and_friends_equal_numpy_and_jax_grad(dtype)
                   (lambda a: (nb.square(a) * nb.clip(a, 0.0, 1.0)).sum(),
                    lambda a: (jnp.square(a) * jnp.clip(a, 0.0, 1.0)).sum())):
         np.testing.assert_allclose(nb.grad(f)(tw).numpy(), np.asarray(jax.grad(jf)(jnp.asarray(w))), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dims", [[None, None], [None, ("x", "y")], ["x", "y"]])  # the row whole, or cut 5 over 4
+def test_softmax_and_sigmoid_of_integers_compute_in_exps_float_dtype(dims):
+    """In the float numpy's exp gives an integer (int8: float16), not in the integer: -x and x - max wrapped, so
+    sigmoid(uint8 1) was 0 (0.731) and softmax of int8 [0, 1, 6, -100, 100] NaN where it is 1."""
+    m = nb.DeviceMesh("m", (2, 2), ("x", "y"))
+    for v in (np.uint8([[0, 1, 6, 200, 255]] * 2), np.int8([[0, 1, 6, -100, 100], [-128, 127, 0, 3, -3]]),
+              np.int32([[1, 5, 70000, -3, 2]] * 2), np.bool_([[True, False, True, True, False]] * 2)):
+        t, x = nb.tensor(v).shard(m, dims), v.astype(np.float64)
+        e = np.exp(x - x.max(1, keepdims=True))
+        with np.errstate(over="ignore"):  # (sigmoid(-128) in float16: exp(128) is inf, as numpy's)
+            pairs = ((nb.softmax(t, axis=1), e / e.sum(1, keepdims=True)), (nb.sigmoid(t), 1 / (1 + np.exp(-x))))
+        for got, want in pairs:
+            assert got.dtype == np.exp(v[:0]).dtype, (v.dtype, got.dtype)
+            assert_sharded_allclose(got, want.astype(got.dtype), rtol=1e-3, atol=1e-3)

@@ -95,16 +95,6 @@ _unary("Not", lambda x: nb.equal(x, False))
 _unary("Softsign", lambda x: x / (_c(x, 1) + nb.abs(x)))
 
 
-def _hi_unary(fn):
-    def run(x):
-        y, dt = _hi(x)
-        return _cast(fn(y), dt)
-    return run
-
-
-_unary("Asinh", _hi_unary(lambda x: _sign(x) * _log1p(nb.abs(x) + x * x / (1.0 + nb.sqrt(x * x + 1.0)))))
-_unary("Acosh", _hi_unary(lambda x: _log1p((x - 1.0) + nb.sqrt((x - 1.0) * (x + 1.0)))))
-_unary("Atanh", _hi_unary(lambda x: 0.5 * _log1p((x + x) / (1.0 - x))))
 
 
 def _erf64(x: Tensor) -> Tensor:

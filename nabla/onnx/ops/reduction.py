@@ -51,8 +51,9 @@ def _prod(x: Tensor, axes: Sequence[int], keepdims: bool) -> Tensor:
 # ---- reductions (the ONNX sharding formalism's third group) ------------------------------------------------------------
 
 
-def _reduce_axes(n: Node, x: Tensor, axes_t: Tensor | None) -> tuple[int, ...] | None:
-    """The reduced axes, or None for "no reduction" (noop_with_empty_axes with no axes)."""
+def _reduce_axes(n: Node, x: Tensor, axes_t: Tensor | None) -> tuple[int, ...]:
+    """The reduced axes: () for noop_with_empty_axes with no axes (no reduction, but the composite reductions'
+    elementwise steps still run: ReduceSumSquare squares, ReduceL1 takes the absolute value, as the spec says)."""
     if axes_t is not None and axes_t.size:
         axes = _ints(n.host(axes_t, "axes"))
     elif "axes" in n.attrs:
@@ -61,7 +62,7 @@ def _reduce_axes(n: Node, x: Tensor, axes_t: Tensor | None) -> tuple[int, ...] |
         axes = []
     if not axes:
         if n.attr("noop_with_empty_axes", 0):
-            return None
+            return ()
         return tuple(range(x.ndim))
     out = sorted({_axis(n, a, x.ndim, "axes entry") for a in axes})
     if len(out) != len(axes):
@@ -73,8 +74,6 @@ def _reduction(kernel, empty):
     """``kernel(x, axes, keepdims)``; ``empty(dtype)`` is the value of a reduction over no elements."""
     def run(n, x, axes_t=None):
         axes = _reduce_axes(n, x, axes_t)
-        if axes is None:
-            return x
         keep = bool(n.attr("keepdims", 1))
         if any(x.shape[a] == 0 for a in axes):
             shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keep or d not in axes)
@@ -110,12 +109,8 @@ def _arg(which: str):
         last = bool(n.attr("select_last_index", 0))
         if last:
             x = _take(x, ax, slice(None, None, -1))
-        if which == "max":
-            idx = _cast(nb.argmax(x, ax), np.int64)
-        else:  # the first index holding the min (argmax's own composition, with min)
-            m = nb.min(x, ax, keepdims=True)
-            hits = nb.where(x == m, _iota(size, ax, x.ndim), np.int64(size))
-            idx = _cast(nb.min(hits, ax), np.int64)
+        # (numpy's: the first NaN where there is one; a composition with min gave no index there: size, or -1)
+        idx = _cast((nb.argmax if which == "max" else nb.argmin)(x, ax), np.int64)
         if last:
             idx = np.int64(size - 1) - idx
         return nb.expand_dims(idx, ax) if n.attr("keepdims", 1) else idx
