@@ -29,7 +29,7 @@ def _unary(fn):
 for _name, _fn in {
     "max": O.maximum, "min": O.minimum,
     "pow": O.power, "eq": O.equal, "ne": O.not_equal, "lt": O.less, "le": O.less_equal, "gt": O.greater,
-    "ge": O.greater_equal, "and": X.bitwise_and, "or": X.bitwise_or, "xor": X.bitwise_xor, "atan2": X.arctan2,
+    "ge": O.greater_equal, "rem": X.rem, "and": X.bitwise_and, "or": X.bitwise_or, "xor": X.bitwise_xor, "atan2": X.arctan2,
     "shift_left": X.left_shift,
 }.items():
     primitive(_name, elementwise=True)(_binary(_fn))
@@ -88,14 +88,6 @@ def _div(ev, e, a, b):
     inexact = O.not_equal(O.remainder(a, b), 0)
     signs = O.not_equal(O.less(a, 0), O.less(b, 0))
     return O.where(X.bitwise_and(inexact, signs), q + 1, q)
-
-
-@primitive("rem", elementwise=True)
-def _rem(ev, e, a, b):
-    """lax's remainder has the dividend's sign (C's fmod); numpy's the divisor's."""
-    r = O.remainder(a, b)
-    fix = X.bitwise_and(O.not_equal(r, 0), O.not_equal(O.less(r, 0), O.less(a, 0)))
-    return O.where(fix, r - b, r)
 
 
 @primitive("integer_pow", elementwise=True)

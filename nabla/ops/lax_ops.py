@@ -18,6 +18,7 @@ from ..errors import ShardingError
 from ..opdef import OpDef
 from ..rules.core import PASS, build
 from .core import apply
+from . import pointwise as P
 from .pointwise import exp, sqrt
 from .registry import elementwise, onnx_export, register
 
@@ -100,6 +101,20 @@ sinh = elementwise("lax_sinh", lambda xp, x: xp.sinh(x), onnx="Sinh", public=Fal
                    vjp=lambda g, x, o: g * ((exp(x) + exp(-x)) * 0.5))
 cosh = elementwise("lax_cosh", lambda xp, x: xp.cosh(x), onnx="Cosh", public=False,
                    vjp=lambda g, x, o: g * ((exp(x) - exp(-x)) * 0.5))
+@onnx_export("Mod")
+def _rem_onnx(ex):
+    return ex.one("Mod", fmod=1)
+
+
+def _rem_db(g, a, b, o):
+    q = a / b
+    return -(g * (P.sign(q) * P.floor(P.abs(q))))  # -g * trunc(a / b), as jax's rule
+
+
+# C's fmod, the dividend's sign (lax.rem; ONNX's Mod with fmod=1): exact, where a - b * trunc(a / b) rounds (1.0 rem
+# 0.1 in float64 gave 0, not 0.09999999999999995) and remainder(a, b) - b loses a tiny a (-1e-30 rem 1 gave 0)
+rem = elementwise("lax_rem", lambda xp, a, b: xp.fmod(a, b), onnx=_rem_onnx, public=False,
+                  vjp=(lambda g, a, b, o: g, _rem_db))
 arcsinh = elementwise("lax_asinh", lambda xp, x: xp.arcsinh(x), onnx="Asinh", public=False,
                       vjp=lambda g, x, o: g / sqrt(x * x + 1.0))
 arccosh = elementwise("lax_acosh", lambda xp, x: xp.arccosh(x), onnx="Acosh", public=False,

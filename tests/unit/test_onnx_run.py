@@ -248,6 +248,20 @@ def test_arg_reductions_with_nan_and_composite_reductions_over_no_axes_equal_the
         assert_sharded_allclose(got, want)
 
 
+def test_float_mod_is_cs_fmod_exactly():
+    """Mod with fmod=1 is C's fmod, exactly (as onnxruntime's): a - b * trunc(a / b) rounded, 1.0 mod 0.1 in float64
+    gave 0 (0.09999999999999995) and 1e300 mod 0.7 gave 0 (0.379...); fmod=0 moves it by b, as numpy's remainder."""
+    a = np.array([1.0, 1e7, 1e300, -1e-30, -3.5, 5.0, -7.0, -0.0])
+    b = np.array([0.1, 0.3, 0.7, 1.0, 2.0, -3.0, np.inf, 2.0])
+    for fmod, want, opset in ((1, np.fmod(a, b), 21), (0, np.remainder(a, b), 28)):
+        m = model([helper.make_node("Mod", ["a", "b"], ["y"], fmod=fmod)],
+                  [("a", TensorProto.DOUBLE, [8]), ("b", TensorProto.DOUBLE, [8])], [("y", TensorProto.DOUBLE, [8])],
+                  opset=opset)
+        got = nox.run(m, {"a": nb.tensor(a).shard(MESH, ["d"]), "b": b})["y"].numpy()
+        np.testing.assert_array_equal(got, want)
+        assert (np.signbit(got) == np.signbit(want)).all()
+
+
 def test_einsum_diagonal_and_trace():
     a = np.arange(9, dtype=np.float32).reshape(3, 3)
     b = np.arange(12, dtype=np.float32).reshape(3, 2, 2)

@@ -16,6 +16,7 @@ from onnx import helper
 import nabla as nb
 
 from ...dtypes import finfo, is_float, is_inexact
+from ...ops import lax_ops as X
 from ...tensor import Tensor
 from .registry import OPS, Node, Op, _c, _cast, _hi, holdable, op
 
@@ -335,18 +336,15 @@ def _signbit(x: Tensor) -> Tensor:
 @op("Mod")
 def _mod(n, a, b):
     """Integers: through a float64 quotient, then exact integer arithmetic (exact below 2**53).
-    Floats: fmod as a - b * trunc(a / b) in float64 (exact for float16/32 while |a / b| < 2**29),
-    then the sign of the divisor when ``fmod`` is 0, with IEEE's signed zeros and infinities."""
+    Floats: C's fmod (exact; a - b * trunc(a / b) rounded: 1.0 mod 0.1 in float64 gave 0), then the sign of the
+    divisor when ``fmod`` is 0, with IEEE's signed zeros and infinities."""
     fmod = bool(n.attr("fmod", 0))
     if not _f(a):
         q = nb.divide(a, b)
         q = _cast(_trunc(q) if fmod else _floor(q), a.dtype)
         return _cast(a - b * q, a.dtype)
     (A, dt), (B, _) = _hi(a), _hi(b)
-    binf = nb.abs(B) == np.inf
-    q = _trunc(A / nb.where(binf, 1.0, B))
-    r = nb.where(nb.multiply(binf, nb.abs(A) < np.inf), A, A - B * q)
-    r = nb.where(r == 0.0, nb.where(_signbit(A), -0.0, 0.0), r)
+    r = X.rem(A, B)  # (its zeros have A's sign)
     if not fmod:
         flip = nb.multiply(r != 0.0, nb.not_equal(_signbit(r), _signbit(B)))
         r = nb.where(flip, r + B, r)
