@@ -106,11 +106,7 @@ def _np_arg(name: str):
     def f(a, axis=None, out=None, *, keepdims=False):
         _reject(name, out=out)
         with C.user_op(name):
-            r = getattr(ops, name)(a, axis)
-            if _np_default(keepdims, False):
-                nd = np.ndim(a)
-                r = ops.reshape(r, (1,) * nd) if axis is None else ops.expand_dims(r, int(axis) % nd)
-        return r
+            return getattr(ops, name)(a, axis, bool(_np_default(keepdims, False)))
     return f
 
 

@@ -53,13 +53,13 @@ def _min(self: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     return min(self, axis, keepdims)
 
 
-def _argmax(self: Tensor, axis: int | None = None) -> Tensor:
+def _argmax(self: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
     with user_op("argmax"):
-        return argmax(self, axis)
+        return argmax(self, axis, keepdims)
 
 
-def _argmin(self: Tensor, axis: int | None = None) -> Tensor:
-    return argmin(self, axis)
+def _argmin(self: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    return argmin(self, axis, keepdims)
 
 
 def _var(self: Tensor, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> Tensor:

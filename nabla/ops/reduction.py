@@ -213,13 +213,20 @@ def _search_op(name: str, chooser) -> OpDef:
         i64 = ex.emit(onnx_type, [x], "i64", axis=int(axis), keepdims=0)
         return ex.finish(ex.out("Cast", [i64], to=ex.onnx_type(ex.dtype, f"{name}'s result")), [(x0, 0)])
 
-    def search(x: ArrayLike, axis: int | None = None) -> Tensor:
+    def search(x: ArrayLike, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        r = found(x, axis)
+        nd = _ndim(x)
+        if not keepdims or not nd:
+            return r
+        return reshape(r, (1,) * nd) if axis is None else expand_dims(r, _axes(axis, nd, name)[0])
+
+    def found(x: ArrayLike, axis: int | None) -> Tensor:
         if axis is None:
             if isinstance(x, Tensor) and x.sharding is not None and x.ndim > 1:
-                return search(reshape(x, (-1,)), 0)
+                return found(reshape(x, (-1,)), 0)
             return apply(op, (x,), (None,))
         if not _axes(axis, _ndim(x), name):  # 0-d, axis 0 or -1 (numpy: 0)
-            return search(x)
+            return found(x, None)
         ax = _axes(axis, _ndim(x), name)[0]
         spec = x.sharding if isinstance(x, Tensor) else None
         if spec is not None and spec.dim_specs[ax].axes and x.shape[ax]:
@@ -232,7 +239,8 @@ def _search_op(name: str, chooser) -> OpDef:
     search.__name__ = search.__qualname__ = name
     search.__module__ = "nabla"
     which = "maximum" if name == "argmax" else "minimum"
-    search.__doc__ = (f"Global indices of the first {which} (numpy's ``{name}``: a NaN counts as the {which}). When "
+    search.__doc__ = (f"Global indices of the first {which} (numpy's ``{name}``: a NaN counts as the {which}; "
+                      f"``keepdims`` keeps the searched dim as size 1). When "
                       f"the searched dim is sharded it is not gathered: the {which[:3]} is reduced across devices (an "
                       f"all_reduce of one value per remaining element), then the smallest index holding it (another).")
     op = register(OpDef(name, lambda shapes, axis: R.reduce_rule(

@@ -393,3 +393,19 @@ def test_softmax_and_sigmoid_of_integers_compute_in_exps_float_dtype(dims):
         for got, want in pairs:
             assert got.dtype == np.exp(v[:0]).dtype, (v.dtype, got.dtype)
             assert_sharded_allclose(got, want.astype(got.dtype), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("dims", [[None, None, None], ["x", None, "y"], [None, ("x", "y"), None]])
+def test_argmax_and_argmin_keep_dims_as_numpy_does(name, axis, dims):
+    """``keepdims`` on the function, the method and ``np.<name>(t)``, on every layout: numpy's shape and indices."""
+    x = np.random.default_rng(3).standard_normal((4, 5, 6)).astype(np.float32)
+    x[1, 2, 3] = np.nan
+    t = nb.tensor(x).shard(nb.DeviceMesh("m", (2, 2), ("x", "y")), dims)
+    want = getattr(np, name)(x, axis=axis, keepdims=True)
+    for got in (getattr(nb, name)(t, axis, keepdims=True), getattr(t, name)(axis, keepdims=True),
+                getattr(np, name)(t, axis=axis, keepdims=True)):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(getattr(nb, name)(t, axis).numpy(), getattr(np, name)(x, axis=axis))
