@@ -27,6 +27,11 @@ from .trace import HUSK, PLACE, RELAYOUT, Node, _remat, gathered_copy, tracked
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
+from .backends import ACTIVE as _BACKEND
+from .collectives import _EPOCH
+from .commlog import _logs as _LOGS
+from .cost import _current as _COST_MODEL
+from .propagation import _strategy as _STRATEGY
 
 SCALARS = (bool, int, float, complex, np.generic)
 
@@ -37,7 +42,11 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     When an operand is traced, the result records a Node (op, params, operands, program); when a comm log is
     open, the op's step (what moved, and why) is published to it."""
     r = _remat.get()
-    if r is not None and op.name in r.ops:
+    if r is None and not _LOGS.get():
+        out = _untracked(op, args, params, make)
+        if out is not None:
+            return out
+    elif r is not None and op.name in r.ops:
         if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
             return _replayed(r, op, params, args, make)
     rec = C.logging()
@@ -66,6 +75,35 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     if r is not None and op.name in r.ops:
         r.saved.append((out, prog))
     return out
+
+
+def _untracked(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> Any:
+    """The hot path: an op on numpy blocks with no operand traced or summed by an earlier use, nothing logged or
+    replayed, and a program that keeps no pending sum it must check (most eager calls). It runs what ``run`` would
+    run then, minus the bookkeeping for those cases; None when they apply (``run`` takes its general path)."""
+    sids = []
+    for a in args:
+        if isinstance(a, Value):
+            if a._node is not None or a._moved or a._sid < 0 or type(a._data) is not np.ndarray:
+                return None
+            sids.append(a._sid)
+        else:
+            sids.append(sid_of(a))
+    try:
+        prog = program_for(op, tuple(sids), params, _STRATEGY.get(), _COST_MODEL.get(), STRICT.get(), _EPOCH[0])
+    except StaleSignature:
+        return None
+    if type(prog) is not Program:
+        return None
+    if prog.checks or not prog.hot or _BACKEND.get() != "numpy":
+        return None
+    fast = prog.fast
+    if fast is not None:
+        return _run_fast(op, args, prog, fast, make)
+    arrays = [(a._data if p.view is None else _view(a._data, p.view)) if p.direct else
+              _prepare(a, p, prog, op, backends.NUMPY, None, i) for i, (a, p) in enumerate(zip(args, prog.preps))]
+    out = backends.NUMPY.commit(backends.NUMPY.kernel(op, arrays, prog), prog.result)
+    return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 
 def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Callable) -> Any:
@@ -202,28 +240,9 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
         return manual_run(op, args, params, make), MANUAL
     if prog.checks and breaks_linearity(prog.checks, args):
         prog = program_for(op, sids, params, strat, model, True, epoch)
-    if prog.fast is not None and backends.active() is backends.NUMPY:
-        arrays = []
-        for a, view in zip(args, prog.fast):
-            if view is False:  # a scalar
-                arrays.append(a)
-                continue
-            d = a._data
-            if type(d) is not np.ndarray:
-                break
-            arrays.append(d if view is None else d.reshape(view) if type(view[0]) is int else _view(d, view))
-        else:
-            if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
-                with np.errstate(all="ignore"):
-                    out = op.fast(*arrays)
-            else:
-                out = op.fast(*arrays)
-            if type(out) is not np.ndarray:
-                out = np.asarray(out)
-            if out.dtype != prog.dtype:
-                out = out.astype(prog.dtype)
-            out.flags.writeable = False
-            return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
+    if prog.fast is not None and backends.active() is backends.NUMPY and \
+            all(type(a._data) is np.ndarray for a, view in zip(args, prog.fast) if view is not False):
+        return _run_fast(op, args, prog, prog.fast, make), prog
     be = backends.active()
     for a in args:
         if isinstance(a, Value):
@@ -240,6 +259,23 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     if prog.post is not None and sink is not None:
         sink[-1] = prog.post.events
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
+
+
+def _run_fast(op: OpDef, args: Sequence[Any], prog: Program, fast: tuple, make: Callable) -> Any:
+    """``op.fast`` on the stored blocks of numpy operands (views of them, a scalar as it is): nothing moves."""
+    arrays = [a if view is False else a._data if view is None else a._data.reshape(view) if type(view[0]) is int
+              else _view(a._data, view) for a, view in zip(args, fast)]
+    if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
+        with np.errstate(all="ignore"):
+            out = op.fast(*arrays)
+    else:
+        out = op.fast(*arrays)
+    if type(out) is not np.ndarray:
+        out = np.asarray(out)
+    if out.dtype != prog.dtype:
+        out = out.astype(prog.dtype)
+    out.setflags(write=False)
+    return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 
 def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i: int, moved: list | None = None

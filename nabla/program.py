@@ -76,6 +76,8 @@ class Program(NamedTuple):
     folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
     flops: int = 0  # of one device's kernel (the largest block)
     decision: Planned | None = None  # what propagation decided (per factor), for nb.explain to tell
+    hot: bool = True  # the executor's hot path may run it: not a product of two pending sums (they may be one
+    # value, summed first: ``pending.repeated_partials`` asks which, by identity)
 
 
 class _ShapeOnly:
@@ -227,7 +229,8 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
                    result_sid, padded, None, checks, final, bool(fold), int(flops),
-                   Planned(rule, dec, reserved, strict))
+                   Planned(rule, dec, reserved, strict),
+                   op.linear != "mul" or sum(1 for s in sigs if s[0] == "s" and s[3].partial_axes) < 2)
     return prog._replace(fast=_fast_views(op, prog, sigs))
 
 
