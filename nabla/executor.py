@@ -263,8 +263,10 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
 
 def _run_fast(op: OpDef, args: Sequence[Any], prog: Program, fast: tuple, make: Callable) -> Any:
     """``op.fast`` on the stored blocks of numpy operands (views of them, a scalar as it is): nothing moves."""
-    arrays = [a if view is False else a._data if view is None else a._data.reshape(view) if type(view[0]) is int
-              else _view(a._data, view) for a, view in zip(args, fast)]
+    arrays = []  # (a loop: a comprehension is a call of its own)
+    for a, view in zip(args, fast):
+        arrays.append(a if view is False else a._data if view is None else a._data.reshape(view)
+                      if type(view[0]) is int else _view(a._data, view))
     if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
         with np.errstate(all="ignore"):
             out = op.fast(*arrays)

@@ -49,10 +49,14 @@ def _named(fn):
 
 
 def apply(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
-    vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
+    vals = args
+    for a in args:  # (operands that are all values, the common call, are passed on as they are)
+        if not isinstance(a, Value):
+            vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
+            break
     if op.arrange is not None:
         vals = list(op.arrange(vals, params))
-    if len(vals) > 1:
+    if vals is not args and len(vals) > 1:  # (a float is an operand that is not a value)
         for v in vals:
             if type(v) is float:
                 vals = _weak(vals)
