@@ -100,8 +100,12 @@ def _untracked(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) ->
     fast = prog.fast
     if fast is not None:
         return _run_fast(op, args, prog, fast, make)
-    arrays = [(a._data if p.view is None else _view(a._data, p.view)) if p.direct else
-              _prepare(a, p, prog, op, backends.NUMPY, None, i) for i, (a, p) in enumerate(zip(args, prog.preps))]
+    arrays = []
+    i = 0
+    for a, p in zip(args, prog.preps):
+        arrays.append((a._data if p.view is None else _view(a._data, p.view)) if p.direct else
+                      _prepare(a, p, prog, op, backends.NUMPY, None, i))
+        i += 1
     out = backends.NUMPY.commit(backends.NUMPY.kernel(op, arrays, prog), prog.result)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 

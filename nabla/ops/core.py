@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..dtypes import is_float, is_inexact
-from ..collectives import user_op as _user_op
+from ..collectives import logging as _logging, user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, run
 from ..value import Value
@@ -39,13 +39,29 @@ def _arg(x: Any, op: str, i: int) -> Any:
 
 
 def _named(fn):
-    """The collectives a composite op runs are logged under its own name (softmax, not max and divide)."""
+    """The collectives a composite op runs are logged under its own name (softmax, not max and divide), and the
+    nodes it records carry it; with no log open and no traced operand nothing is logged or recorded, and the name
+    is not set."""
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        if not _logging() and _untraced(args) and (not kwargs or _untraced(kwargs.values())):
+            return fn(*args, **kwargs)
         with _user_op(fn.__name__):
             return fn(*args, **kwargs)
     return wrapped
+
+
+_PLAIN = (int, float, bool, str, type(None), np.ndarray)
+
+
+def _untraced(args: Any) -> bool:
+    """Whether no node can be made of these arguments: each a value recording none, or a plain Python scalar or
+    numpy array (a container might hold a traced value: not looked into)."""
+    for a in args:
+        if type(a) not in _PLAIN and not (isinstance(a, Value) and a._node is None):
+            return False
+    return True
 
 
 def apply(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
