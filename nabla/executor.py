@@ -100,12 +100,16 @@ def _untracked(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) ->
     fast = prog.fast
     if fast is not None:
         return _run_fast(op, args, prog, fast, make)
-    arrays = []
-    i = 0
-    for a, p in zip(args, prog.preps):
-        arrays.append((a._data if p.view is None else _view(a._data, p.view)) if p.direct else
-                      _prepare(a, p, prog, op, backends.NUMPY, None, i))
-        i += 1
+    arrays = []  # (loops: a comprehension is a call of its own)
+    if prog.as_stored:
+        for a in args:
+            arrays.append(a._data if isinstance(a, Value) else a)
+    else:
+        i = 0
+        for a, p in zip(args, prog.preps):
+            arrays.append((a._data if p.view is None else _view(a._data, p.view)) if p.direct else
+                          _prepare(a, p, prog, op, backends.NUMPY, None, i))
+            i += 1
     out = backends.NUMPY.commit(backends.NUMPY.kernel(op, arrays, prog), prog.result)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
@@ -267,10 +271,14 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
 
 def _run_fast(op: OpDef, args: Sequence[Any], prog: Program, fast: tuple, make: Callable) -> Any:
     """``op.fast`` on the stored blocks of numpy operands (views of them, a scalar as it is): nothing moves."""
-    arrays = []  # (a loop: a comprehension is a call of its own)
-    for a, view in zip(args, fast):
-        arrays.append(a if view is False else a._data if view is None else a._data.reshape(view)
-                      if type(view[0]) is int else _view(a._data, view))
+    arrays = []  # (loops: a comprehension is a call of its own)
+    if prog.as_stored:  # (a scalar's view is False: it is the operand that is not a value)
+        for a in args:
+            arrays.append(a._data if isinstance(a, Value) else a)
+    else:
+        for a, view in zip(args, fast):
+            arrays.append(a if view is False else a._data if view is None else a._data.reshape(view)
+                          if type(view[0]) is int else _view(a._data, view))
     if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
         with np.errstate(all="ignore"):
             out = op.fast(*arrays)
@@ -278,9 +286,10 @@ def _run_fast(op: OpDef, args: Sequence[Any], prog: Program, fast: tuple, make: 
         out = op.fast(*arrays)
     if type(out) is not np.ndarray:
         out = np.asarray(out)
-    if out.dtype != prog.dtype:
+    dt = out.dtype
+    if dt is not prog.dtype and dt != prog.dtype:
         out = out.astype(prog.dtype)
-    out.setflags(write=False)
+    out.setflags(False)  # (write=False: positional is the cheaper call)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 

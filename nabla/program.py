@@ -78,6 +78,9 @@ class Program(NamedTuple):
     decision: Planned | None = None  # what propagation decided (per factor), for nb.explain to tell
     hot: bool = True  # the executor's hot path may run it: not a product of two pending sums (they may be one
     # value, summed first: ``pending.repeated_partials`` asks which, by identity)
+    as_stored: bool = False  # every operand is read as stored (a scalar as it is): nothing moves, no view or
+    # local step
+    after: bool = True  # the kernel's output is reshaped to ``final`` or moved by ``post`` (else it is the result)
 
 
 class _ShapeOnly:
@@ -231,7 +234,12 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
                    result_sid, padded, None, checks, final, bool(fold), int(flops),
                    Planned(rule, dec, reserved, strict),
                    op.linear != "mul" or sum(1 for s in sigs if s[0] == "s" and s[3].partial_axes) < 2)
-    return prog._replace(fast=_fast_views(op, prog, sigs))
+    fast = _fast_views(op, prog, sigs)
+    as_stored = all(v is None or v is False for v in fast) if fast is not None else \
+        all(p.kind == "scalar" and not p.mask_axes or p.kind == "sharded" and p.direct and p.view is None
+            for p in prog.preps)
+    return prog._replace(fast=fast, as_stored=as_stored,
+                         after=out_grid != final or post is not None and not prog.folded)
 
 
 def _fold(op: OpDef, post: reshard.Plan | None, G: int, out_grid: tuple[int, ...]) -> tuple[int, ...]:

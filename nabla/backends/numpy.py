@@ -23,7 +23,7 @@ class NumpyBackend(GridBackend):
         if type(x) is not np.ndarray:
             x = np.asarray(x)
         if x.flags.writeable:
-            x.setflags(write=False)  # tensors are immutable: no block can be written through a view
+            x.setflags(False)  # (write=False) tensors are immutable: no block can be written through a view
         return x
 
     def to_host(self, x: Any) -> np.ndarray:

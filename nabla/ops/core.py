@@ -65,14 +65,17 @@ def _untraced(args: Any) -> bool:
 
 
 def apply(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
-    vals = args
-    for a in args:  # (operands that are all values, the common call, are passed on as they are)
+    vals, floats = args, False
+    for a in args:  # (values and Python numbers, the common calls, are passed on as they are)
         if not isinstance(a, Value):
-            vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
-            break
+            if type(a) is float:
+                floats = True
+            elif type(a) is not int:
+                vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
+                break
     if op.arrange is not None:
         vals = list(op.arrange(vals, params))
-    if vals is not args and len(vals) > 1:  # (a float is an operand that is not a value)
+    if (floats or vals is not args) and len(vals) > 1:
         for v in vals:
             if type(v) is float:
                 vals = _weak(vals)
