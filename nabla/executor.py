@@ -43,9 +43,26 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     open, the op's step (what moved, and why) is published to it."""
     r = _remat.get()
     if r is None and not _LOGS.get():
-        out = _untracked(op, args, params, make)
-        if out is not None:
-            return out
+        # the hot path: nothing logged or replayed; when no operand is traced or summed by an earlier use, all are on
+        # numpy, and the program keeps no pending sum it must check (most eager calls), what follows would run the
+        # program's kernel and nothing else: that is run here (else the program is looked up again below)
+        sids = []
+        for a in args:
+            if isinstance(a, Value):
+                if a._node is not None or a._moved or a._sid < 0 or type(a._data) is not np.ndarray:
+                    break
+                sids.append(a._sid)
+            else:
+                sids.append(sid_of(a))
+        else:
+            try:
+                prog = program_for(op, tuple(sids), params, _STRATEGY.get(), _COST_MODEL.get(), STRICT.get(),
+                                   _EPOCH[0])
+            except StaleSignature:
+                prog = None
+            if type(prog) is Program and prog.hot and _BACKEND.get() == "numpy":
+                return _run_fast(op, args, prog, prog.fast, make) if prog.fast is not None else \
+                    _run_numpy(op, args, prog, make)
     elif r is not None and op.name in r.ops:
         if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
             return _replayed(r, op, params, args, make)
@@ -77,29 +94,9 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     return out
 
 
-def _untracked(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) -> Any:
-    """The hot path: an op on numpy blocks with no operand traced or summed by an earlier use, nothing logged or
-    replayed, and a program that keeps no pending sum it must check (most eager calls). It runs what ``run`` would
-    run then, minus the bookkeeping for those cases; None when they apply (``run`` takes its general path)."""
-    sids = []
-    for a in args:
-        if isinstance(a, Value):
-            if a._node is not None or a._moved or a._sid < 0 or type(a._data) is not np.ndarray:
-                return None
-            sids.append(a._sid)
-        else:
-            sids.append(sid_of(a))
-    try:
-        prog = program_for(op, tuple(sids), params, _STRATEGY.get(), _COST_MODEL.get(), STRICT.get(), _EPOCH[0])
-    except StaleSignature:
-        return None
-    if type(prog) is not Program:
-        return None
-    if prog.checks or not prog.hot or _BACKEND.get() != "numpy":
-        return None
-    fast = prog.fast
-    if fast is not None:
-        return _run_fast(op, args, prog, fast, make)
+def _run_numpy(op: OpDef, args: Sequence[Any], prog: Program, make: Callable) -> Any:
+    """The hot path's kernel on numpy operands: each operand's stored blocks (or a view of them, or prepared by its
+    factor kinds' local steps), the kernel, the result read-only."""
     arrays = []  # (loops: a comprehension is a call of its own)
     if prog.as_stored:
         for a in args:
@@ -110,7 +107,8 @@ def _untracked(op: OpDef, args: Sequence[Any], params: tuple, make: Callable) ->
             arrays.append((a._data if p.view is None else _view(a._data, p.view)) if p.direct else
                           _prepare(a, p, prog, op, backends.NUMPY, None, i))
             i += 1
-    out = backends.NUMPY.commit(backends.NUMPY.kernel(op, arrays, prog), prog.result)
+    out = backends.NUMPY.kernel(op, arrays, prog)  # (an ndarray: made read-only here, as NUMPY.commit does)
+    out.setflags(False)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 

@@ -38,6 +38,8 @@ def _matmul_kernel(arrays, local):
         # numpy's batched matmul reads the whole weight again for each batch entry
         out = np.matmul(*_wide(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])))
         return out.reshape(a.shape[:-1] + out.shape[-1:])
+    if xp is np and a.dtype.kind != "V" and b.dtype.kind != "V":  # (the usual case: no operand to widen)
+        return np.matmul(a, b)
     return xp.matmul(*_wide(a, b))
 
 

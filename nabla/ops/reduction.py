@@ -122,7 +122,8 @@ def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replic
 
 
 def _dt(x: Any) -> np.dtype:
-    return np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
+    d = x._dtype if isinstance(x, Value) else np.asarray(x).dtype
+    return d if isinstance(d, np.dtype) else np.dtype(d)
 
 
 def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
