@@ -25,14 +25,15 @@ from .shape import broadcast_to, expand_dims, reshape, squeeze, swapaxes
 def _matmul_kernel(arrays, local):
     a, b = arrays
     G = local.G
-    batch = len(local.out_chunk) - 2
+    rank = G + len(local.out_chunk)
+    batch = rank - G - 2
     # give both operands the result's batch rank so grid axes line up
-    if a.ndim != G + batch + 2:
+    if a.ndim != rank:
         a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
-    if b.ndim != G + batch + 2:
+    if b.ndim != rank:
         b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
     xp = np if type(a) is np.ndarray and type(b) is np.ndarray else _xp(a, b)
-    if xp is np and a.ndim > 2 and b.shape[:-2] == (1,) * (b.ndim - 2) and a.size and \
+    if xp is np and rank > 2 and b.shape[:-2] == (1,) * (rank - 2) and a.size and \
             a.shape[-2] < a.size // a.shape[-1] and a.flags.c_contiguous:
         # one matrix for every device and batch entry (a Gemm's weight): one GEMM over all rows of ``a``, where
         # numpy's batched matmul reads the whole weight again for each batch entry

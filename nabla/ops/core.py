@@ -59,7 +59,10 @@ def _untraced(args: Any) -> bool:
     """Whether no node can be made of these arguments: each a value recording none, or a plain Python scalar or
     numpy array (a container might hold a traced value: not looked into)."""
     for a in args:
-        if type(a) not in _PLAIN and not (isinstance(a, Value) and a._node is None):
+        if isinstance(a, Value):
+            if a._node is not None:
+                return False
+        elif type(a) not in _PLAIN:
             return False
     return True
 
