@@ -27,6 +27,11 @@ from .trace import HUSK, Link, _remat, entry, gathered_copy, keeping, link, reco
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
+from .backends import ACTIVE as _BACKEND
+from .collectives import _EPOCH
+from .commlog import _logs as _LOGS
+from .cost import _current as _COST_MODEL
+from .propagation import _strategy as _STRATEGY
 
 SCALARS = (bool, int, float, complex, np.generic)
 
@@ -37,7 +42,28 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     The op's step (what moved, and why) is built when an operand is traced (the result is linked to it on the tape,
     with the operands its VJP keeps) or a comm log is open (it is published there)."""
     r = _remat.get()
-    if r is not None and op.name in r.ops:
+    if r is None and not _LOGS.get():
+        # the hot path: nothing logged or replayed; when no operand is traced or summed by an earlier use, all are on
+        # numpy, and the program keeps no pending sum it must check (most eager calls), what follows would run the
+        # program's kernel and nothing else: that is run here (else the program is looked up again below)
+        sids = []
+        for a in args:
+            if isinstance(a, Value):
+                if a._node is not None or a._moved or a._sid < 0 or type(a._data) is not np.ndarray:
+                    break
+                sids.append(a._sid)
+            else:
+                sids.append(sid_of(a))
+        else:
+            try:
+                prog = program_for(op, tuple(sids), params, _STRATEGY.get(), _COST_MODEL.get(), STRICT.get(),
+                                   _EPOCH[0])
+            except StaleSignature:
+                prog = None
+            if type(prog) is Program and prog.hot and _BACKEND.get() == "numpy":
+                return _run_fast(op, args, prog, prog.fast, make) if prog.fast is not None else \
+                    _run_numpy(op, args, prog, make)
+    elif r is not None and op.name in r.ops:
         if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
             return _replayed(r, op, params, args, make)
     rec = C.logging()
@@ -62,6 +88,24 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     if r is not None and op.name in r.ops:
         r.saved.append((out, prog))
     return out
+
+
+def _run_numpy(op: OpDef, args: Sequence[Any], prog: Program, make: Callable) -> Any:
+    """The hot path's kernel on numpy operands: each operand's stored blocks (or a view of them, or prepared by its
+    factor kinds' local steps), the kernel, the result read-only."""
+    arrays = []  # (loops: a comprehension is a call of its own)
+    if prog.as_stored:
+        for a in args:
+            arrays.append(a._data if isinstance(a, Value) else a)
+    else:
+        i = 0
+        for a, p in zip(args, prog.preps):
+            arrays.append((a._data if p.view is None else _view(a._data, p.view)) if p.direct else
+                          _prepare(a, p, prog, op, backends.NUMPY, None, i))
+            i += 1
+    out = backends.NUMPY.kernel(op, arrays, prog)  # (an ndarray: made read-only here, as NUMPY.commit does)
+    out.setflags(False)
+    return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 
 def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Callable) -> Any:
@@ -207,28 +251,9 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
         return manual_run(op, args, params, make), MANUAL
     if prog.checks and breaks_linearity(prog.checks, args):
         prog = program_for(op, sids, params, strat, model, True, epoch)
-    if prog.fast is not None and backends.active() is backends.NUMPY:
-        arrays = []
-        for a, view in zip(args, prog.fast):
-            if view is False:  # a scalar
-                arrays.append(a)
-                continue
-            d = a._data
-            if type(d) is not np.ndarray:
-                break
-            arrays.append(d if view is None else d.reshape(view) if type(view[0]) is int else _view(d, view))
-        else:
-            if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
-                with np.errstate(all="ignore"):
-                    out = op.fast(*arrays)
-            else:
-                out = op.fast(*arrays)
-            if type(out) is not np.ndarray:
-                out = np.asarray(out)
-            if out.dtype != prog.dtype:
-                out = out.astype(prog.dtype)
-            out.flags.writeable = False
-            return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
+    if prog.fast is not None and backends.active() is backends.NUMPY and \
+            all(type(a._data) is np.ndarray for a, view in zip(args, prog.fast) if view is not False):
+        return _run_fast(op, args, prog, prog.fast, make), prog
     be = backends.active()
     for a in args:
         if isinstance(a, Value):
@@ -245,6 +270,30 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     if prog.post is not None and sink is not None:
         sink[-1] = prog.post.events
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
+
+
+def _run_fast(op: OpDef, args: Sequence[Any], prog: Program, fast: tuple, make: Callable) -> Any:
+    """``op.fast`` on the stored blocks of numpy operands (views of them, a scalar as it is): nothing moves."""
+    arrays = []  # (loops: a comprehension is a call of its own)
+    if prog.as_stored:  # (a scalar's view is False: it is the operand that is not a value)
+        for a in args:
+            arrays.append(a._data if isinstance(a, Value) else a)
+    else:
+        for a, view in zip(args, fast):
+            arrays.append(a if view is False else a._data if view is None else a._data.reshape(view)
+                          if type(view[0]) is int else _view(a._data, view))
+    if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
+        with np.errstate(all="ignore"):
+            out = op.fast(*arrays)
+    else:
+        out = op.fast(*arrays)
+    if type(out) is not np.ndarray:
+        out = np.asarray(out)
+    dt = out.dtype
+    if dt is not prog.dtype and dt != prog.dtype:
+        out = out.astype(prog.dtype)
+    out.setflags(False)  # (write=False: positional is the cheaper call)
+    return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 
 def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i: int, moved: list | None = None

@@ -76,6 +76,11 @@ class Program(NamedTuple):
     folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
     flops: int = 0  # of one device's kernel (the largest block)
     decision: Planned | None = None  # what propagation decided (per factor), for nb.explain to tell
+    hot: bool = True  # the executor's hot path may run it: no check on a kept pending sum, not a product of two
+    # pending sums (they may be one value, summed first: ``pending.repeated_partials`` asks which, by identity)
+    as_stored: bool = False  # every operand is read as stored (a scalar as it is): nothing moves, no view or
+    # local step
+    after: bool = True  # the kernel's output is reshaped to ``final`` or moved by ``post`` (else it is the result)
 
 
 class _ShapeOnly:
@@ -227,8 +232,15 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
                    result_sid, padded, None, checks, final, bool(fold), int(flops),
-                   Planned(rule, dec, reserved, strict))
-    return prog._replace(fast=_fast_views(op, prog, sigs))
+                   Planned(rule, dec, reserved, strict),
+                   not checks and (op.linear != "mul" or
+                                   sum(1 for s in sigs if s[0] == "s" and s[3].partial_axes) < 2))
+    fast = _fast_views(op, prog, sigs)
+    as_stored = all(v is None or v is False for v in fast) if fast is not None else \
+        all(p.kind == "scalar" and not p.mask_axes or p.kind == "sharded" and p.direct and p.view is None
+            for p in prog.preps)
+    return prog._replace(fast=fast, as_stored=as_stored,
+                         after=out_grid != final or post is not None and not prog.folded)
 
 
 def _fold(op: OpDef, post: reshard.Plan | None, G: int, out_grid: tuple[int, ...]) -> tuple[int, ...]:

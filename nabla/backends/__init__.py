@@ -38,6 +38,7 @@ def _jax() -> Backend:
 _FACTORIES = {"numpy": _numpy, "jax": _jax}
 _instances: dict[str, Backend] = {}
 _current: contextvars.ContextVar[str] = contextvars.ContextVar("nabla_backend", default="numpy")
+ACTIVE = _current  # the active backend's name (the executor's hot path reads it directly: one call)
 
 
 def register(name: str, factory) -> None:

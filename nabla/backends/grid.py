@@ -122,10 +122,13 @@ class GridBackend(Backend):
             out = op.kernel(arrays, prog.local)
         if type(out) is not np.ndarray:
             out = self.xp.asarray(out)
-        if out.dtype != prog.dtype:
+        dt = out.dtype
+        if dt is not prog.dtype and dt != prog.dtype:
             out = out.astype(prog.dtype)
         if out.shape != prog.out_grid:
             out = self.xp.broadcast_to(out, prog.out_grid)
+        if not prog.after:  # (the common case: the kernel's output is the result as stored)
+            return out
         if prog.out_grid != prog.final:
             out = out.reshape(prog.final)
         if prog.post is not None and not prog.folded:

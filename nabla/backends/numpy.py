@@ -20,9 +20,10 @@ class NumpyBackend(GridBackend):
         return np
 
     def commit(self, x: Any, spec: Any) -> np.ndarray:
-        x = np.asarray(x)
+        if type(x) is not np.ndarray:
+            x = np.asarray(x)
         if x.flags.writeable:
-            x.flags.writeable = False  # tensors are immutable: no block can be written through a view
+            x.setflags(False)  # (write=False) tensors are immutable: no block can be written through a view
         return x
 
     def to_host(self, x: Any) -> np.ndarray:

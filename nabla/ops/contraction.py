@@ -25,25 +25,33 @@ from .shape import broadcast_to, expand_dims, reshape, squeeze, swapaxes
 def _matmul_kernel(arrays, local):
     a, b = arrays
     G = local.G
-    batch = len(local.out_chunk) - 2
+    rank = G + len(local.out_chunk)
+    batch = rank - G - 2
     # give both operands the result's batch rank so grid axes line up
-    a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
-    b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
-    xp = _xp(a, b)
-    if xp is np and a.ndim > 2 and a.size and a.shape[-2] < a.size // a.shape[-1] and a.flags.c_contiguous and \
-            all(s == 1 for s in b.shape[:-2]):
+    if a.ndim != rank:
+        a = a.reshape(a.shape[:G] + (1,) * (batch - (a.ndim - G - 2)) + a.shape[G:])
+    if b.ndim != rank:
+        b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
+    xp = np if type(a) is np.ndarray and type(b) is np.ndarray else _xp(a, b)
+    if xp is np and rank > 2 and b.shape[:-2] == (1,) * (rank - 2) and a.size and \
+            a.shape[-2] < a.size // a.shape[-1] and a.flags.c_contiguous:
         # one matrix for every device and batch entry (a Gemm's weight): one GEMM over all rows of ``a``, where
         # numpy's batched matmul reads the whole weight again for each batch entry
         out = np.matmul(*_wide(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])))
         return out.reshape(a.shape[:-1] + out.shape[-1:])
+    if xp is np and a.dtype.kind != "V" and b.dtype.kind != "V":  # (the usual case: no operand to widen)
+        return np.matmul(a, b)
     return xp.matmul(*_wide(a, b))
 
 
 def _wide(*arrays):
     """bfloat16 and float8 operands (numpy has no loops for them) in float32: the result is rounded back to the
     operands' dtype, as XLA accumulates them (JAX's matmul of two bfloat16 arrays is bfloat16)."""
-    if all(getattr(getattr(a, "dtype", None), "kind", "V") != "V" for a in arrays):  # the usual case, cheaply:
-        return arrays  # those dtypes are all of kind V (numpy's own floats are f)
+    for a in arrays:  # the usual case, cheaply: those dtypes are all of kind V (numpy's own floats are f)
+        if getattr(getattr(a, "dtype", None), "kind", "V") == "V":
+            break
+    else:
+        return arrays
     if any(is_float(a.dtype) and a.dtype.kind == "V" or a.dtype.itemsize == 1 and is_float(a.dtype)
            for a in arrays if hasattr(a, "dtype")) and all(isinstance(a, np.ndarray) for a in arrays):
         return tuple(a.astype(np.float32) if is_float(a.dtype) and a.dtype.itemsize < 4 and a.dtype != np.float16

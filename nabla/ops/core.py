@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..dtypes import is_float, is_inexact
-from ..collectives import user_op as _user_op
+from ..collectives import logging as _logging, user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, run
 from ..trace import link_of
@@ -40,20 +40,46 @@ def _arg(x: Any, op: str, i: int) -> Any:
 
 
 def _named(fn):
-    """The collectives a composite op runs are logged under its own name (softmax, not max and divide)."""
+    """The collectives a composite op runs are logged under its own name (softmax, not max and divide), and the
+    nodes it records carry it; with no log open and no traced operand nothing is logged or recorded, and the name
+    is not set."""
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        if not _logging() and _untraced(args) and (not kwargs or _untraced(kwargs.values())):
+            return fn(*args, **kwargs)
         with _user_op(fn.__name__):
             return fn(*args, **kwargs)
     return wrapped
 
 
+_PLAIN = (int, float, bool, str, type(None), np.ndarray)
+
+
+def _untraced(args: Any) -> bool:
+    """Whether no node can be made of these arguments: each a value recording none, or a plain Python scalar or
+    numpy array (a container might hold a traced value: not looked into)."""
+    for a in args:
+        if isinstance(a, Value):
+            if a._node is not None:
+                return False
+        elif type(a) not in _PLAIN:
+            return False
+    return True
+
+
 def apply(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
-    vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
+    vals, floats = args, False
+    for a in args:  # (values and Python numbers, the common calls, are passed on as they are)
+        if not isinstance(a, Value):
+            if type(a) is float:
+                floats = True
+            elif type(a) is not int:
+                vals = [a if isinstance(a, Value) else _arg(a, op.name, i) for i, a in enumerate(args)]
+                break
     if op.arrange is not None:
         vals = list(op.arrange(vals, params))
-    if len(vals) > 1:
+    if (floats or vals is not args) and len(vals) > 1:
         for v in vals:
             if type(v) is float:
                 vals = _weak(vals)

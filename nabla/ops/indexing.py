@@ -5,6 +5,7 @@ collective_permute. One integer array in the index is a ``take`` along its dim (
 from __future__ import annotations
 
 import builtins
+import functools
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,18 @@ INT64_MIN = -(2 ** 63)
 
 
 def _index_kernel(arrays, local):
-    key = local.params[0]
-    idx = [slice(None)] * local.G
+    idx, empty = _local_index(local.params[0], local.G, local.windowed)
+    out = arrays[0][idx]
+    if empty is not None:  # a False index: the new axis holds nothing
+        out = out[empty]
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _local_index(key: tuple, G: int, windowed: bool) -> tuple:
+    """The index each device's block takes for a normalized ``key`` (grid axes whole), and the cut of a False
+    index's empty axis (None: none); made once per key and layout, not per call."""
+    idx = [slice(None)] * G
     for e in key:
         if e[0] == "full":
             idx.append(slice(None))
@@ -31,7 +42,7 @@ def _index_kernel(arrays, local):
             idx.append(slice(None, None, -1))
         elif e[0] == "slice":
             start, stop, step = e[1:]
-            if local.windowed and step > 0:  # the window factor already cut each block to its window
+            if windowed and step > 0:  # the window factor already cut each block to its window
                 idx.append(slice(None, None, step))
             elif step < 0 and start < 0:  # slice.indices gives start -1 for "before 0": nothing is taken
                 idx.append(slice(0, 0))
@@ -41,11 +52,11 @@ def _index_kernel(arrays, local):
             idx.append(e[1])
         else:
             idx.append(None)
-    out = arrays[0][tuple(idx)]
-    if any(e[0] == "empty" for e in key):  # a False index: the new axis holds nothing
+    empty = None
+    if any(e[0] == "empty" for e in key):
         at = [e[0] for e in key if e[0] != "int"]
-        out = out[(slice(None),) * local.G + tuple(slice(0, 0) if e == "empty" else slice(None) for e in at)]
-    return out
+        empty = (slice(None),) * G + tuple(slice(0, 0) if e == "empty" else slice(None) for e in at)
+    return tuple(idx), empty
 
 
 def _getitem_vjp(g, node, out):
@@ -246,10 +257,13 @@ def getitem(x: ArrayLike, key: Any) -> Tensor:
     selects)."""
     shape = _shape(x)
     parts = key if type(key) is tuple else (key,)
-    if any(isinstance(k, _ARRAYISH) for k in parts) and any(_array_entry(k) for k in parts):  # (cheap check first)
-        return _advanced(x, parts)
+    for k in parts:  # (a loop, the cheap check first)
+        if isinstance(k, _ARRAYISH):
+            if any(_array_entry(k) for k in parts):
+                return _advanced(x, parts)
+            break
     try:
-        hk = (tuple((k.start, k.stop, k.step) if type(k) is slice else (type(k), k) for k in parts), shape)
+        hk = (tuple([(k.start, k.stop, k.step) if type(k) is slice else (type(k), k) for k in parts]), shape)
         norm = _KEYS.get(hk)
     except TypeError:  # an unhashable index: refused by _normalize_key with its message
         hk, norm = None, None

@@ -122,19 +122,28 @@ def _zeros(shape: Sequence[int] | int, dtype: Any = "float32") -> Tensor:
     return zeros(shape, dtype)
 
 
+def _binary(fn: Any, reflected: bool = False) -> Any:
+    """An operator running ``fn``'s op on its two operands (``apply``, as ``fn`` does: an operator always has
+    both, so the public function's argument handling, for calls by name, is skipped)."""
+    op = fn.op
+    if reflected:
+        return lambda self, o: apply(op, (o, self))
+    return lambda self, o: apply(op, (self, o))
+
+
 _METHODS: dict[str, Any] = {
-    "__add__": lambda self, o: add(self, o), "__radd__": lambda self, o: add(o, self),
-    "__sub__": lambda self, o: subtract(self, o), "__rsub__": lambda self, o: subtract(o, self),
-    "__mul__": lambda self, o: multiply(self, o), "__rmul__": lambda self, o: multiply(o, self),
-    "__truediv__": lambda self, o: divide(self, o), "__rtruediv__": lambda self, o: divide(o, self),
-    "__floordiv__": lambda self, o: floor_divide(self, o), "__rfloordiv__": lambda self, o: floor_divide(o, self),
-    "__mod__": lambda self, o: remainder(self, o), "__rmod__": lambda self, o: remainder(o, self),
-    "__pow__": _pow, "__rpow__": lambda self, o: power(o, self),
+    "__add__": _binary(add), "__radd__": _binary(add, True),
+    "__sub__": _binary(subtract), "__rsub__": _binary(subtract, True),
+    "__mul__": _binary(multiply), "__rmul__": _binary(multiply, True),
+    "__truediv__": _binary(divide), "__rtruediv__": _binary(divide, True),
+    "__floordiv__": _binary(floor_divide), "__rfloordiv__": _binary(floor_divide, True),
+    "__mod__": _binary(remainder), "__rmod__": _binary(remainder, True),
+    "__pow__": _pow, "__rpow__": _binary(power, True),
     "__matmul__": lambda self, o: matmul(self, o), "__rmatmul__": lambda self, o: matmul(o, self),
     "__neg__": lambda self: negative(self), "__pos__": lambda self: self, "__abs__": lambda self: abs(self),
-    "__lt__": lambda self, o: less(self, o), "__le__": lambda self, o: less_equal(self, o),
-    "__gt__": lambda self, o: greater(self, o), "__ge__": lambda self, o: greater_equal(self, o),
-    "__eq__": lambda self, o: equal(self, o), "__ne__": lambda self, o: not_equal(self, o),
+    "__lt__": _binary(less), "__le__": _binary(less_equal),
+    "__gt__": _binary(greater), "__ge__": _binary(greater_equal),
+    "__eq__": _binary(equal), "__ne__": _binary(not_equal),
     "__getitem__": lambda self, key: getitem(self, key),
     "sum": _sum, "mean": _mean, "max": _max, "min": _min, "argmax": _argmax, "argmin": _argmin, "var": _var,
     "std": _std, "prod": _prod, "any": _any, "all": _all, "cumsum": _cumsum, "sort": _sort, "argsort": _argsort,

@@ -96,7 +96,8 @@ def _abs_dx(g, x, o):
 
 
 def _relu(xp, x):
-    return xp.maximum(x, x.dtype.type(0) if hasattr(x, "dtype") else 0)
+    dt = getattr(x, "dtype", None)
+    return xp.maximum(x, 0 if dt is None else dt.type(0))
 
 
 def _sigmoid(xp, x):

@@ -86,18 +86,20 @@ def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replic
     def kernel(arrays, local):
         axes, keepdims = local.params[:2]
         x = arrays[0]
-        axis = tuple(local.G + a for a in axes)
-        acc = x.dtype if name != "sum" or x.dtype.itemsize != 2 else accumulation(x.dtype)  # float16 and
-        # bfloat16 sums in float32 ...
-        if acc != x.dtype and not local.params[2]:  # ... rounded on each device (a transpose of a broadcast)
-            return kernel(arrays, local._replace(params=(axes, keepdims, True))).astype(x.dtype)
+        axis = (local.G + axes[0],) if len(axes) == 1 else tuple([local.G + a for a in axes])
+        dt = x.dtype
+        acc = dt if name != "sum" or dt.itemsize != 2 else accumulation(dt)  # float16 and bfloat16 sums in
+        # float32 ...
+        if acc is not dt and acc != dt and not local.params[2]:  # ... rounded on each device (a transpose of a
+            # broadcast)
+            return kernel(arrays, local._replace(params=(axes, keepdims, True))).astype(dt)
         if local.fold:  # the all_reduce over devices that follows is the same reduction: one call does both
             if type(x) is not np.ndarray:
                 out = getattr(_xp(x), name)(x, axis=local.fold + axis, keepdims=True)
                 return out if keepdims else out.reshape(_folded(x.shape, local.fold, axis, False)[3])
             perm, two, a, out = _folded(x.shape, local.fold, axis, keepdims)
             return ufunc.reduce(np.ascontiguousarray(x.transpose(perm)).reshape(two), axis=a).reshape(out)
-        wide = None if acc == x.dtype else acc
+        wide = None if acc is dt or acc == dt else acc
         if type(x) is np.ndarray:  # what np.sum/np.max call, without their Python wrapper
             if len(axis) == 1 and x.flags.c_contiguous:
                 return _reduce_leading(ufunc, x, axis[0], keepdims, 64 if name != "sum" else 16, wide)
@@ -120,7 +122,8 @@ def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replic
 
 
 def _dt(x: Any) -> np.dtype:
-    return np.dtype(x._dtype if isinstance(x, Value) else np.asarray(x).dtype)
+    d = x._dtype if isinstance(x, Value) else np.asarray(x).dtype
+    return d if isinstance(d, np.dtype) else np.dtype(d)
 
 
 def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001 - numpy's name
@@ -130,7 +133,7 @@ def sum(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = 
     convert)."""
     dt = _dt(x)
     out = apply(_SUM, (x,), (_axes(axis, _ndim(x), "sum"), bool(keepdims), True))
-    return out if accumulation(dt) == dt else astype(out, dt)
+    return out if dt.itemsize != 2 or accumulation(dt) == dt else astype(out, dt)
 
 
 def max(x: ArrayLike, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:  # noqa: A001

@@ -35,6 +35,7 @@ every operand.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from typing import Any, Callable, Sequence
@@ -197,7 +198,7 @@ def elementwise(name: str, fn: str | Callable | None = None, *, numpy: str | Non
         np_f = getattr(np, fn)
         arity = arity if arity is not None else getattr(np_f, "nin", None)
     else:
-        np_f = lambda *a: fn(np, *a)  # noqa: E731
+        np_f = functools.partial(fn, np)  # (a partial is called without a frame of its own, as a lambda is not)
         arity = arity if arity is not None else len(inspect.signature(fn).parameters) - 1
     if arity is None:
         raise ShardingError(f"elementwise: cannot tell how many operands op {name!r} takes; pass arity=")

@@ -3,6 +3,7 @@ concatenate; ``swapaxes`` is a transpose): each keeps a sharded dim sharded wher
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -27,8 +28,18 @@ def _reshape_vjp(g, node, out):
 
 
 def _transpose_kernel(arrays, local):
-    G = local.G
-    return arrays[0].transpose(tuple(range(G)) + tuple(G + p for p in local.params[0]))
+    return arrays[0].transpose(_grid_perm(local.G, local.params[0]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _grid_perm(G: int, perm: tuple[int, ...]) -> tuple[int, ...]:
+    """``perm`` on the blocks, the grid axes in front kept in place (made once per layout and permutation)."""
+    return tuple(range(G)) + tuple(G + p for p in perm)
+
+
+@functools.lru_cache(maxsize=64)
+def _reversed(n: int) -> tuple[int, ...]:
+    return tuple(range(n))[::-1]
 
 
 def _transpose_vjp(g, node, out):
@@ -45,15 +56,15 @@ def _transpose_onnx(ex):
 def transpose(x: ArrayLike, axes: Sequence[int] | None = None) -> Tensor:
     n = _ndim(x)
     if axes is None:
-        perm = tuple(range(n))[::-1]
+        perm = _reversed(n)  # (a permutation)
     else:
         axes = tuple(axes)
         if len(axes) != n or any(not isinstance(a, (int, np.integer)) or isinstance(a, bool) or not -n <= a < n
                                  for a in axes):
             raise ShardingError(f"transpose: axes {axes} are not a permutation of the {n} dims of shape {_shape(x)}")
         perm = tuple(int(a) % n for a in axes)
-    if sorted(perm) != list(range(n)):
-        raise ShardingError(f"transpose: axes {axes} are not a permutation of {n} dims")
+        if sorted(perm) != list(range(n)):
+            raise ShardingError(f"transpose: axes {axes} are not a permutation of {n} dims")
     return apply(_TRANSPOSE, (x,), (perm,))
 
 
