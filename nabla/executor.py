@@ -23,7 +23,7 @@ from .propagation import current_strategy
 from .scoped import setting
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use
-from .trace import HUSK, Link, _remat, entry, gathered_copy, keeping, link, record, tracked, user as tape_user
+from .trace import HUSK, Link, _remat, entry, gathered_copy, keeping, link, linked_any, record, tracked, user as tape_user
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
@@ -42,14 +42,14 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     The op's step (what moved, and why) is built when an operand is traced (the result is linked to it on the tape,
     with the operands its VJP keeps) or a comm log is open (it is published there)."""
     r = _remat.get()
-    if r is None and not _LOGS.get():
+    if r is None and not _LOGS.get() and not linked_any(args):
         # the hot path: nothing logged or replayed; when no operand is traced or summed by an earlier use, all are on
         # numpy, and the program keeps no pending sum it must check (most eager calls), what follows would run the
         # program's kernel and nothing else: that is run here (else the program is looked up again below)
         sids = []
         for a in args:
             if isinstance(a, Value):
-                if a._node is not None or a._moved or a._sid < 0 or type(a._data) is not np.ndarray:
+                if a._moved or a._sid < 0 or type(a._data) is not np.ndarray:
                     break
                 sids.append(a._sid)
             else:

@@ -395,6 +395,16 @@ def whole() -> Any:
     return setting(_whole, True)
 
 
+def linked_any(args) -> bool:
+    """Whether some operand is linked (how it was made is on the tape); one test when nothing is traced anywhere."""
+    if not _LINKS:
+        return False
+    for a in args:
+        if id(a) in _LINKS:
+            return True
+    return False
+
+
 def tracked(args) -> bool:
     """Whether any operand is linked, so the result must be linked too."""
     if not _LINKS:  # (nothing traced anywhere: the common case costs one test)

@@ -12,7 +12,7 @@ from ..dtypes import is_float, is_inexact
 from ..collectives import logging as _logging, user_op as _user_op
 from ..errors import ShardingError
 from ..executor import SCALARS, run
-from ..trace import link_of
+from ..trace import link_of, linked_any
 from ..value import Value
 from ..args import short_repr
 from ..opdef import Local, OpDef
@@ -60,12 +60,9 @@ def _untraced(args: Any) -> bool:
     """Whether no node can be made of these arguments: each a value recording none, or a plain Python scalar or
     numpy array (a container might hold a traced value: not looked into)."""
     for a in args:
-        if isinstance(a, Value):
-            if a._node is not None:
-                return False
-        elif type(a) not in _PLAIN:
+        if not isinstance(a, Value) and type(a) not in _PLAIN:
             return False
-    return True
+    return not linked_any(args)
 
 
 def apply(op: OpDef, args: Sequence[Any], params: tuple = ()) -> Tensor:
