@@ -121,9 +121,11 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     key = by_link  # values are named by their link: a husk a link keeps stands for the value it was made from
     order = topological(outputs, stop, key)
     is_leaf = (lambda v: link_of(v).op == LEAF) if stop is None else (lambda v: key(v) in stop)
-    needed: set[int] = set()  # the values that depend on a leaf: only their cotangents are worth computing
+    # the values that depend on a leaf: only their cotangents are worth computing (never None: ``key`` of a value
+    # with no link, so ``key(a) in needed`` is also the test that ``a`` is linked)
+    needed: set[int] = set()
     for v in order:
-        if is_leaf(v) or any(link_of(a) is not None and key(a) in needed for a in link_of(v).args):
+        if is_leaf(v) or any(key(a) in needed for a in link_of(v).args):
             needed.add(key(v))
     # cotangents by value, grouped by the mesh axes along which they vary but the value does not (per-device
     # code: contributions that are still per-device summands); a plain value has one group, ()
@@ -147,7 +149,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     if ready is not None:
         for v in order:
             for a in link_of(v).args:
-                if link_of(a) is not None and key(a) in needed and is_leaf(a):
+                if key(a) in needed and is_leaf(a):
                     users[key(a)] = users.get(key(a), 0) + 1
     finished: set[int] = set()
     regathered: dict = {}  # (source, layout) -> the source gathered again, once per backward pass
@@ -172,7 +174,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
 
     def used(node) -> None:
         for a in node.args:
-            k = key(a) if link_of(a) is not None else None
+            k = key(a)  # (None: not linked)
             if k in users:
                 users[k] -= 1
                 if users[k] == 0:
@@ -180,7 +182,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
 
     with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
         for o, c in zip(outputs, cotangents):
-            if link_of(o) is not None and key(o) in needed:
+            if key(o) in needed:
                 accumulate(o, c)
         for v in reversed(order):
             if key(v) not in needed or key(v) in finished:
@@ -198,7 +200,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                     with C.user_op(node.user or ("shard_map" if node.op == SM_IN else node.op.name)):
                         parts = fn(g, node, v)
                     for arg, c in zip(node.args, parts):
-                        if c is not None and link_of(arg) is not None and key(arg) in needed:
+                        if c is not None and key(arg) in needed:
                             accumulate(arg, c)
                 used(node)
                 continue
@@ -223,7 +225,7 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                     out = v if node.out is None else husk(v) if node.out is HUSK else node.out
                     parts = node.op.vjp(g, node, out)
             for arg, c in zip(node.args, parts):
-                if c is not None and link_of(arg) is not None and key(arg) in needed:
+                if c is not None and key(arg) in needed:
                     accumulate(arg, c)
             used(node)
     return leaves

@@ -17,7 +17,7 @@ from . import storage
 from .sharding import to_spec
 from .executor import place, relayout
 from .propagation import keep_open
-from .trace import differentiated, link_of, tracing_whole
+from .trace import differentiated, link, link_of, tracing_whole
 from .interop.jax import to_jax
 
 
@@ -205,6 +205,24 @@ class Tensor(Value):
     @grad.setter
     def grad(self, value: "Tensor | None") -> None:
         self._grad = value
+
+    # ---- copies: the same value under another object, linked as it is (the tape is keyed by the object, so a copy
+    # Python's default protocol makes would carry no link, and gradients through it would silently be zero)
+    def __copy__(self) -> "Tensor":
+        return link(self._twin(lambda x: x), link_of(self))
+
+    def __deepcopy__(self, memo: dict) -> "Tensor":
+        import copy
+        t = memo[id(self)] = self._twin(lambda x: copy.deepcopy(x, memo))
+        return link(t, link_of(self))
+
+    def _twin(self, each: Any) -> "Tensor":
+        t = type(self).__new__(type(self))
+        for cls in type(self).__mro__:
+            for name in getattr(cls, "__slots__", ()):
+                if name != "__weakref__" and hasattr(self, name):
+                    setattr(t, name, each(getattr(self, name)))
+        return t
 
     def to_jax(self) -> Any:
         return to_jax(self)

@@ -472,9 +472,11 @@ def topological(outputs, stop=None, key=id) -> list:
     return order
 
 
-def by_link(v: Any) -> int:
-    """A value's name in a backward pass: its link (a husk and the value it stands for share it)."""
-    return id(link_of(v))
+def by_link(v: Any) -> int | None:
+    """A value's name in a backward pass: its link (a husk and the value it stands for share it); None when it has
+    none (one lookup: a backward pass asks this of every operand)."""
+    got = _LINKS.get(id(v))
+    return None if got is None else id(got[1])
 
 
 _held: contextvars.ContextVar[list | None] = contextvars.ContextVar("nabla_recorded_grads", default=None)

@@ -274,6 +274,46 @@ def test_a_recorded_grad_does_not_keep_its_tape_alive():
     assert held[0]() is None
 
 
+def test_a_copy_of_a_traced_tensor_is_differentiated_through():
+    """The tape is keyed by the object: ``copy.copy``/``copy.deepcopy`` of a tensor inside a differentiated function
+    is the same value under another object, linked as it is (Python's default protocol made an unlinked copy: its
+    gradient was silently zero)."""
+    import copy
+
+    x = np.arange(4.0)
+    for cp in (copy.copy, copy.deepcopy):
+        g = nb.grad(lambda w: (cp(w * w) * 3.0).sum())(nb.tensor(x))
+        np.testing.assert_allclose(g.numpy(), 6 * x)
+    t = nb.tensor(x)
+    assert link_of(copy.copy(t)) is None and copy.deepcopy(t).numpy().tolist() == x.tolist()
+
+
+@pytest.mark.xfail(strict=True, reason="the tape is a GC root: a cycle from a value's link back to the value "
+                                       "(here the checkpointed bound method's object, which keeps the output) is "
+                                       "never collected")
+def test_a_cycle_through_a_link_is_collected():
+    """A layer remembering its last output, checkpointed through a bound method: out -> its link -> the recompute's
+    fn -> the layer -> out. With the link on the value the cycle was garbage once the layer was dropped."""
+    seen = []
+
+    class Layer:
+        def __init__(self, w):
+            self.w = w
+
+        def forward(self, x, w):
+            return nb.tanh(x @ w)
+
+        def __call__(self, x):
+            self.out = nb.checkpoint(self.forward)(x, self.w)
+            seen.append(weakref.ref(self.out))
+            return self.out
+
+    x = nb.tensor(R.standard_normal((3, 4)))
+    nb.grad(lambda w: Layer(w)(x).sum())(nb.tensor(R.standard_normal((4, 2))))
+    gc.collect()
+    assert seen[0]() is None
+
+
 def test_gradients_outside_any_differentiation_record_nothing():
     """A top-level gradient, value and vjp output carry no trace (nothing keeps the activations alive)."""
     t = nb.tensor(R.standard_normal(3))
