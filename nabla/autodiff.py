@@ -14,7 +14,6 @@ from .dtypes import is_float
 from .errors import ShardingError
 from .pytree import flatten, leaf_paths, unflatten
 from .sharding import specs_like
-from .value import serial
 from .tensor import Tensor
 from .trace import (LEAF, Remat, Watch, by_link, differentiating, held_grad, link_of, outer_live, record, recorded,
                     recording, regathering, remat, swapped, topological, watching)
@@ -248,8 +247,7 @@ def checkpoint(fn: Callable, policy: str = "full") -> Callable:
         res = []
         for k, o in enumerate(outs):
             # the same value fn made (its bytes counted once, where fn made it)
-            res.append(record(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, serial(o)), op, (k,), inputs,
-                              diff=True))
+            res.append(record(o.twin(), op, (k,), inputs, diff=True))
         return unflatten(out_tree, res)
 
     wrapped.__name__ = f"checkpoint_{name}"

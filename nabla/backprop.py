@@ -20,7 +20,6 @@ from .shard_map import SM_IN, SM_OUT
 from .executor import relayout_bucket
 from .spec import ShardingSpec
 from .layout import chunks
-from .value import serial
 from .tensor import Tensor
 from .trace import (HUSK, LEAF, PLACE, RELAYOUT, Link, by_link, husk, link, link_of, outer_live, paused, record,
                     recording, topological, tracing_for_replay, tracing_whole)
@@ -51,7 +50,7 @@ def traced_leaf(t: Tensor, what: str) -> Tensor:
     # a leaf made from a traced value remembers it (a whole-program trace computes it from there)
     # (each leaf its own link: a backward pass names values by their link); the same value as ``t`` (its serial):
     # steps that read the leaf read ``t``
-    return record(Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, serial(t)), LEAF, GRAD_LEAF,
+    return record(t.twin(), LEAF, GRAD_LEAF,
                   () if link_of(t) is None else (t,), diff=True)
 
 
@@ -77,7 +76,7 @@ def from_local_record(out: Tensor, blocks: dict, spec: Any, holders: set) -> Ten
 def detach(t: Any) -> Any:
     """The value without its record (a whole-program trace, nb.jit's, keeps it: the value is computed there)."""
     if isinstance(t, Tensor) and link_of(t) is not None and not tracing_whole():
-        return Tensor(t._data, t._spec, t._shape, t._dtype, t._sid, serial=serial(t))
+        return t.twin()
     return t
 
 
@@ -240,7 +239,7 @@ def _regathered(node: Link, done: dict) -> Link:
         if got is None:
             got = src.with_sharding(layout)  # (a step of the backward pass: its all_gather is logged there)
             # recording the operand it stands for (its cotangent goes there)
-            got = link(Tensor(got._data, got._spec, got._shape, got._dtype, got._sid, serial(got)), link_of(args[i]))
+            got = link(got.twin(), link_of(args[i]))
             done[k] = got
         args[i] = got
     return node._replace(args=tuple(args), regather=())

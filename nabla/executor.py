@@ -22,8 +22,8 @@ from .program import MANUAL, Prep, Program, program_for, strip_partial
 from .propagation import current_strategy
 from .scoped import setting
 from .spec import ShardingSpec
-from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use
-from .trace import HUSK, Link, _remat, entry, gathered_copy, keeping, link, linked_any, record, tracked, user as tape_user
+from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, read
+from .trace import HUSK, Link, _remat, bare, entry, gathered_copy, keeping, link, linked_any, record, tracked, user as tape_user
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
@@ -32,9 +32,6 @@ from .collectives import _EPOCH
 from .commlog import _logs as _LOGS
 from .cost import _current as _COST_MODEL
 from .propagation import _strategy as _STRATEGY
-
-SCALARS = (bool, int, float, complex, np.generic)
-
 
 
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
@@ -132,8 +129,7 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
     kept = keep[0] if keep is not None and keep[2] is not None else ()  # what a pruned link holds
     for i, (orig, a) in enumerate(zip(args, used)):
         if not isinstance(a, Value):
-            uses.append(Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None,
-                            const=a))
+            uses.append(read(a))
             continue
         got = sink[i]
         dst = preps[i].target if preps is not None and preps[i].target is not None else a._spec
@@ -206,15 +202,12 @@ def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events:
     log = C.logging()
     if not (log or tape):
         return
-    name = op if isinstance(op, str) else op.name
-    user = C.current_op() or name
-    uses = tuple(Use(serial(a), a._shape, a._dtype, a._spec, a._spec) if isinstance(a, Value) else
-                 Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None, const=a)
-                 for a in args)
+    step = bare(op, params, args, out, prog)
+    uses = step.uses
     if events and uses:
+        user = C.current_op() or (op if isinstance(op, str) else op.name)
         uses = (uses[0]._replace(events=events if named else tuple(C.stamped(e, user) for e in events)),) + uses[1:]
-    step = Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, (), prog, C.step_user(user),
-                C.current_phase(), 0, C.current_scope())
+        step = step._replace(uses=uses)
     if tape:
         link(out, entry(step, tuple(args)))
     if log:

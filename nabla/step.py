@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .value import Value, serial
+
 #: ``Step.op`` of the executor's own steps (no kernel): a value laid out anew (``with_sharding``), a host value
 #: placed on a mesh (``shard``), and a value brought to another layout for a later use (a pending sum made once).
 RELAYOUT, PLACE, MOVE = "with_sharding", "shard", "move"
@@ -41,6 +43,17 @@ class Use(NamedTuple):
         if self.value == 0:
             return 0
         return block_elems(self.dst, self.shape) * self.dtype.itemsize
+
+
+#: Python and numpy scalars: an operand that is one is a constant of its own dtype (anything else: dtype object)
+SCALARS = (bool, int, float, complex, np.generic)
+
+
+def read(a: Any) -> Use:
+    """An operand read as it is, nothing moved: a value in its own layout, or a constant."""
+    if isinstance(a, Value):
+        return Use(serial(a), a._shape, a._dtype, a._spec, a._spec)
+    return Use(0, (), np.dtype(type(a)) if isinstance(a, SCALARS) else np.dtype(object), None, None, const=a)
 
 
 class Step(NamedTuple):

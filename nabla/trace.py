@@ -16,8 +16,8 @@ import numpy as np
 from .collectives import _op as _user_op, _phase, _scope, step_user
 from .dtypes import is_inexact
 from .scoped import setting
-from .step import PLACE, RELAYOUT, Step, Use
-from .value import Value, serial
+from .step import PLACE, RELAYOUT, Step, read
+from .value import serial
 
 #: ``Step.op`` of a traced input's link, a step that ran nothing (``RELAYOUT`` and ``PLACE``, the executor's own
 #: steps, are read from here too)
@@ -116,16 +116,11 @@ def entry(step: Step, args: tuple, result: Any = None, moved: list | None = None
     return Link(step, *keeping(step.op, step.params, args, result, moved, diff), user())
 
 
-_SCALARS = (bool, int, float, complex, np.generic)
-
-
 def bare(op: Any, params: tuple = (), args: tuple = (), out: Any = None, prog: Any = None) -> Step:
     """The step of a value no kernel made as ``op`` (a leaf; a checkpointed or compiled call's result; blocks
-    assembled by ``from_local``): each operand read as it is, nothing moved, never published (what ran was
-    logged as it ran). Without ``out``: a link shared by many values (``nb.jit``'s inputs)."""
-    uses = tuple(Use(serial(a), a._shape, a._dtype, a._spec, a._spec) if isinstance(a, Value) else
-                 Use(0, (), np.dtype(type(a)) if isinstance(a, _SCALARS) else np.dtype(object), None, None, const=a)
-                 for a in args)
+    assembled by ``from_local``; per-device code and ``nb.lax``, whose moves ``executor.record_step`` adds): each
+    operand read as it is, nothing moved. Without ``out``: a link shared by many values (``nb.jit``'s inputs)."""
+    uses = tuple([read(a) for a in args])
     if out is None:
         return Step(op, params, uses, 0, (), np.dtype(object), None, prog=prog, user="", layer=_scope.get())
     name = op if isinstance(op, str) else getattr(op, "name", str(op))
@@ -188,8 +183,7 @@ def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = T
         return args, None, tuple(regather)
     out = HUSK
     if keep_out:  # a twin sharing the result's blocks and serial (holding it holds no record: no cycle)
-        out = type(result)(result._data, result._spec, result._shape, result._dtype, result._sid,
-                           serial=serial(result), moved=result._moved)
+        out = result.twin(sums=True)
     return tuple(kept), out, tuple(regather)
 
 
@@ -406,14 +400,11 @@ def linked_any(args) -> bool:
 
 
 def tracked(args) -> bool:
-    """Whether any operand is linked, so the result must be linked too."""
-    if not _LINKS:  # (nothing traced anywhere: the common case costs one test)
+    """Whether any operand is linked and ops are recorded, so the result must be linked too."""
+    if not linked_any(args):
         return False
-    for a in args:
-        if id(a) in _LINKS:
-            r = _recording.get()
-            return r.saw(args) if type(r) is Watch else r
-    return False
+    r = _recording.get()
+    return r.saw(args) if type(r) is Watch else r
 
 
 class Watch:
@@ -504,4 +495,4 @@ def releasing_grads() -> Iterator[None]:
         for v in got:
             g = v.grad
             if link_of(g) is not None:
-                v.grad = type(g)(g._data, g._spec, g._shape, g._dtype, g._sid, serial(g), g._moved)
+                v.grad = g.twin(sums=True)

@@ -50,6 +50,12 @@ class Value:
         self._sid = sid
         self._serial = serial
 
+    def twin(self, sums: bool = False) -> "Value":
+        """The same value (its blocks, signature id and serial; with ``sums``, the sums made of it too) as another
+        object: the tape links objects, so a twin carries another record, or none, of what is one value."""
+        return type(self)(self._data, self._spec, self._shape, self._dtype, self._sid, serial(self),
+                          self._moved if sums else None)
+
     # ---- what is filled in on first need (a cache of the value's own facts, not a change of it) ----------------
     def signature_id(self, intern: Callable[[], int], stale: bool = False) -> int:
         """The id of this value's signature: ``intern()`` on first need (again when the table that gave it was

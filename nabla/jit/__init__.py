@@ -314,8 +314,7 @@ class Lowered:
         op = _JitCall(self, leaves)
         args = tuple(leaves[i] for i in self._inputs)
         # each result recorded (the same value: its blocks and serial)
-        return unflatten(tree, [record(Tensor(o._data, o._spec, o._shape, o._dtype, o._sid, serial(o), o._moved), op,
-                                       (k,), args) for k, o in enumerate(outs)])
+        return unflatten(tree, [record(o.twin(sums=True), op, (k,), args) for k, o in enumerate(outs)])
 
     def _run(self, leaves: list) -> Any:
         fn = self.compile()

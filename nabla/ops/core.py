@@ -11,7 +11,8 @@ import numpy as np
 from ..dtypes import is_float, is_inexact
 from ..collectives import logging as _logging, user_op as _user_op
 from ..errors import ShardingError
-from ..executor import SCALARS, run
+from ..executor import run
+from ..step import SCALARS
 from ..trace import link_of, linked_any
 from ..value import Value
 from ..args import short_repr

@@ -16,7 +16,7 @@ from ..collectives import user_op as _user_op
 from ..commlog import composed
 from ..dtypes import accumulation, exp_dtype, is_inexact
 from ..errors import ShardingError
-from ..value import Value, serial
+from ..value import Value
 from ..layout import global_rows
 from ..opdef import OpDef
 from ..trace import link, link_of, paused, record, tracked
@@ -40,8 +40,7 @@ def _composite(op: OpDef, params: tuple, args: tuple, run: Callable[[], Tensor])
         with paused():
             out = run()
         # the same value, linked to ``op`` (its link keeps what the VJP reads of ``out``: the same blocks and serial)
-        out = record(Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, serial(out)), op, params, args,
-                     result=out)
+        out = record(out.twin(), op, params, args, result=out)
     composed(op, params, args, out)
     return out
 
@@ -61,8 +60,7 @@ def stop_gradient(x: ArrayLike) -> Tensor:
     out = apply(_STOP, (x,))
     node = link_of(out)
     if node is not None and node.diff:  # the same value, recorded as not differentiated
-        out = link(Tensor(out._data, out._spec, out._shape, out._dtype, out._sid, serial(out), out._moved),
-                   node._replace(diff=False))
+        out = link(out.twin(sums=True), node._replace(diff=False))
     return out
 
 

@@ -110,10 +110,8 @@ def _arg(which: str):
         if last:
             x = _take(x, ax, slice(None, None, -1))
         # (numpy's: the first NaN where there is one; a composition with min gave no index there: size, or -1)
-        idx = _cast((nb.argmax if which == "max" else nb.argmin)(x, ax), np.int64)
-        if last:
-            idx = np.int64(size - 1) - idx
-        return nb.expand_dims(idx, ax) if n.attr("keepdims", 1) else idx
+        idx = _cast((nb.argmax if which == "max" else nb.argmin)(x, ax, bool(n.attr("keepdims", 1))), np.int64)
+        return np.int64(size - 1) - idx if last else idx
     return run
 
 
