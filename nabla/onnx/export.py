@@ -19,10 +19,13 @@ the same."""
 
 from __future__ import annotations
 
+import functools
 import inspect
+from math import prod
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -221,6 +224,15 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
     nabla chose: each operand's layout as the local kernel received it and the result's (dims only for
     partial sums, which ONNX cannot express; see the module doc). An op with no ONNX form raises
     ``ShardingError`` naming it.
+
+    Every node takes its operands' element types under ONNX's type constraints (opset 21; the model passes
+    ``onnx.checker`` with full type inference): where an op's own type is refused (ReduceMax of int16, TopK of bools
+    or bfloat16, Sin of bfloat16) it is computed in a wider type that holds each value (int32, float32) and cast
+    back; integer powers, sums and products are written to wrap as numpy's (onnxruntime computes its integer Pow,
+    ReduceSum and ReduceProd through double). An op ONNX has no form for at all (complex arithmetic and comparisons;
+    a conv of integers) raises ``ShardingError`` naming it and its operands' dtypes. Two runtime differences remain:
+    onnxruntime's Where returns +0.0 for a selected -0.0 (ONNX's reference keeps the sign), and a max_pool window
+    holding NaN pools to the max of the rest in onnxruntime and in ONNX's reference (nabla's max_pool gives NaN).
     """
     if not callable(fn):
         raise ShardingError(f"export: fn must be callable, got {type(fn).__name__}")
@@ -264,14 +276,15 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
         if o in made and o not in renamed and o not in b.names:
             renamed[o] = b.fresh(p)
     annotations: dict[int, tuple[onnx.NodeProto, list[tuple[str, ShardingSpec]]]] = {}
+    made_by: dict[str, Step] = {}  # node name -> the step it was written for
     for s in steps:
         start = len(b.nodes)
         b.names[s.out], specs = _emit(b, s, log.values, renamed.get(s.out))
+        made_by.update((n.name, s) for n in b.nodes[start:])
         if s.out_spec is not None:
             b.see_mesh(s.out_spec, f"the result of {s.name}")
         for tname, spec in specs:
-            holder = _holder(b.nodes[start:], tname)
-            if holder is not None and spec is not None:
+            for holder in _holders(b.nodes[start:], tname) if spec is not None else ():
                 annotations.setdefault(id(holder), (holder, []))[1].append((tname, spec))
     outputs = []
     for o, s, p in zip(out_leaves, outs, out_paths):
@@ -292,19 +305,34 @@ def export(fn: Callable, *args: Any, name: str | None = None) -> onnx.ModelProto
     model.ir_version = IR_VERSION
     if b.mesh is not None:
         model.configuration.append(onnx.DeviceConfigurationProto(name=b.mesh.name, num_devices=b.mesh.size))
-    onnx.checker.check_model(model)
+    _valid(model, made_by)
     return model
 
 
-def _holder(nodes: list[onnx.NodeProto], tname: str) -> onnx.NodeProto | None:
-    """The node an annotation of ``tname`` belongs on: the one producing it, else the first consuming it."""
+def _valid(model: onnx.ModelProto, made_by: dict[str, Step]) -> None:
+    """``onnx.checker`` with ONNX's strict shape and type inference: a node ONNX refuses (its type constraints take
+    no such element type: complex arithmetic, a comparison of complex numbers) raises ShardingError naming the op
+    it was written for and its operands' dtypes, rather than giving a model onnxruntime refuses."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        step = next((st for nm, st in made_by.items() if f"node name: {nm})" in msg), None)
+        if step is None:
+            raise
+        dtypes = ", ".join(str(u.dtype) for u in step.uses if u.value) or "constants"
+        raise ShardingError(f"export: op {step.name!r} (operands {dtypes}) has no ONNX form: the node written for "
+                            f"it is one ONNX refuses: {msg}") from None
+
+
+def _holders(nodes: list[onnx.NodeProto], tname: str) -> list[onnx.NodeProto]:
+    """The nodes (of one step's) an annotation of ``tname`` belongs on: the one producing it, else every one
+    consuming it (each reads the operand as the kernel received it: a NaN test beside a ReduceMax reads it laid out
+    as the ReduceMax does, not as an unannotated input, which the formalism takes as unsharded)."""
     for n in reversed(nodes):
         if tname in n.output:
-            return n
-    for n in nodes:
-        if tname in n.input:
-            return n
-    return None
+            return [n]
+    return [n for n in nodes if tname in n.input]
 
 
 def _annotate(mesh: DeviceMesh, annotations: list[tuple[onnx.NodeProto, list[tuple[str, ShardingSpec]]]]) -> None:
@@ -335,13 +363,43 @@ _INTEGER_FORMS = {"Floor": dict.fromkeys("biu", "Identity"), "Ceil": dict.fromke
                   "Abs": {"b": "Identity"}, "Neg": {"u": "Sub"}}
 
 
-def _wide_integer(op_type: str, dtype: np.dtype) -> np.dtype | None:
-    """int32, for a MatMul of integers ONNX refuses (int8, int16, uint8, uint16; bools): sums of products wrap to the
-    same low bits, and a bool matmul is nonzero where numpy's is True. None otherwise (a power does not wrap so:
-    onnxruntime's integer Pow goes through double)."""
-    if op_type != "MatMul" or dtype.kind not in "biu" or dtype.itemsize >= 4:
-        return None
-    return np.dtype(np.int32)
+# The wider dtypes a value is computed in where ONNX's type constraints refuse its own, narrowest first: each holds
+# every value of the narrower one exactly, so order (Max, TopK, ArgMax, comparisons) is kept, and sums and products of
+# integers wrap to the same low bits once cast back (a bool's count is nonzero where numpy's logic is True, so bools
+# take int32 first: a uint8 count of 256 would be 0; uint8 last, for MaxPool, which counts nothing). A float16 or
+# bfloat16 op computed in float32 and rounded once is what numpy's and ml_dtypes' loops for them do.
+_WIDER = {np.dtype(k): tuple(np.dtype(t) for t in v) for k, v in {
+    np.bool_: (np.int32, np.int64, np.uint8), np.int8: (np.int16, np.int32, np.int64),
+    np.uint8: (np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64), np.int16: (np.int32, np.int64),
+    np.uint16: (np.int32, np.uint32, np.int64, np.uint64), np.int32: (np.int64,), np.uint32: (np.int64, np.uint64),
+    np.float16: (np.float32, np.float64), ml_dtypes.bfloat16: (np.float32, np.float64), np.float32: (np.float64,),
+}.items()}
+
+
+@functools.lru_cache(maxsize=512)
+def allowed(op_type: str, dtype: np.dtype, operand: int = 0) -> tuple[str, ...] | None:
+    """The element types ONNX's ``op_type`` (at the exported opset) takes for input ``operand``, when ``dtype`` is
+    not among them; None when it is (or the op has no such constraint)."""
+    schema = onnx.defs.get_schema(op_type, OPSET)
+    tparam = schema.inputs[min(operand, len(schema.inputs) - 1)].type_str
+    types = {c.type_param_str: tuple(c.allowed_type_strs) for c in schema.type_constraints}.get(tparam)
+    name = f"tensor({onnx.TensorProto.DataType.Name(_onnx_type(dtype, 'a value')).lower()})"
+    return None if types is None or name in types else types
+
+
+@functools.lru_cache(maxsize=512)
+def carrier(op_types: tuple[str, ...], dtype: np.dtype, what: str = "") -> np.dtype:
+    """The dtype nodes of ``op_types`` compute ``dtype``'s values in: ``dtype`` when ONNX's type constraints allow
+    it, else the narrowest wider one they all allow (``_WIDER``). Raises ShardingError when there is none (complex
+    arithmetic: ONNX's math ops take no complex tensor)."""
+    dtype = np.dtype(dtype)
+    for work in (dtype,) + _WIDER.get(dtype, ()):
+        if all(allowed(t, work) is None for t in op_types):
+            return work
+    refused = next(t for t in op_types if allowed(t, dtype) is not None)
+    raise ShardingError(f"export: {what or 'an op'} on {dtype} values has no ONNX form: ONNX's {refused} (opset "
+                        f"{OPSET}) takes {', '.join(t[7:-1] for t in sorted(allowed(refused, dtype)))}, and none of "
+                        f"them holds every {dtype} value")
 
 
 class _Export:
@@ -357,6 +415,7 @@ class _Export:
         self.base = out_name or self.name
         self.params = step.params
         self.dtype = step.out_dtype
+        self.likes: list[tuple[str, int]] = []  # intermediates laid out as an operand (its index) or the result (-1)
 
     def operand(self, i: int, dtype: np.dtype | None = None) -> str:
         """The name of operand ``i`` (a constant for a value no step here made), cast to ``dtype`` if given."""
@@ -375,22 +434,65 @@ class _Export:
                                              **attrs))
         return nm
 
-    def emit(self, op_type: str, inputs: list[str], suffix: str, **attrs) -> str:
-        """An intermediate node (before the main one)."""
-        return self.b.node(op_type, inputs, f"{self.base}_{suffix}", **attrs)
+    def emit(self, op_type: str, inputs: list[str], suffix: str, like: int | None = None, **attrs) -> str:
+        """An intermediate node (before the main one); ``like``: its output is laid out as operand ``like`` is when
+        the kernel receives it (-1: as the result), and is annotated so (a NaN flag of each element, the pooled
+        flags)."""
+        nm = self.b.node(op_type, inputs, f"{self.base}_{suffix}", **attrs)
+        if like is not None:
+            self.likes.append((nm, like))
+        return nm
 
     def ints(self, values, base: str = "shape") -> str:
         return self.b.ints(values, base)
 
+    def nan_flags(self, x: str, like: int | None = 0) -> str:
+        """uint8: 1 where ``x`` (floats) is NaN (laid out as operand ``like``)."""
+        return self.emit("Cast", [self.emit("IsNaN", [x], "isnan", like=like)], "nan_u8", like=like,
+                         to=_onnx_type(np.dtype(np.uint8), "a flag"))
+
+    def any_of(self, flags: str, axes, keepdims: bool) -> str:
+        """bool: whether any of ``flags`` (uint8) is set along ``axes`` (laid out as the result)."""
+        hit = self.emit("ReduceMax", [flags, self.ints(axes, "axes")], "any", like=-1, keepdims=int(keepdims))
+        return self.emit("Cast", [hit], "any_bool", like=-1, to=_onnx_type(np.dtype(np.bool_), "a flag"))
+
+    def reduced_last(self, x: str, axes) -> tuple[str, int]:
+        """Operand 0 (named ``x``) with its ``axes`` moved last and flattened into one dim after the kept dims, and
+        that dim's size."""
+        shape = self.args[0]._shape
+        keep = [d for d in range(len(shape)) if d not in axes]
+        n = prod(shape[d] for d in axes)
+        perm = keep + list(axes)
+        moved = self.emit("Transpose", [x], "moved", perm=perm) if perm != list(range(len(shape))) else x
+        return self.emit("Reshape", [moved, self.ints([shape[d] for d in keep] + [n])], "flat"), n
+
     def onnx_type(self, dtype: np.dtype, what: str) -> int:
         return _onnx_type(dtype, what)
 
+    def carrier(self, *op_types: str, dtype: np.dtype | None = None) -> np.dtype:
+        """The dtype nodes of ``op_types`` compute ``dtype``'s values in (default: the result's); see ``carrier``."""
+        return carrier(op_types, np.dtype(self.dtype if dtype is None else dtype), f"op {self.name!r}")
+
+    def out_as(self, work: np.dtype, op_type: str, inputs: list[str], **attrs) -> str:
+        """The op's main node, computed in ``work`` (a carrier): cast to the result's dtype after it when they
+        differ."""
+        if np.dtype(work) == self.dtype:
+            return self.out(op_type, inputs, **attrs)
+        return self.out("Cast", [self.emit(op_type, inputs, "wide", like=-1, **attrs)],
+                        to=_onnx_type(self.dtype, self.name))
+
     def finish(self, name: str, main_inputs: list[tuple[str, int]]) -> tuple[str, list]:
-        """The result's name and the annotations of the main node: the operands among ``main_inputs`` (name,
-        operand index) as the kernel received them (the step's program's targets), and the result."""
+        """The result's name and the annotations of the step's nodes: the operands among ``main_inputs`` (name,
+        operand index) as the kernel received them (the step's program's targets), the intermediates emitted
+        ``like`` an operand or the result, and the result."""
         preps = getattr(self.step.prog, "preps", None)
-        specs = [(nm, preps[i].target if preps is not None and i < len(preps) else None)
-                 for nm, i in main_inputs if isinstance(self.args[i], Value)]
+
+        def spec(i: int):
+            if i < 0:
+                return self.step.out_spec
+            return preps[i].target if preps is not None and i < len(preps) else None
+
+        specs = [(nm, spec(i)) for nm, i in main_inputs + self.likes if i < 0 or isinstance(self.args[i], Value)]
         specs.append((name, self.step.out_spec))
         return name, specs
 
@@ -404,13 +506,9 @@ class _Export:
             if op_type == "Sub":  # -x of an unsigned integer: 0 - x, which wraps as numpy's does
                 x = self.operand(0, self.dtype)
                 return self.finish(self.out("Sub", [self.b.constant(self.dtype.type(0), self.dtype), x]), [(x, 0)])
-        wide = _wide_integer(op_type, self.dtype) if cast else None
-        ins = [self.operand(i, wide or self.dtype if cast else None) for i in range(len(self.args))]
-        main = [(x, i) for i, x in enumerate(ins)]
-        if wide is not None:  # computed in int32 and cast back
-            y = self.emit(op_type, ins, "wide", **attrs)
-            return self.finish(self.out("Cast", [y], to=_onnx_type(self.dtype, self.name)), main)
-        return self.finish(self.out(op_type, ins, **attrs), main)
+        work = self.carrier(op_type) if cast else self.dtype
+        ins = [self.operand(i, work if cast else None) for i in range(len(self.args))]
+        return self.finish(self.out_as(work, op_type, ins, **attrs), [(x, i) for i, x in enumerate(ins)])
 
 
 def _emit(b: _Builder, step: Step, values: dict[int, Value], out_name: str | None

@@ -18,7 +18,7 @@ from ..value import Value
 from ..opdef import OpDef
 from ..args import dtype_arg
 from .core import _laid_like, ArrayLike, Tensor, _axes, apply, _is_diff, _mask, _named, _ndim, _shape
-from ..dtypes import accumulation, exp_dtype, is_inexact
+from ..dtypes import accumulation, exp_dtype, is_float, is_inexact
 from ..errors import ShardingError
 from ..layout import chunk
 from .pointwise import abs, astype, divide, equal, exp, sqrt, where
@@ -108,17 +108,38 @@ def _reduction(name: str, linear, reduction, onnx_type: str, vjp, public, replic
             return _xp(x).sum(x, axis=axis, keepdims=keepdims, dtype=wide)
         return getattr(_xp(x), name)(x, axis=axis, keepdims=keepdims)
 
-    @onnx_export(onnx_type)
+    @onnx_export(onnx_type, "Cast", "IsNaN", "Where", "Transpose", "Reshape", "MatMul")
     def export(ex):
         axes, keepdims = ex.params[:2]
         x = ex.operand(0, ex.dtype)
-        return ex.finish(ex.out(onnx_type, [x, ex.ints(axes, "axes")], keepdims=int(keepdims),
-                                noop_with_empty_axes=int(not axes)), [(x, 0)])
+        if name == "sum" and ex.dtype.kind in "iu" and axes:
+            return _integer_sum(ex, x, axes, keepdims)
+        work = ex.carrier(onnx_type)  # (ONNX's ReduceMax and ReduceMin take no int16 or uint16: int32 holds them)
+        ins = [ex.b.cast(x, ex.dtype, work), ex.ints(axes, "axes")]
+        attrs = dict(keepdims=int(keepdims), noop_with_empty_axes=int(not axes))
+        if name == "sum" or not is_float(ex.dtype) or not axes:
+            return ex.finish(ex.out_as(work, onnx_type, ins, **attrs), [(x, 0)])
+        # NaN where a reduced element is NaN, as numpy's: ONNX does not say what ReduceMax and ReduceMin make of
+        # NaN, and onnxruntime's ReduceMin over an axis skipped it (the min of [0, NaN, 0.5] was 0)
+        red, nan = ex.emit(onnx_type, ins, name, like=-1, **attrs), ex.b.constant(ex.dtype.type(np.nan), ex.dtype)
+        return ex.finish(ex.out("Where", [ex.any_of(ex.nan_flags(x), axes, keepdims), nan, red]), [(x, 0)])
 
     return register(OpDef(name, lambda shapes, axes, keepdims, *wide: R.reduce_rule(shapes[0], axes, keepdims,
                                                                                       replicate),
                           kernel, linear, None, reduction, folds=reduction != "sum", vjp=vjp, numpy=name, onnx=export,
                           arity=1, public=public, flops=_per_input, saves=saves))
+
+
+def _integer_sum(ex, x: str, axes: tuple[int, ...], keepdims: bool) -> tuple:
+    """An integer sum as numpy's, wrapping: the reduced dims flattened last, times a vector of ones (MatMul).
+    onnxruntime's integer ReduceSum goes through double: [2**53, 1, 1, 1] summed to 2**53 + 4 in int64, and a sum
+    past 2**63 saturated where numpy's wraps."""
+    flat, n = ex.reduced_last(x, axes)
+    ones = ex.b.constant(np.ones((n,), ex.dtype), ex.dtype, base="ones")
+    if not keepdims:
+        return ex.finish(ex.out("MatMul", [flat, ones]), [(x, 0)])
+    return ex.finish(ex.out("Reshape", [ex.emit("MatMul", [flat, ones], "sum"), ex.ints(ex.step.out_shape)]),
+                     [(x, 0)])
 
 
 def _dt(x: Any) -> np.dtype:
@@ -205,16 +226,30 @@ def _search_op(name: str, chooser) -> OpDef:
             return getattr(_xp(x), name)(x.reshape(x.shape[:local.G] + (-1,)), axis=local.G)
         return getattr(_xp(x), name)(x, axis=local.G + axis)
 
-    @onnx_export(onnx_type, "Reshape")
+    @onnx_export(onnx_type, "Reshape", "Cast", "IsNaN", "ArgMax", "ReduceMax", "Where")
     def export(ex):
+        """ONNX's ArgMax and ArgMin (the first index on ties, ``select_last_index=0``), over bools in int32; over
+        floats the first NaN where there is one, as numpy's (ONNX does not say what they make of NaN:
+        onnxruntime's ArgMin of [0, NaN, 0.5] was 0, numpy's 1)."""
         axis, = ex.params
         x0 = ex.operand(0)
+        dt = ex.args[0]._dtype
         x = x0 if axis is not None else ex.emit("Reshape", [x0, ex.ints([-1])], "flat")
-        axis = 0 if axis is None else axis
-        if ex.dtype == np.int64:
-            return ex.finish(ex.out(onnx_type, [x], axis=int(axis), keepdims=0), [(x0, 0)])
-        i64 = ex.emit(onnx_type, [x], "i64", axis=int(axis), keepdims=0)
-        return ex.finish(ex.out("Cast", [i64], to=ex.onnx_type(ex.dtype, f"{name}'s result")), [(x0, 0)])
+        axis = 0 if axis is None else int(axis)
+
+        def result(op_type, inputs, **attrs):
+            if ex.dtype == np.int64:
+                return ex.finish(ex.out(op_type, inputs, **attrs), [(x0, 0)])
+            i64 = ex.emit(op_type, inputs, "i64", **attrs)
+            return ex.finish(ex.out("Cast", [i64], to=ex.onnx_type(ex.dtype, f"{name}'s result")), [(x0, 0)])
+
+        xs = ex.b.cast(x, dt, ex.carrier(onnx_type, dtype=dt))
+        if not is_float(dt):
+            return result(onnx_type, [xs], axis=axis, keepdims=0)
+        found = ex.emit(onnx_type, [xs], "found", like=-1, axis=axis, keepdims=0)
+        nan = ex.nan_flags(x, 0 if x is x0 else None)  # (a flattened operand's flags: laid out as nothing nabla held)
+        first = ex.emit("ArgMax", [nan], "first_nan", like=-1, axis=axis, keepdims=0)
+        return result("Where", [ex.any_of(nan, [axis], False), first, found])
 
     def search(x: ArrayLike, axis: int | None = None, keepdims: bool = False) -> Tensor:
         r = found(x, axis)
@@ -383,12 +418,28 @@ def _prod_kernel(arrays, local):
     return _xp(x).prod(x, axis=axis, keepdims=keepdims)
 
 
-@onnx_export("ReduceProd")
+@onnx_export("ReduceProd", "Transpose", "Reshape", "Pad", "Slice", "Mul")
 def _prod_onnx(ex):
+    """ReduceProd; an integer product as numpy's, wrapping: the reduced dims flattened last, padded with ones to a
+    power of two, and halves multiplied (Mul) until one is left. onnxruntime's integer ReduceProd goes through
+    double: 3 * (2**53 + 1) in int64 was 27021597764222976 (numpy: ...979), and a product past 2**63 saturated."""
     axes, keepdims = ex.params
     x = ex.operand(0, ex.dtype)
-    return ex.finish(ex.out("ReduceProd", [x, ex.ints(axes, "axes")], keepdims=int(keepdims),
-                            noop_with_empty_axes=int(not axes)), [(x, 0)])
+    if ex.dtype.kind not in "iu" or not axes:
+        return ex.finish(ex.out("ReduceProd", [x, ex.ints(axes, "axes")], keepdims=int(keepdims),
+                                noop_with_empty_axes=int(not axes)), [(x, 0)])
+    flat, n = ex.reduced_last(x, axes)
+    size = 1 << (n - 1).bit_length() if n > 1 else 1
+    if size != n:
+        flat = ex.emit("Pad", [flat, ex.ints([0, size - n], "pads"), ex.b.constant(ex.dtype.type(1), ex.dtype),
+                               ex.ints([-1], "axes")], "ones")
+    last = ex.ints([-1], "axes")
+    while size > 1:
+        size //= 2
+        lo = ex.emit("Slice", [flat, ex.ints([0], "starts"), ex.ints([size], "ends"), last], "lo")
+        hi = ex.emit("Slice", [flat, ex.ints([size], "starts"), ex.ints([2 * size], "ends"), last], "hi")
+        flat = ex.emit("Mul", [lo, hi], "times")
+    return ex.finish(ex.out("Reshape", [flat, ex.ints(ex.step.out_shape)]), [(x, 0)])
 
 
 def _prod_vjp(g, node, out):

@@ -73,20 +73,27 @@ def _argsort_kernel(arrays, local):
 
 
 def _top_k_node(ex, axis: int, k: int, largest: bool, output: int):
-    """ONNX ``TopK`` (``sorted=1``): its values or its indices (cast to nabla's index dtype)."""
+    """ONNX ``TopK`` (``sorted=1``: equal values by lower index first): its values or its indices (cast to nabla's
+    index dtype). ONNX's TopK takes no bools or bfloat16: they are ranked as int32 and float32, which hold each of
+    their values exactly and in the same order, and the values cast back."""
     from onnx import helper  # (export runs only where onnx is installed)
     x = ex.operand(0)
+    dt = ex.args[0]._dtype
+    work = ex.carrier("TopK", dtype=dt)
     names = [ex.b.fresh(f"{ex.base}_values"), ex.b.fresh(f"{ex.base}_indices")]
-    ex.b.nodes.append(helper.make_node("TopK", [x, ex.ints([k], "k")], names, name=ex.b.fresh(f"TopK_{ex.base}"),
-                                       axis=int(axis), largest=int(largest), sorted=1))
+    ex.b.nodes.append(helper.make_node("TopK", [ex.b.cast(x, dt, work), ex.ints([k], "k")], names,
+                                       name=ex.b.fresh(f"TopK_{ex.base}"), axis=int(axis), largest=int(largest),
+                                       sorted=1))
     if output == 1:
         return ex.finish(ex.out("Cast", [names[1]], to=ex.onnx_type(ex.dtype, "an index")), [(x, 0)])
+    if work != dt:
+        return ex.finish(ex.out("Cast", [names[0]], to=ex.onnx_type(dt, "a value")), [(x, 0)])
     return ex.finish(ex.out("Identity", [names[0]]), [(x, 0)])
 
 
 def _sort_onnx(output: int):
     """The whole dim ascending: ``TopK`` with ``k = n``, ``largest=0``."""
-    @onnx_export("TopK")
+    @onnx_export("TopK", "Cast")
     def export(ex):
         axis = ex.params[0]
         return _top_k_node(ex, axis, ex.args[0]._shape[axis], False, output)
@@ -214,7 +221,7 @@ def top_k(x: ArrayLike, k: int) -> tuple[Tensor, Tensor]:
         return apply(_TOP_K, (values,), (k, "values")), apply(_TOP_K, (values, index), (k, "indices"))
 
 
-@onnx_export("TopK")
+@onnx_export("TopK", "Cast")
 def _top_k_onnx(ex):
     if len(ex.args) > 1:
         raise ShardingError("export: top_k over a sharded last dim picks global indices among gathered candidates, "

@@ -154,13 +154,15 @@ def _conv_vjp(g, node, out):
     return gx, gw
 
 
-@onnx_export("Conv")
+@onnx_export("Conv", "Cast")
 def _conv_onnx(ex):
+    """Conv, in float32 for bfloat16 (ONNX's Conv takes none), rounded once."""
     stride, pads, dilation, groups = ex.params
-    x, w = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
+    work = ex.carrier("Conv")
+    x, w = ex.operand(0, work), ex.operand(1, work)
     kernel = [int(k) for k in ex.args[1]._shape[2:]]
-    return ex.finish(ex.out("Conv", [x, w], strides=list(stride), pads=onnx_pads(pads), dilations=list(dilation),
-                            group=int(groups), kernel_shape=kernel), [(x, 0), (w, 1)])
+    return ex.finish(ex.out_as(work, "Conv", [x, w], strides=list(stride), pads=onnx_pads(pads),
+                               dilations=list(dilation), group=int(groups), kernel_shape=kernel), [(x, 0), (w, 1)])
 
 
 @_named
@@ -322,12 +324,17 @@ def max_pool_scatter(x: Tensor, g: Tensor, out: Tensor, kernel: tuple, stride: t
     return _scatter_taps(parts, _shape(x), pads, stride, dilation, outs)
 
 
-@onnx_export("MaxPool")
+@onnx_export("MaxPool", "Cast")
 def _max_pool_onnx(ex):
+    """MaxPool (padding never wins), over bfloat16 in float32 and bools in uint8 (ONNX's MaxPool takes neither).
+    A window holding NaN: the kernel's max is NaN, onnxruntime's MaxPool and ONNX's reference skip it (a window
+    [NaN, 5] pools to 5). No node is added for it: it would double every pool's work and, rerun on nabla, its halo
+    exchange (squeezenet's rows-sharded rerun: 23 collective_permutes for 20)."""
     kernel, stride, pads, dilation = ex.params
-    x = ex.operand(0)
-    return ex.finish(ex.out("MaxPool", [x], kernel_shape=list(kernel), strides=list(stride), pads=onnx_pads(pads),
-                            dilations=list(dilation)), [(x, 0)])
+    work = ex.carrier("MaxPool")
+    x = ex.operand(0, work)
+    return ex.finish(ex.out_as(work, "MaxPool", [x], kernel_shape=list(kernel), strides=list(stride),
+                               pads=onnx_pads(pads), dilations=list(dilation)), [(x, 0)])
 
 
 def max_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
@@ -379,12 +386,15 @@ def _avg_pool_vjp(g, node, out):
     return (gx if gx.dtype == x._dtype else astype(gx, x._dtype),)
 
 
-@onnx_export("AveragePool")
+@onnx_export("AveragePool", "Cast")
 def _avg_pool_onnx(ex):
+    """AveragePool, in float32 for bfloat16 (ONNX's AveragePool takes none), rounded once."""
     kernel, stride, pads, dilation, include = ex.params
-    x = ex.operand(0, ex.dtype)
-    return ex.finish(ex.out("AveragePool", [x], kernel_shape=list(kernel), strides=list(stride),
-                            pads=onnx_pads(pads), dilations=list(dilation), count_include_pad=int(include)), [(x, 0)])
+    work = ex.carrier("AveragePool")
+    x = ex.operand(0, work)
+    return ex.finish(ex.out_as(work, "AveragePool", [x], kernel_shape=list(kernel), strides=list(stride),
+                               pads=onnx_pads(pads), dilations=list(dilation), count_include_pad=int(include)),
+                     [(x, 0)])
 
 
 def avg_pool(x: ArrayLike, kernel_size: Any, stride: Any = None, padding: Any = 0, count_include_pad: bool = True,
