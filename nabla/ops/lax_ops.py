@@ -23,26 +23,27 @@ from .pointwise import exp, sqrt
 from .registry import elementwise, onnx_export, register
 
 
-def _with(*consts):
-    """An export of one node over the operands and the constants ``consts`` (in the result's dtype): ``Sub(x, 1)``."""
-    def make(op_type: str, before: str | None = None, after: str | None = None, **attrs):
-        @onnx_export(*[t for t in (before, op_type, after) if t])
-        def export(ex):
-            x = ex.operand(0, ex.dtype)
-            c = [ex.b.constant(v, ex.dtype) for v in consts]
-            if before:
-                x = ex.emit(before, [x], before.lower())
-            if after:
-                return ex.finish(ex.out(after, [ex.emit(op_type, [x] + c, op_type.lower(), **attrs)]), [(x, 0)])
-            return ex.finish(ex.out(op_type, [x] + c, **attrs), [(x, 0)])
-        return export
-    return make
-
-
-@onnx_export("BitShift")
+@onnx_export("BitShift", "Cast", "BitwiseNot", "Less", "Where")
 def _shift_onnx(ex):
-    """BitShift (ONNX has it for unsigned integers, whose shifts are numpy's)."""
-    return ex.one("BitShift", direction="LEFT" if ex.name == "lax_left_shift" else "RIGHT")
+    """BitShift, which ONNX has for unsigned integers, whose shifts are numpy's (a count of the width or more gives
+    0). A signed value is shifted as the unsigned one of its bits (a negative count is then a huge one, as numpy and
+    XLA read it), and cast back: a left shift keeps the same low bits; an arithmetic right shift of a negative value
+    is the complement of the logical right shift of its complement (all ones for a count of the width or more)."""
+    left = ex.name == "lax_left_shift"
+    if ex.dtype.kind == "u":
+        return ex.one("BitShift", direction="LEFT" if left else "RIGHT")
+    u = np.dtype(f"uint{ex.dtype.itemsize * 8}")
+    a, b = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
+    ua, ub = ex.b.cast(a, ex.dtype, u), ex.b.cast(b, ex.dtype, u)
+    if left:
+        out = ex.emit("BitShift", [ua, ub], "shifted", direction="LEFT")
+    else:
+        pos = ex.emit("BitShift", [ua, ub], "shifted", direction="RIGHT")
+        neg = ex.emit("BitwiseNot", [ex.emit("BitShift", [ex.emit("BitwiseNot", [ua], "not_a"), ub], "not_shifted",
+                                             direction="RIGHT")], "neg_shifted")
+        out = ex.emit("Where", [ex.emit("Less", [a, ex.b.constant(ex.dtype.type(0), ex.dtype)], "negative"), neg, pos],
+                      "arith")
+    return ex.finish(ex.out("Cast", [out], to=ex.onnx_type(ex.dtype, ex.name)), [(a, 0), (b, 1)])
 
 
 # ---- bitwise logic and shifts (bools are logic) ------------------------------------------------------------------
@@ -59,35 +60,90 @@ right_shift = elementwise("lax_right_shift", lambda xp, a, b: xp.right_shift(a, 
 # ---- more transcendental functions (float32 stays float32) --------------------------------------------------------
 
 
-@onnx_export("Sin", "Cos", "Div")
+@onnx_export("Sin", "Cos", "Div", "Cast")
 def _tan_onnx(ex):
-    x = ex.operand(0, ex.dtype)
-    return ex.finish(ex.out("Div", [ex.emit("Sin", [x], "sin"), ex.emit("Cos", [x], "cos")]), [(x, 0)])
+    work = ex.carrier("Sin", "Cos")  # (bfloat16 in float32, as ml_dtypes computes it)
+    x = ex.operand(0, work)
+    return ex.finish(ex.out_as(work, "Div", [ex.emit("Sin", [x], "sin"), ex.emit("Cos", [x], "cos")]), [(x, 0)])
 
 
-@onnx_export("Div", "Atan", "Where", "Less", "Greater", "GreaterOrEqual", "Add", "Mul")
+@onnx_export("Abs", "Div", "Atan", "Equal", "And", "Where", "Less", "Or", "Sub", "Neg", "Cast")
 def _arctan2_onnx(ex):
-    """atan(a / b), moved by pi toward a's side where b < 0, and +-pi/2 where b == 0 (numpy's arctan2)."""
-    a, b = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
-    c = lambda v: ex.b.constant(v, ex.dtype)  # noqa: E731
-    side = ex.emit("Where", [ex.emit("GreaterOrEqual", [a, c(0.0)], "up"), c(1.0), c(-1.0)], "side")
-    base = ex.emit("Atan", [ex.emit("Div", [a, b], "q")], "atan")
-    left = ex.emit("Add", [base, ex.emit("Mul", [side, c(math.pi)], "turn")], "left")
-    axis = ex.emit("Mul", [side, c(math.pi / 2)], "axis")
-    rest = ex.emit("Where", [ex.emit("Less", [b, c(0.0)], "neg"), left, axis], "rest")
-    return ex.finish(ex.out("Where", [ex.emit("Greater", [b, c(0.0)], "pos"), base, rest]), [(a, 0), (b, 1)])
+    """numpy's arctan2 (C's atan2): atan(|a| / |b|) in [0, pi/2] (0 where both are zeros, pi/4 where both are
+    infinite), taken from pi where b's sign bit is set and negated where a's is; a sign bit is ``x < 0`` or
+    ``1 / x < 0`` (-0.0). NaN stays NaN. The former atan(a / b) moved by pi gave pi/2 for atan2(0, 0) (C: 0), NaN
+    for atan2(inf, -inf) (3pi/4), pi/2 for atan2(3, NaN) and 0 for atan2(-0.0, 2) (-0.0)."""
+    work = ex.carrier("Atan", "Div")
+    a, b = ex.operand(0, work), ex.operand(1, work)
+    c = lambda v: ex.b.constant(work.type(v), work)  # noqa: E731
+
+    def signbit(x, tag):
+        return ex.emit("Or", [ex.emit("Less", [x, c(0.0)], f"{tag}_neg"),
+                              ex.emit("Less", [ex.emit("Div", [c(1.0), x], f"{tag}_inv"), c(0.0)], f"{tag}_zneg")],
+                       f"{tag}_sign")
+
+    ma, mb = ex.emit("Abs", [a], "abs_a"), ex.emit("Abs", [b], "abs_b")
+    t = ex.emit("Atan", [ex.emit("Div", [ma, mb], "ratio")], "atan")
+    both = lambda v, tag: ex.emit("And", [ex.emit("Equal", [ma, c(v)], f"a_{tag}"),  # noqa: E731
+                                          ex.emit("Equal", [mb, c(v)], f"b_{tag}")], f"both_{tag}")
+    t = ex.emit("Where", [both(0.0, "zero"), c(0.0), t], "t0")
+    t = ex.emit("Where", [both(np.inf, "inf"), c(math.pi / 4), t], "t1")
+    r = ex.emit("Where", [signbit(b, "b"), ex.emit("Sub", [c(math.pi), t], "left"), t], "half")
+    return ex.finish(ex.out_as(work, "Where", [signbit(a, "a"), ex.emit("Neg", [r], "below"), r]), [(a, 0), (b, 1)])
 
 
-@onnx_export("Abs", "Pow", "Sign", "Mul")
+@onnx_export("Abs", "Pow", "Sign", "Mul", "Div", "Sub", "Add", "Equal", "Or", "Where")
 def _cbrt_onnx(ex):
+    """sign(x) r with r = |x|^(1/3) and one Newton step r + (|x| / r^2 - r) / 3 (the rounded 1/3 of Pow is off by
+    |ln x| times its rounding: cbrt(1e-300) in float64 was 1.0000000000000128e-100), and x itself where it is zero
+    or infinite (cbrt(-0.0) is -0.0; sign(-0.0) times 0 was +0.0)."""
     x = ex.operand(0, ex.dtype)
-    root = ex.emit("Pow", [ex.emit("Abs", [x], "abs"), ex.b.constant(1.0 / 3.0, ex.dtype)], "pow")
-    return ex.finish(ex.out("Mul", [ex.emit("Sign", [x], "sign"), root]), [(x, 0)])
+    c = lambda v: ex.b.constant(ex.dtype.type(v), ex.dtype)  # noqa: E731
+    a = ex.emit("Abs", [x], "abs")
+    r = ex.emit("Pow", [a, c(1.0 / 3.0)], "pow")
+    step = ex.emit("Div", [ex.emit("Sub", [ex.emit("Div", [a, ex.emit("Mul", [r, r], "r2")], "a_r2"), r], "err"), c(3.0)],
+                   "step")
+    r = ex.emit("Mul", [ex.emit("Sign", [x], "sign"), ex.emit("Add", [r, step], "newton")], "signed")
+    kept = ex.emit("Or", [ex.emit("Equal", [x, c(0.0)], "zero"), ex.emit("Equal", [a, c(np.inf)], "inf")], "kept")
+    return ex.finish(ex.out("Where", [kept, x, r]), [(x, 0)])
 
 
-log1p = elementwise("lax_log1p", lambda xp, x: xp.log1p(x), onnx=_with(1.0)("Add", after="Log"), public=False,
+def _accurate(ex, u: str, x: str, y: str) -> tuple:
+    """``y`` where ``u`` is neither 1 nor infinite, x where u is 1 (x is then below the float's precision: a signed
+    zero or a tiny value), u where it is infinite (x is +inf)."""
+    c = lambda v: ex.b.constant(ex.dtype.type(v), ex.dtype)  # noqa: E731
+    y = ex.emit("Where", [ex.emit("Equal", [u, c(np.inf)], "inf"), u, y], "finite")
+    return ex.finish(ex.out("Where", [ex.emit("Equal", [u, c(1.0)], "one"), x, y]), [(x, 0)])
+
+
+@onnx_export("Add", "Sub", "Log", "Mul", "Div", "Equal", "Where")
+def _log1p_onnx(ex):
+    """log1p as log(u) * (x / (u - 1)) with u = 1 + x (Goldberg's: the rounding of u cancels), x where u is 1.
+    Log(1 + x) lost what 1 + x rounds away: log1p(1e-10) in float64 was 1.00000008e-10, and log1p(-0.0) +0.0."""
+    x = ex.operand(0, ex.dtype)
+    one = ex.b.constant(ex.dtype.type(1), ex.dtype)
+    u = ex.emit("Add", [one, x], "u")
+    y = ex.emit("Mul", [ex.emit("Log", [u], "log"), ex.emit("Div", [x, ex.emit("Sub", [u, one], "u_1")], "ratio")],
+                "y")
+    return _accurate(ex, u, x, y)
+
+
+@onnx_export("Exp", "Sub", "Log", "Mul", "Div", "Equal", "Where")
+def _expm1_onnx(ex):
+    """expm1 as (u - 1) * (x / log(u)) with u = exp(x) (Kahan's), x where u is 1, -1 where u - 1 is (u may be 0).
+    Exp(x) - 1 lost what exp(x) rounds away: expm1(1e-10) in float64 was 1.00000008e-10, and expm1(-0.0) +0.0."""
+    x = ex.operand(0, ex.dtype)
+    u = ex.emit("Exp", [x], "u")
+    m1 = ex.b.constant(ex.dtype.type(-1), ex.dtype)
+    um = ex.emit("Add", [u, m1], "u_1")
+    y = ex.emit("Mul", [um, ex.emit("Div", [x, ex.emit("Log", [u], "log")], "ratio")], "y")
+    y = ex.emit("Where", [ex.emit("Equal", [um, m1], "all"), m1, y], "floor")
+    return _accurate(ex, u, x, y)
+
+
+log1p = elementwise("lax_log1p", lambda xp, x: xp.log1p(x), onnx=_log1p_onnx, public=False,
                     vjp=lambda g, x, o: g / (x + 1.0))
-expm1 = elementwise("lax_expm1", lambda xp, x: xp.expm1(x), onnx=_with(1.0)("Sub", before="Exp"), public=False,
+expm1 = elementwise("lax_expm1", lambda xp, x: xp.expm1(x), onnx=_expm1_onnx, public=False,
                     vjp=lambda g, x, o: g * (o + 1.0))
 tan = elementwise("lax_tan", lambda xp, x: xp.tan(x), onnx=_tan_onnx, public=False,
                   vjp=lambda g, x, o: g * (o * o + 1.0))
@@ -101,9 +157,28 @@ sinh = elementwise("lax_sinh", lambda xp, x: xp.sinh(x), onnx="Sinh", public=Fal
                    vjp=lambda g, x, o: g * ((exp(x) + exp(-x)) * 0.5))
 cosh = elementwise("lax_cosh", lambda xp, x: xp.cosh(x), onnx="Cosh", public=False,
                    vjp=lambda g, x, o: g * ((exp(x) - exp(-x)) * 0.5))
-@onnx_export("Mod")
+@onnx_export("Mod", "Equal", "Or", "Where")
 def _rem_onnx(ex):
-    return ex.one("Mod", fmod=1)
+    """Mod with ``fmod=1`` (C's); for integers XLA's ``x rem 0 = x``, over a divisor 1 where it is 0 or -1 (ONNX's
+    integer Mod fails on 0, and C's INT_MIN % -1 traps; x rem -1 is 0)."""
+    if ex.dtype.kind not in "biu":
+        return ex.one("Mod", fmod=1)
+    a, b = ex.operand(0, ex.dtype), ex.operand(1, ex.dtype)
+    c = lambda v: ex.b.constant(ex.dtype.type(v), ex.dtype)  # noqa: E731
+    zero = ex.emit("Equal", [b, c(0)], "by_zero")
+    unsafe = zero if ex.dtype.kind == "u" else ex.emit("Or", [zero, ex.emit("Equal", [b, c(-1)], "by_m1")], "unsafe")
+    r = ex.emit("Mod", [a, ex.emit("Where", [unsafe, c(1), b], "safe_b")], "fmod", fmod=1)
+    return ex.finish(ex.out("Where", [zero, a, r]), [(a, 0), (b, 1)])
+
+
+def _rem(xp, a, b):
+    """lax.rem: C's fmod (the dividend's sign); for integers XLA's ``x rem 0 = x`` and ``INT_MIN rem -1 = 0``
+    (its ``EmitIntegerRemainder``), where numpy's fmod gives 0 and warns. Computed over a divisor of 1 there."""
+    if np.result_type(*(getattr(v, "dtype", v) for v in (a, b))).kind not in "biu":  # (jax tracers: their dtype)
+        return xp.fmod(a, b)
+    zero = xp.equal(b, 0)
+    r = xp.fmod(a, xp.where(zero, xp.ones_like(b), b))
+    return xp.where(zero, a, r).astype(r.dtype)
 
 
 def _rem_db(g, a, b, o):
@@ -113,7 +188,7 @@ def _rem_db(g, a, b, o):
 
 # C's fmod, the dividend's sign (lax.rem; ONNX's Mod with fmod=1): exact, where a - b * trunc(a / b) rounds (1.0 rem
 # 0.1 in float64 gave 0, not 0.09999999999999995) and remainder(a, b) - b loses a tiny a (-1e-30 rem 1 gave 0)
-rem = elementwise("lax_rem", lambda xp, a, b: xp.fmod(a, b), onnx=_rem_onnx, public=False,
+rem = elementwise("lax_rem", _rem, onnx=_rem_onnx, public=False, arity=2,
                   vjp=(lambda g, a, b, o: g, _rem_db))
 arcsinh = elementwise("lax_asinh", lambda xp, x: xp.arcsinh(x), onnx="Asinh", public=False,
                       vjp=lambda g, x, o: g / sqrt(x * x + 1.0))
@@ -188,11 +263,12 @@ def _erfc(xp, x):
     return require_jax("erfc under nb.jit").lax.erfc(x)
 
 
-@onnx_export("Erf", "Sub")
+@onnx_export("Erf", "Sub", "Cast")
 def _erfc_onnx(ex):
     """ONNX has no Erfc: Sub(1, Erf(x)), exact to the float's precision near 0 and 0 where erfc is below it."""
-    x = ex.operand(0, ex.dtype)
-    return ex.finish(ex.out("Sub", [ex.b.constant(1.0, ex.dtype), ex.emit("Erf", [x], "erf")]), [(x, 0)])
+    work = ex.carrier("Erf")
+    x = ex.operand(0, work)
+    return ex.finish(ex.out_as(work, "Sub", [ex.b.constant(1.0, work), ex.emit("Erf", [x], "erf")]), [(x, 0)])
 
 
 erfc = elementwise("lax_erfc", _erfc, onnx=_erfc_onnx, public=False,

@@ -14,7 +14,7 @@ from .. import rules as R
 from ..backends import xp as _xp
 from ..collectives import user_op as _user_op
 from ..commlog import composed
-from ..dtypes import accumulation, exp_dtype, is_inexact
+from ..dtypes import accumulation, exp_dtype, is_float, is_inexact
 from ..errors import ShardingError
 from ..value import Value
 from ..layout import global_rows
@@ -101,9 +101,11 @@ def _one_hot_aux(spec, cuts, shapes, params):
 @onnx_export("Equal", "Unsqueeze", "Cast")
 def _one_hot_onnx(ex):
     n, axis, dtype = ex.params
-    ids = ex.operand(0, np.int64)
+    work = np.dtype(np.float64 if is_float(ex.args[0]._dtype) else np.int64)  # (float ids are compared as they
+    # are, as the kernel does: 1.5 is no class; their int64 cast made it class 1)
+    ids = ex.operand(0, work)
     rank = len(ex.v.shape)
-    cols = ex.b.constant(np.arange(n, dtype=np.int64).reshape((n,) + (1,) * (rank - axis - 1)), base="classes")
+    cols = ex.b.constant(np.arange(n, dtype=work).reshape((n,) + (1,) * (rank - axis - 1)), base="classes")
     hot = ex.emit("Equal", [ex.emit("Unsqueeze", [ids, ex.ints([axis], "axes")], "ids"), cols], "hot")
     return ex.finish(ex.out("Cast", [hot], to=ex.onnx_type(dtype, "one_hot's result")), [(ids, 0)])
 

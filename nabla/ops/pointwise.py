@@ -26,13 +26,58 @@ from ..args import dtype_arg
 
 def _arith(op_type: str, bool_type: str | None = None):
     """Arithmetic in the result's dtype; on bools numpy's logic (``+`` is or, ``*`` is and) or an error."""
-    @onnx_export(op_type)
+    @onnx_export(*((op_type,) if op_type != "Pow" else _POWER_TYPES))
     def export(ex):
         if ex.dtype == np.bool_ and bool_type is None:
             raise ShardingError(f"export: op {ex.name} on bool operands has no ONNX form (numpy computes it as "
                                 f"int8 and casts back); cast the operands first")
+        if op_type == "Pow" and ex.dtype.kind in "iu":
+            return _integer_power(ex)
         return ex.one(bool_type if ex.dtype == np.bool_ else op_type)
     return export
+
+
+_POWER_TYPES = ("Pow", "Cast", "Mul", "Add", "BitwiseAnd", "Equal", "Where", "Expand", "Shape")
+
+
+def _integer_power(ex):
+    """numpy's integer power (``bool ** bool`` is int8): squarings and products in the dtype, which wrap, so done in
+    uint32 (uint64 for 64-bit results), whose products keep the same low bits, and cast back. ONNX's Pow takes no
+    8- or 16-bit or unsigned integers, and onnxruntime's int32 and int64 Pow go through double: 3 ** 39 in int64 was
+    4052555153018976256 (numpy: ...267) and 3 ** 21 in int32 -2**31 (numpy: the low 32 bits, 1870418611). An
+    exponent the trace holds as a number is unrolled to the products its bits need; a tensor one is read bit by bit
+    (a negative exponent numpy refuses)."""
+    dt = ex.dtype
+    wide = np.dtype(np.uint64 if dt.itemsize == 8 else np.uint32)
+    a = ex.operand(0, dt)
+    x = ex.b.cast(a, dt, wide)
+    e = ex.args[1]
+    if not isinstance(e, Value):
+        e = int(e)
+        if e == 0:  # x ** 0 is 1 everywhere
+            one = ex.b.constant(np.ones((), dt), dt)
+            return ex.finish(ex.out("Expand", [one, ex.emit("Shape", [a], "shape")]), [(a, 0)])
+        acc, square, k = None, x, 0
+        while e >> k:
+            if k:
+                square = ex.emit("Mul", [square, square], f"sq{k}")
+            if (e >> k) & 1:
+                acc = square if acc is None else ex.emit("Mul", [acc, square], f"acc{k}")
+            k += 1
+        return ex.finish(ex.out("Cast", [acc], to=ex.onnx_type(dt, ex.name)), [(a, 0)])
+    b = ex.operand(1, dt)
+    bits = ex.b.cast(b, dt, wide)
+    zero = ex.b.constant(wide.type(0), wide)
+    acc = ex.emit("Mul", [x, zero], "acc0")
+    acc = ex.emit("Add", [acc, ex.b.constant(wide.type(1), wide)], "one")  # (ones of x's shape)
+    square = x
+    for k in range(dt.itemsize * 8 - (dt.kind == "i")):  # (a signed exponent's sign bit: negative, refused)
+        if k:
+            square = ex.emit("Mul", [square, square], f"sq{k}")
+        unset = ex.emit("Equal", [ex.emit("BitwiseAnd", [bits, ex.b.constant(wide.type(1 << k), wide)], f"bit{k}"),
+                                  zero], f"unset{k}")
+        acc = ex.emit("Where", [unset, acc, ex.emit("Mul", [acc, square], f"times{k}")], f"acc{k}")
+    return ex.finish(ex.out("Cast", [acc], to=ex.onnx_type(dt, ex.name)), [(a, 0), (b, 1)])
 
 
 def _compare(*op_types: str):
@@ -153,8 +198,8 @@ def _square_onnx(ex):
     return ex.finish(ex.out("Mul", [x, x]), [(x, 0)])
 
 
-_DIVMOD_TYPES = ("Div", "Floor", "Mul", "Sub", "Cast", "Mod", "Less", "Greater", "Xor", "Equal", "Not", "And", "Add",
-                 "Where")
+_DIVMOD_TYPES = ("Div", "Floor", "Mul", "Sub", "Cast", "Mod", "Less", "Greater", "Xor", "Equal", "Not", "And", "Or",
+                 "Add", "Where")
 
 
 def _fmod(ex) -> tuple:
@@ -170,15 +215,37 @@ def _fmod(ex) -> tuple:
 
 
 def _integer_divmod(ex, remainder: bool) -> tuple:
-    """An integer floor_divide or remainder: in float64 (ONNX's integer Div truncates toward zero, numpy's floors;
-    its integer Mod fails on a zero divisor), 0 where b is 0 (numpy's; the cast of inf gave -2**31), cast back."""
-    a, b = ex.operand(0, np.dtype(np.float64)), ex.operand(1, np.dtype(np.float64))
-    zero = ex.b.constant(np.float64(0), np.dtype(np.float64))
-    out = fq = ex.emit("Floor", [ex.emit("Div", [a, b], "q")], "fq")
+    """An integer floor_divide or remainder as numpy's, in integers: 0 where b is 0, and a // -1 is -a (wrapping:
+    INT_MIN // -1 is INT_MIN). Computed over a divisor that is neither (1 there): ONNX's integer Mod fails on 0
+    and a C division of INT_MIN by -1 traps. ONNX's integer Div truncates toward zero, so a quotient whose remainder
+    (C's, with a's sign) is nonzero and signed unlike b is one less; Mod with ``fmod=0`` has b's sign, as numpy's.
+    8- and 16-bit integers are computed in int32 and uint32 in int64 (exact: no quotient or remainder of theirs
+    leaves the wider type, and -2**15 // -1 casts back to -2**15), as onnxruntime has the nodes for. The float64
+    quotient the export used to floor is inexact past 2**53 (an int64 ``(2**62 + 12345) // 1000003`` was one too
+    large)."""
+    dt = ex.dtype
+    work = np.dtype(np.int32 if dt.itemsize < 4 else np.int64 if dt == np.uint32 else dt)
+    a, b = ex.operand(0, work), ex.operand(1, work)
+    c = lambda v: ex.b.constant(work.type(v), work)  # noqa: E731
+    zero = ex.emit("Equal", [b, c(0)], "by_zero")
+    unsafe = zero if work.kind == "u" else ex.emit("Or", [zero, ex.emit("Equal", [b, c(-1)], "by_m1")], "unsafe")
+    safe = ex.emit("Where", [unsafe, c(1), b], "safe_b")
     if remainder:
-        out = ex.emit("Sub", [a, ex.emit("Mul", [fq, b], "m")], "r")
-    out = ex.emit("Where", [ex.emit("Equal", [b, zero], "by_zero"), zero, out], "safe")
-    return ex.finish(ex.out("Cast", [out], to=ex.onnx_type(ex.dtype, ex.name)), [(a, 0), (b, 1)])
+        out = ex.emit("Mod", [a, safe], "mod", fmod=0)
+    else:
+        out = ex.emit("Div", [a, safe], "trunc")
+        if work.kind == "i":
+            r = ex.emit("Mod", [a, safe], "rem", fmod=1)
+            below = ex.emit("And", [ex.emit("Not", [ex.emit("Equal", [r, c(0)], "exact")], "inexact"),
+                                    ex.emit("Xor", [ex.emit("Less", [r, c(0)], "neg_r"),
+                                                    ex.emit("Less", [b, c(0)], "neg_b")], "differ")], "below")
+            out = ex.emit("Where", [below, ex.emit("Sub", [out, c(1)], "floor"), out], "floored")
+            out = ex.emit("Where", [ex.emit("Equal", [b, c(-1)], "by_m1"), ex.emit("Sub", [c(0), a], "neg"), out],
+                          "m1")
+    if work == dt:
+        return ex.finish(ex.out("Where", [zero, c(0), out]), [(a, 0), (b, 1)])
+    out = ex.emit("Where", [zero, c(0), out], "safe")
+    return ex.finish(ex.out("Cast", [out], to=ex.onnx_type(dt, ex.name)), [(a, 0), (b, 1)])
 
 
 @onnx_export(*_DIVMOD_TYPES)
@@ -214,7 +281,17 @@ def _remainder_onnx(ex):
 
 floor = elementwise("floor", numpy="floor", onnx="Floor", vjp=lambda g, x, o: g * 0.0, reads="")  # as jax: zero
 ceil = elementwise("ceil", numpy="ceil", onnx="Ceil", vjp=lambda g, x, o: g * 0.0, reads="")
-sign = elementwise("sign", numpy="sign", onnx="Sign", vjp=lambda g, x, o: g * 0.0, reads="")
+@onnx_export("Sign", "IsNaN", "Where")
+def _sign_onnx(ex):
+    """Sign; NaN where x is NaN, as numpy's (ONNX does not say what Sign makes of NaN: onnxruntime's float16 and
+    bfloat16 Sign gave 0)."""
+    if not is_float(ex.dtype):
+        return ex.one("Sign")
+    x = ex.operand(0, ex.dtype)
+    return ex.finish(ex.out("Where", [ex.emit("IsNaN", [x], "nan"), x, ex.emit("Sign", [x], "sign")]), [(x, 0)])
+
+
+sign = elementwise("sign", numpy="sign", onnx=_sign_onnx, vjp=lambda g, x, o: g * 0.0, reads="")
 square = elementwise("square", numpy="square", onnx=_square_onnx, vjp=lambda g, x, o: g * (x * 2.0), reads="0")
 floor_divide = elementwise("floor_divide", numpy="floor_divide", onnx=_floor_divide_onnx, vjp=(lambda g, a, b, o: g * 0.0,
                                                                       lambda g, a, b, o: g * 0.0),
