@@ -31,6 +31,12 @@ CASES = {
     "arccosh": (X.arccosh, jnp.arccosh, [1.0 + F * 9]), "arctanh": (X.arctanh, jnp.arctanh, [G / 2.5]),
     "rem": (X.rem, jax.lax.rem, [np.float32([[-1e-30, 1.0, 1e7, -3.5, 5.0, -7.0, 0.5, -0.0]] * 4),
                                  np.float32([[1.0, 0.1, 0.3, 2.0, -3.0, np.inf, 0.7, 2.0]] * 4)]),
+    # XLA's integer x rem 0 is x and INT_MIN rem -1 is 0 (its EmitIntegerRemainder); numpy's fmod gave 0 and warned
+    "int_rem": (X.rem, jax.lax.rem, [np.int32([[7, -7, 0, -(2 ** 31), 2 ** 31 - 1, -5, 9, 1]] * 4),
+                                     np.int32([[0, 0, 0, -1, 0, 3, -4, -1]] * 4)]),
+    "signed_shifts": (lambda a, b: X.bitwise_xor(X.left_shift(a, b), X.right_shift(a, b)),
+                      lambda a, b: jax.lax.shift_left(a, b) ^ jax.lax.shift_right_arithmetic(a, b),
+                      [U.astype(np.int32), S.astype(np.int32) - 4]),  # (counts from -4 to 35: negative ones saturate)
     "shifts": (lambda a, b: X.bitwise_xor(X.left_shift(a, b), X.right_shift(a, b)),
                lambda a, b: jax.lax.shift_left(a, b) ^ jax.lax.shift_right_logical(a, b), [U, S]),
     "logic": (lambda a, b: X.bitwise_or(X.bitwise_and(a, X.invert(b)), b), lambda a, b: (a & ~b) | b, [U, S]),
