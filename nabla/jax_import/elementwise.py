@@ -1,6 +1,7 @@
 """Elementwise primitives: arithmetic, comparisons, math functions, bit operations, casts, ``select_n`` and
 ``clamp``. JAX's types are explicit in a jaxpr, so operands already agree; where lax and numpy differ in meaning
-(integer ``div`` and ``rem`` truncate, ``round`` away from zero, logical right shifts) it is spelled out."""
+(integer ``div`` and ``rem`` truncate and are defined by 0, ``round`` away from zero, logical right shifts, the
+signs of zeros in ``sign``, ``max`` and ``min``) it is spelled out."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ def _unary(fn):
 
 
 for _name, _fn in {
-    "max": O.maximum, "min": O.minimum,
     "pow": O.power, "eq": O.equal, "ne": O.not_equal, "lt": O.less, "le": O.less_equal, "gt": O.greater,
     "ge": O.greater_equal, "rem": X.rem, "and": X.bitwise_and, "or": X.bitwise_or, "xor": X.bitwise_xor, "atan2": X.arctan2,
     "shift_left": X.left_shift,
@@ -36,7 +36,7 @@ for _name, _fn in {
 
 for _name, _fn in {
     "neg": O.negative, "exp": O.exp, "log": O.log, "tanh": O.tanh, "sin": O.sin, "cos": O.cos, "tan": X.tan,
-    "sqrt": O.sqrt, "abs": O.abs, "sign": O.sign, "floor": O.floor, "ceil": O.ceil, "is_finite": O.isfinite,
+    "sqrt": O.sqrt, "abs": O.abs, "floor": O.floor, "ceil": O.ceil, "is_finite": O.isfinite,
     "logistic": O.sigmoid, "log1p": X.log1p, "expm1": X.expm1, "asin": X.arcsin, "acos": X.arccos,
     "atan": X.arctan, "asinh": X.arcsinh, "acosh": X.arccosh, "atanh": X.arctanh, "sinh": X.sinh, "cosh": X.cosh,
     "cbrt": X.cbrt, "erf": erf, "erfc": X.erfc, "erf_inv": X.erf_inv,
@@ -79,23 +79,67 @@ def _is_int(x: Any) -> bool:
 
 @primitive("div", elementwise=True)
 def _div(ev, e, a, b):
-    """lax's integer division truncates toward zero (numpy's floors)."""
+    """lax's integer division truncates toward zero (numpy's floors), and is defined everywhere, as XLA's
+    ``ElementalIrEmitter::EmitIntegerDivide`` says: x / 0 is -1 (all ones: an unsigned type's maximum) and
+    INT_MIN / -1 is INT_MIN. numpy's floor_divide gives 0 for x // 0 and warns: it runs over a divisor of 1 there."""
     if not _is_int(a):
         return sums.joined(O.divide)(ev, e, a, b)
-    q = O.floor_divide(a, b)
-    if np.dtype(e.out_avals[0].dtype).kind == "u":
-        return q
-    inexact = O.not_equal(O.remainder(a, b), 0)
-    signs = O.not_equal(O.less(a, 0), O.less(b, 0))
-    return O.where(X.bitwise_and(inexact, signs), q + 1, q)
+    dt = np.dtype(e.out_avals[0].dtype)
+    zero = O.equal(b, 0)
+    safe = O.where(zero, dt.type(1), b)
+    q = O.floor_divide(a, safe)
+    if dt.kind == "i":  # (floor to truncation: one more where the quotient is inexact and the signs differ)
+        inexact = O.not_equal(O.remainder(a, safe), 0)
+        signs = O.not_equal(O.less(a, 0), O.less(safe, 0))
+        q = O.where(X.bitwise_and(inexact, signs), q + dt.type(1), q)
+    return O.where(zero, np.array(-1).astype(dt)[()], q)
+
+
+@primitive("sign", elementwise=True)
+def _sign(ev, e, x):
+    """lax.sign keeps a float zero's sign (XLA: sign(-0.0) is -0.0, and NaN stays NaN); numpy's sign(-0.0) is
+    +0.0."""
+    if not is_float(np.dtype(e.out_avals[0].dtype)):
+        return O.sign(x)
+    return O.where(O.equal(x, 0), x, O.sign(x))
+
+
+def _extreme(fn, zeros):
+    """lax.max and lax.min are IEEE 754-2019's maximum and minimum, as XLA computes them: NaN if either is NaN, and
+    -0.0 below +0.0 (max(-0.0, 0.0) is +0.0 in either order, min -0.0); numpy's maximum and minimum give either
+    zero, by argument order and dtype. Where both operands are zeros the result is ``zeros(a, b)``: a + b for max
+    (+0.0 unless both are -0.0), -((-a) + (-b)) for min. An operand that is a nonzero constant needs nothing; max
+    with a constant +0.0 (relu) one addition of it (-0.0 + 0.0 is +0.0, and it changes no other value)."""
+    def run(ev, e, a, b):
+        out = fn(a, b)
+        if not is_float(np.dtype(e.out_avals[0].dtype)):
+            return out
+        c = next((np.asarray(v) for v in (a, b) if not isinstance(v, O.Tensor) and np.asarray(v).size == 1), None)
+        if c is not None:  # (a literal: relu's 0.0, a clamp's bound)
+            c = c.reshape(())
+            if c != 0:
+                return out
+            if fn is O.maximum and not np.signbit(c):
+                return out + c
+        both = X.bitwise_and(O.equal(a, 0), O.equal(b, 0))
+        return O.where(both, zeros(a, b), out)
+    return run
+
+
+primitive("max", elementwise=True)(_extreme(O.maximum, lambda a, b: O.add(a, b)))
+primitive("min", elementwise=True)(_extreme(O.minimum, lambda a, b: O.negative(O.add(O.negative(a), O.negative(b)))))
 
 
 @primitive("integer_pow", elementwise=True)
 def _integer_pow(ev, e, x):
-    """x**y by products for small y, as XLA expands it."""
+    """x**y by products for small y, as XLA expands it; x**0 is 1 for every x, NaN and infinities included (x * 0 + 1
+    gave NaN there)."""
     y = int(e.params["y"])
     if y == 0:
-        return O.multiply(x, 0) + 1
+        if not is_float(np.dtype(e.out_avals[0].dtype)):
+            return O.multiply(x, 0) + 1
+        one = np.dtype(e.out_avals[0].dtype).type(1)
+        return O.where(O.isnan(x), one, one)  # (ones laid out as x)
     if y == 1:
         return x
     if y == 2:

@@ -209,10 +209,12 @@ class Eval:
         for v, kind in prog.kinds.items():
             if isinstance(env[v], Tensor):
                 C.tag([env[v]], kind)  # a memory log (and autoshard) counts parameters and optimizer state as such
-        with one_program(env[v] for v in prog.kinds if isinstance(env[v], Tensor)):  # (one compiled program)
+        # (XLA's float arithmetic is IEEE's, an overflow or an invalid operation a value, never a warning: numpy's
+        # floating-point warnings (exp(1000), log(0), inf - inf) are not raised for a JAX program)
+        with one_program(env[v] for v in prog.kinds if isinstance(env[v], Tensor)), np.errstate(all="ignore"):
             self._blocks(prog, env)
-        for v, like, label in prog.returned:
-            env[v] = sums.settle(env[v], env[like] if like is not None else None, label)
+            for v, like, label in prog.returned:
+                env[v] = sums.settle(env[v], env[like] if like is not None else None, label)
         return [v.value if type(v) is Lit else env[v] for v in prog.outs]
 
     def _blocks(self, prog: Compiled, env: dict) -> None:
