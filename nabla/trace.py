@@ -64,12 +64,9 @@ class Link(NamedTuple):
 
     @property
     def name(self) -> str:
-        """The op's name for people: the public op it ran for, else its own (the comm log's names of the sums of a
-        relayout's or placement's cotangents: "relayout", "place", as before their links held steps)."""
-        return self.user or getattr(self.op, "name", None) or _OWN_NAMES.get(self.op, str(self.op))
-
-
-_OWN_NAMES = {RELAYOUT: "relayout", PLACE: "place"}
+        """The op's name for people: the public op it ran for, else its own, as its step is named (the sums of a
+        ``with_sharding``'s cotangents are "gradient of with_sharding" in the comm log, as its transpose is)."""
+        return self.user or getattr(self.op, "name", None) or str(self.op)
 
 
 def keeping(op: Any, params: tuple, args: tuple, result: Any = None, moved: list | None = None,
