@@ -297,8 +297,8 @@ def backward(out: Tensor, cotangent: Any = None) -> None:
         with C.phase("backward"):
             cotangent = ones_seed(out)
     got = backward_pass([out], [as_tensor(cotangent, "backward")])
-    for v in topological([out]):
-        if link_of(v).op == LEAF and by_link(v) in got:
+    for v, node, _ in topological([out]):
+        if node.op == LEAF and id(node) in got:
             g, = Finisher([v], [v], None).done(got)
             v.grad = g if v.grad is None else v.grad + g
             if link_of(v.grad) is not None:  # (inside a differentiation: recorded, and made from ``v``)

@@ -117,26 +117,32 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     ``ready(leaf id, cotangent)`` is called as each leaf's cotangent is complete, in the order the pass completes
     them (so a gradient is summed while the pass goes on, as DDP's hooks do, not held raw to the end)."""
     stop = None if wrt is None else set(wrt)
-    key = by_link  # values are named by their link: a husk a link keeps stands for the value it was made from
-    order = topological(outputs, stop, key)
-    is_leaf = (lambda v: link_of(v).op == LEAF) if stop is None else (lambda v: key(v) in stop)
-    # the values that depend on a leaf: only their cotangents are worth computing (never None: ``key`` of a value
-    # with no link, so ``key(a) in needed`` is also the test that ``a`` is linked)
+    # values are named by their link (``by_link``): a husk a link keeps stands for the value it was made from; each
+    # entry of ``order`` is (value, link, its operands' names), the names looked up once for the whole pass
+    order = topological(outputs, stop, by_link=True)
+    # the values that depend on a leaf: only their cotangents are worth computing (an operand not linked is named
+    # None, never needed)
+    leaf_names: set[int] = set()
     needed: set[int] = set()
-    for v in order:
-        if is_leaf(v) or any(key(a) in needed for a in link_of(v).args):
-            needed.add(key(v))
+    for _, node, names in order:
+        k = id(node)
+        if node.op == LEAF if stop is None else k in stop:
+            leaf_names.add(k)
+            needed.add(k)
+        elif not needed.isdisjoint(names):
+            needed.add(k)
     # cotangents by value, grouped by the mesh axes along which they vary but the value does not (per-device
     # code: contributions that are still per-device summands); a plain value has one group, ()
     ct: dict[int, dict[tuple, Tensor]] = {}
     leaves: dict[int, Tensor] = {}
 
     def label(a) -> str:
-        return (labels or {}).get(key(a)) or (link_of(a).name if link_of(a).op != LEAF else "grad of a traced tensor")
+        return (labels or {}).get(by_link(a)) or \
+            (link_of(a).name if link_of(a).op != LEAF else "grad of a traced tensor")
 
-    def accumulate(a, c):
+    def accumulate(k, a, c):
         extra = _unreduced(c, a)
-        groups = ct.setdefault(key(a), {})
+        groups = ct.setdefault(k, {})
         if extra not in groups:
             groups[extra] = c
         else:
@@ -146,18 +152,20 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
     # a leaf's cotangent is complete once every op that uses it has run its VJP: counted, so it is finished then
     users: dict[int, int] = {}
     if ready is not None:
-        for v in order:
-            for a in link_of(v).args:
-                if key(a) in needed and is_leaf(a):
-                    users[key(a)] = users.get(key(a), 0) + 1
+        for _, _, names in order:
+            for k in names:
+                if k in leaf_names:
+                    users[k] = users.get(k, 0) + 1
     finished: set[int] = set()
     regathered: dict = {}  # (source, layout) -> the source gathered again, once per backward pass
 
-    def total(v):
+    def total(k, v):
         """``v``'s cotangent: its contributions summed (per-device summands over their axes: a psum)."""
-        groups = ct.pop(key(v), None)
+        groups = ct.pop(k, None)
         if groups is None:
             return None
+        if len(groups) == 1 and () in groups:  # (one contribution, nothing to sum: most values)
+            return groups[()]
         g = None
         with C.user_op(label(v)):
             for extra, part in groups.items():
@@ -165,68 +173,69 @@ def backward_pass(outputs: Sequence[Tensor], cotangents: Sequence[Tensor],
                 g = part if g is None else add(g, part)
         return g
 
-    def leaf_done(v) -> None:
-        finished.add(key(v))
-        g = total(v)
-        if g is not None and not (ready is not None and ready(key(v), g)):
-            leaves[key(v)] = g  # (a gradient the finisher took is not kept: its raw sum dies once finished)
+    def leaf_done(k, v) -> None:
+        finished.add(k)
+        g = total(k, v)
+        if g is not None and not (ready is not None and ready(k, g)):
+            leaves[k] = g  # (a gradient the finisher took is not kept: its raw sum dies once finished)
 
-    def used(node) -> None:
-        for a in node.args:
-            k = key(a)  # (None: not linked)
+    def used(node, names) -> None:
+        for a, k in zip(node.args, names):
             if k in users:
                 users[k] -= 1
                 if users[k] == 0:
-                    leaf_done(a)
+                    leaf_done(k, a)
 
     with (contextlib.nullcontext() if outer_live() else paused()), C.phase("backward"):
         for o, c in zip(outputs, cotangents):
-            if key(o) in needed:
-                accumulate(o, c)
-        for v in reversed(order):
-            if key(v) not in needed or key(v) in finished:
+            k = by_link(o)
+            if k in needed:
+                accumulate(k, o, c)
+        for v, node, names in reversed(order):
+            k = id(node)
+            if k not in needed or k in finished:
                 continue
-            if is_leaf(v):
-                leaf_done(v)
+            if k in leaf_names:
+                leaf_done(k, v)
                 continue
-            node = link_of(v)
-            if node.op == SM_IN or getattr(node.op, "raw_cotangent", False):
+            op = node.op
+            if op == SM_IN or getattr(op, "raw_cotangent", False):
                 # these transpose each group as it is (into shard_map: partial sums over its axes; all_gather: a
                 # psum_scatter of the summands along the gathered axes)
-                groups = ct.pop(key(v), None)
+                groups = ct.pop(k, None)
                 for g in (groups or {}).values():
-                    fn = in_vjp if node.op == SM_IN else node.op.vjp
-                    with C.user_op(node.user or ("shard_map" if node.op == SM_IN else node.op.name)):
+                    fn = in_vjp if op == SM_IN else op.vjp
+                    with C.user_op(node.user or ("shard_map" if op == SM_IN else op.name)):
                         parts = fn(g, node, v)
-                    for arg, c in zip(node.args, parts):
-                        if c is not None and key(arg) in needed:
-                            accumulate(arg, c)
-                used(node)
+                    for arg, name, c in zip(node.args, names, parts):
+                        if c is not None and name in needed:
+                            accumulate(name, arg, c)
+                used(node, names)
                 continue
-            g = total(v)
+            g = total(k, v)
             if g is None:
-                used(node)
+                used(node, names)
                 continue
-            if node.op == RELAYOUT:  # the transpose of a move: the cotangent laid out as the moved value was
+            if op == RELAYOUT:  # the transpose of a move: the cotangent laid out as the moved value was
                 parts = (_transposed(g, node.args[0]) if node.prog is not None and node.prog.collectives else g,)
-            elif node.op in (PLACE, LEAF):  # the same value (an inner pass's leaf; a host value placed)
+            elif op in (PLACE, LEAF):  # the same value (an inner pass's leaf; a host value placed)
                 parts = (g,)
-            elif node.op == SM_OUT:  # out of nb.shard_map
+            elif op == SM_OUT:  # out of nb.shard_map
                 with C.user_op(node.user or "shard_map"):
                     parts = out_vjp(g, node, v)
             else:
-                if node.op.vjp is None:
-                    raise ShardingError(f"grad: op {node.op.name} has no derivative")
+                if op.vjp is None:
+                    raise ShardingError(f"grad: op {op.name} has no derivative")
                 with C.user_op(node.name), C.in_scope(node.scope):
                     g = _summed_before_fan_out(g, node, needed)
+                    out = v if node.out is None else husk(v, node) if node.out is HUSK else node.out
                     if node.regather:
                         node = _regathered(node, regathered)
-                    out = v if node.out is None else husk(v) if node.out is HUSK else node.out
-                    parts = node.op.vjp(g, node, out)
-            for arg, c in zip(node.args, parts):
-                if c is not None and key(arg) in needed:
-                    accumulate(arg, c)
-            used(node)
+                    parts = op.vjp(g, node, out)
+            for arg, name, c in zip(node.args, names, parts):
+                if c is not None and name in needed:
+                    accumulate(name, arg, c)
+            used(node, names)
     return leaves
 
 

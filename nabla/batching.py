@@ -23,7 +23,7 @@ from .ops.core import apply
 from .rules.core import PASS, Rule
 from .spec import DimSpec, ShardingSpec
 from .tensor import Tensor
-from .trace import (LEAF, PLACE, RELAYOUT, Link, bare, differentiating, entry, link, link_of, recorded, replay_trace,
+from .trace import (LEAF, PLACE, RELAYOUT, Link, differentiating, entry, link, link_of, recorded, replay_trace,
                     topological)
 
 _BATCHED: dict[OpDef, OpDef] = {}
@@ -115,7 +115,7 @@ def _batched_vjp(op: OpDef) -> Callable:
                  else a for a in node.args]
         g_u, out_u = _stand_in(g, False), _stand_in(out, False)
         with _tracing():
-            parts = op.vjp(g_u, entry(bare(op, node.params), tuple(stand)), out_u)
+            parts = op.vjp(g_u, entry(op, node.params, tuple(stand)), out_u)
         env = {id(g_u): g, id(out_u): out}
         env.update({id(s): a for s, a in zip(stand, node.args) if isinstance(a, Value)})
         got = _replay([p for p in parts if p is not None], env)
@@ -144,8 +144,8 @@ def _tracing() -> Iterator[None]:
         yield
 
 
-_STAND_IN = Link(bare(LEAF, ("vmap",)), diff=False)
-_STAND_IN_DIFF = Link(bare(LEAF, ("vmap",)), diff=True)
+_STAND_IN = Link(LEAF, ("vmap",), diff=False)
+_STAND_IN_DIFF = Link(LEAF, ("vmap",), diff=True)
 
 
 def _stand_in(v: Value, diff: bool) -> Tensor:
@@ -163,10 +163,9 @@ def _replay(outputs: Sequence[Any], env: dict[int, Any]) -> list[tuple[Any, bool
     each output and whether it is batched."""
     batched_ids: set[int] = set(env)
     vals = dict(env)
-    for v in topological([o for o in outputs if isinstance(o, Value)]):
+    for v, node, _ in topological([o for o in outputs if isinstance(o, Value)]):
         if id(v) in vals:
             continue
-        node = link_of(v)
         if not any(isinstance(a, Value) and id(a) in batched_ids for a in node.args):
             continue  # unbatched: the value the trace computed (real, as its operands are)
         args = [vals.get(id(a), a) if isinstance(a, Value) else a for a in node.args]

@@ -23,7 +23,7 @@ from .propagation import current_strategy
 from .scoped import setting
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, read
-from .trace import HUSK, Link, _remat, bare, entry, gathered_copy, keeping, link, linked_any, record, tracked, user as tape_user
+from .trace import HUSK, _remat, entry, gathered_copy, keeping, link, linked_any, made, record, tracked
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
@@ -36,8 +36,9 @@ from .propagation import _strategy as _STRATEGY
 
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
     """Apply ``op`` to ``args`` (Values or Python scalars); ``make(data, spec, shape, dtype, sid)`` wraps it.
-    The op's step (what moved, and why) is built when an operand is traced (the result is linked to it on the tape,
-    with the operands its VJP keeps) or a comm log is open (it is published there)."""
+    When an operand is traced, the result is linked on the tape (its op, params and program, with the operands
+    its VJP keeps); when a comm log is open, the op's step (what moved, and why) is published there, and the link
+    holds it too."""
     r = _remat.get()
     if r is None and not _LOGS.get() and not linked_any(args):
         # the hot path: nothing logged or replayed; when no operand is traced or summed by an earlier use, all are on
@@ -81,7 +82,11 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
         out, prog = _rerun_strict(op, used, params, make, sink)
     if rec or track:
         keep = keeping(op, params, tuple(args), out, moved) if track else None
-        _publish(op, params, args, used, out, prog, sink, keep)
+        step = _step(op, params, args, used, out, prog, sink, keep) if rec else None
+        if track:  # (linked before it is published: a memory log reads what the link keeps)
+            link(out, made(op, params, prog, keep, step))
+        if rec:
+            C.publish(step, [(u.value, a) for u, a in zip(step.uses, used)] + [(serial(out), out)])
     if r is not None and op.name in r.ops:
         r.saved.append((out, prog))
     return out
@@ -119,10 +124,10 @@ def _replayed(r: Any, op: OpDef, params: tuple, args: Sequence[Any], make: Calla
     return record(out, op, params, args, result=kept, prog=prog) if tracked(args) else out
 
 
-def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any], out: Any, prog: Any,
-             sink: list, keep: tuple | None = None) -> None:
-    """The step of one op as it ran: ``out`` linked to it on the tape with ``keep`` (``trace.keeping``: what its VJP
-    keeps), when given; published to the open comm logs."""
+def _step(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any], out: Any, prog: Any,
+          sink: list, keep: tuple | None = None) -> Step:
+    """The step of one op as it ran (for the open comm logs); ``keep``: what its link on the tape keeps
+    (``trace.keeping``), when it has one."""
     user = C.current_op() or op.name
     uses = []
     preps = prog.preps if type(prog) is Program else None
@@ -154,10 +159,7 @@ def _publish(op: OpDef, params: tuple, args: Sequence[Any], used: Sequence[Any],
     saves, extra = _residual_record(op, params, out, uses, keep)
     step = Step(op, params, tuple(uses), serial(out), out._shape, out._dtype, out._spec, post, prog,
                 C.step_user(user), C.current_phase(), int(flops), C.current_scope(), alias, saves, extra)
-    if keep is not None:
-        link(out, Link(step, *keep, tape_user()))
-    if C.logging():
-        C.publish(step, [(u.value, a) for u, a in zip(uses, used)] + [(serial(out), out)])
+    return step
 
 
 def _views(prog: Program) -> bool:
@@ -199,19 +201,20 @@ def record_step(op: Any, params: tuple, args: Sequence[Any], out: Value, events:
     crossing into and out of ``nb.shard_map``, a compiled call): each operand read as it is, ``events`` its moves
     (``named``: already stamped with the op and phase each ran for, as a compiled call's are); with ``tape``,
     ``out`` is linked to it on the tape."""
-    log = C.logging()
-    if not (log or tape):
-        return
-    step = bare(op, params, args, out, prog)
-    uses = step.uses
-    if events and uses:
-        user = C.current_op() or (op if isinstance(op, str) else op.name)
-        uses = (uses[0]._replace(events=events if named else tuple(C.stamped(e, user) for e in events)),) + uses[1:]
-        step = step._replace(uses=uses)
+    step = None
+    if C.logging():
+        name = op if isinstance(op, str) else getattr(op, "name", str(op))
+        user = C.current_op() or name
+        uses = tuple([read(a) for a in args])
+        if events and uses:
+            uses = (uses[0]._replace(events=events if named else tuple(C.stamped(e, user) for e in events)),) + \
+                uses[1:]
+        step = Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, prog=prog,
+                    user=C.step_user(user), phase=C.current_phase(), layer=C.current_scope())
     if tape:
-        link(out, entry(step, tuple(args)))
-    if log:
-        C.publish(step, [(u.value, a) for u, a in zip(uses, args)] + [(serial(out), out)])
+        link(out, entry(op, params, tuple(args), prog=prog, step=step))
+    if step is not None:
+        C.publish(step, [(u.value, a) for u, a in zip(step.uses, args)] + [(serial(out), out)])
 
 
 def publish_move(v: Value, target: Any, plan: Any, op: str) -> None:
@@ -385,18 +388,18 @@ def relayout(v: Value, target: ShardingSpec, make: Callable = Value) -> Any:
     out, reused = _move(v, p, target.layout(), be)
     out = be.commit(out, target)
     res = make(out, target, v._shape, v._dtype, -1)
-    track, log = tracked((v,)), C.logging()
-    if track or log:
+    step = None
+    if C.logging():
         user = C.current_op() or RELAYOUT_STEP
         events = () if reused else tuple(C.stamped(e, user) for e in p.events)
         use = Use(serial(v), v._shape, v._dtype, v._spec, target, events, reused)
         alias = use.value if not p.segments else 0  # laid out as it was: the same blocks
         step = Step(RELAYOUT_STEP, (target,), (use,), serial(res), res._shape, res._dtype, target, (), p,
                     C.step_user(user), C.current_phase(), 0, C.current_scope(), alias)
-        if track:
-            link(res, entry(step, (v,)))
-        if log:
-            C.publish(step, [(use.value, v), (serial(res), res)])
+    if tracked((v,)):
+        link(res, entry(RELAYOUT_STEP, (target,), (v,), prog=p, step=step))
+    if step is not None:
+        C.publish(step, [(serial(v), v), (serial(res), res)])
     return res
 
 
@@ -434,13 +437,13 @@ def place(v: Value, spec: ShardingSpec, make: Callable = Value) -> Any:
     """``shard`` of a host value: each device keeps its block of it (no communication)."""
     data = (backends.SHAPES if v._data is None else backends.active()).place(v._data, spec)
     res = make(data, spec, v._shape, v._dtype, -1)
-    track, log = tracked((v,)), C.logging()
-    if track or log:
+    step = None
+    if C.logging():
         use = Use(serial(v), v._shape, v._dtype, v._spec, spec)
         step = Step(PLACE_STEP, (spec,), (use,), serial(res), res._shape, res._dtype, spec,
                     user=C.step_user(C.current_op() or PLACE_STEP), phase=C.current_phase(), layer=C.current_scope())
-        if track:
-            link(res, entry(step, (v,)))
-        if log:
-            C.publish(step, [(use.value, v), (serial(res), res)])
+    if tracked((v,)):
+        link(res, entry(PLACE_STEP, (spec,), (v,), step=step))
+    if step is not None:
+        C.publish(step, [(serial(v), v), (serial(res), res)])
     return res

@@ -50,7 +50,7 @@ class OpDef:
     ``fast``: a numpy function equal to the kernel on operands of the result's rank (an elementwise ufunc),
     called directly when nothing moves. ``aux(result_spec, cuts, shapes, params)``: per-layout constants the
     kernel needs (computed once per program). ``vjp(cotangent, link, out)``: the cotangents of the operands
-    (None where there is none), written with nabla ops (``link``: the op's ``trace.Link``, its step and the
+    (None where there is none), written with nabla ops (``link``: the op's ``trace.Link``, its params and the
     operands it kept). ``folds``: the kernel honours ``Local.fold`` (a max/min reduction also reduces over grid
     axes), so a following all_reduce of the same op runs inside it.
     ``flops(operand block shapes, result block shape, params)``: per device (None: one per result element).

@@ -1,25 +1,24 @@
-"""Autodiff's tape: a value an op made from a tracked value is linked to the ``Step`` the executor recorded for it,
-the one record of what ran (its op, params, operands, the program chosen, plans included), together with what the
-backward pass needs beyond it: the operands its VJP reads, whether it is differentiated, and its output as the VJP
-reads it. The links are a side table owned here (a value carries no record). Autodiff walks them backward and
-``nb.jit`` traces with them; ONNX export, like ``nb.explain``, reads the steps as the logs took them."""
+"""Autodiff's tape: a value an op made from a tracked value is linked to what the backward pass reads of the op (its
+op, params and program, the step's own fields) and what it keeps for it: the operands its VJP reads, whether it is
+differentiated, its output as the VJP reads it, and the very ``Step`` a comm log took of it, when one was open. The
+links are a side table owned here (a value carries no record). Autodiff walks them backward and ``nb.jit`` traces
+with them; ONNX export, like ``nb.explain``, reads the steps as the logs took them."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import weakref
+from functools import partial
 from typing import Any, Iterator, NamedTuple
 
-import numpy as np
-
-from .collectives import _op as _user_op, _phase, _scope, step_user
+from .collectives import _op as _user_op, _phase, _scope
 from .dtypes import is_inexact
 from .scoped import setting
-from .step import PLACE, RELAYOUT, Step, read
+from .step import PLACE, RELAYOUT, Step
 from .value import serial
 
-#: ``Step.op`` of a traced input's link, a step that ran nothing (``RELAYOUT`` and ``PLACE``, the executor's own
+#: ``Link.op`` of a traced input, an op that ran nothing (``RELAYOUT`` and ``PLACE``, the executor's own
 #: steps, are read from here too)
 LEAF = "leaf"
 
@@ -30,15 +29,18 @@ HUSK = "husk"
 
 
 class Link(NamedTuple):
-    """How a value was made, as the backward pass reads it: ``step``, the step recorded for it (its ``op``: an
-    OpDef, LEAF (a traced input), RELAYOUT (``with_sharding``), PLACE (a host value put on a mesh), or a record of
-    autodiff's own; its ``params``; its ``prog``, what the executor decided: reshard plans and local steps, or the
-    relayout's plan); ``args``, its operands (values or Python scalars) as the tape keeps them; ``diff``, whether
-    the value depends on one being differentiated (a traced twin that ``nb.jit`` or ``nb.explain`` follows is
-    not: the backward pass computes no cotangent for it); ``out``, what the VJP reads as the op's output (None: the
-    value itself; ``HUSK``: nothing, the op does not read it; else a twin sharing its blocks); ``user``, the public
-    op it ran for (``softmax`` for the max and sum inside it; "" outside any), as the comm log named it when the
-    link was made, so a backward pass names its collectives after it.
+    """How a value was made, as the backward pass reads it: ``op`` (an OpDef, LEAF (a traced input), RELAYOUT
+    (``with_sharding``), PLACE (a host value put on a mesh), or a record of autodiff's own), its ``params``, its
+    ``prog`` (what the executor decided: reshard plans and local steps, or the relayout's plan) and ``scope``, the
+    ``nb.named_scope`` it ran in (its VJP runs there too): the step's own fields, read by every backward pass;
+    ``args``, its operands (values or Python scalars) as the tape keeps them; ``diff``, whether the value depends
+    on one being differentiated (a traced twin that ``nb.jit`` or ``nb.explain`` follows is not: the backward pass
+    computes no cotangent for it); ``out``, what the VJP reads as the op's output (None: the value itself;
+    ``HUSK``: nothing, the op does not read it; else a twin sharing its blocks); ``user``, the public op it ran
+    for (``softmax`` for the max and sum inside it; "" outside any), as the comm log named it when the link was
+    made, so a backward pass names its collectives after it; ``step``, the very ``Step`` the comm log took of the
+    op (operands as read, moves, FLOPs, what it keeps), None when no log was open (no reader asks for a step no
+    log took, and building one was a tenth of a differentiated call's cost).
 
     Given the op's result, a link keeps only the residuals its op declares (``OpDef.saves``): every other
     operand is held as a husk (its shape, layout and link, no data), so the backward pass keeps alive what JAX
@@ -49,50 +51,39 @@ class Link(NamedTuple):
     value and gathered again by the backward pass (``regather``: (operand index, source, layout)), as
     Megatron-LM does: one more all_gather for the gathered bytes."""
 
-    step: Step
+    op: Any
+    params: tuple = ()
+    prog: Any = None
+    scope: str = ""
     args: tuple = ()
     diff: bool = False
     out: Any = None
     regather: tuple = ()
     user: str = ""
-
-    @property
-    def op(self) -> Any:
-        return self.step.op
-
-    @property
-    def params(self) -> tuple:
-        return self.step.params
-
-    @property
-    def prog(self) -> Any:
-        return self.step.prog
-
-    @property
-    def scope(self) -> str:
-        """The ``nb.named_scope`` it ran in (its VJP runs there too)."""
-        return self.step.layer
+    step: Step | None = None
 
     @property
     def name(self) -> str:
-        """The op's name for people: the public op it ran for, else its own (the comm log's names of the sums of a
-        relayout's or placement's cotangents: "relayout", "place", as before their links held steps)."""
-        return self.user or getattr(self.op, "name", None) or _OWN_NAMES.get(self.op, str(self.op))
-
-
-_OWN_NAMES = {RELAYOUT: "relayout", PLACE: "place"}
+        """The op's name for people: the public op it ran for, else its own, as its step is named (the sums of a
+        ``with_sharding``'s cotangents are "gradient of with_sharding" in the comm log, as its transpose is)."""
+        return self.user or getattr(self.op, "name", None) or str(self.op)
 
 
 def keeping(op: Any, params: tuple, args: tuple, result: Any = None, moved: list | None = None,
-         diff: bool | None = None) -> tuple[tuple, bool, Any, tuple]:
-    """What a link of ``op`` on ``args`` keeps besides its step: (operands, diff, out, regather), pruned to the
+            diff: bool | None = None) -> tuple[tuple, bool, Any, tuple]:
+    """What a link of ``op`` on ``args`` keeps besides what ran: (operands, diff, out, regather), pruned to the
     residuals the op declares when ``result`` is given (``Link``); ``moved``: the operands it gathered, which a
     recompute keeps as gathered."""
     swap = _swap.get()
     if swap is not None:  # nb.checkpoint's recompute: a value its function closes over reads as its twin
         args = tuple(swap.get(id(a), a) for a in args)
     if diff is None:
-        diff = any(getattr(link_of(a), "diff", False) for a in args)
+        diff = False
+        for a in args:  # (a loop: this runs for every traced op)
+            got = _LINKS.get(id(a))
+            if got is not None and got[1].diff:
+                diff = True
+                break
     out, regather = None, ()
     if result is not None and getattr(op, "saves", None) is not None:
         # (a link made inside a function differentiated twice is kept whole: the VJP an inner pass runs on
@@ -111,39 +102,29 @@ def user() -> str:
     return u
 
 
-def entry(step: Step, args: tuple, result: Any = None, moved: list | None = None, diff: bool | None = None) -> Link:
-    """The link of a value ``step`` made from ``args`` (``keeping`` says what it keeps of them)."""
-    return Link(step, *keeping(step.op, step.params, args, result, moved, diff), user())
+def made(op: Any, params: tuple, prog: Any, keep: tuple, step: Step | None = None) -> Link:
+    """The link of a value ``op`` made here, keeping ``keep`` (what ``keeping`` gave); ``step``: the step a comm
+    log took of it."""
+    return Link(op, params, prog, _scope.get(), *keep, user(), step)
 
 
-def bare(op: Any, params: tuple = (), args: tuple = (), out: Any = None, prog: Any = None) -> Step:
-    """The step of a value no kernel made as ``op`` (a leaf; a checkpointed or compiled call's result; blocks
-    assembled by ``from_local``; per-device code and ``nb.lax``, whose moves ``executor.record_step`` adds): each
-    operand read as it is, nothing moved. Without ``out``: a link shared by many values (``nb.jit``'s inputs)."""
-    uses = tuple([read(a) for a in args])
-    if out is None:
-        return Step(op, params, uses, 0, (), np.dtype(object), None, prog=prog, user="", layer=_scope.get())
-    name = op if isinstance(op, str) else getattr(op, "name", str(op))
-    return Step(op, params, uses, serial(out), out._shape, out._dtype, out._spec, prog=prog,
-                user=step_user(_user_op.get() or name), phase=_phase.get(), layer=_scope.get())
+def entry(op: Any, params: tuple = (), args: tuple = (), result: Any = None, prog: Any = None,
+          diff: bool | None = None, step: Step | None = None) -> Link:
+    """The link of a value ``op`` made from ``args`` (``keeping`` says what it keeps of them)."""
+    return made(op, params, prog, keeping(op, params, args, result, None, diff), step)
 
 
 def record(v: Any, op: Any, params: tuple = (), args: tuple = (), diff: bool | None = None, result: Any = None,
            prog: Any = None) -> Any:
-    """Link ``v`` to a bare step of ``op`` on ``args`` (``bare``); returns ``v``."""
-    args = tuple(args)
-    return link(v, entry(bare(op, params, args, v, prog), args, result, None, diff))
+    """Link ``v`` to ``op`` on ``args``, a value no kernel made as ``op`` (a leaf; a checkpointed or compiled
+    call's result; blocks assembled by ``from_local``); returns ``v``."""
+    return link(v, entry(op, params, tuple(args), result, prog, diff))
 
 
-def _differentiated(a: Any) -> bool:
-    node = link_of(a)
-    return node is not None and node.diff and is_inexact(a._dtype)
-
-
-def husk(v: Any) -> Any:
-    """``v`` without its data: its shape, layout, dtype and link (a backward pass finds its record through it);
-    reads of it name no recorded value."""
-    return link(type(v)(None, v._spec, v._shape, v._dtype, serial=None), link_of(v))
+def husk(v: Any, how: Link | None) -> Any:
+    """``v`` without its data: its shape, layout, dtype and link ``how`` (``v``'s: a backward pass finds its record
+    through it); reads of it name no recorded value."""
+    return link(type(v)(None, v._spec, v._shape, v._dtype, serial=None), how)
 
 
 def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = True, moved: list | None = None
@@ -151,33 +132,38 @@ def _residuals(op: Any, params: tuple, args: tuple, result: Any, prune: bool = T
     """The operands as the link keeps them (husks where the VJP reads nothing, when ``prune``; an operand the op
     gathered, as gathered, when ``moved`` lists it), the output as the VJP reads it, and the kept operands to
     gather again in the backward pass."""
-    diff = tuple(_differentiated(a) for a in args)
+    links, diff = [], []
+    for a in args:  # (each operand's link looked up once: this runs for every traced op)
+        got = _LINKS.get(id(a))
+        n = None if got is None else got[1]
+        links.append(n)
+        diff.append(n is not None and n.diff and is_inexact(a._dtype))
     if not any(diff):
         return args, None, ()
-    keep, keep_out = op.residuals(diff, params)
+    keep, keep_out = op.residuals(tuple(diff), params)
     kept, regather = [], []
     for i, a in enumerate(args):
         if getattr(a, "_shape", None) is None:  # a Python scalar
             kept.append(a)
             continue
+        n = links[i]
         got = next((m for m in moved or () if m[0] == i), None) if prune and i in keep else None
         if got is not None:  # kept as the op gathered it (a new value: a serial of its own)
-            t = link(type(a)(got[1], got[2], a._shape, a._dtype), link_of(a))
+            t = link(type(a)(got[1], got[2], a._shape, a._dtype), n)
             serial(t)
             kept.append(t)
-        elif link_of(a) is not None and link_of(a).op == LEAF:
+        elif n is not None and n.op == LEAF:
             kept.append(a)  # a leaf (its holder keeps it anyway, and ``.grad`` goes on it)
         elif i not in keep:
             # (a value whose own link kept everything is read by that link's VJP as its output: kept whole)
-            n = link_of(a)
             whole = not prune or n is not None and n.out is None and getattr(n.op, "saves", None) is not None
-            kept.append(a if whole else husk(a))
+            kept.append(a if whole else husk(a, n))
         else:
             src = _gathered_from(a) if _regather.get() else None
             if src is None:
                 kept.append(_summed(a) if prune else a)
             else:
-                kept.append(husk(a) if prune else a)
+                kept.append(husk(a, n) if prune else a)
                 regather.append((i, src, a._spec))
     if not prune:
         return args, None, tuple(regather)
@@ -212,32 +198,23 @@ def _gathered_from(a: Any) -> Any:
     return node.args[0]
 
 
-LEAF_LINK = Link(bare(LEAF))  # a traced input of a whole-program trace (``nb.jit``)
-
-
-class _Ref(weakref.ref):
-    __slots__ = ("key",)
+LEAF_LINK = Link(LEAF)  # a traced input of a whole-program trace (``nb.jit``)
 
 
 #: the tape: ``id`` of a value -> (a weak reference to it, its link). A link lives as long as its value does (it
 #: holds the operands the VJP reads, and they their own links): what the backward pass keeps alive is what the
 #: values the program holds reach. (A value whose ``.grad`` holds a recorded value made from it would be kept by
 #: its own link through this table: ``releasing_grads`` unrecords such a ``.grad`` when its differentiation ends.)
-_LINKS: dict[int, tuple[_Ref, Link]] = {}
-
-
-def _gone(r: _Ref, links: dict = _LINKS) -> None:
-    got = links.get(r.key)
-    if got is not None and got[0] is r:
-        del links[r.key]
+_LINKS: dict[int, tuple[weakref.ref, Link]] = {}
 
 
 def link(v: Any, how: Link | None) -> Any:
-    """Record that ``v`` was made as ``how`` says (nothing when it is None); returns ``v``."""
+    """Record that ``v`` was made as ``how`` says (nothing when it is None); returns ``v``. The entry goes when
+    ``v`` dies: its weak reference's callback pops it (``pop(id, ref)``: a reference replaced by a later link of
+    ``v`` dies first, and calls nothing; an id is reused only after its object's callback ran)."""
     if how is not None:
-        r = _Ref(v, _gone)
-        r.key = k = id(v)
-        _LINKS[k] = (r, how)
+        k = id(v)
+        _LINKS[k] = (weakref.ref(v, partial(_LINKS.pop, k)), how)
     return v
 
 
@@ -439,27 +416,43 @@ def swapped(swap: dict) -> Any:
     return setting(_swap, swap or None)
 
 
-def topological(outputs, stop=None, key=id) -> list:
-    """Every tracked value the outputs depend on, operands before the values made from them; the operands
-    of values whose ``key`` is in ``stop`` are not visited (a backward pass stops at its own leaves). ``key``
-    names a value (``id``; a backward pass names values by their link, so a husk is the value it stands for)."""
+def topological(outputs, stop=None, by_link: bool = False) -> list[tuple[Any, Link, tuple]]:
+    """Every tracked value the outputs depend on, operands before the values made from them, each as (value, its
+    link, its operands' names: None for one not linked). A value is named by its ``id``, or with ``by_link`` by
+    its link's (a backward pass's names: a husk is the value it stands for); the operands of values whose name is
+    in ``stop`` are not visited (a backward pass stops at its own leaves)."""
+    links = _LINKS
     order, seen = [], set()
-    stack = [(v, False) for v in outputs if id(v) in _LINKS]
+    stack = []
+    for v in outputs:
+        got = links.get(id(v))
+        if got is not None:
+            stack.append((v, got[1]))
     while stack:
-        v, done = stack.pop()
-        if done:
-            order.append(v)
+        item = stack.pop()
+        if len(item) == 3:  # its operands are done
+            order.append(item)
             continue
-        k = key(v)
+        v, n = item
+        k = id(n) if by_link else id(v)
         if k in seen:
             continue
         seen.add(k)
-        stack.append((v, True))
+        names, kids = [], []
+        for a in n.args:  # (each operand's link looked up once: a backward pass reads the names many times)
+            got = links.get(id(a))
+            if got is None:
+                names.append(None)
+                continue
+            name = id(got[1]) if by_link else id(a)
+            names.append(name)
+            kids.append((a, got[1], name))
+        stack.append((v, n, tuple(names)))
         if stop is not None and k in stop:
             continue
-        for a in link_of(v).args:
-            if id(a) in _LINKS and key(a) not in seen:
-                stack.append((a, False))
+        for a, na, name in kids:
+            if name not in seen:
+                stack.append((a, na))
     return order
 
 

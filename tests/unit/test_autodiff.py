@@ -840,3 +840,26 @@ def test_the_backward_pass_keeps_only_what_its_vjps_read():
     g, = pull(nb.tensor(np.float64(1.0)))
     want = jax.grad(lambda w: (jnp.tanh(xv @ w + 1.0) * 3.0).sum())(wv)
     np.testing.assert_allclose(g.numpy(), want, rtol=1e-6)
+
+
+def test_the_sums_of_a_relayouts_and_a_placements_cotangents_are_named_as_their_steps():
+    """A value made by ``with_sharding``, or a host value placed by ``shard``, used three times: the comm log names
+    the sums of its cotangents after the step that made it ("gradient of with_sharding", as the relayout's own
+    transpose is, and "gradient of shard"), not "relayout" and "place", names no step has."""
+    mesh = DeviceMesh("m", (2, 4), ("dp", "tp"))
+    x0, h0 = R.standard_normal((8, 16)), R.standard_normal((8, 16))
+    x = nb.tensor(x0).shard(mesh, ["dp", "tp"])
+
+    def loss(x, h):
+        z = x.with_sharding(mesh, ["dp", None])  # an all_gather: transposed by a local cut
+        p = (h * 1.0).shard(mesh, [None, "tp"])
+        return (z * z).sum() + (z * 2.0).sum() + (p * p).sum() + (p * x).sum()
+
+    with nb.comm_log() as log:
+        gx, gh = nb.grad(loss, argnums=(0, 1))(x, nb.tensor(h0))
+    backward = [(s.name, s.user) for s in log.steps if s.phase == "backward"]
+    assert [n for n, u in backward if u == "gradient of with_sharding"] == ["add", "add", "with_sharding"], backward
+    assert [n for n, u in backward if u == "gradient of shard"] == ["add", "add"], backward
+    assert not any("relayout" in u or "place" in u for _, u in backward)
+    assert_sharded_allclose(gx, 2 * x0 + 2 + h0, rtol=1e-12, atol=1e-12)
+    assert_sharded_allclose(gh, 2 * h0 + x0, rtol=1e-12, atol=1e-12)

@@ -82,7 +82,8 @@ def test_an_op_missing_from_the_loading_process_is_named():
 
 def test_the_tape_holds_the_steps_the_log_took():
     """One record: a traced value is linked to the very step the comm log took for the op that made it (a
-    ``with_sharding`` too); an untraced one to none, and no step is built for it when no log is open."""
+    ``with_sharding`` too); an untraced one to none. With no log open no step is built: the link holds the op and
+    the program the executor chose (the one the logged step holds)."""
     m = nb.DeviceMesh("m", (2,), ("x",))
     w = nb.tensor(np.ones((4, 6))).shard(m, [None, "x"]).trace()
     x = nb.tensor(np.ones((2, 4)))
@@ -94,3 +95,5 @@ def test_the_tape_holds_the_steps_the_log_took():
     assert link_of(z).step is log.steps[-2] and link_of(z).prog is log.steps[-2].prog
     assert link_of(u) is None and log.steps[-1].name == "multiply"
     assert link_of(x * 2.0) is None
+    unlogged = link_of(x @ w)
+    assert unlogged.step is None and unlogged.op.name == "matmul" and unlogged.prog is log.steps[-3].prog
