@@ -4,9 +4,11 @@ are made by ``halos``."""
 
 from __future__ import annotations
 
+import weakref
+from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -140,10 +142,13 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
 
     Per image, ``W (O, C*K) @ cols (C*K, out)`` gives the output rows in place (no transpose after): a 1x1
     stride-1 conv's cols are the input itself (no copy), a KxK conv's are an im2col copy of a window view.
-    Thin images (few output positions) are folded into the columns of one GEMM instead, its result transposed
-    into place. Images go a few at a time (:func:`_chunk`), so a chunk's cols and output stay in cache from
-    the copy through the GEMM to the epilogue: one im2col buffer for a whole block is tens of MB, and reading
-    it back from memory cost as much as the GEMM. Groups are a batch dim of the GEMM."""
+    Where the cols are a copy, a row of ones under them and the bias as one more column of the weight make
+    the GEMM add the bias (:func:`_gemm_weight`). Thin images (few output positions) are folded into the
+    columns of one GEMM instead, its result transposed into place. Images go a few at a time
+    (:func:`_chunk`), so a chunk's cols and output stay in cache from the copy through the GEMM to the
+    epilogue: one im2col buffer for a whole block is tens of MB, and reading it back from memory cost as
+    much as the GEMM. Groups are a batch dim of the GEMM. A 3x3 stride-1 conv with many channels runs
+    as Winograd F(2x2, 3x3) instead (:func:`_winograd`)."""
     nd = w.ndim - 2
     kernel = w.shape[2:]
     O, Cg = w.shape[:2]
@@ -154,10 +159,11 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
     outs = tuple((n - sp) // s + 1 for n, sp, s in zip(x.shape[nl + 1:], spans, stride))
     P = prod(outs)
     x = x.astype(dtype, copy=False)
-    wm = w.astype(dtype, copy=False).reshape(groups, O // groups, Cg * K)
     if out is None:
         out = np.empty(lead + (O,) + outs, dtype)
-    b = None if bias is None else bias.reshape((O,) + (1,) * nd)
+    if _winograd_fits(kernel, stride, dilation, groups, C, O, outs, dtype):
+        runs = _runs(x, out, res, nl)
+        return _winograd(runs, w, bias, relu, res is not None, dtype, out)
     if K == 1:  # a 1x1 conv reads a strided sub-grid: the view is its own im2col
         v = x[(Ellipsis,) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(outs, stride))]
         taps, shape = (), (C,)
@@ -165,43 +171,52 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
         v = sliding_window_view(x, spans, axis=tuple(range(nl + 1, nl + 1 + nd)))
         v = v[(Ellipsis,) + tuple(slice(None, None, s) for s in stride) + tuple(slice(None, None, d) for d in dilation)]
         taps, shape = tuple(range(2 + nd, 2 + 2 * nd)), (C,) + kernel  # C, then the taps
-    # the images as (image, C, *out[, *kernel]) runs: one flat run when the strides allow, else one per prefix
-    r = out if res is None else res  # stands in for an absent residual (never read then)
-    flat = (_as_view(v, (L,) + v.shape[nl:]), _as_view(out, (L, O) + outs), _as_view(r, (L, O) + outs))
-    if all(f is not None for f in flat):
-        runs = [flat]
-    else:
-        runs = [(v[i], out[i], r[i]) for i in np.ndindex(*lead[:-1])] if nl else [(v[None], out[None], r[None])]
+    runs = _runs(v, out, res, nl)
     fold = P < _THIN and L > 1
     # a folded chunk has at least as many columns as the weight has rows: each chunk's GEMM reads all of it
     n = _chunk((C * K + O) * P, dtype.itemsize, -(-max(_THIN, O) // P) if fold else 1)
     spatial = tuple(range(2, 2 + nd))
+    # the bias as the GEMM's: where the cols are copied anyway (folded, an im2col, a strided 1x1), or where
+    # copying them costs less than the pass over the output it saves (a 1x1 conv that widens its channels)
+    copied = fold or K > 1 or any(s != 1 for s in stride) or groups > 1
+    ones = bias is not None and groups == 1 and (copied or C <= O)
+    wm = _gemm_weight(w, bias if ones else None, dtype).reshape(groups, O // groups, -1)
+    # a bias the GEMM does not add: added as a whole (O, *out) plane, which numpy's vectorised loop takes
+    # (a bias broadcast along the rows ran 2x slower)
+    b = None if bias is None or ones else np.broadcast_to(bias.astype(dtype, copy=False).reshape((O,) + (1,) * nd),
+                                                          (O,) + outs).copy()
+    rows = C * K + ones  # of the cols: the taps of every input channel, then the row of ones
     if fold:  # cols (C, *K, n, *out): the chunk's images are the GEMM's columns
-        buf = np.empty(shape + (n,) + outs, dtype)
+        buf = np.empty((rows, n * P), dtype)
         ybuf = np.empty((groups, O // groups, n * P), dtype)
         src_order = (1,) + taps + (0,) + spatial
-    else:  # cols (n, C, *K, *out): one GEMM per image (numpy batches them)
-        buf = None if K == 1 and groups == 1 else np.empty((n,) + shape + outs, dtype)
+    elif copied or ones:  # cols (n, C, *K, *out): one GEMM per image (numpy batches them)
+        buf = np.empty((n, rows, P), dtype)
         src_order = (0, 1) + taps + spatial
+    else:
+        buf = None
+    if ones:
+        buf[..., C * K, :] = 1
     for vr, orr, rr in runs:
         for i in range(0, vr.shape[0], n):
             src, dst = vr[i:i + n], orr[i:i + n]
             m = src.shape[0]
             if fold:
-                cols = buf[(slice(None),) * len(shape) + (slice(0, m),)] if m < n else buf
-                cols[...] = src.transpose(src_order)
-                y = ybuf[..., :m * P] if m < n else ybuf
-                np.matmul(wm, cols.reshape(groups, Cg * K, m * P), out=y)
+                cols = buf[:, :m * P]
+                cols[:C * K].reshape(shape + (m,) + outs)[...] = src.transpose(src_order)
+                y = ybuf[..., :m * P]
+                np.matmul(wm, cols.reshape(groups, -1, m * P), out=y)
                 y = y.reshape((O, m) + outs)
                 if b is not None:  # on the GEMM's contiguous result: faster than in the transposing copy
                     np.add(y, b[:, None], out=y, casting="unsafe")
                 dst[...] = y.transpose((1, 0) + spatial)
             else:
-                cols = _as_view(src, (m, C, P)) if buf is None else None
-                if cols is None:
-                    cols = buf[:m] if buf is not None else np.empty((m,) + shape + outs, dtype)
-                    cols[...] = src.transpose(src_order)
-                cols = cols.reshape(m, groups, Cg * K, P)
+                if buf is None:
+                    cols = src.reshape(m, groups, Cg, P)  # a view (the 1x1 stride-1 case)
+                else:
+                    cols = buf[:m]
+                    cols[:, :C * K].reshape((m,) + shape + outs)[...] = src.transpose(src_order)
+                    cols = cols.reshape(m, 1, rows, P) if ones else cols.reshape(m, groups, Cg * K, P)
                 d = _as_view(dst, (m, groups, O // groups, P))
                 if d is None:
                     dst[...] = np.matmul(wm, cols).reshape(dst.shape)
@@ -209,10 +224,155 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
                     np.matmul(wm, cols, out=d)
                 if b is not None:
                     np.add(dst, b, out=dst, casting="unsafe")
-            if res is not None:
-                np.add(dst, rr[i:i + n], out=dst, casting="unsafe")
-            if relu:
-                np.maximum(dst, dst.dtype.type(0), out=dst)
+            _finish(dst, None if res is None else rr[i:i + n], relu)
+    return out
+
+
+def _runs(v: np.ndarray, out: np.ndarray, res: np.ndarray | None, nl: int) -> list[tuple]:
+    """The images of ``v`` (``nl`` lead dims), ``out`` and ``res`` as ``(image, ...)`` runs: one flat run when
+    the strides allow, else one per prefix of the lead dims. An absent residual is stood in for by ``out``
+    (never read then)."""
+    lead = v.shape[:nl]
+    r = out if res is None else res
+    L = prod(lead)
+    flat = (_as_view(v, (L,) + v.shape[nl:]), _as_view(out, (L,) + out.shape[nl:]), _as_view(r, (L,) + r.shape[nl:]))
+    if all(f is not None for f in flat):
+        return [flat]
+    return [(v[i], out[i], r[i]) for i in np.ndindex(*lead[:-1])] if nl else [(v[None], out[None], r[None])]
+
+
+def _finish(dst: np.ndarray, res: np.ndarray | None, relu: bool) -> None:
+    """The epilogue's residual and relu, in place on output the kernel just made (still in cache)."""
+    if res is not None:
+        np.add(dst, res, out=dst, casting="unsafe")
+    if relu:
+        _relu(dst)
+
+
+def _relu(y: np.ndarray) -> np.ndarray:
+    """``max(y, 0)`` in place on a numpy array: against an array of zeros, which numpy's vectorised loop
+    takes (against a scalar 0, or a broadcast one, it ran 2.5x slower)."""
+    zero = _zeros(max(0, y.size - 1).bit_length(), y.dtype)[:y.size].reshape(y.shape)
+    return np.maximum(y, zero, out=y)
+
+
+@lru_cache(maxsize=16)
+def _zeros(bits: int, dtype: np.dtype) -> np.ndarray:
+    """``2**bits`` zeros, read-only: sizes rounded up to a power of two, so a few arrays serve every size."""
+    z = np.zeros(1 << bits, dtype)
+    z.flags.writeable = False
+    return z
+
+
+def _gemm_weight(w: np.ndarray, bias: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+    """``w (O, C/groups, *K)`` as the GEMM's ``(O, C/groups*K)`` matrix, with ``bias (O,)`` as one more
+    column when given (kept with the blocks: :func:`_derived`)."""
+    O = w.shape[0]
+    if bias is None:
+        return w.astype(dtype, copy=False).reshape(O, -1)
+    return _derived("bias", (w, bias), lambda: np.concatenate(
+        [w.astype(dtype, copy=False).reshape(O, -1), bias.astype(dtype, copy=False).reshape(O, 1)], axis=1))
+
+
+# ---- Winograd F(2x2, 3x3) ---------------------------------------------------------------------------
+# Each 2x2 tile of output from a 4x4 tile of input (stride 2): V = B^T d B per input tile and channel,
+# M = U V per tile position (16 GEMMs over the channels, U = G g G^T the weight's transform), then
+# Y = A^T M A. 16 multiplies per 4 outputs where a direct conv makes 36: the GEMMs shrink 2.25x, and the
+# transforms (adds only) cost less than that on layers with many channels. Exact in exact arithmetic; in
+# float32 as accurate as the direct sum (the transforms' entries are 0, +-1 and +-1/2).
+_WINO_G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
+_WINO_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
+# Least input and output channels for Winograd: below, the transforms (memory-bound passes over 4x the
+# input and output) cost more than the GEMM time saved (measured on ResNet-50: 64 channels lose, 128 gain).
+_WINO_CHANNELS = 128
+# Least share of the computed tiles' outputs that is real output (a 7x7 image computes 8x10 tile outputs,
+# with odd sizes rounded up and the flat column transform's extra tile per row): below, the GEMM's waste
+# eats the gain.
+_WINO_USE = 0.85
+# Tile positions per GEMM the image chunks aim for: fewer make thin GEMMs, more leave the cache.
+_WINO_TILES = 128
+
+
+def _winograd_fits(kernel, stride, dilation, groups, C, O, outs, dtype) -> bool:
+    if kernel != (3, 3) or stride != (1, 1) or dilation != (1, 1) or groups != 1 or dtype.kind != "f":
+        return False
+    th, tw = -(-outs[0] // 2), -(-outs[1] // 2)
+    return min(C, O) >= _WINO_CHANNELS and min(outs) >= 1 and outs[0] * outs[1] >= _WINO_USE * 2 * th * 2 * (tw + 1)
+
+
+def _winograd(runs: list[tuple], w: np.ndarray, bias: np.ndarray | None, relu: bool, has_res: bool,
+              dtype: np.dtype, out: np.ndarray) -> np.ndarray:
+    """F(2x2, 3x3) over ``runs`` of ``(x (L, C, H+2, W+2), out (L, O, H, W), res)``, in pieces of about
+    :data:`_WINO_TILES` tiles (a few images, or a band of tile rows of a large one) so that each piece's
+    transforms stay in cache.
+
+    The transforms are passes over whole pieces, laid out so each is a long run: the input rows split even
+    and odd (one copy, which also moves channels before images, as the GEMM wants them); the column
+    transform on that buffer as flat stride-2 sequences (each row's last tile reads into the next row: one
+    extra tile column, computed and dropped); the row transform as contiguous blocks (even and odd rows
+    are each contiguous); one batched GEMM per piece; the output transform as one small GEMM; the tiles
+    scattered into the output with the bias added. A non-finite input reaches the other outputs of its
+    tiles (as in any Winograd conv), not only those whose windows hold it."""
+    O, C = w.shape[:2]
+    U = _derived("winograd", (w,), lambda: (np.kron(_WINO_G, _WINO_G) @ w.reshape(O * C, 9).T.astype(
+        np.float64)).astype(dtype).reshape(16, O, C))
+    AtA = np.kron(_WINO_AT, _WINO_AT).astype(dtype)  # (4, 16): the output transform of every tile
+    Hp, Wp = runs[0][0].shape[-2:]
+    H, W = Hp - 2, Wp - 2
+    th, tc = -(-H // 2), -(-W // 2) + 1  # tiles per image (odd sizes round up); tile columns computed
+    if th * tc > _WINO_TILES:  # bands of tile rows, one image at a time
+        n, hb = 1, min(th, max(1, _WINO_TILES // tc))
+        pieces = [(xr[l:l + 1, :, 2 * i:2 * i + 2 * hb + 2], orr[l:l + 1, :, 2 * i:2 * i + 2 * hb],
+                   rr[l:l + 1, :, 2 * i:2 * i + 2 * hb]) for xr, orr, rr in runs
+                  for l in range(xr.shape[0]) for i in range(0, th, hb)]
+    else:  # a few whole images
+        hb = th
+        n = max(1, min(max(r[0].shape[0] for r in runs), round(_WINO_TILES / (th * tc))))
+        pieces = [(xr[l:l + n], orr[l:l + n], rr[l:l + n]) for xr, orr, rr in runs
+                  for l in range(0, xr.shape[0], n)]
+    X = np.zeros((C, n, 2, hb + 1, 2 * tc), dtype)  # input row 2i + p at [p, i]; zeros past the input
+    Cb = np.zeros((4, C, n, 2, hb + 1, tc), dtype)
+    tiles = n * hb * tc
+    Vb, Mb, Yb = np.empty(16 * C * tiles, dtype), np.empty(16 * O * tiles, dtype), np.empty(4 * O * tiles, dtype)
+    b = np.zeros((O, 1, 1), dtype) if bias is None else bias.astype(dtype, copy=False).reshape(O, 1, 1)
+    xf, cf = X.reshape(-1), Cb.reshape(4, -1)
+    half = xf.size // 2 - 1  # column pairs computed: all but the very last (a dropped tile column)
+    e0, o0, e1, o1 = (xf[k:k + 2 * half:2] for k in range(4))  # columns 2j, 2j+1, 2j+2, 2j+3
+    filled = [hb + 1, hb + 1]  # even, odd input rows of X that may hold data
+    for xs, dst, rs in pieces:
+        m, hp = xs.shape[0], xs.shape[2]
+        h = hp - 2
+        tb = -(-h // 2)  # tile rows of this piece
+        src = xs.transpose(1, 0, 2, 3)
+        for p in (0, 1):
+            k = len(range(p, hp, 2))
+            X[:, :m, p, :k, :Wp] = src[:, :, p::2]
+            if filled[p] > k:  # a shorter piece (the last band): rows past it are zeros again
+                X[:, :, p, k:filled[p]] = 0
+            filled[p] = k
+        # columns: d B for each row, b = 0..3 (B^T's rows: [1 0 -1 0], [0 1 1 0], [0 -1 1 0], [0 1 0 -1])
+        np.subtract(e0, e1, out=cf[0, :half])
+        np.add(o0, e1, out=cf[1, :half])
+        np.subtract(e1, o0, out=cf[2, :half])
+        np.subtract(o0, o1, out=cf[3, :half])
+        # rows: B^T (d B), a = 0..3, from rows 2i (even, i), 2i+1 (odd, i), 2i+2 (even, i+1), 2i+3 (odd, i+1)
+        T = m * tb * tc
+        V = Vb[:16 * C * T].reshape(4, 4, C, m, tb, tc)
+        ev0, ev1 = Cb[:, :, :m, 0, :tb], Cb[:, :, :m, 0, 1:tb + 1]
+        od0, od1 = Cb[:, :, :m, 1, :tb], Cb[:, :, :m, 1, 1:tb + 1]
+        np.subtract(ev0, ev1, out=V[0])
+        np.add(od0, ev1, out=V[1])
+        np.subtract(ev1, od0, out=V[2])
+        np.subtract(od0, od1, out=V[3])
+        M = Mb[:16 * O * T].reshape(16, O, T)
+        np.matmul(U, V.reshape(16, C, T), out=M)
+        Y = Yb[:4 * O * T].reshape(4, O, m, tb, tc)
+        np.matmul(AtA, M.reshape(16, O * T), out=Y.reshape(4, O * T))
+        for r in (0, 1):
+            for c in (0, 1):  # output (2i + r, 2j + c) of tile (i, j); a dropped row or column past odd sizes
+                ys = Y[2 * r + c].transpose(1, 0, 2, 3)[:, :, :len(range(r, h, 2)), :len(range(c, W, 2))]
+                np.add(ys, b, out=dst[:, :, r::2, c::2], casting="unsafe")
+        _finish(dst, rs if has_res else None, relu)
     return out
 
 
@@ -223,6 +383,39 @@ _CHUNK_BYTES = 1 << 21
 def _chunk(elems_per_image: int, itemsize: int, least: int = 1) -> int:
     """Images per chunk: as many as fit :data:`_CHUNK_BYTES`, at least ``least``."""
     return max(1, least, _CHUNK_BYTES // max(1, elems_per_image * itemsize))
+
+
+# Arrays derived from weight blocks (the GEMM weight with its bias column, the Winograd-domain weight), by
+# (kind, each source's root array id, offset, shape, strides): a model's weights are read-only blocks used
+# on every call, so each is transformed once and kept until its memory goes (a weakref callback drops it).
+_DERIVED: dict[tuple, tuple[tuple[weakref.ref, ...], np.ndarray]] = {}
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _derived(kind: str, sources: tuple[np.ndarray, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
+    """``make()``, an array computed from ``sources``, computed once while they live when they are read-only
+    (their memory cannot change), on every call otherwise."""
+    roots = tuple(_root(a) for a in sources)
+    if any(a.flags.writeable or r.flags.writeable for a, r in zip(sources, roots)):
+        return make()
+    key = (kind,) + tuple((id(r), a.__array_interface__["data"][0], a.shape, a.strides)
+                          for a, r in zip(sources, roots))
+    hit = _DERIVED.get(key)
+    if hit is not None and all(ref() is r for ref, r in zip(hit[0], roots)):
+        return hit[1]
+    value = make()
+    value.flags.writeable = False
+
+    def drop(_, key=key):
+        _DERIVED.pop(key, None)
+
+    _DERIVED[key] = (tuple(weakref.ref(r, drop) for r in roots), value)
+    return value
 
 
 def epilogue(y, G: int, bias=None, relu: bool = False, res=None):
@@ -244,7 +437,7 @@ def epilogue(y, G: int, bias=None, relu: bool = False, res=None):
     if res is not None:
         np.add(y, res, out=y, casting="unsafe")
     if relu:
-        np.maximum(y, y.dtype.type(0), out=y)
+        _relu(y)
     return y
 
 
@@ -277,16 +470,25 @@ def max_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequenc
 
 
 def _max_taps(x: np.ndarray, kernel: tuple[int, ...], stride, dilation, out: np.ndarray | None = None) -> np.ndarray:
+    """The windows' max one spatial dim at a time (a max is separable): a 3x3 window takes 3 + 3 taps, not 9,
+    the first dim's (whole rows, contiguous) before the last's (strided within the rows)."""
     nd = len(kernel)
-    taps = _taps(x, kernel, _tuple(stride, nd), _tuple(dilation, nd))
-    first = next(taps)
-    if out is None:
-        out = first.copy()
-    else:
-        out[...] = first
-    for t in taps:
-        np.maximum(out, t, out=out)
-    return out
+    stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
+    y = x
+    for i, (k, s, d) in enumerate(zip(kernel, stride, dilation)):
+        axis = x.ndim - nd + i
+        o = (y.shape[axis] - _span(k, d)) // s + 1
+        pre = (slice(None),) * axis
+        taps = [y[pre + (slice(j * d, j * d + (o - 1) * s + 1, s),)] for j in range(k)]
+        z = out if i == nd - 1 and out is not None else np.empty(taps[0].shape, x.dtype)
+        if k == 1:
+            z[...] = taps[0]
+        else:
+            np.maximum(taps[0], taps[1], out=z)
+        for t in taps[2:]:
+            np.maximum(z, t, out=z)
+        y = z
+    return y
 
 
 def avg_pool(x: np.ndarray, G: int, kernel: Sequence[int], stride: int | Sequence[int] | None = None,

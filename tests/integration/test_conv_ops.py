@@ -478,3 +478,19 @@ def test_conv_of_an_empty_batch_equals_xla(spec):
     out = nb.conv(t, nb.tensor(w), padding=1)
     assert out.shape == want.shape == (0, 4, 8, 8) and out.dtype == want.dtype
     assert_sharded_allclose(out, want)
+
+
+@pytest.mark.parametrize("mesh", [M4, M22], ids=lambda m: m.name)
+def test_winograd_convs_on_every_sharding_equal_xla(mesh, monkeypatch):
+    """128 channels, 3x3 stride 1: the kernel's Winograd path on blocks of whole channels and 4 rows or more
+    (the direct one where input channels are split); on every sharding of N, C and the spatial dims equal
+    to the float64 reference."""
+    from nabla.windows import kernels
+    calls = []
+    monkeypatch.setattr(kernels, "_winograd", lambda *a, _f=kernels._winograd: calls.append(1) or _f(*a))
+    x, w, b = R.standard_normal((2, 128, 16, 14)), R.standard_normal((128, 128, 3, 3)), R.standard_normal(128)
+    want = ref_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1) + b[None, :, None, None]
+    for spec in x_specs(mesh, 4):
+        out = nb.conv(nb.tensor(x).shard(mesh, spec), w, b, padding=1)
+        assert_sharded_allclose(out, want, rtol=1e-10, atol=1e-10)
+    assert calls

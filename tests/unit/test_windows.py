@@ -1,3 +1,4 @@
+import contextlib
 import itertools
 from math import prod
 
@@ -342,3 +343,118 @@ def test_extend_fills_rows_not_received():
     y = W.extend(x, 2, 1, (0,), 5, 5, 3, 1, 1, 1, fill=-1.0)
     assert y.shape == (4, 1, 1, 4)
     assert y[:, 0, 0].tolist() == [[-1, 0, 1, 2], [1, 2, 3, 4], [3, 4, -1, -1], [-1, -1, -1, -1]]
+
+
+# ---- the conv kernel's paths: Winograd, the bias in the GEMM, kept weight transforms -----------------------
+
+
+@contextlib.contextmanager
+def _winograd_everywhere():
+    """Winograd F(2x2, 3x3) on every 3x3 stride-1 conv whatever its channels and sizes, in pieces of 8 tiles
+    (bands of tile rows of one image, short last pieces)."""
+    from nabla.windows import kernels
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "_WINO_CHANNELS", 1)
+        mp.setattr(kernels, "_WINO_USE", 0.0)
+        mp.setattr(kernels, "_WINO_TILES", 8)
+        yield
+
+
+def _epilogue_ref(y, bias, res, relu):
+    y = y + bias.reshape((1, -1) + (1,) * (y.ndim - 2)) + (0 if res is None else res)
+    return np.maximum(y, 0) if relu else y
+
+
+@pytest.mark.parametrize("spatial,pads", [((6, 6), ((1, 1), (1, 1))), ((7, 9), ((1, 1), (1, 1))),
+                                          ((5, 4), ((0, 0), (2, 1))), ((3, 3), ((0, 0), (0, 0))),
+                                          ((12, 5), ((1, 1), (0, 0)))], ids=str)
+@pytest.mark.parametrize("res,relu", [(False, False), (True, True)])
+def test_winograd_matches_jax_float64(spatial, pads, res, relu):
+    """Odd and even sizes (a dropped tile row or column), one output, bands and a short last piece: as the
+    direct sum, to float64 rounding, with the bias, a residual and relu after."""
+    rng = np.random.default_rng(4)
+    x, w, b = rng.normal(size=(3, 5) + spatial), rng.normal(size=(6, 5, 3, 3)), rng.normal(size=6)
+    want = _jax_conv(x, w, (1, 1), (1, 1), pads, 1)
+    r = rng.normal(size=want.shape) if res else None
+    with _winograd_everywhere():
+        got = W.conv(_pad(x, pads, 0.0), w, 0, bias=b, relu=relu, res=r)
+        plain = _local(x, "conv", w, (3, 3), (1, 1), (1, 1), pads)
+    np.testing.assert_allclose(got, _epilogue_ref(want, b, r, relu), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(plain, want, rtol=1e-12, atol=1e-12)
+
+
+@given(_dims(max_n=12, max_k=3), st.integers(0, 2**32 - 1))
+@settings(max_examples=examples(20, 1))
+def test_winograd_sharded_matches_global(dh, seed):
+    """Rows on grid axis 1, columns on grid axes (2, 0): every device's windows (halo rows, fill, blocks of
+    padding) through Winograd equal the global conv (itself checked against jax above)."""
+    rng = np.random.default_rng(seed)
+    n = dh[0] + 2
+    x, w = rng.normal(size=(2, 3, n, n + 1)), rng.normal(size=(4, 3, 3, 3))
+    with _winograd_everywhere():
+        _simulate(x, w, "conv", [[(1, dh[2])], [(2, 2), (0, 2)]], (3, 3), (1, 1), (1, 1), ((1, 1), (1, 0)))
+
+
+def test_winograd_float32_matches_onnxruntime():
+    """A ResNet-sized layer (128 channels, 16x16) takes Winograd unforced; float32, with its bias, it is as
+    close to onnxruntime's conv as the direct sum is."""
+    from nabla.windows import kernels
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 128, 16, 16)).astype(np.float32)
+    w = (rng.normal(size=(128, 128, 3, 3)) / 24).astype(np.float32)
+    b = rng.normal(size=128).astype(np.float32)
+    assert kernels._winograd_fits((3, 3), (1, 1), (1, 1), 1, 128, 128, (16, 16), np.dtype(np.float32))
+    want = _ort("Conv", [x, w, b], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    got = W.conv(_pad(x, ((1, 1), (1, 1)), 0.0), w, 0, bias=b)
+    assert got.dtype == np.float32
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("case", [
+    ((2, 4, 9, 9), (8, 4, 1, 1), (1, 1), 1),  # widens: the input copied under a row of ones
+    ((2, 8, 9, 9), (4, 8, 1, 1), (1, 1), 1),  # narrows: the input read in place, the bias added after
+    ((2, 4, 9, 9), (8, 4, 1, 1), (2, 2), 1),  # strided 1x1: copied anyway
+    ((2, 4, 12, 11), (5, 4, 3, 3), (1, 1), 1),  # im2col
+    ((9, 4, 4, 4), (6, 4, 3, 3), (1, 1), 1),  # thin images folded into one GEMM
+    ((2, 4, 9, 9), (6, 2, 3, 3), (1, 1), 2),  # groups: the bias added after
+], ids=lambda c: f"x{c[0]}w{c[1]}s{c[2]}g{c[3]}")
+def test_conv_bias_residual_relu_on_every_kernel_path(case):
+    """The bias as one more column of the GEMM's weight (or added after), a residual and relu, on grids of
+    two blocks, equal the reference."""
+    xs, ws, stride, groups = case
+    rng = np.random.default_rng(6)
+    x, w, b = rng.normal(size=(2,) + xs), rng.normal(size=ws), rng.normal(size=ws[0])
+    want = _jax_conv(x[0], w, stride, (1, 1), ((0, 0), (0, 0)), groups)
+    r = rng.normal(size=(2,) + want.shape)
+    got = W.conv(x, w[None], 1, stride, None, groups, (), b[None], True, r)
+    for i in range(2):
+        ref = _epilogue_ref(_jax_conv(x[i], w, stride, (1, 1), ((0, 0), (0, 0)), groups), b, r[i], True)
+        np.testing.assert_allclose(got[i], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_weight_transforms_are_kept_while_their_weights_live():
+    """The GEMM weight with its bias column is made once for read-only blocks and dropped with them; a
+    writeable weight (its values may change) is transformed on every call."""
+    import gc
+    from nabla.windows import kernels
+    rng = np.random.default_rng(7)
+    w, b = rng.normal(size=(4, 3, 1, 1)), rng.normal(size=4)
+    dtype = np.dtype(np.float64)
+    fresh = kernels._gemm_weight(w, b, dtype)
+    assert kernels._gemm_weight(w, b, dtype) is not fresh  # writeable: never kept
+    w.flags.writeable = b.flags.writeable = False
+    kept = kernels._gemm_weight(w, b, dtype)
+    assert kernels._gemm_weight(w, b, dtype) is kept and not kept.flags.writeable
+    np.testing.assert_array_equal(kept, np.concatenate([w.reshape(4, 3), b[:, None]], axis=1))
+    before = len(kernels._DERIVED)
+    del w, kept
+    gc.collect()
+    assert len(kernels._DERIVED) == before - 1
+
+
+def test_relu_keeps_nan_and_any_layout():
+    from nabla.windows import kernels
+    y = np.array([[-1.0, np.nan, 2.0, -0.5], [3.0, -2.0, 0.0, 1.0]]).T  # a transposed (strided) view
+    out = kernels._relu(y)
+    assert out is y
+    np.testing.assert_array_equal(y, np.array([[0.0, np.nan, 2.0, 0.0], [3.0, 0.0, 0.0, 1.0]]).T)
