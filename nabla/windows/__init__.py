@@ -1,6 +1,7 @@
 """Sliding-window ops on vectorised blocks (ONNX layout ``N, C, *spatial``): ``halos`` plans the rows each
 ceil-rule shard needs from its neighbours and extends blocks to their input windows; ``kernels`` runs conv, max
-pool and average pool on those windows for all devices at once."""
+pool and average pool on those windows for all devices at once (3x3 convs with many channels by ``winograd``,
+with the helpers of ``arrays``)."""
 
 from __future__ import annotations
 

@@ -4,17 +4,17 @@ are made by ``halos``."""
 
 from __future__ import annotations
 
-import weakref
-from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..backends import xp as _xp
 from ..dtypes import is_inexact
+from . import winograd
+from .arrays import finish, gemm_weight, relu_inplace
 from .halos import _ceil_div, _span, _taps_inside, fill_value
 
 
@@ -143,12 +143,12 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
     Per image, ``W (O, C*K) @ cols (C*K, out)`` gives the output rows in place (no transpose after): a 1x1
     stride-1 conv's cols are the input itself (no copy), a KxK conv's are an im2col copy of a window view.
     Where the cols are a copy, a row of ones under them and the bias as one more column of the weight make
-    the GEMM add the bias (:func:`_gemm_weight`). Thin images (few output positions) are folded into the
+    the GEMM add the bias (``arrays.gemm_weight``). Thin images (few output positions) are folded into the
     columns of one GEMM instead, its result transposed into place. Images go a few at a time
     (:func:`_chunk`), so a chunk's cols and output stay in cache from the copy through the GEMM to the
     epilogue: one im2col buffer for a whole block is tens of MB, and reading it back from memory cost as
     much as the GEMM. Groups are a batch dim of the GEMM. A 3x3 stride-1 conv with many channels runs
-    as Winograd F(2x2, 3x3) instead (:func:`_winograd`)."""
+    as Winograd F(2x2, 3x3) instead (``winograd``)."""
     nd = w.ndim - 2
     kernel = w.shape[2:]
     O, Cg = w.shape[:2]
@@ -161,9 +161,8 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
     x = x.astype(dtype, copy=False)
     if out is None:
         out = np.empty(lead + (O,) + outs, dtype)
-    if _winograd_fits(kernel, stride, dilation, groups, C, O, outs, dtype):
-        runs = _runs(x, out, res, nl)
-        return _winograd(runs, w, bias, relu, res is not None, dtype, out)
+    if winograd.fits(kernel, stride, dilation, groups, C, O, outs, dtype):
+        return winograd.conv(_runs(x, out, res, nl), w, bias, relu, res is not None, dtype, out)
     if K == 1:  # a 1x1 conv reads a strided sub-grid: the view is its own im2col
         v = x[(Ellipsis,) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(outs, stride))]
         taps, shape = (), (C,)
@@ -180,7 +179,7 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
     # copying them costs less than the pass over the output it saves (a 1x1 conv that widens its channels)
     copied = fold or K > 1 or any(s != 1 for s in stride) or groups > 1
     ones = bias is not None and groups == 1 and (copied or C <= O)
-    wm = _gemm_weight(w, bias if ones else None, dtype).reshape(groups, O // groups, -1)
+    wm = gemm_weight(w, bias if ones else None, dtype).reshape(groups, O // groups, -1)
     # a bias the GEMM does not add: added as a whole (O, *out) plane, which numpy's vectorised loop takes
     # (a bias broadcast along the rows ran 2x slower)
     b = None if bias is None or ones else np.broadcast_to(bias.astype(dtype, copy=False).reshape((O,) + (1,) * nd),
@@ -224,7 +223,7 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
                     np.matmul(wm, cols, out=d)
                 if b is not None:
                     np.add(dst, b, out=dst, casting="unsafe")
-            _finish(dst, None if res is None else rr[i:i + n], relu)
+            finish(dst, None if res is None else rr[i:i + n], relu)
     return out
 
 
@@ -241,147 +240,6 @@ def _runs(v: np.ndarray, out: np.ndarray, res: np.ndarray | None, nl: int) -> li
     return [(v[i], out[i], r[i]) for i in np.ndindex(*lead[:-1])] if nl else [(v[None], out[None], r[None])]
 
 
-def _finish(dst: np.ndarray, res: np.ndarray | None, relu: bool) -> None:
-    """The epilogue's residual and relu, in place on output the kernel just made (still in cache)."""
-    if res is not None:
-        np.add(dst, res, out=dst, casting="unsafe")
-    if relu:
-        _relu(dst)
-
-
-def _relu(y: np.ndarray) -> np.ndarray:
-    """``max(y, 0)`` in place on a numpy array: against an array of zeros, which numpy's vectorised loop
-    takes (against a scalar 0, or a broadcast one, it ran 2.5x slower)."""
-    zero = _zeros(max(0, y.size - 1).bit_length(), y.dtype)[:y.size].reshape(y.shape)
-    return np.maximum(y, zero, out=y)
-
-
-@lru_cache(maxsize=16)
-def _zeros(bits: int, dtype: np.dtype) -> np.ndarray:
-    """``2**bits`` zeros, read-only: sizes rounded up to a power of two, so a few arrays serve every size."""
-    z = np.zeros(1 << bits, dtype)
-    z.flags.writeable = False
-    return z
-
-
-def _gemm_weight(w: np.ndarray, bias: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
-    """``w (O, C/groups, *K)`` as the GEMM's ``(O, C/groups*K)`` matrix, with ``bias (O,)`` as one more
-    column when given (kept with the blocks: :func:`_derived`)."""
-    O = w.shape[0]
-    if bias is None:
-        return w.astype(dtype, copy=False).reshape(O, -1)
-    return _derived("bias", (w, bias), lambda: np.concatenate(
-        [w.astype(dtype, copy=False).reshape(O, -1), bias.astype(dtype, copy=False).reshape(O, 1)], axis=1))
-
-
-# ---- Winograd F(2x2, 3x3) ---------------------------------------------------------------------------
-# Each 2x2 tile of output from a 4x4 tile of input (stride 2): V = B^T d B per input tile and channel,
-# M = U V per tile position (16 GEMMs over the channels, U = G g G^T the weight's transform), then
-# Y = A^T M A. 16 multiplies per 4 outputs where a direct conv makes 36: the GEMMs shrink 2.25x, and the
-# transforms (adds only) cost less than that on layers with many channels. Exact in exact arithmetic; in
-# float32 as accurate as the direct sum (the transforms' entries are 0, +-1 and +-1/2).
-_WINO_G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
-_WINO_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
-# Least input and output channels for Winograd: the GEMM time saved grows with C*O, the transforms (passes
-# over 4x the input and output) with C + O. Measured on ResNet-50's layers: 64 channels (56x56) no faster
-# than the direct conv, 128 (28x28) about even to 5% faster, 256 (14x14) 15-25% faster.
-_WINO_CHANNELS = 128
-# Least share of the computed tiles' outputs that is real output (a 7x7 image computes 8x10 tile outputs,
-# with odd sizes rounded up and the flat column transform's extra tile per row): below, the GEMM's waste
-# eats the gain.
-_WINO_USE = 0.85
-# Tile positions per GEMM the image chunks aim for: fewer make thin GEMMs, more leave the cache.
-_WINO_TILES = 128
-
-
-def _winograd_fits(kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], groups: int,
-                   C: int, O: int, outs: tuple[int, ...], dtype: np.dtype) -> bool:
-    """Whether :func:`_winograd` runs this conv: 3x3, stride and dilation 1, ungrouped, floating point, with
-    :data:`_WINO_CHANNELS` and :data:`_WINO_USE`, and at least two tile rows (a block of one tile row, image
-    rows split 8 ways, reads twice as many input rows as it makes: measured slower than the direct conv)."""
-    if kernel != (3, 3) or stride != (1, 1) or dilation != (1, 1) or groups != 1 or dtype.kind != "f":
-        return False
-    th, tw = -(-outs[0] // 2), -(-outs[1] // 2)
-    return (min(C, O) >= _WINO_CHANNELS and th >= 2 and tw >= 1
-            and outs[0] * outs[1] >= _WINO_USE * 2 * th * 2 * (tw + 1))
-
-
-def _winograd(runs: list[tuple], w: np.ndarray, bias: np.ndarray | None, relu: bool, has_res: bool,
-              dtype: np.dtype, out: np.ndarray) -> np.ndarray:
-    """F(2x2, 3x3) over ``runs`` of ``(x (L, C, H+2, W+2), out (L, O, H, W), res)``, in pieces of about
-    :data:`_WINO_TILES` tiles (a few images, or a band of tile rows of a large one) so that each piece's
-    transforms stay in cache.
-
-    The transforms are passes over whole pieces, laid out so each is a long run: the input rows split even
-    and odd (one copy, which also moves channels before images, as the GEMM wants them); the column
-    transform on that buffer as flat stride-2 sequences (each row's last tile reads into the next row: one
-    extra tile column, computed and dropped); the row transform as contiguous blocks (even and odd rows
-    are each contiguous); one batched GEMM per piece; the output transform as one small GEMM; the tiles
-    scattered into the output with the bias added. A non-finite input reaches the other outputs of its
-    tiles (as in any Winograd conv), not only those whose windows hold it."""
-    O, C = w.shape[:2]
-    U = _derived("winograd", (w,), lambda: (np.kron(_WINO_G, _WINO_G) @ w.reshape(O * C, 9).T.astype(
-        np.float64)).astype(dtype).reshape(16, O, C))
-    AtA = np.kron(_WINO_AT, _WINO_AT).astype(dtype)  # (4, 16): the output transform of every tile
-    Hp, Wp = runs[0][0].shape[-2:]
-    H, W = Hp - 2, Wp - 2
-    th, tc = -(-H // 2), -(-W // 2) + 1  # tiles per image (odd sizes round up); tile columns computed
-    if th * tc > _WINO_TILES:  # bands of tile rows, one image at a time
-        n, hb = 1, min(th, max(1, _WINO_TILES // tc))
-        pieces = [(xr[l:l + 1, :, 2 * i:2 * i + 2 * hb + 2], orr[l:l + 1, :, 2 * i:2 * i + 2 * hb],
-                   rr[l:l + 1, :, 2 * i:2 * i + 2 * hb]) for xr, orr, rr in runs
-                  for l in range(xr.shape[0]) for i in range(0, th, hb)]
-    else:  # a few whole images
-        hb = th
-        n = max(1, min(max(r[0].shape[0] for r in runs), round(_WINO_TILES / (th * tc))))
-        pieces = [(xr[l:l + n], orr[l:l + n], rr[l:l + n]) for xr, orr, rr in runs
-                  for l in range(0, xr.shape[0], n)]
-    X = np.zeros((C, n, 2, hb + 1, 2 * tc), dtype)  # input row 2i + p at [p, i]; zeros past the input
-    Cb = np.zeros((4, C, n, 2, hb + 1, tc), dtype)
-    tiles = n * hb * tc
-    Vb, Mb, Yb = np.empty(16 * C * tiles, dtype), np.empty(16 * O * tiles, dtype), np.empty(4 * O * tiles, dtype)
-    b = np.zeros((O, 1, 1), dtype) if bias is None else bias.astype(dtype, copy=False).reshape(O, 1, 1)
-    xf, cf = X.reshape(-1), Cb.reshape(4, -1)
-    half = xf.size // 2 - 1  # column pairs computed: all but the very last (a dropped tile column)
-    e0, o0, e1, o1 = (xf[k:k + 2 * half:2] for k in range(4))  # columns 2j, 2j+1, 2j+2, 2j+3
-    filled = [hb + 1, hb + 1]  # even, odd input rows of X that may hold data
-    for xs, dst, rs in pieces:
-        m, hp = xs.shape[0], xs.shape[2]
-        h = hp - 2
-        tb = -(-h // 2)  # tile rows of this piece
-        src = xs.transpose(1, 0, 2, 3)
-        for p in (0, 1):
-            k = len(range(p, hp, 2))
-            X[:, :m, p, :k, :Wp] = src[:, :, p::2]
-            if filled[p] > k:  # a shorter piece (the last band): rows past it are zeros again
-                X[:, :, p, k:filled[p]] = 0
-            filled[p] = k
-        # columns: d B for each row, b = 0..3 (B^T's rows: [1 0 -1 0], [0 1 1 0], [0 -1 1 0], [0 1 0 -1])
-        np.subtract(e0, e1, out=cf[0, :half])
-        np.add(o0, e1, out=cf[1, :half])
-        np.subtract(e1, o0, out=cf[2, :half])
-        np.subtract(o0, o1, out=cf[3, :half])
-        # rows: B^T (d B), a = 0..3, from rows 2i (even, i), 2i+1 (odd, i), 2i+2 (even, i+1), 2i+3 (odd, i+1)
-        T = m * tb * tc
-        V = Vb[:16 * C * T].reshape(4, 4, C, m, tb, tc)
-        ev0, ev1 = Cb[:, :, :m, 0, :tb], Cb[:, :, :m, 0, 1:tb + 1]
-        od0, od1 = Cb[:, :, :m, 1, :tb], Cb[:, :, :m, 1, 1:tb + 1]
-        np.subtract(ev0, ev1, out=V[0])
-        np.add(od0, ev1, out=V[1])
-        np.subtract(ev1, od0, out=V[2])
-        np.subtract(od0, od1, out=V[3])
-        M = Mb[:16 * O * T].reshape(16, O, T)
-        np.matmul(U, V.reshape(16, C, T), out=M)
-        Y = Yb[:4 * O * T].reshape(4, O, m, tb, tc)
-        np.matmul(AtA, M.reshape(16, O * T), out=Y.reshape(4, O * T))
-        for r in (0, 1):
-            for c in (0, 1):  # output (2i + r, 2j + c) of tile (i, j); a dropped row or column past odd sizes
-                ys = Y[2 * r + c].transpose(1, 0, 2, 3)[:, :, :len(range(r, h, 2)), :len(range(c, W, 2))]
-                np.add(ys, b, out=dst[:, :, r::2, c::2], casting="unsafe")
-        _finish(dst, rs if has_res else None, relu)
-    return out
-
-
 # How many bytes of one chunk's operands (cols and output) :func:`_conv_block` aims to keep in cache.
 _CHUNK_BYTES = 1 << 21
 
@@ -389,39 +247,6 @@ _CHUNK_BYTES = 1 << 21
 def _chunk(elems_per_image: int, itemsize: int, least: int = 1) -> int:
     """Images per chunk: as many as fit :data:`_CHUNK_BYTES`, at least ``least``."""
     return max(1, least, _CHUNK_BYTES // max(1, elems_per_image * itemsize))
-
-
-# Arrays derived from weight blocks (the GEMM weight with its bias column, the Winograd-domain weight), by
-# (kind, each source's root array id, offset, shape, strides): a model's weights are read-only blocks used
-# on every call, so each is transformed once and kept until its memory goes (a weakref callback drops it).
-_DERIVED: dict[tuple, tuple[tuple[weakref.ref, ...], np.ndarray]] = {}
-
-
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
-def _derived(kind: str, sources: tuple[np.ndarray, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
-    """``make()``, an array computed from ``sources``, computed once while they live when they are read-only
-    (their memory cannot change), on every call otherwise."""
-    roots = tuple(_root(a) for a in sources)
-    if any(a.flags.writeable or r.flags.writeable for a, r in zip(sources, roots)):
-        return make()
-    key = (kind,) + tuple((id(r), a.__array_interface__["data"][0], a.shape, a.strides)
-                          for a, r in zip(sources, roots))
-    hit = _DERIVED.get(key)
-    if hit is not None and all(ref() is r for ref, r in zip(hit[0], roots)):
-        return hit[1]
-    value = make()
-    value.flags.writeable = False
-
-    def drop(_, key=key):
-        _DERIVED.pop(key, None)
-
-    _DERIVED[key] = (tuple(weakref.ref(r, drop) for r in roots), value)
-    return value
 
 
 def epilogue(y, G: int, bias=None, relu: bool = False, res=None):
@@ -443,7 +268,7 @@ def epilogue(y, G: int, bias=None, relu: bool = False, res=None):
     if res is not None:
         np.add(y, res, out=y, casting="unsafe")
     if relu:
-        _relu(y)
+        relu_inplace(y)
     return y
 
 

@@ -485,9 +485,9 @@ def test_winograd_convs_on_every_sharding_equal_xla(mesh, monkeypatch):
     """128 channels, 3x3 stride 1: the kernel's Winograd path on blocks of whole channels and 4 rows or more
     (the direct one where input channels are split); on every sharding of N, C and the spatial dims equal
     to the float64 reference."""
-    from nabla.windows import kernels
+    from nabla.windows import winograd
     calls = []
-    monkeypatch.setattr(kernels, "_winograd", lambda *a, _f=kernels._winograd: calls.append(1) or _f(*a))
+    monkeypatch.setattr(winograd, "conv", lambda *a, _f=winograd.conv: calls.append(1) or _f(*a))
     x, w, b = R.standard_normal((2, 128, 16, 14)), R.standard_normal((128, 128, 3, 3)), R.standard_normal(128)
     want = ref_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1) + b[None, :, None, None]
     for spec in x_specs(mesh, 4):

@@ -352,11 +352,11 @@ def test_extend_fills_rows_not_received():
 def _winograd_everywhere():
     """Winograd F(2x2, 3x3) on every 3x3 stride-1 conv whatever its channels and sizes, in pieces of 8 tiles
     (bands of tile rows of one image, short last pieces)."""
-    from nabla.windows import kernels
+    from nabla.windows import winograd
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernels, "_WINO_CHANNELS", 1)
-        mp.setattr(kernels, "_WINO_USE", 0.0)
-        mp.setattr(kernels, "_WINO_TILES", 8)
+        mp.setattr(winograd, "CHANNELS", 1)
+        mp.setattr(winograd, "USE", 0.0)
+        mp.setattr(winograd, "TILES", 8)
         yield
 
 
@@ -398,12 +398,12 @@ def test_winograd_sharded_matches_global(dh, seed):
 def test_winograd_float32_matches_onnxruntime():
     """A ResNet-sized layer (128 channels, 16x16) takes Winograd unforced; float32, with its bias, it is as
     close to onnxruntime's conv as the direct sum is."""
-    from nabla.windows import kernels
+    from nabla.windows import winograd
     rng = np.random.default_rng(5)
     x = rng.normal(size=(2, 128, 16, 16)).astype(np.float32)
     w = (rng.normal(size=(128, 128, 3, 3)) / 24).astype(np.float32)
     b = rng.normal(size=128).astype(np.float32)
-    assert kernels._winograd_fits((3, 3), (1, 1), (1, 1), 1, 128, 128, (16, 16), np.dtype(np.float32))
+    assert winograd.fits((3, 3), (1, 1), (1, 1), 1, 128, 128, (16, 16), np.dtype(np.float32))
     want = _ort("Conv", [x, w, b], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
     got = W.conv(_pad(x, ((1, 1), (1, 1)), 0.0), w, 0, bias=b)
     assert got.dtype == np.float32
@@ -436,25 +436,25 @@ def test_weight_transforms_are_kept_while_their_weights_live():
     """The GEMM weight with its bias column is made once for read-only blocks and dropped with them; a
     writeable weight (its values may change) is transformed on every call."""
     import gc
-    from nabla.windows import kernels
+    from nabla.windows import arrays
     rng = np.random.default_rng(7)
     w, b = rng.normal(size=(4, 3, 1, 1)), rng.normal(size=4)
     dtype = np.dtype(np.float64)
-    fresh = kernels._gemm_weight(w, b, dtype)
-    assert kernels._gemm_weight(w, b, dtype) is not fresh  # writeable: never kept
+    fresh = arrays.gemm_weight(w, b, dtype)
+    assert arrays.gemm_weight(w, b, dtype) is not fresh  # writeable: never kept
     w.flags.writeable = b.flags.writeable = False
-    kept = kernels._gemm_weight(w, b, dtype)
-    assert kernels._gemm_weight(w, b, dtype) is kept and not kept.flags.writeable
+    kept = arrays.gemm_weight(w, b, dtype)
+    assert arrays.gemm_weight(w, b, dtype) is kept and not kept.flags.writeable
     np.testing.assert_array_equal(kept, np.concatenate([w.reshape(4, 3), b[:, None]], axis=1))
-    before = len(kernels._DERIVED)
+    before = len(arrays._DERIVED)
     del w, kept
     gc.collect()
-    assert len(kernels._DERIVED) == before - 1
+    assert len(arrays._DERIVED) == before - 1
 
 
 def test_relu_keeps_nan_and_any_layout():
-    from nabla.windows import kernels
+    from nabla.windows import arrays
     y = np.array([[-1.0, np.nan, 2.0, -0.5], [3.0, -2.0, 0.0, 1.0]]).T  # a transposed (strided) view
-    out = kernels._relu(y)
+    out = arrays.relu_inplace(y)
     assert out is y
     np.testing.assert_array_equal(y, np.array([[0.0, np.nan, 2.0, 0.0], [3.0, 0.0, 0.0, 1.0]]).T)
