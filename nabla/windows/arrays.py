@@ -18,11 +18,18 @@ def finish(dst: np.ndarray, res: np.ndarray | None, relu: bool) -> None:
         relu_inplace(dst)
 
 
+# The most zeros kept for relu (2**20, 4 MB of float32): the kernels' cache-sized chunks stay under it; a
+# larger array (a whole block through ``kernels.epilogue``) takes the scalar form rather than a kept copy of it.
+_ZEROS_BITS = 20
+
+
 def relu_inplace(y: np.ndarray) -> np.ndarray:
     """``max(y, 0)`` in place on a numpy array: against an array of zeros, which numpy's vectorised loop
     takes (against a scalar 0, or a broadcast one, it ran 2.5x slower)."""
-    zero = _zeros(max(0, y.size - 1).bit_length(), y.dtype)[:y.size].reshape(y.shape)
-    return np.maximum(y, zero, out=y)
+    bits = max(0, y.size - 1).bit_length()
+    if bits > _ZEROS_BITS:
+        return np.maximum(y, y.dtype.type(0), out=y)
+    return np.maximum(y, _zeros(bits, y.dtype)[:y.size].reshape(y.shape), out=y)
 
 
 @lru_cache(maxsize=16)

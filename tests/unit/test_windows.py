@@ -458,3 +458,5 @@ def test_relu_keeps_nan_and_any_layout():
     out = arrays.relu_inplace(y)
     assert out is y
     np.testing.assert_array_equal(y, np.array([[0.0, np.nan, 2.0, 0.0], [3.0, 0.0, 0.0, 1.0]]).T)
+    big = np.linspace(-1, 1, (1 << arrays._ZEROS_BITS) + 3)  # past the kept zeros: the scalar form
+    np.testing.assert_array_equal(arrays.relu_inplace(big), np.maximum(np.linspace(-1, 1, big.size), 0))
