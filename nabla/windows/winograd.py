@@ -16,9 +16,10 @@ from .arrays import derived, finish
 _G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])  # the weight's transform, G g G^T
 _AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])  # the output's, A^T M A
 # Least input and output channels for Winograd: the GEMM time saved grows with C*O, the transforms (passes
-# over 4x the input and output) with C + O. Measured on ResNet-50's layers: 64 channels (56x56) no faster
-# than the direct conv, 128 (28x28) about even to 5% faster, 256 (14x14) 15-25% faster.
-CHANNELS = 128
+# over 4x the input and output) with C + O. Measured on ResNet-50's layers (batch 8, one core): 256 channels
+# (14x14) 15-25% faster than the direct conv; 128 (28x28) even (17.9 vs 17.3 ms, batch sharded); 64 (56x56)
+# within the noise.
+CHANNELS = 256
 # Least share of the computed tiles' outputs that is real output (a 7x7 image computes 8x10 tile outputs,
 # with odd sizes rounded up and the flat column transform's extra tile per row): below, the GEMM's waste
 # eats the gain.

@@ -482,13 +482,13 @@ def test_conv_of_an_empty_batch_equals_xla(spec):
 
 @pytest.mark.parametrize("mesh", [M4, M22], ids=lambda m: m.name)
 def test_winograd_convs_on_every_sharding_equal_xla(mesh, monkeypatch):
-    """128 channels, 3x3 stride 1: the kernel's Winograd path on blocks of whole channels and 4 rows or more
+    """256 channels, 3x3 stride 1: the kernel's Winograd path on blocks of whole channels and 4 rows or more
     (the direct one where input channels are split); on every sharding of N, C and the spatial dims equal
     to the float64 reference."""
     from nabla.windows import winograd
     calls = []
     monkeypatch.setattr(winograd, "conv", lambda *a, _f=winograd.conv: calls.append(1) or _f(*a))
-    x, w, b = R.standard_normal((2, 128, 16, 14)), R.standard_normal((128, 128, 3, 3)), R.standard_normal(128)
+    x, w, b = R.standard_normal((2, 256, 16, 14)), R.standard_normal((256, 256, 3, 3)), R.standard_normal(256)
     want = ref_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1) + b[None, :, None, None]
     for spec in x_specs(mesh, 4):
         out = nb.conv(nb.tensor(x).shard(mesh, spec), w, b, padding=1)
