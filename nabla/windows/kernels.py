@@ -211,7 +211,7 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
                 dst[...] = y.transpose((1, 0) + spatial)
             else:
                 if buf is None:
-                    cols = src.reshape(m, groups, Cg, P)  # a view (the 1x1 stride-1 case)
+                    cols = src.reshape(m, groups, Cg, P)  # the 1x1 stride-1 case: the input as it is (a view)
                 else:
                     cols = buf[:m]
                     cols[:, :C * K].reshape((m,) + shape + outs)[...] = src.transpose(src_order)
