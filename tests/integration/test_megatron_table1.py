@@ -69,6 +69,20 @@ def test_recorded_matmul_flops_are_the_papers_eq3(mt, billions):
     assert recompute == layers / 4  # one forward of each layer again: a quarter of eq. 3's 96
 
 
+@pytest.mark.parametrize("billions", [1.7, 18.4])
+def test_smallest_gemm_is_the_attention_scores(mt, billions):
+    # docs/planning.md: a GEMM efficiency by FLOPs per kernel cannot single out the 1.7B row: its smallest GEMM,
+    # the attention scores' 2 b s^2 h / t, is 309 GFLOP, above the top size row of Calculon's table (128 GFLOP),
+    # where the 18.4B row's is 52 GFLOP
+    row = _row(mt, billions)
+    stage, _, lay = _stage(mt, row, "whole")
+    with nb.comm_log() as log:
+        stage.fn(*stage.args)
+    smallest = min(s.flops for s in log.steps if s.name in mt.MATMUL_OPS)
+    assert smallest == 2 * lay.microbatch * mt.SEQ**2 * row.hidden // lay.tp
+    assert (smallest >= 128 * 10**9) == (billions == 1.7)
+
+
 def test_megatron_collectives_per_layer(mt):
     # tensor parallelism: two all_reduces of the b s h activation over tp forward and two backward, as in
     # Megatron-LM; the recomputed forward has one (Megatron-LM's has two: nabla never sums the recomputed

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from nabla.errors import ShardingError
-from nabla.plan import Hardware
+from nabla.plan import Hardware, PricedStep, kernel_time
 
 
 def test_a100_preset_numbers():
@@ -64,6 +64,23 @@ def test_matmul_efficiency_rows_make_small_matmuls_slower():
     assert hw.matmul_fraction(10**6) == 0.4 and hw.matmul_fraction(10**9) == 0.85
     with pytest.raises(ShardingError, match="min_flops 0"):
         hw.replace(matmul_efficiency=[(10, 0.5)])
+
+
+def test_rows_express_calculons_table_by_size():
+    # Calculon (Isaev et al., SC'23), calculon-ai/calculon systems/a100_80g.json at commit 71f6435, "matrix"
+    # "float16" "gflops_efficiency": [[128, 0.95], [16, 0.9], [1, 0.6], [0, 0.1]]; its calculon/processor.py
+    # takes the first row (from the top) whose GFLOPs * 1e9 the op's FLOPs reach, with no interpolation. The
+    # presets do not take it (docs/planning.md, "Checking against published runs", says why); rows say the same.
+    a100 = Hardware.preset("a100-sxm-80gb")
+    assert a100.matmul_efficiency == ((0, 0.859),)  # the presets keep the one measured row (MAMF)
+    calculon = a100.replace(matmul_efficiency=[(128 * 10**9, 0.95), (16 * 10**9, 0.9), (10**9, 0.6), (0, 0.1)])
+    for flops, fraction in [(0, 0.1), (10**9 - 1, 0.1), (10**9, 0.6), (16 * 10**9 - 1, 0.6), (16 * 10**9, 0.9),
+                            (128 * 10**9 - 1, 0.9), (128 * 10**9, 0.95), (10**13, 0.95)]:
+        assert calculon.matmul_fraction(flops) == fraction
+    small, large = (PricedStep("matmul", out_dtype="bfloat16", flops=f) for f in (10**8, 10**12))
+    assert kernel_time(small, calculon) / small.flops == pytest.approx(1 / (312e12 * 0.1))
+    assert kernel_time(small, calculon) / small.flops > kernel_time(large, calculon) / large.flops
+    assert kernel_time(small, a100) / small.flops == kernel_time(large, a100) / large.flops  # one row: no size
 
 
 def test_unknown_preset_and_tier_are_named():
