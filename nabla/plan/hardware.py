@@ -285,6 +285,8 @@ H100_SXM_80GB = Hardware(
     nvlink_latency=3.4e-6,  # NCCL tuning.cc, as for A100
     network_latency=9.6e-6,
     # Maximum achievable matmul FLOPS, BF16, H100 SXM: 792.1 of 989 TFLOP/s = 80.1% (stas00/ml-engineering).
+    # Calculon's H100 file (systems/h100_80g_nvl8.json) repeats its A100 fractions by size for float16 and float8:
+    # not taken, as for the A100.
     matmul_efficiency=((0, 0.801),),
     # No vendor-neutral STREAM figure for H100 SXM was found; the ~90% ceiling of the A100 source above,
     # less its 2 points of margin, is carried over.
