@@ -129,14 +129,17 @@ def dispatch(quick: bool) -> dict:
         ("softmax", False, "nb.softmax(A, axis=-1) (unsharded dim)", lambda: nb.softmax(A, axis=-1),
          lambda: np_softmax(a)),
     ]
-    # the mixed add's kernel as nabla runs it: numpy's add on each device's blocks, which are strided views of
-    # what the devices hold (A's rows of dp, B's columns of tp), into the result's contiguous [dp,tp] blocks
+    # the mixed add's kernel as nabla runs it: numpy's add on what the devices hold (A's rows of dp, B's columns of
+    # tp), in the order of B's blocks (A's rows read as strided views, B's blocks as they are), the output's grid
+    # axes transposed to the result's [dp,tp] order (each device's block contiguous)
     a_held = np.ascontiguousarray(a.reshape(2, 32, 64))
     b_held = np.ascontiguousarray(b.reshape(64, 4, 16).transpose(1, 0, 2))
-    a_view = a_held.reshape(2, 32, 4, 16).transpose(0, 2, 1, 3)
-    b_view = b_held.reshape(4, 2, 32, 16).transpose(1, 0, 2, 3)
-    np.testing.assert_array_equal(np.add(a_view, b_view).transpose(0, 2, 1, 3).reshape(64, 64), a + b)
-    same_blocks = {"add, mixed specs": lambda: np.add(a_view, b_view)}
+
+    def blocks():
+        return np.add(a_held.reshape(64, 4, 16).transpose(1, 0, 2), b_held).reshape(4, 2, 32, 16).transpose(1, 0, 2, 3)
+
+    np.testing.assert_array_equal(blocks().transpose(0, 2, 1, 3).reshape(64, 64), a + b)
+    same_blocks = {"add, mixed specs": blocks}
     rows = []
     for op, elementwise, call, f, g in ops:
         sides = {"nabla": f, "numpy": g}

@@ -33,34 +33,42 @@ from .commlog import _logs as _LOGS
 from .cost import _current as _COST_MODEL
 from .propagation import _strategy as _STRATEGY
 
+# the hot path's context reads, each a bound method made once (looked up per call, ``var.get`` makes one each time)
+_remat_now, _logs_now, _strategy_now, _model_now, _strict_now, _backend_now = (
+    _remat.get, _LOGS.get, _STRATEGY.get, _COST_MODEL.get, STRICT.get, _BACKEND.get)
+_NDARRAY = np.ndarray  # (a global read, not a module attribute's)
+
 
 def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Value) -> Any:
     """Apply ``op`` to ``args`` (Values or Python scalars); ``make(data, spec, shape, dtype, sid)`` wraps it.
     When an operand is traced, the result is linked on the tape (its op, params and program, with the operands
     its VJP keeps); when a comm log is open, the op's step (what moved, and why) is published there, and the link
     holds it too."""
-    r = _remat.get()
-    if r is None and not _LOGS.get() and not linked_any(args):
+    r = _remat_now()
+    if r is None and not _logs_now() and not linked_any(args):
         # the hot path: nothing logged or replayed; when no operand is traced or summed by an earlier use, all are on
         # numpy, and the program keeps no pending sum it must check (most eager calls), what follows would run the
         # program's kernel and nothing else: that is run here (else the program is looked up again below)
-        sids = []
+        sids, held = [], []  # each operand's signature id, and its stored blocks (a scalar as it is)
         for a in args:
             if isinstance(a, Value):
-                if a._moved or a._sid < 0 or type(a._data) is not np.ndarray:
+                d = a._data
+                if a._moved or a._sid < 0 or type(d) is not _NDARRAY:
                     break
                 sids.append(a._sid)
+                held.append(d)
             else:
                 sids.append(sid_of(a))
+                held.append(a)
         else:
             try:
-                prog = program_for(op, tuple(sids), params, _STRATEGY.get(), _COST_MODEL.get(), STRICT.get(),
-                                   _EPOCH[0])
+                prog = program_for(op, tuple(sids), params, _strategy_now(), _model_now(), _strict_now(), _EPOCH[0])
             except StaleSignature:
                 prog = None
-            if type(prog) is Program and prog.hot and _BACKEND.get() == "numpy":
-                return _run_fast(op, args, prog, prog.fast, make) if prog.fast is not None else \
-                    _run_numpy(op, args, prog, make)
+            if type(prog) is Program and prog.hot and _backend_now() == "numpy":
+                fast = prog.fast
+                return _run_fast(op, held, prog, fast, make) if fast is not None else \
+                    _run_numpy(op, args, held, prog, make)
     elif r is not None and op.name in r.ops:
         if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
             return _replayed(r, op, params, args, make)
@@ -92,18 +100,18 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     return out
 
 
-def _run_numpy(op: OpDef, args: Sequence[Any], prog: Program, make: Callable) -> Any:
-    """The hot path's kernel on numpy operands: each operand's stored blocks (or a view of them, or prepared by its
-    factor kinds' local steps), the kernel, the result read-only."""
-    arrays = []  # (loops: a comprehension is a call of its own)
+def _run_numpy(op: OpDef, args: Sequence[Any], held: list, prog: Program, make: Callable) -> Any:
+    """The hot path's kernel on numpy operands (``held``: their stored blocks, a scalar as it is): each operand's
+    stored blocks (or a view of them, or prepared by its factor kinds' local steps), the kernel, the result
+    read-only."""
     if prog.as_stored:
-        for a in args:
-            arrays.append(a._data if isinstance(a, Value) else a)
+        arrays = held
     else:
+        arrays = []  # (loops: a comprehension is a call of its own)
         i = 0
-        for a, p in zip(args, prog.preps):
-            arrays.append((a._data if p.view is None else _view(a._data, p.view)) if p.direct else
-                          _prepare(a, p, prog, op, backends.NUMPY, None, i))
+        for p in prog.preps:
+            arrays.append((held[i] if p.view is None else _view(held[i], p.view)) if p.direct else
+                          _prepare(args[i], p, prog, op, backends.NUMPY, None, i))
             i += 1
     out = backends.NUMPY.kernel(op, arrays, prog)  # (an ndarray: made read-only here, as NUMPY.commit does)
     out.setflags(False)
@@ -249,7 +257,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
         prog = program_for(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY and \
             all(type(a._data) is np.ndarray for a, view in zip(args, prog.fast) if view is not False):
-        return _run_fast(op, args, prog, prog.fast, make), prog
+        return _run_fast(op, [a._data if isinstance(a, Value) else a for a in args], prog, prog.fast, make), prog
     be = backends.active()
     for a in args:
         if isinstance(a, Value):
@@ -268,27 +276,36 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
 
 
-def _run_fast(op: OpDef, args: Sequence[Any], prog: Program, fast: tuple, make: Callable) -> Any:
-    """``op.fast`` on the stored blocks of numpy operands (views of them, a scalar as it is): nothing moves."""
-    arrays = []  # (loops: a comprehension is a call of its own)
-    if prog.as_stored:  # (a scalar's view is False: it is the operand that is not a value)
-        for a in args:
-            arrays.append(a._data if isinstance(a, Value) else a)
+def _run_fast(op: OpDef, held: list, prog: Program, fast: tuple, make: Callable) -> Any:
+    """``op.fast`` on the stored blocks of numpy operands (``held``, a scalar as it is; views of them): nothing
+    moves. It may run with its axes in another order (``prog.reorder``: its output is then transposed to the
+    result)."""
+    if prog.as_stored:
+        arrays = held
     else:
-        for a, view in zip(args, fast):
-            arrays.append(a if view is False else a._data if view is None else a._data.reshape(view)
-                          if type(view[0]) is int else _view(a._data, view))
+        arrays = []  # (loops: a comprehension is a call of its own)
+        i = 0  # (zip, and a call of _view per operand, cost as much as the views they drive)
+        for view in fast:
+            x = held[i]
+            i += 1
+            if view:  # (None: as stored; False: a scalar)
+                for kind, arg in view:
+                    x = x.reshape(arg) if kind == "reshape" else x.transpose(arg)
+            arrays.append(x)
     if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
         with np.errstate(all="ignore"):
             out = op.fast(*arrays)
     else:
         out = op.fast(*arrays)
-    if type(out) is not np.ndarray:
+    if type(out) is not _NDARRAY:
         out = np.asarray(out)
     dt = out.dtype
     if dt is not prog.dtype and dt != prog.dtype:
         out = out.astype(prog.dtype)
-    out.setflags(False)  # (write=False: positional is the cheaper call)
+    out.setflags(False)  # (write=False: positional is the cheaper call; a view of it is read-only too)
+    order = prog.reorder
+    if order is not None:
+        out = out.transpose(order)
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 

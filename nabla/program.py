@@ -81,6 +81,8 @@ class Program(NamedTuple):
     as_stored: bool = False  # every operand is read as stored (a scalar as it is): nothing moves, no view or
     # local step
     after: bool = True  # the kernel's output is reshaped to ``final`` or moved by ``post`` (else it is the result)
+    reorder: tuple[int, ...] | None = None  # ``op.fast`` runs with its axes in another order (``_kernel_order``):
+    # this transpose of its output is the result as stored
 
 
 class _ShapeOnly:
@@ -239,7 +241,11 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     as_stored = all(v is None or v is False for v in fast) if fast is not None else \
         all(p.kind == "scalar" and not p.mask_axes or p.kind == "sharded" and p.direct and p.view is None
             for p in prog.preps)
-    return prog._replace(fast=fast, as_stored=as_stored,
+    reorder = None
+    if not as_stored and fast is not None:
+        fast, reorder = _kernel_order(fast, tuple(grid(s[3]).shape + chunks(s[3], s[1]) if s[0] == "s" else ()
+                                                  for s in sigs), prog.G, out_grid)
+    return prog._replace(fast=fast, as_stored=as_stored, reorder=reorder,
                          after=out_grid != final or post is not None and not prog.folded)
 
 
@@ -276,8 +282,8 @@ def _padded(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:
 
 def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
     """When nothing moves, nothing is padded and no factor kind acts, ``op.fast`` runs on the stored blocks
-    as they are (viewed on the common grid): per operand, the shape to view it as, None for as is, False
-    for a scalar, or a chain of views when the operand is only cut locally. Otherwise None."""
+    as they are (viewed on the common grid): per operand, None for as is, False for a scalar, or a chain of
+    views (a reshape to the common grid, or the local cuts of an operand only cut locally). Otherwise None."""
     if op.fast is None or prog.padded or prog.post is not None or prog.kspec_grid + prog.local.out_chunk != \
             prog.out_grid:
         return None
@@ -291,11 +297,135 @@ def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
                 p.plan.segments and not (p.direct and p.view):
             return None
         stored = grid(s[3]).shape + chunks(s[3], s[1])
-        views.append(p.view if p.plan.segments else None if stored == p.grid_shape else p.grid_shape)
+        views.append(p.view if p.plan.segments else None if stored == p.grid_shape else (("reshape", p.grid_shape),))
         grids.append(p.grid_shape[:prog.G])
     if np.broadcast_shapes(*grids) != prog.out_grid[:prog.G]:
         return None
     return tuple(views)
+
+
+# numpy's cost of an elementwise call over views, in instructions (callgrind, numpy 2): each inner-loop call when the
+# iteration has at most 3 dims once adjacent dims that step alike are merged, each one when it has more (numpy's
+# iterator has no specialised step past 3), and each reshape or transpose that makes a view
+_LOOP, _DEEP_LOOP, _VIEW_CALL = 75, 130, 2000
+
+
+def _kernel_order(views: tuple, stored: tuple, G: int, out_grid: tuple[int, ...]) -> tuple[tuple, tuple | None]:
+    """The axis order ``op.fast`` runs in when operands are views of their stored blocks: the grid order of one
+    operand's stored blocks when numpy's loops over it cost less (an operand cut locally holds its blocks with
+    the grid axes in another order than the result's: in the result's order numpy steps through every row of
+    every block on its own), else the result's. Only grid axes move: each device's result block is contiguous
+    either way. The views with the order's transpose appended, and the transpose taking the kernel's output
+    to the result as stored (None: none)."""
+    same = tuple(range(len(out_grid)))
+    held = []  # per operand seen through its view: its shape and strides (None: a scalar, or a copying view)
+    for v, st in zip(views, stored):
+        strides = None if v is False else _strides_of(st, v or ())
+        held.append(None if strides is None else (_shape_of(st, v or ()), strides))
+    orders = {same}
+    for h in held:
+        if h is not None:
+            shape, strides = h
+            orders.add(tuple(sorted(range(G), key=lambda a: (shape[a] > 1, -strides[a]))) + same[G:])
+
+    def cost(order: tuple[int, ...]) -> int:
+        calls = sum(len(_then(v or (), order)) for v in views if v is not False) + (order != same)
+        shape = tuple(out_grid[a] for a in order)
+        steps = [tuple(0 if h[0][a] == 1 else h[1][a] for a in order) for h in held if h is not None]
+        runs, dims = _loops(shape, steps + [_c_strides(shape)])
+        return runs * (_LOOP if dims <= 3 else _DEEP_LOOP) + calls * _VIEW_CALL
+
+    best = min(sorted(orders), key=lambda o: (cost(o), o != same))
+    if best == same:
+        return views, None
+    back = tuple(sorted(range(len(best)), key=best.__getitem__))
+    return tuple(v if v is False else _then(v or (), best) or None for v in views), back
+
+
+def _then(chain: tuple, order: tuple[int, ...]) -> tuple:
+    """A chain of views followed by a transpose to ``order`` (merged into its last transpose, if any)."""
+    if order == tuple(range(len(order))):
+        return chain
+    if chain and chain[-1][0] == "transpose":
+        last = chain[-1][1]
+        order = tuple(last[a] for a in order)
+        return chain[:-1] + ((("transpose", order),) if order != tuple(range(len(order))) else ())
+    return chain + (("transpose", order),)
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides, in elements, of a C-contiguous array of ``shape``."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
+def _shape_of(stored: tuple[int, ...], chain: tuple) -> tuple[int, ...]:
+    shape = stored
+    for kind, arg in chain:
+        shape = arg if kind == "reshape" else tuple(shape[a] for a in arg)
+    return shape
+
+
+def _strides_of(stored: tuple[int, ...], chain: tuple) -> tuple[int, ...] | None:
+    """The strides, in elements, of ``chain``'s view of C-contiguous blocks of shape ``stored`` (as placing and
+    kernels lay them out), or None when a reshape in it would copy."""
+    shape, strides = stored, _c_strides(stored)
+    for kind, arg in chain:
+        if kind == "transpose":
+            shape, strides = tuple(shape[a] for a in arg), tuple(strides[a] for a in arg)
+            continue
+        strides = _view_strides(shape, strides, arg)
+        if strides is None:
+            return None
+        shape = arg
+    return strides
+
+
+def _view_strides(shape: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides numpy gives ``reshape(new)`` of an array of ``shape`` and ``strides`` when it makes a view, or
+    None when it copies (numpy's ``_attempt_nocopy_reshape``: each group of dims merged or split must be
+    contiguous)."""
+    if 0 in shape:
+        return _c_strides(new)
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    out = [1] * len(new)
+    i = j = 0
+    while i < len(old) and j < len(new):
+        first_old, first_new = i, j
+        have, want = old[i][0], new[j]
+        i, j = i + 1, j + 1
+        while have != want:
+            if want < have:
+                want *= new[j]
+                j += 1
+            else:
+                have *= old[i][0]
+                i += 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(first_old, i - 1)):
+            return None
+        out[j - 1] = old[i - 1][1]
+        for k in range(j - 1, first_new, -1):
+            out[k - 1] = out[k] * new[k]
+    return tuple(out)
+
+
+def _loops(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[int, int]:
+    """numpy's iteration of an elementwise call over ``shape`` in this axis order, given each array's strides
+    (0 where it broadcasts): its inner-loop calls, and its dims once adjacent dims that step alike are merged."""
+    dims: list[list] = []  # innermost first: [size, strides]
+    for a in reversed(range(len(shape))):
+        n = shape[a]
+        if n == 1:
+            continue
+        st = [s[a] for s in strides]
+        if dims and all(x == y * dims[-1][0] for x, y in zip(st, dims[-1][1])):
+            dims[-1][0] *= n
+        else:
+            dims.append([n, st])
+    return (prod(d[0] for d in dims[1:]) if dims else 0), len(dims)
 
 
 def _local_steps(rule: Rule, i: int, ctx: OperandContext) -> tuple[LocalStep, ...]:

@@ -10,7 +10,9 @@ import numpy as np
 
 from ..collectives import user_op
 from ..dtypes import is_inexact
+from ..executor import run
 from ..tensor import Tensor
+from ..value import Value
 from .contraction import matmul
 from .core import apply
 from .creation import ones, zeros
@@ -124,11 +126,15 @@ def _zeros(shape: Sequence[int] | int, dtype: Any = "float32") -> Tensor:
 
 def _binary(fn: Any, reflected: bool = False) -> Any:
     """An operator running ``fn``'s op on its two operands (``apply``, as ``fn`` does: an operator always has
-    both, so the public function's argument handling, for calls by name, is skipped)."""
+    both, so the public function's argument handling, for calls by name, is skipped; two values, the common
+    case, need nothing of ``apply`` either when the op does not rearrange its operands: they go to the
+    executor as they are)."""
     op = fn.op
+    if op.arrange is not None:
+        return (lambda self, o: apply(op, (o, self))) if reflected else lambda self, o: apply(op, (self, o))
     if reflected:
-        return lambda self, o: apply(op, (o, self))
-    return lambda self, o: apply(op, (self, o))
+        return lambda self, o: run(op, (o, self), (), Tensor) if isinstance(o, Value) else apply(op, (o, self))
+    return lambda self, o: run(op, (self, o), (), Tensor) if isinstance(o, Value) else apply(op, (self, o))
 
 
 _METHODS: dict[str, Any] = {

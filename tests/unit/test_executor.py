@@ -1,10 +1,12 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nabla as nb
 from nabla import DeviceMesh, ShardingError
 from nabla import executor, program, propagation, reshard, signatures
-from nabla.testing import assert_matches_numpy
+from nabla.testing import assert_matches_numpy, examples, meshes, shapes, specs
 
 MESH = DeviceMesh("m", (2, 2), ("x", "y"))
 
@@ -216,3 +218,79 @@ def test_summands_that_overflow_where_their_sum_does_not_warn_nothing():
             np.float32(3e38) * np.float32(2)
         with pytest.raises(FloatingPointError):
             big * 2
+
+
+@pytest.mark.parametrize("order", ["ab", "ba"])
+def test_a_mixed_add_runs_in_the_order_of_an_operands_blocks(order):
+    """A[dp,-] + B[-,tp]: numpy's loop over the result's [dp,tp] order steps through 16-element rows of both
+    operands; in B's stored order (tp's blocks, each 64 rows of 16) A's rows are the only strided operand. The
+    kernel runs there and the result is that output with its grid axes transposed: each device's block is still
+    contiguous, and later ops read it as any stored value."""
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
+    a[0, 0], b[63, 63], a[7, 9], b[7, 9] = np.nan, np.inf, -0.0, -0.0
+    A, B = nb.tensor(a).shard(MESH24, ["dp", None]), nb.tensor(b).shard(MESH24, [None, "tp"])
+    (x, y), (u, v) = ((A, B), (a, b)) if order == "ab" else ((B, A), (b, a))
+    prog = program.program_for(nb.ops._BINARY["add"], (signatures.sid_of(x), signatures.sid_of(y)), (),
+                               executor.current_strategy(), executor.current_cost_model())
+    assert prog.reorder == (1, 0, 2, 3)
+    with nb.comm_log() as log:
+        out = x + y
+    assert log.events == []
+    assert not out._data.flags.c_contiguous and all(out._data[i, j].flags.c_contiguous
+                                                     for i in range(2) for j in range(4))
+    assert_matches_numpy(out, u + v)
+    # what reads it: an elementwise op, a matmul, a reduction, views, a relayout that moves data, the host
+    assert_matches_numpy(out * out, (u + v) * (u + v))
+    assert_matches_numpy(out @ B, (u + v) @ b, rtol=1e-5, atol=1e-5)
+    assert_matches_numpy(out.sum(1), (u + v).sum(1), rtol=1e-5, atol=1e-5)
+    assert_matches_numpy(out.T.reshape(4, 16, 64), (u + v).T.reshape(4, 16, 64))
+    assert_matches_numpy(out.with_sharding(MESH24, ["tp", "dp"]), u + v)
+    np.testing.assert_array_equal(np.asarray(out), u + v)
+
+
+@given(mesh=meshes(max_axes=3, max_devices=16), data=st.data())
+@settings(max_examples=examples(40))
+def test_elementwise_ops_on_any_two_layouts_equal_numpy(mesh, data):
+    """Two operands on unrelated layouts of a mesh (each kept where it lies, cut locally, or moved): every
+    result, and what reads it, is numpy's at every device."""
+    shape = data.draw(shapes(min_rank=1, max_rank=3, max_dim=8))
+    s1 = data.draw(specs(mesh, shape, partial=False))
+    s2 = data.draw(specs(mesh, shape[data.draw(st.integers(0, len(shape))):], partial=False))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    a = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal(shape[len(shape) - len(s2.dim_specs):]).astype(np.float32)
+    A = nb.tensor(a).shard(mesh, s1.dim_specs, s1.replicated_axes)
+    B = nb.tensor(b).shard(mesh, s2.dim_specs, s2.replicated_axes)
+    for got, want in [(A + B, a + b), (B - A, b - a), (nb.maximum(A, B), np.maximum(a, b))]:
+        assert_matches_numpy(got, want)
+        assert_matches_numpy(got * 2.0, want * np.float32(2.0))
+        assert_matches_numpy(got + A, want + a)
+
+
+@given(shape=shapes(min_rank=1, max_rank=4, max_dim=4).filter(lambda s: 0 not in s), data=st.data())
+@settings(max_examples=examples(200))
+def test_the_strides_of_a_chain_of_views_are_numpys(shape, data):
+    """``program._strides_of`` prices a view chain without making it: its strides are numpy's (over dims of more
+    than one element: a strides of a dim of one is never stepped), and None exactly where numpy's reshape
+    copies."""
+    x = np.zeros(shape, np.float32)
+    chain, view = [], x
+    for _ in range(data.draw(st.integers(1, 3))):
+        if data.draw(st.booleans()):
+            perm = tuple(data.draw(st.permutations(range(view.ndim))))
+            chain.append(("transpose", perm))
+            view = view.transpose(perm)
+        else:
+            n = view.size
+            new = data.draw(st.lists(st.integers(1, 4), max_size=4).filter(lambda s: int(np.prod(s)) == n))
+            chain.append(("reshape", tuple(new)))
+            reshaped = view.reshape(new)
+            if not np.shares_memory(reshaped, x):
+                assert program._strides_of(shape, tuple(chain)) is None
+                return
+            view = reshaped
+    got = program._strides_of(shape, tuple(chain))
+    assert got is not None
+    assert tuple(s for s, n in zip(got, view.shape) if n > 1) == \
+        tuple(s // 4 for s, n in zip(view.strides, view.shape) if n > 1)
