@@ -215,6 +215,9 @@ def link(v: Any, how: Link | None) -> Any:
     if how is not None:
         k = id(v)
         _LINKS[k] = (weakref.ref(v, partial(_LINKS.pop, k)), how)
+        r = _recording.get()
+        if type(r) is Watch:  # made inside nb.checkpoint's forward run (by a differentiation nested in it)
+            r.inside.add(k)
     return v
 
 
@@ -333,8 +336,11 @@ def paused() -> Any:
 def differentiating() -> Iterator[None]:
     """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
     inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate (and the
-    ``.grad`` it leaves is unrecorded when the run ends: ``releasing_grads``)."""
-    with setting(_depth, _depth.get() + 1), releasing_grads():
+    ``.grad`` it leaves is unrecorded when the run ends: ``releasing_grads``). Begun inside ``nb.checkpoint``'s
+    forward run, which records nothing, it records its own ops through a relay of the checkpoint's watch."""
+    r = _recording.get()
+    with setting(_depth, _depth.get() + 1), releasing_grads(), \
+            (setting(_recording, r.relay()) if type(r) is Watch else contextlib.nullcontext()):
         yield
 
 
@@ -386,24 +392,34 @@ def tracked(args) -> bool:
 
 class Watch:
     """``nb.checkpoint``'s forward run: it records nothing, but notes the differentiated values it reads that are
-    not its arguments (tensors its function closes over), so that their gradients are not lost. Inside the run
-    no value it makes is linked, so any operand that is linked is an argument or comes from outside."""
+    not its arguments (tensors its function closes over), so that their gradients are not lost. A differentiation
+    nested in the run (an ``nb.grad`` inside the checkpointed function) records its own ops, for its own backward
+    pass, through a ``relay``: the same notes, but the values linked inside the run (``inside``) are not from
+    outside."""
 
-    __slots__ = ("args", "seen")
+    __slots__ = ("args", "seen", "inside", "records")
 
     def __init__(self, args: Any) -> None:
         self.args = {id(a) for a in args}
         self.seen: dict = {}
+        self.inside: set[int] = set()
+        self.records = False
 
-    def __bool__(self) -> bool:  # as ``paused()`` for everything that asks whether ops are recorded
-        return False
+    def relay(self) -> "Watch":
+        """This watch, for a nested differentiation's forward run: ops are recorded, reads still noted."""
+        r = Watch(())
+        r.args, r.seen, r.inside, r.records = self.args, self.seen, self.inside, True
+        return r
+
+    def __bool__(self) -> bool:  # as ``paused()`` (a relay: ``recorded()``) for everything that asks
+        return self.records
 
     def saw(self, args: Any) -> bool:
         for a in args:
             n = link_of(a)
-            if n is not None and n.diff and id(a) not in self.args:
+            if n is not None and n.diff and id(a) not in self.args and id(a) not in self.inside:
                 self.seen.setdefault(id(a), a)
-        return False
+        return self.records
 
 
 def watching(watch: Watch) -> Any:

@@ -314,6 +314,35 @@ def test_a_cycle_through_a_link_is_collected():
     assert seen[0]() is None
 
 
+MESH22 = DeviceMesh("ck", (2, 2), ("dp", "tp"))
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_gradient_inside_a_checkpoint_equals_jax(sharded):
+    """nb.checkpoint's forward run records nothing; an nb.grad inside it records its own ops (it gave zeros), and
+    what it reads from outside stays differentiable: gradients of it by the checkpoint's argument and by a tensor
+    the checkpointed function closes over are jax's (second order, through the recompute)."""
+    a, wv, c = R.standard_normal((4, 4)), R.standard_normal((4, 2)), R.standard_normal((4, 2))
+    x0, w0 = nb.tensor(a), nb.tensor(wv)
+    if sharded:
+        x0, w0 = x0.shard(MESH22, ["dp", None]), w0.shard(MESH22, [None, "tp"])
+
+    def inner(x):
+        return nb.grad(lambda w: (nb.sin(nb.tanh(x @ w)) ** 2).sum())
+
+    def jinner(x):
+        return jax.grad(lambda w: (jnp.sin(jnp.tanh(x @ w)) ** 2).sum())
+
+    got = nb.checkpoint(inner(x0))(w0)
+    np.testing.assert_allclose(got.numpy(), np.asarray(jinner(a)(wv)), rtol=1e-10, atol=1e-12)
+    by_w = nb.grad(lambda w: (nb.checkpoint(inner(x0))(w) * c).sum())(w0)
+    want_w = jax.grad(lambda w: (jax.checkpoint(jinner(a))(w) * c).sum())(wv)
+    np.testing.assert_allclose(by_w.numpy(), np.asarray(want_w), rtol=1e-9, atol=1e-11)
+    by_x = nb.grad(lambda x: (nb.checkpoint(inner(x))(w0) * c).sum())(x0)
+    want_x = jax.grad(lambda x: (jax.checkpoint(jinner(x))(wv) * c).sum())(a)
+    np.testing.assert_allclose(by_x.numpy(), np.asarray(want_x), rtol=1e-9, atol=1e-11)
+
+
 def test_gradients_outside_any_differentiation_record_nothing():
     """A top-level gradient, value and vjp output carry no trace (nothing keeps the activations alive)."""
     t = nb.tensor(R.standard_normal(3))
