@@ -40,7 +40,9 @@ class Link(NamedTuple):
     for (``softmax`` for the max and sum inside it; "" outside any), as the comm log named it when the link was
     made, so a backward pass names its collectives after it; ``step``, the very ``Step`` the comm log took of the
     op (operands as read, moves, FLOPs, what it keeps), None when no log was open (no reader asks for a step no
-    log took, and building one was a tenth of a differentiated call's cost).
+    log took, and building one was a tenth of a differentiated call's cost); ``tape``, the outermost
+    differentiation running when the link was made (``Tape``; None outside one: the eager ``.trace()`` tape's,
+    or a whole-program trace's, links), which unlinks it when it ends unless a reader after it can reach it.
 
     Given the op's result, a link keeps only the residuals its op declares (``OpDef.saves``): every other
     operand is held as a husk (its shape, layout and link, no data), so the backward pass keeps alive what JAX
@@ -61,6 +63,7 @@ class Link(NamedTuple):
     regather: tuple = ()
     user: str = ""
     step: Step | None = None
+    tape: Any = None
 
     @property
     def name(self) -> str:
@@ -105,7 +108,7 @@ def user() -> str:
 def made(op: Any, params: tuple, prog: Any, keep: tuple, step: Step | None = None) -> Link:
     """The link of a value ``op`` made here, keeping ``keep`` (what ``keeping`` gave); ``step``: the step a comm
     log took of it."""
-    return Link(op, params, prog, _scope.get(), *keep, user(), step)
+    return Link(op, params, prog, _scope.get(), *keep, user(), step, _tape.get())
 
 
 def entry(op: Any, params: tuple = (), args: tuple = (), result: Any = None, prog: Any = None,
@@ -203,19 +206,122 @@ LEAF_LINK = Link(LEAF)  # a traced input of a whole-program trace (``nb.jit``)
 
 #: the tape: ``id`` of a value -> (a weak reference to it, its link). A link lives as long as its value does (it
 #: holds the operands the VJP reads, and they their own links): what the backward pass keeps alive is what the
-#: values the program holds reach. (A value whose ``.grad`` holds a recorded value made from it would be kept by
-#: its own link through this table: ``releasing_grads`` unrecords such a ``.grad`` when its differentiation ends.)
+#: values the program holds reach; and no longer than the outermost differentiation that made it, unless a
+#: reader after that one can reach it (``Tape.end``). (A value whose ``.grad`` holds a recorded value made from it
+#: would be kept by its own link through this table: ``releasing_grads`` unrecords such a ``.grad`` when its
+#: differentiation ends.)
 _LINKS: dict[int, tuple[weakref.ref, Link]] = {}
 
 
 def link(v: Any, how: Link | None) -> Any:
     """Record that ``v`` was made as ``how`` says (nothing when it is None); returns ``v``. The entry goes when
     ``v`` dies: its weak reference's callback pops it (``pop(id, ref)``: a reference replaced by a later link of
-    ``v`` dies first, and calls nothing; an id is reused only after its object's callback ran)."""
+    ``v`` dies first, and calls nothing; an id is reused only after its object's callback ran), or when the
+    differentiation that made ``how`` ends, if nothing after it can read it (``Tape.end``)."""
     if how is not None:
         k = id(v)
-        _LINKS[k] = (weakref.ref(v, partial(_LINKS.pop, k)), how)
+        r = weakref.ref(v, partial(_LINKS.pop, k))
+        _LINKS[k] = (r, how)
+        t = how.tape
+        if t is not None:  # (one test for a link no differentiation made: the eager tape's, a jit trace's)
+            made = t.made
+            if made is not None:
+                made.append((k, r))
     return v
+
+
+class Tape:
+    """The links an outermost differentiation made (``nb.grad``'s call, ``nb.vjp``'s forward run and ``vjp_fn``, a
+    checkpoint's recompute in an eager ``.backward()``) and everything nested in it: ``made``, (id, weak reference)
+    of each value linked to one, in order. Only a backward pass that can still run reads a link; once the outermost
+    differentiation has ended its results carry none, so only values the user kept from inside reach its links.
+    ``end`` unlinks them, except those that depend on a link made outside it (a ``.trace()``d tensor's, which a
+    later ``.backward()`` may reach through a kept value): a cycle closed through one of them (a layer keeping its
+    last output, run under ``nb.checkpoint``: output, link, recompute closure, layer) is the collector's again."""
+
+    __slots__ = ("made",)
+
+    def __init__(self) -> None:
+        self.made: list | None = []
+
+    def end(self) -> None:
+        """Unlink what this differentiation made that no reader after it can reach (once: a link of it made later,
+        on a value it kept, is the eager tape's)."""
+        made, self.made = self.made, None
+        if not made:
+            return
+        need: dict[int, bool] = {}  # id of a link this tape made -> whether it reaches one made outside it
+        gone = []
+        for k, r in made:
+            got = _LINKS.get(k)
+            if got is None or got[0] is not r:  # dead, or linked again later (that entry comes later)
+                continue
+            if not _reaches_outside(got[1], self, need):
+                gone.append((k, r))
+        for k, r in gone:
+            got = _LINKS.get(k)
+            if got is not None and got[0] is r:
+                del _LINKS[k]  # (what only this link held dies now, its own entries going with it)
+
+
+def _reaches_outside(n: Link, tape: Tape, need: dict[int, bool]) -> bool:
+    """Whether link ``n`` of ``tape`` depends, through operands' links, on a link ``tape`` did not make
+    (memoised in ``need``; links are mostly visited in the order they were made, their operands' already known)."""
+    got = need.get(id(n))
+    if got is not None:
+        return got
+    stack, seen = [n], {id(n)}
+    while stack:
+        m = stack[-1]
+        found, todo = False, False
+        for a in m.args:
+            e = _LINKS.get(id(a))
+            if e is None:
+                continue
+            ma = e[1]
+            if ma.tape is not tape:
+                found = True
+                break
+            s = need.get(id(ma))
+            if s:
+                found = True
+                break
+            if s is None and id(ma) not in seen:  # (its operands first: an explicit stack, chains are long)
+                seen.add(id(ma))
+                stack.append(ma)
+                todo = True
+        if found or not todo:
+            need[id(m)] = found
+            stack.pop()
+    return need[id(n)]
+
+
+_tape: contextvars.ContextVar[Tape | None] = contextvars.ContextVar("nabla_tape", default=None)
+
+
+class taping:  # noqa: N801 - used as a function: ``with taping() as tape:``
+    """Inside, links are made for a ``Tape`` (yielded) when this is an outermost differentiation: none is running,
+    nor a trace that reads the links after it (``nb.jit``'s whole program, ``nb.vmap``'s replayed one: there it
+    yields None, and the links are the enclosing trace's or tape's). On exit the tape ends, unless ``end`` is
+    False (``nb.vjp``: its ``vjp_fn`` reads them later; it ends the tape when it dies), or an error ends the block."""
+
+    __slots__ = ("end", "tape", "token")
+
+    def __init__(self, end: bool = True) -> None:
+        self.end, self.tape = end, None
+
+    def __enter__(self) -> Tape | None:
+        if _tape.get() is None and not _depth.get() and not _whole.get():
+            self.tape = Tape()
+            self.token = _tape.set(self.tape)
+        return self.tape
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        t = self.tape
+        if t is not None:
+            _tape.reset(self.token)
+            if self.end or kind is not None:
+                t.end()
 
 
 def link_of(v: Any) -> Link | None:
@@ -361,9 +467,12 @@ def replay_trace() -> Any:
     return setting(_replay, True)
 
 
-def whole() -> Any:
-    """Record everything inside, backward passes included."""
-    return setting(_whole, True)
+@contextlib.contextmanager
+def whole() -> Iterator[None]:
+    """Record everything inside, backward passes included; the links made inside are the trace's (no ``Tape``'s:
+    the trace reads them once its differentiations have ended)."""
+    with setting(_whole, True), setting(_tape, None):
+        yield
 
 
 def linked_any(args) -> bool:
