@@ -54,8 +54,8 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
     when it does (those nothing after it reads)."""
     with taping(end=False) as tape:
         got = _vjp_run(f, primals, has_aux, names, params, bucket_bytes, grad_specs, raw, who)
-        if tape is not None:
-            weakref.finalize(got[1], tape.end)
+        if tape is not None:  # (not at exit: the table goes with the interpreter)
+            weakref.finalize(got[1], tape.end).atexit = False
         return got
 
 

@@ -271,28 +271,25 @@ def _reaches_outside(n: Link, tape: Tape, need: dict[int, bool]) -> bool:
     if got is not None:
         return got
     stack, seen = [n], {id(n)}
-    while stack:
+    while stack:  # (an explicit stack: chains of links are long)
         m = stack[-1]
-        found, todo = False, False
+        found, todo = False, []
         for a in m.args:
             e = _LINKS.get(id(a))
             if e is None:
                 continue
-            ma = e[1]
-            if ma.tape is not tape:
-                found = True
-                break
-            s = need.get(id(ma))
+            s = e[1].tape is not tape or need.get(id(e[1]))
             if s:
                 found = True
                 break
-            if s is None and id(ma) not in seen:  # (its operands first: an explicit stack, chains are long)
-                seen.add(id(ma))
-                stack.append(ma)
-                todo = True
+            if s is None and id(e[1]) not in seen:  # an operand's link not known yet: it first
+                todo.append(e[1])
         if found or not todo:
             need[id(m)] = found
             stack.pop()
+        else:
+            seen.update(map(id, todo))
+            stack += todo
     return need[id(n)]
 
 
