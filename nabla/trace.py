@@ -226,18 +226,19 @@ def link(v: Any, how: Link | None) -> Any:
         if t is not None:  # (one test for a link no differentiation made: the eager tape's, a jit trace's)
             made = t.made
             if made is not None:
-                made.append((k, r))
+                made.append(r)
     return v
 
 
 class Tape:
     """The links an outermost differentiation made (``nb.grad``'s call, ``nb.vjp``'s forward run and ``vjp_fn``, a
-    checkpoint's recompute in an eager ``.backward()``) and everything nested in it: ``made``, (id, weak reference)
-    of each value linked to one, in order. Only a backward pass that can still run reads a link; once the outermost
-    differentiation has ended its results carry none, so only values the user kept from inside reach its links.
-    ``end`` unlinks them, except those that depend on a link made outside it (a ``.trace()``d tensor's, which a
-    later ``.backward()`` may reach through a kept value): a cycle closed through one of them (a layer keeping its
-    last output, run under ``nb.checkpoint``: output, link, recompute closure, layer) is the collector's again."""
+    checkpoint's recompute in an eager ``.backward()``) and everything nested in it: ``made``, the weak reference
+    (its entry's) of each value linked to one, in order. Only a backward pass that can still run reads a link; once
+    the outermost differentiation has ended its results carry none, so only values the user kept from inside reach
+    its links. ``end`` unlinks them, except those that depend on a link made outside it (a ``.trace()``d tensor's,
+    which a later ``.backward()`` may reach through a kept value): a cycle closed through one of them (a layer
+    keeping its last output, run under ``nb.checkpoint``: output, link, recompute closure, layer) is the
+    collector's again."""
 
     __slots__ = ("made",)
 
@@ -252,9 +253,10 @@ class Tape:
             return
         need: dict[int, bool] = {}  # id of a link this tape made -> whether it reaches one made outside it
         gone = []
-        for k, r in made:
+        for r in [r for r in made if r() is not None]:  # (mostly none: a gradient's values have died)
+            k = id(r())
             got = _LINKS.get(k)
-            if got is None or got[0] is not r:  # dead, or linked again later (that entry comes later)
+            if got is None or got[0] is not r:  # linked again later (that entry comes later)
                 continue
             if not _reaches_outside(got[1], self, need):
                 gone.append((k, r))
