@@ -434,6 +434,38 @@ def test_a_cycle_through_a_link_under_vjp_or_jit_is_collected():
     assert seen[1]() is None
 
 
+def test_nested_transforms_match_jax_and_leave_no_links():
+    """grad(vmap), grad(grad(jit)), vmap(grad), jit(grad) and a ``.backward()`` inside ``nb.grad`` give jax's
+    gradients, and once they return (and the jitted function is dropped) no link of theirs is left."""
+    gc.collect()
+    before = set(trace._LINKS)
+    a, wv, xs = R.standard_normal((3, 4)), R.standard_normal((4, 2)), R.standard_normal((5, 3, 4))
+    x, w, txs = nb.tensor(a), nb.tensor(wv), nb.tensor(xs)
+    f = lambda w, xi: (nb.tanh(xi @ w) ** 2).sum()  # noqa: E731
+    jf = lambda w, xi: (jnp.tanh(xi @ w) ** 2).sum()  # noqa: E731
+    jfn = nb.jit(f)
+    cases = [
+        (nb.grad(lambda w: nb.vmap(lambda xi: f(w, xi))(txs).sum())(w),
+         jax.grad(lambda w: jax.vmap(lambda xi: jf(w, xi))(xs).sum())(wv)),
+        (nb.grad(lambda w: (nb.grad(lambda v: jfn(v, x))(w) ** 2).sum())(w),
+         jax.grad(lambda w: (jax.grad(jf)(w, a) ** 2).sum())(wv)),
+        (nb.vmap(nb.grad(f), (None, 0))(w, txs), jax.vmap(jax.grad(jf), (None, 0))(wv, xs)),
+        (nb.jit(nb.grad(f))(w, x), jax.grad(jf)(wv, a)),
+    ]
+
+    def inner(v):
+        u = v.trace()
+        (nb.sin(u * x[:, :2].sum()) ** 2).sum().backward()
+        return (u.grad * v).sum()
+
+    cases.append((nb.grad(inner)(w), jax.grad(
+        lambda v: (jax.grad(lambda u: (jnp.sin(u * a[:, :2].sum()) ** 2).sum())(v) * v).sum())(wv)))
+    for got, want in cases:
+        np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-10, atol=1e-12)
+    del jfn, cases
+    assert not _table_since(before)
+
+
 @pytest.mark.xfail(strict=True, reason="nb.checkpoint's forward run records nothing (its Watch), so an nb.grad "
                                        "inside it records no op and returns zeros (not a tape-lifetime matter)")
 def test_a_gradient_inside_a_checkpoint():
