@@ -204,7 +204,8 @@ def _gathered_from(a: Any) -> Any:
 LEAF_LINK = Link(LEAF)  # a traced input of a whole-program trace (``nb.jit``)
 
 
-#: the tape: ``id`` of a value -> (a weak reference to it, its link). A link lives as long as its value does (it
+#: the tape: ``id`` of a value -> (a weak reference to it, its link), in the order they were linked (a running
+#: ``Tape``'s own entry, ``(None, None)``, marks where its links begin). A link lives as long as its value does (it
 #: holds the operands the VJP reads, and they their own links): what the backward pass keeps alive is what the
 #: values the program holds reach; and no longer than the outermost differentiation that made it, unless a
 #: reader after that one can reach it (``Tape.end``). (A value whose ``.grad`` holds a recorded value made from it
@@ -220,49 +221,42 @@ def link(v: Any, how: Link | None) -> Any:
     differentiation that made ``how`` ends, if nothing after it can read it (``Tape.end``)."""
     if how is not None:
         k = id(v)
-        r = weakref.ref(v, partial(_LINKS.pop, k))
-        _LINKS[k] = (r, how)
-        t = how.tape
-        if t is not None:  # (one test for a link no differentiation made: the eager tape's, a jit trace's)
-            made = t.made
-            if made is not None:
-                made.append(r)
+        _LINKS[k] = (weakref.ref(v, partial(_LINKS.pop, k)), how)
     return v
 
 
 class Tape:
     """The links an outermost differentiation made (``nb.grad``'s call, ``nb.vjp``'s forward run and ``vjp_fn``, a
-    checkpoint's recompute in an eager ``.backward()``) and everything nested in it: ``made``, the weak reference
-    (its entry's) of each value linked to one, in order. Only a backward pass that can still run reads a link; once
-    the outermost differentiation has ended its results carry none, so only values the user kept from inside reach
-    its links. ``end`` unlinks them, except those that depend on a link made outside it (a ``.trace()``d tensor's,
-    which a later ``.backward()`` may reach through a kept value): a cycle closed through one of them (a layer
-    keeping its last output, run under ``nb.checkpoint``: output, link, recompute closure, layer) is the
-    collector's again."""
+    checkpoint's recompute in an eager ``.backward()``) and everything nested in it: ``Link.tape`` names it, and
+    its own entry in the table marks where they begin (entries stay in the order they were made, so no traced op
+    pays for the list). Only a backward pass that can still run reads a link; once the outermost differentiation
+    has ended its results carry none, so only values the user kept from inside reach its links. ``end`` unlinks
+    them, except those that depend on a link made outside it (a ``.trace()``d tensor's, which a later
+    ``.backward()`` may reach through a kept value): a cycle closed through one of them (a layer keeping its last
+    output, run under ``nb.checkpoint``: output, link, recompute closure, layer) is the collector's again."""
 
-    __slots__ = ("made",)
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.made: list | None = []
+        _LINKS[id(self)] = (None, None)  # (no value has its id while it lives)
 
     def end(self) -> None:
-        """Unlink what this differentiation made that no reader after it can reach (once: a link of it made later,
-        on a value it kept, is the eager tape's)."""
-        made, self.made = self.made, None
-        if not made:
+        """Unlink what this differentiation made that no reader after it can reach (once)."""
+        mark = id(self)
+        if mark not in _LINKS:
             return
+        mine = []
+        for k in reversed(_LINKS):  # what was linked since it began: mostly nothing, a gradient's values have died
+            if k == mark:
+                break
+            got = _LINKS[k]
+            if got[1] is not None and got[1].tape is self:
+                mine.append((k, got))
+        del _LINKS[mark]
         need: dict[int, bool] = {}  # id of a link this tape made -> whether it reaches one made outside it
-        gone = []
-        for r in [r for r in made if r() is not None]:  # (mostly none: a gradient's values have died)
-            k = id(r())
-            got = _LINKS.get(k)
-            if got is None or got[0] is not r:  # linked again later (that entry comes later)
-                continue
-            if not _reaches_outside(got[1], self, need):
-                gone.append((k, r))
-        for k, r in gone:
-            got = _LINKS.get(k)
-            if got is not None and got[0] is r:
+        gone = [(k, got) for k, got in reversed(mine) if not _reaches_outside(got[1], self, need)]
+        for k, got in gone:
+            if _LINKS.get(k) is got:
                 del _LINKS[k]  # (what only this link held dies now, its own entries going with it)
 
 
