@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import weakref
 from functools import partial
+from itertools import takewhile
 from typing import Any, Iterator, NamedTuple
 
 from .collectives import _op as _user_op, _phase, _scope
@@ -245,16 +246,17 @@ class Tape:
         mark = id(self)
         if mark not in _LINKS:
             return
+        # what was linked since it began (mostly nothing: a gradient's values have died), read in one C call (no
+        # collection or other thread changes the table under it)
+        since = list(takewhile(mark.__ne__, reversed(_LINKS)))
         mine = []
-        for k in reversed(_LINKS):  # what was linked since it began: mostly nothing, a gradient's values have died
-            if k == mark:
-                break
-            got = _LINKS[k]
-            if got[1] is not None and got[1].tape is self:
+        for k in reversed(since):
+            got = _LINKS.get(k)
+            if got is not None and got[1] is not None and got[1].tape is self:
                 mine.append((k, got))
         del _LINKS[mark]
         need: dict[int, bool] = {}  # id of a link this tape made -> whether it reaches one made outside it
-        gone = [(k, got) for k, got in reversed(mine) if not _reaches_outside(got[1], self, need)]
+        gone = [(k, got) for k, got in mine if not _reaches_outside(got[1], self, need)]
         for k, got in gone:
             if _LINKS.get(k) is got:
                 del _LINKS[k]  # (what only this link held dies now, its own entries going with it)
