@@ -375,6 +375,26 @@ def test_a_vjp_keeps_its_links_while_its_vjp_fn_lives():
     assert link_of(kept[0]) is None and not _table_since(before)
 
 
+def test_a_value_kept_from_a_grad_no_longer_holds_its_residuals():
+    """The memory log counts what is held when it closes: of a gradient call whose intermediate ``a = sin(h)`` the
+    user kept, ``x``, ``w``, the gradient and ``a`` (512 + 2,048 + 2,048 + 512 B a device), not ``h``, which
+    only ``a``'s link kept for the backward pass."""
+    mesh = DeviceMesh("m", (2, 2), ("dp", "tp"))
+    x = nb.tensor(R.standard_normal((8, 16))).shard(mesh, ["dp", None])
+    w = nb.tensor(R.standard_normal((16, 32))).shard(mesh, [None, "tp"])
+    kept = []
+
+    def f(w):
+        a = nb.sin(nb.tanh(x @ w))
+        kept.append(a)
+        return (a * a).sum()
+
+    with nb.memory_log() as mem:
+        g = nb.grad(f)(w)
+        gc.collect()
+    assert g.shape == w.shape and set(mem.live.values()) == {512 + 2048 + 2048 + 512}
+
+
 def test_the_eager_tape_reaches_through_values_kept_from_a_grad():
     """What depends on a ``.trace()``d tensor made outside any transform is the eager tape's: a value kept from
     inside ``nb.grad`` that depends on it keeps its link (a later ``.backward()`` reaches the leaf through it), one
