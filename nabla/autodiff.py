@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any, Callable, Sequence
 
 from . import collectives as C
-from .backprop import Finisher, VjpOp, as_tensor, backward_pass, detach, ones_seed, traced_leaf
+from .backprop import Finisher, VjpOp, as_tensor, backward_pass, detach, ones_seed, topological, traced_leaf
 from .dtypes import is_float
 from .errors import ShardingError
 from .pytree import flatten, leaf_paths, unflatten
 from .sharding import specs_like
 from .tensor import Tensor
 from .trace import (LEAF, Remat, Watch, by_link, differentiating, held_grad, link_of, outer_live, record, recorded,
-                    recording, regathering, remat, swapped, topological, watching)
+                    recording, regathering, remat, swapped, taping, watching)
 
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False):
@@ -48,7 +49,18 @@ def _vjp(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], pa
          who: str = "vjp"):
     """``raw``: the cotangents as the pass leaves them (pending sums pending, None where none reached), for a pass
     nested in another's backward (``nb.checkpoint``'s recompute): the enclosing pass sums each gradient once, at
-    its own leaf, under its parameter's name. ``who``: the call the user made, which errors name."""
+    its own leaf, under its parameter's name. ``who``: the call the user made, which errors name. The links made
+    are the call's when it is the outermost differentiation (``trace.taping``): ``vjp_fn`` reads them, so they go
+    when it does (those nothing after it reads)."""
+    with taping(end=False) as tape:
+        got = _vjp_run(f, primals, has_aux, names, params, bucket_bytes, grad_specs, raw, who)
+        if tape is not None:  # (not at exit: the table goes with the interpreter)
+            weakref.finalize(got[1], tape.end).atexit = False
+        return got
+
+
+def _vjp_run(f: Callable, primals: Sequence, has_aux: bool, names: Sequence[str], params: bool,
+             bucket_bytes: int | None, grad_specs: Sequence[Any] | None, raw: bool, who: str):
     flat, trees, traced, labels = [], [], [], {}
     for i, p in enumerate(primals):
         leaves, tree = flatten(p)
@@ -161,6 +173,10 @@ def _value_and_grad(f: Callable, argnums: int | Sequence[int], has_aux: bool, bu
             return f(*full, **kwargs)
 
         names = arg_names(f, len(args))
+        with taping():  # an outermost differentiation's links go when it returns (those nothing after it reads)
+            return _call(g, args, nums, names)
+
+    def _call(g: Callable, args: tuple, nums: tuple, names: list) -> Any:
         res = _vjp(g, [args[n] for n in nums], has_aux, [names[n % len(args)] for n in nums],
                    bucket_bytes=bucket_bytes, grad_specs=None if grad_specs is None else
                    ((grad_specs,) if single else tuple(grad_specs)), who=name)
@@ -271,10 +287,11 @@ def _recompute_vjp(fn: Callable, tree: Any, leaves: list, diff: list, outer: lis
         again_keep.saved, again_keep.gather = keep.saved, True
         if keep.ops:
             again_keep.replay = iter(keep.saved)
-        with recorded(), remat(again_keep), C.phase("recompute"):
-            _, back = _vjp(again, node.args, False, [f"recompute[{i}]" for i in range(len(node.args))], False,
-                           raw=True)
-        return back(g)
+        with taping():  # (its own tape in an eager ``.backward()``: its links go once its gradients are made)
+            with recorded(), remat(again_keep), C.phase("recompute"):
+                _, back = _vjp(again, node.args, False, [f"recompute[{i}]" for i in range(len(node.args))], False,
+                               raw=True)
+            return back(g)
 
     return vjp_fn
 

@@ -22,7 +22,7 @@ from .spec import ShardingSpec
 from .layout import chunks
 from .tensor import Tensor
 from .trace import (HUSK, LEAF, PLACE, RELAYOUT, Link, by_link, husk, link, link_of, outer_live, paused, record,
-                    recording, topological, tracing_for_replay, tracing_whole)
+                    recording, tracing_for_replay, tracing_whole)
 from .ops import getitem
 from .ops import add
 from .ops import tensor
@@ -40,6 +40,45 @@ def as_tensor(x: Any, what: str) -> Tensor:
     if isinstance(x, (np.ndarray, float, int, np.generic)):
         return tensor(x)
     raise ShardingError(f"{what}: expected a Tensor (or an array), got {type(x).__name__}")
+
+
+def topological(outputs, stop=None, by_link: bool = False) -> list[tuple[Any, Link, tuple]]:
+    """Every tracked value the outputs depend on, operands before the values made from them, each as (value, its
+    link, its operands' names: None for one not linked). A value is named by its ``id``, or with ``by_link`` by
+    its link's (a backward pass's names: a husk is the value it stands for); the operands of values whose name is
+    in ``stop`` are not visited (a backward pass stops at its own leaves)."""
+    order, seen = [], set()
+    stack = []
+    for v in outputs:
+        n = link_of(v)
+        if n is not None:
+            stack.append((v, n))
+    while stack:
+        item = stack.pop()
+        if len(item) == 3:  # its operands are done
+            order.append(item)
+            continue
+        v, n = item
+        k = id(n) if by_link else id(v)
+        if k in seen:
+            continue
+        seen.add(k)
+        names, kids = [], []
+        for a in n.args:  # (each operand's link looked up once: a backward pass reads the names many times)
+            na = link_of(a)
+            if na is None:
+                names.append(None)
+                continue
+            name = id(na) if by_link else id(a)
+            names.append(name)
+            kids.append((a, na, name))
+        stack.append((v, n, tuple(names)))
+        if stop is not None and k in stop:
+            continue
+        for a, na, name in kids:
+            if name not in seen:
+                stack.append((a, na))
+    return order
 
 
 def traced_leaf(t: Tensor, what: str) -> Tensor:

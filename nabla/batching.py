@@ -23,8 +23,8 @@ from .ops.core import apply
 from .rules.core import PASS, Rule
 from .spec import DimSpec, ShardingSpec
 from .tensor import Tensor
-from .trace import (LEAF, PLACE, RELAYOUT, Link, differentiating, entry, link, link_of, recorded, replay_trace,
-                    topological)
+from .backprop import topological
+from .trace import LEAF, PLACE, RELAYOUT, Link, differentiating, entry, link, link_of, recorded, replay_trace
 
 _BATCHED: dict[OpDef, OpDef] = {}
 _LOCK = threading.Lock()

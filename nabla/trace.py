@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import weakref
 from functools import partial
+from itertools import takewhile
 from typing import Any, Iterator, NamedTuple
 
 from .collectives import _op as _user_op, _phase, _scope
@@ -40,7 +41,9 @@ class Link(NamedTuple):
     for (``softmax`` for the max and sum inside it; "" outside any), as the comm log named it when the link was
     made, so a backward pass names its collectives after it; ``step``, the very ``Step`` the comm log took of the
     op (operands as read, moves, FLOPs, what it keeps), None when no log was open (no reader asks for a step no
-    log took, and building one was a tenth of a differentiated call's cost).
+    log took, and building one was a tenth of a differentiated call's cost); ``tape``, the outermost
+    differentiation running when the link was made (``Tape``; None outside one: the eager ``.trace()`` tape's,
+    or a whole-program trace's, links), which unlinks it when it ends unless a reader after it can reach it.
 
     Given the op's result, a link keeps only the residuals its op declares (``OpDef.saves``): every other
     operand is held as a husk (its shape, layout and link, no data), so the backward pass keeps alive what JAX
@@ -61,6 +64,7 @@ class Link(NamedTuple):
     regather: tuple = ()
     user: str = ""
     step: Step | None = None
+    tape: Any = None
 
     @property
     def name(self) -> str:
@@ -105,7 +109,7 @@ def user() -> str:
 def made(op: Any, params: tuple, prog: Any, keep: tuple, step: Step | None = None) -> Link:
     """The link of a value ``op`` made here, keeping ``keep`` (what ``keeping`` gave); ``step``: the step a comm
     log took of it."""
-    return Link(op, params, prog, _scope.get(), *keep, user(), step)
+    return Link(op, params, prog, _scope.get(), *keep, user(), step, _tape.get())
 
 
 def entry(op: Any, params: tuple = (), args: tuple = (), result: Any = None, prog: Any = None,
@@ -201,17 +205,21 @@ def _gathered_from(a: Any) -> Any:
 LEAF_LINK = Link(LEAF)  # a traced input of a whole-program trace (``nb.jit``)
 
 
-#: the tape: ``id`` of a value -> (a weak reference to it, its link). A link lives as long as its value does (it
+#: the tape: ``id`` of a value -> (a weak reference to it, its link), in the order they were linked (a running
+#: ``Tape``'s own entry, ``(None, None)``, marks where its links begin). A link lives as long as its value does (it
 #: holds the operands the VJP reads, and they their own links): what the backward pass keeps alive is what the
-#: values the program holds reach. (A value whose ``.grad`` holds a recorded value made from it would be kept by
-#: its own link through this table: ``releasing_grads`` unrecords such a ``.grad`` when its differentiation ends.)
+#: values the program holds reach; and no longer than the outermost differentiation that made it, unless a
+#: reader after that one can reach it (``Tape.end``). (A value whose ``.grad`` holds a recorded value made from it
+#: would be kept by its own link through this table: ``releasing_grads`` unrecords such a ``.grad`` when its
+#: differentiation ends.)
 _LINKS: dict[int, tuple[weakref.ref, Link]] = {}
 
 
 def link(v: Any, how: Link | None) -> Any:
     """Record that ``v`` was made as ``how`` says (nothing when it is None); returns ``v``. The entry goes when
     ``v`` dies: its weak reference's callback pops it (``pop(id, ref)``: a reference replaced by a later link of
-    ``v`` dies first, and calls nothing; an id is reused only after its object's callback ran)."""
+    ``v`` dies first, and calls nothing; an id is reused only after its object's callback ran), or when the
+    differentiation that made ``how`` ends, if nothing after it can read it (``Tape.end``)."""
     if how is not None:
         k = id(v)
         _LINKS[k] = (weakref.ref(v, partial(_LINKS.pop, k)), how)
@@ -221,10 +229,104 @@ def link(v: Any, how: Link | None) -> Any:
     return v
 
 
+class Tape:
+    """The links an outermost differentiation made (``nb.grad``'s call, ``nb.vjp``'s forward run and ``vjp_fn``, a
+    checkpoint's recompute in an eager ``.backward()``) and everything nested in it: ``Link.tape`` names it, and
+    its own entry in the table marks where they begin (entries stay in the order they were made, so no traced op
+    pays for the list). Once the outermost differentiation has ended only values the user kept from inside reach
+    its links: ``end`` unlinks them, except those depending on a link made outside it (a ``.trace()``d tensor's, a
+    later ``.backward()`` may reach), so a cycle closed through one (a checkpointed layer keeping its last output:
+    output, link, recompute closure, layer) is the collector's again."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        _LINKS[id(self)] = (None, None)  # (no value has its id while it lives)
+
+    def end(self) -> None:
+        """Unlink what this differentiation made that no reader after it can reach (once)."""
+        mark = id(self)
+        if mark not in _LINKS:
+            return
+        # what was linked since it began (mostly nothing: a gradient's values have died), read in one C call (no
+        # collection or other thread changes the table under it)
+        since = list(takewhile(mark.__ne__, reversed(_LINKS)))
+        mine = []
+        for k in reversed(since):
+            got = _LINKS.get(k)
+            if got is not None and got[1] is not None and got[1].tape is self:
+                mine.append((k, got))
+        del _LINKS[mark]
+        need: dict[int, bool] = {}  # id of a link this tape made -> whether it reaches one made outside it
+        gone = [(k, got) for k, got in mine if not _reaches_outside(got[1], self, need)]
+        for k, got in gone:
+            if _LINKS.get(k) is got:
+                del _LINKS[k]  # (what only this link held dies now, its own entries going with it)
+
+
+def _reaches_outside(n: Link, tape: Tape, need: dict[int, bool]) -> bool:
+    """Whether link ``n`` of ``tape`` depends, through operands' links, on a link ``tape`` did not make
+    (memoised in ``need``; links are mostly visited in the order they were made, their operands' already known)."""
+    got = need.get(id(n))
+    if got is not None:
+        return got
+    stack, seen = [n], {id(n)}
+    while stack:  # (an explicit stack: chains of links are long)
+        m = stack[-1]
+        found, todo = False, []
+        for a in m.args:
+            e = _LINKS.get(id(a))
+            if e is None:
+                continue
+            s = e[1].tape is not tape or need.get(id(e[1]))
+            if s:
+                found = True
+                break
+            if s is None and id(e[1]) not in seen:  # an operand's link not known yet: it first
+                todo.append(e[1])
+        if found or not todo:
+            need[id(m)] = found
+            stack.pop()
+        else:
+            seen.update(map(id, todo))
+            stack += todo
+    return need[id(n)]
+
+
+_tape: contextvars.ContextVar[Tape | None] = contextvars.ContextVar("nabla_tape", default=None)
+
+
+class taping:  # noqa: N801 - used as a function: ``with taping() as tape:``
+    """Inside, links are made for a ``Tape`` (yielded) when this is an outermost differentiation: none is running,
+    nor a trace that reads the links after it (``nb.jit``'s whole program, ``nb.vmap``'s replayed one: there it
+    yields None, and the links are the enclosing trace's or tape's). On exit the tape ends, unless ``end`` is
+    False (``nb.vjp``: its ``vjp_fn`` reads them later; it ends the tape when it dies), or an error ends the block."""
+
+    __slots__ = ("end", "tape", "token")
+
+    def __init__(self, end: bool = True) -> None:
+        self.end, self.tape = end, None
+
+    def __enter__(self) -> Tape | None:
+        if _tape.get() is None and not _depth.get() and not _whole.get():
+            self.tape = Tape()
+            self.token = _tape.set(self.tape)
+        return self.tape
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        t = self.tape
+        if t is not None:
+            _tape.reset(self.token)
+            if self.end or kind is not None:
+                t.end()
+
+
 def link_of(v: Any) -> Link | None:
     """How ``v`` was made, when it depends on a traced value (else None)."""
     got = _LINKS.get(id(v))
     return None if got is None else got[1]
+
+
 _regather: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_regather", default=False)
 _recording: contextvars.ContextVar[Any] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
@@ -336,8 +438,7 @@ def paused() -> Any:
 def differentiating() -> Iterator[None]:
     """Marks the forward run of a function being differentiated (``nb.vjp``'s ``f``): a backward pass run
     inside it (a gradient of a gradient) must record its own ops, for the outer pass to differentiate (and the
-    ``.grad`` it leaves is unrecorded when the run ends: ``releasing_grads``). Begun inside ``nb.checkpoint``'s
-    forward run, which records nothing, it records its own ops through a relay of the checkpoint's watch."""
+    ``.grad`` it leaves is unrecorded when the run ends: ``releasing_grads``); inside a checkpoint's, a relay."""
     r = _recording.get()
     with setting(_depth, _depth.get() + 1), releasing_grads(), \
             (setting(_recording, r.relay()) if type(r) is Watch else contextlib.nullcontext()):
@@ -367,9 +468,12 @@ def replay_trace() -> Any:
     return setting(_replay, True)
 
 
-def whole() -> Any:
-    """Record everything inside, backward passes included."""
-    return setting(_whole, True)
+@contextlib.contextmanager
+def whole() -> Iterator[None]:
+    """Record everything inside, backward passes included; the links made inside are the trace's (no ``Tape``'s:
+    the trace reads them once its differentiations have ended)."""
+    with setting(_whole, True), setting(_tape, None):
+        yield
 
 
 def linked_any(args) -> bool:
@@ -392,10 +496,8 @@ def tracked(args) -> bool:
 
 class Watch:
     """``nb.checkpoint``'s forward run: it records nothing, but notes the differentiated values it reads that are
-    not its arguments (tensors its function closes over), so that their gradients are not lost. A differentiation
-    nested in the run (an ``nb.grad`` inside the checkpointed function) records its own ops, for its own backward
-    pass, through a ``relay``: the same notes, but the values linked inside the run (``inside``) are not from
-    outside."""
+    not its arguments (tensors its function closes over), so that their gradients are not lost. An ``nb.grad``
+    nested in the run records its own ops through a ``relay``: the same notes, but not of values linked inside."""
 
     __slots__ = ("args", "seen", "inside", "records")
 
@@ -430,46 +532,6 @@ def watching(watch: Watch) -> Any:
 def swapped(swap: dict) -> Any:
     """Links made inside read the value ``swap[id(v)]`` wherever an operand is ``v``."""
     return setting(_swap, swap or None)
-
-
-def topological(outputs, stop=None, by_link: bool = False) -> list[tuple[Any, Link, tuple]]:
-    """Every tracked value the outputs depend on, operands before the values made from them, each as (value, its
-    link, its operands' names: None for one not linked). A value is named by its ``id``, or with ``by_link`` by
-    its link's (a backward pass's names: a husk is the value it stands for); the operands of values whose name is
-    in ``stop`` are not visited (a backward pass stops at its own leaves)."""
-    links = _LINKS
-    order, seen = [], set()
-    stack = []
-    for v in outputs:
-        got = links.get(id(v))
-        if got is not None:
-            stack.append((v, got[1]))
-    while stack:
-        item = stack.pop()
-        if len(item) == 3:  # its operands are done
-            order.append(item)
-            continue
-        v, n = item
-        k = id(n) if by_link else id(v)
-        if k in seen:
-            continue
-        seen.add(k)
-        names, kids = [], []
-        for a in n.args:  # (each operand's link looked up once: a backward pass reads the names many times)
-            got = links.get(id(a))
-            if got is None:
-                names.append(None)
-                continue
-            name = id(got[1]) if by_link else id(a)
-            names.append(name)
-            kids.append((a, got[1], name))
-        stack.append((v, n, tuple(names)))
-        if stop is not None and k in stop:
-            continue
-        for a, na, name in kids:
-            if name not in seen:
-                stack.append((a, na))
-    return order
 
 
 def by_link(v: Any) -> int | None:
