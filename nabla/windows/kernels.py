@@ -189,8 +189,10 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
         taps, shape = tuple(range(2 + nd, 2 + 2 * nd)), (C,) + kernel  # C, then the taps
     runs = _runs(v, out, res, nl)
     # a folded 1x1 stride-1 conv on a channels-first input (a folded conv's output): its columns are the input
+    # as it is, unless the conv widens its channels and has a bias (then copied with a row of ones, see below)
     plain = K == 1 and all(s == 1 for s in stride) and groups == 1
-    direct = fold and plain and _as_view(np.moveaxis(v, nl, 0), (C, L * P)) is not None
+    direct = (fold and plain and (bias is None or C > O)
+              and _as_view(np.moveaxis(v, nl, 0), (C, L * P)) is not None)
     # a folded chunk has at least as many columns as the weight has rows: each chunk's GEMM reads all of it
     n = _chunk((C * K + O) * P, dtype.itemsize, -(-max(_THIN, O) // P) if fold else 1)
     spatial = tuple(range(2, 2 + nd))
