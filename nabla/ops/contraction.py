@@ -34,10 +34,9 @@ def _matmul_kernel(arrays, local):
         b = b.reshape(b.shape[:G] + (1,) * (batch - (b.ndim - G - 2)) + b.shape[G:])
     xp = np if type(a) is np.ndarray and type(b) is np.ndarray else _xp(a, b)
     if xp is np and rank > 2 and b.shape[:-2] == (1,) * (rank - 2) and a.size and \
-            a.shape[-2] < a.size // a.shape[-1]:
+            a.shape[-2] < a.size // a.shape[-1] and a.flags.c_contiguous:
         # one matrix for every device and batch entry (a Gemm's weight): one GEMM over all rows of ``a``, where
-        # numpy's batched matmul reads the whole weight again for each batch entry (``a`` copied into rows when
-        # its strides do not merge: a channels-first block, as a folded conv makes; a copy of it costs less)
+        # numpy's batched matmul reads the whole weight again for each batch entry
         out = np.matmul(*_wide(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])))
         return out.reshape(a.shape[:-1] + out.shape[-1:])
     if xp is np and a.dtype.kind != "V" and b.dtype.kind != "V":  # (the usual case: no operand to widen)

@@ -269,15 +269,6 @@ def _is_identity(h: Halo, pad_lo: int, kernel: int, stride: int, dilation: int) 
             and (h.n_out - 1) * stride + _span(kernel, dilation) <= h.n_in)
 
 
-def _empty_as(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """An empty array of ``shape`` with ``x``'s order of dims in memory (a channels-first block stays so): the
-    copies into it then run along the same strides as they read."""
-    order = sorted(range(x.ndim), key=lambda i: -x.strides[i])  # outermost first; ties keep their order
-    if order == list(range(x.ndim)):
-        return np.empty(shape, dtype=x.dtype)
-    return np.empty([shape[i] for i in order], dtype=x.dtype).transpose(np.argsort(order))
-
-
 def extend_many(x: np.ndarray, G: int, dims: Sequence[tuple], fill: float = 0) -> np.ndarray:
     """:func:`extend` along several block dims at once (numpy blocks): one buffer of the windows' shape, into
     which each device's rows (its own and its halo) are copied by slices, and the rest set to ``fill``. Each
@@ -305,7 +296,7 @@ def extend_many(x: np.ndarray, G: int, dims: Sequence[tuple], fill: float = 0) -
             key[d] = slice(h.lo[0], h.lo[0] + h.width)
         return x[tuple(key)]
     plans = [(d, ga, sizes, copy_plan(h), step) for d, ga, sizes, h, step in plans]
-    out = _empty_as(x, shape)
+    out = np.empty(shape, dtype=x.dtype)
     full = (slice(None),) * x.ndim
 
     def devices(key: list, grid_axes, sizes, p0: int, p1: int) -> bool:

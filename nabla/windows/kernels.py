@@ -102,7 +102,7 @@ def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | Non
         b1 = None if bias is None else bias.reshape(O)
         if not live:
             return _conv_block(x, w1, stride, dilation, groups, dtype, None, b1, relu, res)
-        out = _new_out(grid + (N,), O, outs, dtype, _folds(prod(outs), prod(grid) * N))
+        out = np.empty(grid + (N, O) + outs, dtype)
         key = [slice(None)] * G
         for a, n in live:
             dead = [slice(None)] * G
@@ -120,21 +120,6 @@ def conv(x: np.ndarray, w: np.ndarray, G: int, stride: int | Sequence[int] | Non
         bi = None if bias is None else bias[tuple(j if s > 1 else 0 for j, s in zip(i, gb))]
         _conv_block(xi, wi, stride, dilation, groups, dtype, out[i], bi, relu, None if res is None else res[i])
     return out
-
-
-def _folds(P: int, L: int) -> bool:
-    """Whether :func:`_conv_block` folds ``L`` images of ``P`` output positions into one GEMM's columns."""
-    return P < _THIN and L > 1
-
-
-def _new_out(lead: tuple[int, ...], O: int, outs: tuple[int, ...], dtype: np.dtype,
-             channels_first: bool) -> np.ndarray:
-    """An empty ``(*lead, O, *outs)`` output; with ``channels_first`` laid out as ``(O, *lead, *outs)`` (a
-    transposed view), as a folded GEMM makes it: its result is then written in place, not transposed into
-    a copy, and a folded 1x1 conv after it reads it as its columns as it is."""
-    if not channels_first:
-        return np.empty(lead + (O,) + outs, dtype)
-    return np.moveaxis(np.empty((O,) + lead + outs, dtype), 0, len(lead))
 
 
 def _as_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -174,11 +159,9 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
     outs = tuple((n - sp) // s + 1 for n, sp, s in zip(x.shape[nl + 1:], spans, stride))
     P = prod(outs)
     x = x.astype(dtype, copy=False)
-    wino = winograd.fits(kernel, stride, dilation, groups, C, O, outs, dtype)
-    fold = not wino and _folds(P, L)
     if out is None:
-        out = _new_out(lead, O, outs, dtype, fold)
-    if wino:
+        out = np.empty(lead + (O,) + outs, dtype)
+    if winograd.fits(kernel, stride, dilation, groups, C, O, outs, dtype):
         return winograd.conv(_runs(x, out, res, nl), w, bias, relu, res is not None, dtype, out)
     if K == 1:  # a 1x1 conv reads a strided sub-grid: the view is its own im2col
         v = x[(Ellipsis,) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(outs, stride))]
@@ -188,18 +171,14 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
         v = v[(Ellipsis,) + tuple(slice(None, None, s) for s in stride) + tuple(slice(None, None, d) for d in dilation)]
         taps, shape = tuple(range(2 + nd, 2 + 2 * nd)), (C,) + kernel  # C, then the taps
     runs = _runs(v, out, res, nl)
-    # a folded 1x1 stride-1 conv on a channels-first input (a folded conv's output): its columns are the input
-    # as it is, unless the conv widens its channels and has a bias (then copied with a row of ones, see below)
-    plain = K == 1 and all(s == 1 for s in stride) and groups == 1
-    direct = (fold and plain and (bias is None or C > O)
-              and _as_view(np.moveaxis(v, nl, 0), (C, L * P)) is not None)
+    fold = P < _THIN and L > 1
     # a folded chunk has at least as many columns as the weight has rows: each chunk's GEMM reads all of it
     n = _chunk((C * K + O) * P, dtype.itemsize, -(-max(_THIN, O) // P) if fold else 1)
     spatial = tuple(range(2, 2 + nd))
     # the bias as the GEMM's: where the cols are copied anyway (folded, an im2col, a strided 1x1), or where
     # copying them costs less than the pass over the output it saves (a 1x1 conv that widens its channels)
-    copied = (fold and not direct) or not plain
-    ones = bias is not None and groups == 1 and not direct and (copied or C <= O)
+    copied = fold or K > 1 or any(s != 1 for s in stride) or groups > 1
+    ones = bias is not None and groups == 1 and (copied or C <= O)
     wm = gemm_weight(w, bias if ones else None, dtype).reshape(groups, O // groups, -1)
     # a bias the GEMM does not add: added as a whole (O, *out) plane, which numpy's vectorised loop takes
     # (a bias broadcast along the rows ran 2x slower)
@@ -207,8 +186,8 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
                                                           (O,) + outs).copy()
     rows = C * K + ones  # of the cols: the taps of every input channel, then the row of ones
     if fold:  # cols (C, *K, n, *out): the chunk's images are the GEMM's columns
-        buf = None if direct else np.empty((rows, n * P), dtype)
-        ybuf = None
+        buf = np.empty((rows, n * P), dtype)
+        ybuf = np.empty((groups, O // groups, n * P), dtype)
         src_order = (1,) + taps + (0,) + spatial
     elif copied or ones:  # cols (n, C, *K, *out): one GEMM per image (numpy batches them)
         buf = np.empty((n, rows, P), dtype)
@@ -222,24 +201,13 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
             src, dst = vr[i:i + n], orr[i:i + n]
             m = src.shape[0]
             if fold:
-                if direct:
-                    cols = _as_view(src.transpose((1, 0) + spatial), (C, m * P))
-                else:
-                    cols = buf[:, :m * P]
-                    cols[:C * K].reshape(shape + (m,) + outs)[...] = src.transpose(src_order)
-                # the chunk of a channels-first output is the GEMM's (O, m*P) result as it is
-                y = _as_view(dst.transpose((1, 0) + spatial), (groups, O // groups, m * P))
-                inplace = y is not None
-                if not inplace:
-                    ybuf = np.empty((groups, O // groups, n * P), dtype) if ybuf is None else ybuf
-                    y = ybuf[..., :m * P]
+                cols = buf[:, :m * P]
+                cols[:C * K].reshape(shape + (m,) + outs)[...] = src.transpose(src_order)
+                y = ybuf[..., :m * P]
                 np.matmul(wm, cols.reshape(groups, -1, m * P), out=y)
                 y = y.reshape((O, m) + outs)
                 if b is not None:  # on the GEMM's contiguous result: faster than in the transposing copy
                     np.add(y, b[:, None], out=y, casting="unsafe")
-                if inplace:  # the epilogue in the output's own order
-                    finish(y, None if res is None else rr[i:i + n].transpose((1, 0) + spatial), relu)
-                    continue
                 dst[...] = y.transpose((1, 0) + spatial)
             else:
                 if buf is None:
