@@ -208,13 +208,7 @@ def _conv_block(x: np.ndarray, w: np.ndarray, stride: tuple[int, ...], dilation:
                 y = y.reshape((O, m) + outs)
                 if b is not None:  # on the GEMM's contiguous result: faster than in the transposing copy
                     np.add(y, b[:, None], out=y, casting="unsafe")
-                yt = y.transpose((1, 0) + spatial)
-                if res is None:
-                    dst[...] = yt
-                else:  # the transposing copy adds the residual: one pass over the chunk where a copy and an add made two
-                    np.add(yt, rr[i:i + n], out=dst, casting="unsafe")
-                finish(dst, None, relu)
-                continue
+                dst[...] = y.transpose((1, 0) + spatial)
             else:
                 if buf is None:
                     cols = src.reshape(m, groups, Cg, P)  # the 1x1 stride-1 case: the input as it is (a view)
