@@ -548,14 +548,22 @@ def run_kept(model: Any, inputs: Mapping[str, Any], mesh: DeviceMesh | None, kep
         if meshes:  # sharded inputs bring their mesh
             mesh = meshes.pop()
     config_id, mesh = pick_config(model, mesh)
-    prog = Program(model, config_id)
-    inits = {i.name for i in graph.initializer}
-    missing = [n for n in declared if n not in inputs and n not in inits]
-    if missing:
-        raise ShardingError(f"graph inputs {missing} are not given (and have no initializer)")
     given = set(inputs)
-    w = _Runner(prog, mesh, foldable(model, given=given),
-                None if kept is None else kept.setdefault((mesh, config_id, frozenset(given)), {}))
+    session = None if kept is None else kept.setdefault((mesh, config_id, frozenset(given)), {})
+    # the checked program and the norms that fold depend on the model, the configuration and the inputs given
+    # only: kept with the session (under a tuple key, apart from its initializer names and node indices)
+    if session is not None and ("program",) in session:
+        prog, folds = session[("program",)]
+    else:
+        prog = Program(model, config_id)
+        inits = {i.name for i in graph.initializer}
+        missing = [n for n in declared if n not in inputs and n not in inits]
+        if missing:
+            raise ShardingError(f"graph inputs {missing} are not given (and have no initializer)")
+        folds = foldable(model, given=given)
+        if session is not None:
+            session[("program",)] = (prog, folds)
+    w = _Runner(prog, mesh, folds, session)
     w.precheck()
     with quiet():
         w.load_initializers()
