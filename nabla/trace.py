@@ -43,7 +43,9 @@ class Link(NamedTuple):
     op (operands as read, moves, FLOPs, what it keeps), None when no log was open (no reader asks for a step no
     log took, and building one was a tenth of a differentiated call's cost); ``tape``, the outermost
     differentiation running when the link was made (``Tape``; None outside one: the eager ``.trace()`` tape's,
-    or a whole-program trace's, links), which unlinks it when it ends unless a reader after it can reach it.
+    or a whole-program trace's, links), which unlinks it when it ends unless a reader after it can reach it;
+    ``shadow``, made where eager runs unrecorded (a backward pass) and linked only because ``nb.jit`` traces the
+    whole program: the value is, for everything but compiling, an untraced one (``gathered_copy``).
 
     Given the op's result, a link keeps only the residuals its op declares (``OpDef.saves``): every other
     operand is held as a husk (its shape, layout and link, no data), so the backward pass keeps alive what JAX
@@ -65,6 +67,7 @@ class Link(NamedTuple):
     user: str = ""
     step: Step | None = None
     tape: Any = None
+    shadow: bool = False
 
     @property
     def name(self) -> str:
@@ -109,7 +112,7 @@ def user() -> str:
 def made(op: Any, params: tuple, prog: Any, keep: tuple, step: Step | None = None) -> Link:
     """The link of a value ``op`` made here, keeping ``keep`` (what ``keeping`` gave); ``step``: the step a comm
     log took of it."""
-    return Link(op, params, prog, _scope.get(), *keep, user(), step, _tape.get())
+    return Link(op, params, prog, _scope.get(), *keep, user(), step, _tape.get(), _recording.get() is SHADOW)
 
 
 def entry(op: Any, params: tuple = (), args: tuple = (), result: Any = None, prog: Any = None,
@@ -330,6 +333,7 @@ def link_of(v: Any) -> Link | None:
 _regather: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_regather", default=False)
 _recording: contextvars.ContextVar[Any] = contextvars.ContextVar("nabla_recording", default=True)
 _whole: contextvars.ContextVar[bool] = contextvars.ContextVar("nabla_trace_whole", default=False)
+SHADOW = "shadow"  # ``_recording`` where eager records nothing but a whole-program trace records all (``Link.shadow``)
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("nabla_differentiating", default=0)
 
 
@@ -371,7 +375,8 @@ def gathered_copy(v: Any) -> str | None:
     of a float32 weight: FSDP gathers each weight again), nor an untraced value's (nothing says when its later
     uses end)."""
     node = link_of(v)
-    if node is None:  # untraced: kept only inside one imported program (nb.import_jax), not for its parameters
+    if node is None or node.shadow:  # untraced (as eager has it): kept only inside one imported program
+        # (nb.import_jax), not for its parameters
         state = _program.get()
         if state is None or id(v) in state[0]:
             return None
@@ -430,8 +435,8 @@ def recorded() -> Any:
 
 def paused() -> Any:
     """Ops inside are not recorded (a backward pass that does not need its own gradients), unless a whole
-    program is being traced (``nb.jit`` compiles the backward pass too)."""
-    return contextlib.nullcontext() if _whole.get() else setting(_recording, False)
+    program is being traced (``nb.jit`` compiles the backward pass too: recorded as ``SHADOW``)."""
+    return setting(_recording, SHADOW if _whole.get() else False)
 
 
 @contextlib.contextmanager

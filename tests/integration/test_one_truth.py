@@ -95,14 +95,13 @@ def _rand(seed, shape=(5, 3, 6)):
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
-@pytest.mark.xfail(strict=True, reason="nb.jit's whole-program trace links the backward pass's values, so a "
-                                       "cotangent keeps its gathered copy (trace.gathered_copy) for its second use; "
-                                       "eager does not link them and gathers it again")
 def test_a_cotangent_used_twice_is_gathered_as_often_in_jit_as_in_eager():
     """Found by the thorough run: the gradient of (reshape(x * o, (2, 3)) -> -, -, exp) * w summed, x and o of 6
     elements on x=4 (padded): the cotangent reaching x * o feeds both products' backward. Eager gathers it for each
-    (x:(1)2 then x, twice); the jit trace keeps the first gather on the cotangent and reuses it. One of the two
-    must change (the jit's program rewrites would name a repeated gather "duplicate")."""
+    (x:(1)2, 12 B, twice: an untraced value keeps no gathered copy); the jit trace, which links the backward
+    pass's values to compile them, kept the first gather on the cotangent and reused it. Such links are shadows
+    (``trace.SHADOW``): what eager does not trace keeps no copy there either, and the jit program's rewrites
+    remove the repeated gather (as XLA's CSE would)."""
     mesh = nb.DeviceMesh("m", (4, 1), ("x", "y"))
     x, o = (nb.tensor(_rand(s, (6,))).shard(mesh, [("x", "y")]) for s in (3, 4))
     w = _rand(5, (2, 3))
@@ -112,7 +111,11 @@ def test_a_cotangent_used_twice_is_gathered_as_often_in_jit_as_in_eager():
 
     with nb.comm_log() as eager:
         fn(x, o)
-    assert _moves(nb.jit(fn).lower(x, o).recorded.events) == _moves(eager.events)
+    lowered = nb.jit(fn).lower(x, o)
+    assert _moves(lowered.recorded.events) == _moves(eager.events)
+    assert [(r.reason, r.event.kind, r.event.bytes) for r in lowered.comm_log.removed] == \
+        [("repeated", "all_gather", 12)]  # the cotangent's second gather (the 24 B ones gather x and o)
+    assert_hlo_is_the_log(lowered)
 
 
 def test_astype_to_its_own_dtype_keeps_a_pending_sum_pending():
