@@ -289,7 +289,7 @@ def llama(res: dict) -> Table | None:
     out = []
     if m:
         kinds = [k for k in ("params", "grads", "optimizer", "activations", "temporaries", "comm", "peak")
-                 if k in m["bytes"]["float32"]]
+                 if k in m["ratio"]]  # (a kind no device holds in float32 has no ratio)
         out.append("Per-device memory of one DP x TP step (`nb.memory_log()`, the most bytes of each kind a device "
                    "holds at once), float32 against bf16 (Adam with a float32 master copy): " + "; ".join(
                        f"{k} {m['bytes']['float32'][k]:,} B against {m['bytes']['bfloat16'][k]:,} B "
