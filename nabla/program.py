@@ -318,10 +318,8 @@ def _kernel_order(views: tuple, stored: tuple, G: int, out_grid: tuple[int, ...]
     either way. The views with the order's transpose appended, and the transpose taking the kernel's output
     to the result as stored (None: none)."""
     same = tuple(range(len(out_grid)))
-    held = []  # per operand seen through its view: its shape and strides (None: a scalar, or a copying view)
-    for v, st in zip(views, stored):
-        strides = None if v is False else _strides_of(st, v or ())
-        held.append(None if strides is None else (_shape_of(st, v or ()), strides))
+    # per operand seen through its view: its shape and strides (None: a scalar, or a copying view)
+    held = [None if v is False else _viewed(st, v or ()) for v, st in zip(views, stored)]
     orders = {same}
     for h in held:
         if h is not None:
@@ -362,16 +360,9 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _shape_of(stored: tuple[int, ...], chain: tuple) -> tuple[int, ...]:
-    shape = stored
-    for kind, arg in chain:
-        shape = arg if kind == "reshape" else tuple(shape[a] for a in arg)
-    return shape
-
-
-def _strides_of(stored: tuple[int, ...], chain: tuple) -> tuple[int, ...] | None:
-    """The strides, in elements, of ``chain``'s view of C-contiguous blocks of shape ``stored`` (as placing and
-    kernels lay them out), or None when a reshape in it would copy."""
+def _viewed(stored: tuple[int, ...], chain: tuple) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The shape and strides, in elements, of ``chain``'s view of C-contiguous blocks of shape ``stored`` (as
+    placing and kernels lay them out), or None when a reshape in it would copy."""
     shape, strides = stored, _c_strides(stored)
     for kind, arg in chain:
         if kind == "transpose":
@@ -381,7 +372,7 @@ def _strides_of(stored: tuple[int, ...], chain: tuple) -> tuple[int, ...] | None
         if strides is None:
             return None
         shape = arg
-    return strides
+    return shape, strides
 
 
 def _view_strides(shape: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]) -> tuple[int, ...] | None:

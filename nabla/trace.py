@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import weakref
 from functools import partial
 from itertools import takewhile
@@ -112,7 +113,11 @@ def user() -> str:
 def made(op: Any, params: tuple, prog: Any, keep: tuple, step: Step | None = None) -> Link:
     """The link of a value ``op`` made here, keeping ``keep`` (what ``keeping`` gave); ``step``: the step a comm
     log took of it."""
-    return Link(op, params, prog, _scope.get(), *keep, user(), step, _tape.get(), _recording.get() is SHADOW)
+    r = _recording.get()
+    n = Link(op, params, prog, _scope.get(), *keep, user(), step, _tape.get(), r is SHADOW)
+    if type(r) is Watch:  # made inside nb.checkpoint's forward run (by a differentiation nested in it)
+        r.inside.add(id(n))
+    return n
 
 
 def entry(op: Any, params: tuple = (), args: tuple = (), result: Any = None, prog: Any = None,
@@ -226,9 +231,6 @@ def link(v: Any, how: Link | None) -> Any:
     if how is not None:
         k = id(v)
         _LINKS[k] = (weakref.ref(v, partial(_LINKS.pop, k)), how)
-        r = _recording.get()
-        if type(r) is Watch:  # made inside nb.checkpoint's forward run (by a differentiation nested in it)
-            r.inside.add(k)
     return v
 
 
@@ -502,7 +504,8 @@ def tracked(args) -> bool:
 class Watch:
     """``nb.checkpoint``'s forward run: it records nothing, but notes the differentiated values it reads that are
     not its arguments (tensors its function closes over), so that their gradients are not lost. An ``nb.grad``
-    nested in the run records its own ops through a ``relay``: the same notes, but not of values linked inside."""
+    nested in the run records its own ops through a ``relay``: the same notes, but not of values whose link was
+    made inside (``inside``: the links' ids, noted by ``made``)."""
 
     __slots__ = ("args", "seen", "inside", "records")
 
@@ -514,8 +517,8 @@ class Watch:
 
     def relay(self) -> "Watch":
         """This watch, for a nested differentiation's forward run: ops are recorded, reads still noted."""
-        r = Watch(())
-        r.args, r.seen, r.inside, r.records = self.args, self.seen, self.inside, True
+        r = copy.copy(self)  # (the same args, seen and inside)
+        r.records = True
         return r
 
     def __bool__(self) -> bool:  # as ``paused()`` (a relay: ``recorded()``) for everything that asks
@@ -524,7 +527,7 @@ class Watch:
     def saw(self, args: Any) -> bool:
         for a in args:
             n = link_of(a)
-            if n is not None and n.diff and id(a) not in self.args and id(a) not in self.inside:
+            if n is not None and n.diff and id(a) not in self.args and id(n) not in self.inside:
                 self.seen.setdefault(id(a), a)
         return self.records
 

@@ -37,6 +37,15 @@ def _stage(mt, row, kind, layers=2):
     return mt.stage_program(row, kind, mesh, lay.microbatch, layers), cluster, lay
 
 
+def _logged(mt, billions, kind, layers=2):
+    """One microbatch of the row's stage ``kind`` run abstractly under a comm log: (its log, the row, its layout)."""
+    row = _row(mt, billions)
+    stage, _, lay = _stage(mt, row, kind, layers)
+    with nb.comm_log() as log:
+        stage.fn(*stage.args)
+    return log, row, lay
+
+
 def test_layouts_follow_megatrons_scripts(mt):
     got = {r.params_billion: mt.layout(r) for r in mt.ROWS}
     # microbatch sizes of run_table_1.sh; dp = n / (t p); m = B / (dp b)
@@ -56,10 +65,7 @@ def test_layouts_follow_megatrons_scripts(mt):
 def test_recorded_matmul_flops_are_the_papers_eq3(mt, billions):
     # per layer and device, forward + recomputed forward + backward: 96 b s h^2 (1 + s/(6h)) / t (eq. 3's layer
     # term); the output layer: 6 b s h V / t (its V/(16 l h) term, forward and backward, not recomputed)
-    row = _row(mt, billions)
-    stage, _, lay = _stage(mt, row, "last")
-    with nb.comm_log() as log:
-        stage.fn(*stage.args)
+    log, row, lay = _logged(mt, billions, "last")
     layers = sum(s.flops for s in log.steps if s.name in mt.MATMUL_OPS and s.layer.startswith("layer"))
     output = sum(s.flops for s in log.steps if s.name in mt.MATMUL_OPS and s.layer == "output")
     b, s, h, t = lay.microbatch, mt.SEQ, row.hidden, lay.tp
@@ -74,10 +80,7 @@ def test_smallest_gemm_is_the_attention_scores(mt, billions):
     # docs/planning.md: a GEMM efficiency by FLOPs per kernel cannot single out the 1.7B row: its smallest GEMM,
     # the attention scores' 2 b s^2 h / t, is 309 GFLOP, above the top size row of Calculon's table (128 GFLOP),
     # where the 18.4B row's is 52 GFLOP
-    row = _row(mt, billions)
-    stage, _, lay = _stage(mt, row, "whole")
-    with nb.comm_log() as log:
-        stage.fn(*stage.args)
+    log, row, lay = _logged(mt, billions, "whole")
     smallest = min(s.flops for s in log.steps if s.name in mt.MATMUL_OPS)
     assert smallest == 2 * lay.microbatch * mt.SEQ**2 * row.hidden // lay.tp
     assert (smallest >= 128 * 10**9) == (billions == 1.7)
@@ -88,10 +91,7 @@ def test_megatron_collectives_per_layer(mt):
     # Megatron-LM; the recomputed forward has one (Megatron-LM's has two: nabla never sums the recomputed
     # layer's output, which the backward pass does not read); the gradients are summed over dp once each, by the
     # enclosing backward pass, labelled as gradient reductions (the schedule overlaps them)
-    row = _row(mt, 39.1)
-    stage, _, lay = _stage(mt, row, "middle", layers=1)
-    with nb.comm_log() as log:
-        stage.fn(*stage.args)
+    log, row, lay = _logged(mt, 39.1, "middle", layers=1)
     act = 2 * (lay.tp - 1) * lay.microbatch * mt.SEQ * row.hidden * 2 // lay.tp
     big = [(s.phase, e.kind, e.axes) for s in log.steps for e in s.events if e.bytes == act]
     assert sorted(big) == sorted([(ph, "all_reduce", ("tp",)) for ph in ("forward", "forward", "recompute",
