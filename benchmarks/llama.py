@@ -16,7 +16,12 @@ Adam update, the loss reduced to a host float. Three parts:
   on the same 8 XLA host devices. Target: time <= 1.1x, and collective bytes per device read from each
   compiled HLO (``tests/integration/xla_harness.py``) no more than XLA's.
 * memory: ``nb.memory_log()`` of one DP x TP step, bf16 (float32 master copy in Adam) against float32. Target:
-  bf16's parameters and activations per device half of float32's.
+  bf16's parameters per device half of float32's, and its activations in the float dtype half of float32's
+  (``activation_widths``): the integer token ids, targets and attention's query positions and FlashAttention's
+  float32 log-sum-exp per query row keep their width in bf16, as they do in what JAX keeps for the same bf16
+  step (``jax.ad_checkpoint.print_saved_residuals`` with JAX's Pallas FlashAttention: float32 only the
+  log-sum-exp, int32 the ids and targets; ``tests/integration/test_llama.py``), so all activations can reach
+  only 0.5x + those bytes / 2 / float32's.
 
 Sides alternate sample by sample (``_timing.alternating``); times are medians with quartiles. ``run.py`` runs
 this in a child process (key ``llama`` of ``results.json``).
@@ -43,6 +48,7 @@ for _p in (HERE.parent / "tests" / "integration", HERE.parent / "examples", HERE
     sys.path.insert(0, str(_p))
 
 import nabla as nb  # noqa: E402
+from nabla.dtypes import is_inexact  # noqa: E402
 import train_llama as L  # noqa: E402
 from _timing import alternating, paired  # noqa: E402
 
@@ -237,18 +243,46 @@ def jitted(repeats: int) -> dict:
 # ---- memory: bf16 against float32 ---------------------------------------------------------------------------
 
 
+def activation_widths(log) -> dict[str, int]:
+    """One device's activations at their peak by what sets their width: ``float`` (the program's float dtype:
+    what bf16 halves), ``integer`` (token ids and targets, attention's query positions: the same in any float
+    dtype) and ``float32`` (statistics an op keeps in float32 whatever its dtype, its declared extra bytes:
+    FlashAttention's log-sum-exp). Why: only ``float`` can halve; JAX keeps the other two too (its saved
+    residuals of the same step, ``tests/integration/test_llama.py``)."""
+    steps = log.steps
+    dtypes = {u.value: u.dtype for st in steps for u in st.uses if u.value}
+    dtypes.update((st.out, st.out_dtype) for st in steps)
+    extra = {st.out: st.extra for st in steps if st.extra}
+    acts = [b for b in log.buffers() if b.kind == "activations"]
+    level = [sum(b.bytes for b in acts if b.made <= i <= b.freed) for i in range(-1, len(steps))]
+    at = int(np.argmax(level)) - 1  # the first step at the activations' peak
+    assert level[at + 1] == max(log.by_kind["activations"].values(), default=0)
+    out = {"float": 0, "integer": 0, "float32": 0}
+    for b in acts:
+        if b.made <= at <= b.freed:
+            stats = extra.get(b.value, 0)
+            kind = "float" if is_inexact(dtypes[b.value]) else "integer"
+            out[kind] += b.bytes - stats
+            out["float32"] += stats
+    return out
+
+
 def memory() -> dict:
-    """Per-device bytes of each kind over one DP x TP step (the most any device holds at once)."""
+    """Per-device bytes of each kind over one DP x TP step (the most any device holds at once), and the
+    activations at their peak by width (``activation_widths``)."""
     import ml_dtypes
-    out = {}
+    out, widths = {}, {}
     for name, dtype in (("float32", np.float32), ("bfloat16", ml_dtypes.bfloat16)):
         with nb.memory_log() as log:
             step, _ = eager_step("dp_tp", dtype)
             step()
         out[name] = {k: max(v.values(), default=0) for k, v in log.by_kind.items()}
         out[name]["peak"] = max(log.peak.values(), default=0)
+        widths[name] = activation_widths(log)
     ratio = {k: out["bfloat16"][k] / out["float32"][k] for k in out["float32"] if out["float32"][k]}
-    return {"layout": "dp_tp", "devices": 8, "bytes": out, "ratio": ratio, "target": MEMORY_TARGET}
+    ratio["float_activations"] = widths["bfloat16"]["float"] / widths["float32"]["float"]
+    return {"layout": "dp_tp", "devices": 8, "bytes": out, "activation_widths": widths, "ratio": ratio,
+            "target": MEMORY_TARGET}
 
 
 def main() -> dict:

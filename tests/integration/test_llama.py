@@ -3,6 +3,7 @@ run's; bf16 mixed precision trains; one step's communication per mesh axis is Me
 (Shoeybi et al. 2019, Korthikanti et al. 2022 for sequence parallelism), and no more bytes than jax.jit sends for
 the same program with the same shardings."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -192,3 +193,101 @@ def test_fsdp_gathers_weights_and_reduce_scatters_gradients_only():
     assert gathered == sum(_ring("all_gather", b, k) for b in blocks)  # every weight once, nothing else
     scattered = sum(e.bytes for e in log.events if e.kind == "reduce_scatter")
     assert scattered == sum(_ring("reduce_scatter", b * k, k) for b in blocks)
+
+
+# ---- bf16 activations: what cannot halve is what jax keeps too ----------------------------------------------------
+
+def _bench_llama():
+    """benchmarks/llama.py, whose ``activation_widths`` makes the README's bf16 / float32 activations row."""
+    spec = importlib.util.spec_from_file_location("bench_llama", ROOT / "benchmarks" / "llama.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _widths(dtype) -> dict[str, int]:
+    """One DP x TP step at CFG as the benchmark runs it (Adam, a float32 master copy in bf16): its activations at
+    their peak on one device, by width."""
+    layout = L.Layout("dp_tp")
+    params = layout.place(L.init(CFG), dtype)
+    x, y = layout.data(*next(L.batches(L.tokens(vocab=CFG["vocab"])[0], CFG["batch"], CFG["seq"])))
+    with nb.memory_log() as log:
+        opt = nb.optim.Adam(1e-3, master_dtype=None if dtype == np.float32 else "float32")
+        state = opt.init(params)
+        _, grads = nb.value_and_grad(lambda p, a, b: L.loss_fn(p, a, b, CFG))(params, x, y)
+        opt.update(grads, state, params)
+    return _bench_llama().activation_widths(log)
+
+
+def _jax_bf16_residuals() -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, shape) of what jax.vjp keeps for the same loss in bfloat16, read from jax's own report
+    (jax.ad_checkpoint.print_saved_residuals), the arguments aside; attention is jax's FlashAttention
+    (jax.experimental.pallas.ops.gpu.attention.mha, traced only: its residuals are q, k, v, the output and a
+    float32 log-sum-exp per query row, as nabla's op keeps)."""
+    import contextlib
+    import io
+    import re
+
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from jax.ad_checkpoint import print_saved_residuals
+    from jax.experimental.pallas.ops.gpu import attention as pallas
+
+    bf16 = jnp.bfloat16
+    cos, sin = (jnp.asarray(t, bf16) for t in L.rotary_tables(CFG["seq"], CFG["dim"] // CFG["heads"]))
+
+    def rms(x, g):  # L.rms_norm
+        return x / jnp.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
+
+    def rot(x):
+        h = x.shape[-1] // 2
+        return x * cos + jnp.concatenate([-x[..., h:], x[..., :h]], -1) * sin
+
+    def loss(p, ids, tgt):
+        x = jnp.take(p["embed"], ids, axis=0)
+        B, S, D = x.shape
+        H = CFG["heads"]
+        for q in p["layers"]:
+            h = rms(x, q["norm1"])
+            heads = lambda w: (h @ w).reshape(B, S, H, D // H)  # noqa: E731
+            out = pallas.mha(rot(heads(q["wq"])), rot(heads(q["wk"])), heads(q["wv"]), None,
+                             sm_scale=(D // H) ** -0.5, causal=True, interpret=True)
+            x = x + out.reshape(B, S, D) @ q["wo"]
+            h = rms(x, q["norm2"])
+            x = x + (jax.nn.silu(h @ q["w1"]) * (h @ q["w3"])) @ q["w2"]
+        logits = rms(x, p["norm"]) @ p["head"]
+        lse = jax.scipy.special.logsumexp(logits, -1)
+        return (lse - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]).mean()
+
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, bf16), L.init(CFG))
+    ids = jnp.zeros((CFG["batch"], CFG["seq"]), jnp.int32)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_saved_residuals(loss, params, ids, ids)
+    got = []
+    for line in out.getvalue().splitlines():
+        m = re.match(r"(\w+)\[([\d,]*)\] (.*)", line.strip())
+        if m and not m.group(3).startswith("from the argument"):
+            got.append((m.group(1), tuple(int(d) for d in m.group(2).split(",") if d)))
+    return got
+
+
+def test_bf16_activations_halve_but_for_what_jax_keeps_at_its_own_width(jax_x32):
+    """The README's "activations, bf16 / float32" row: the bf16 step's activations are half the float32 step's
+    except the ones whose width is not the program's float dtype, and those are what jax.vjp keeps for the same
+    bf16 loss: one float32 log-sum-exp per query row of each attention layer (FlashAttention's; the norms' and
+    the cross-entropy's statistics are bf16 in both) and the integer token ids and targets (the gather's and
+    take_along_axis's indices; jax also keeps a bool per row in its logsumexp). nabla also keeps each attention
+    layer's query positions (T int32; jax's kernel derives them from its grid): the same bytes in any dtype."""
+    B, S, N, nl, dp, tp = CFG["batch"], CFG["seq"], CFG["heads"], CFG["layers"], 2, 4
+    jax_kept = _jax_bf16_residuals()
+    assert [s for d, s in jax_kept if d == "f32"] == [(B, N, S)] * nl  # the log-sum-exp, nothing else
+    assert sorted(int(np.prod(s)) for d, s in jax_kept if d[0] in "iu") == [B * S, B * S]  # ids, targets
+    # and a (B, S) bool of its logsumexp (its sum of exponentials >= 0, for abs's derivative): nabla keeps none
+    assert [s for d, s in jax_kept if d not in ("bf16", "f32", "i32")] == [(B, S)]
+    f32, bf16 = _widths(np.float32), _widths(ml_dtypes.bfloat16)
+    # per device: the log-sum-exp split as the queries are (batch over dp, heads over tp)
+    assert bf16["float32"] == f32["float32"] == nl * (B // dp) * (N // tp) * S * 4
+    # the batch's ids and targets (int64, as numpy gives them; jax's are int32 without x64), the positions
+    assert bf16["integer"] == f32["integer"] == 2 * (B // dp) * S * 8 + nl * S * 4
+    assert 2 * bf16["float"] == f32["float"] > 0  # everything else halves
