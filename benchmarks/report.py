@@ -245,10 +245,9 @@ def llama_targets(lm: dict) -> list[list[str]]:
                          "jax.jit", "≤ XLA's", f"{r['nabla_bytes']:,} vs {r['xla_bytes']:,}",
                          met(r["nabla_bytes"] <= r["xla_bytes"])])
     if m:
-        q = m["ratio"]["params"]
+        q, b16, b32 = m["ratio"]["params"], m["bytes"]["bfloat16"]["params"], m["bytes"]["float32"]["params"]
         rows.append(["Llama step, DP x TP: params per device, bf16 / float32 (`nb.memory_log`)",
-                     f"≤ {LLAMA_MEMORY:g}x", f"{q:.2f}x ({m['bytes']['bfloat16']['params']:,} vs {m['bytes']['float32']['params']:,} B)",
-                     met(q <= LLAMA_MEMORY + 1e-9)])
+                     f"≤ {LLAMA_MEMORY:g}x", f"{q:.2f}x ({b16:,} vs {b32:,} B)", met(q <= LLAMA_MEMORY + 1e-9)])
         rows.append(_llama_activations_row(m))
     return rows
 
