@@ -279,7 +279,7 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
 def _run_fast(op: OpDef, held: list, prog: Program, fast: tuple, make: Callable) -> Any:
     """``op.fast`` on the stored blocks of numpy operands (``held``, a scalar as it is; views of them): nothing
     moves. It may run with its axes in another order (``prog.reorder``: its output is then transposed to the
-    result)."""
+    result), on copies of strided operands (packs), writing into one (``prog.into``)."""
     if prog.as_stored:
         arrays = held
     else:
@@ -290,13 +290,24 @@ def _run_fast(op: OpDef, held: list, prog: Program, fast: tuple, make: Callable)
             i += 1
             if view:  # (None: as stored; False: a scalar)
                 for kind, arg in view:
-                    x = x.reshape(arg) if kind == "reshape" else x.transpose(arg)
+                    if kind == "reshape":
+                        x = x.reshape(arg)
+                    elif kind == "transpose":
+                        x = x.transpose(arg)
+                    else:  # "pack": a copy, contiguous, of each run of the last dim as one void item
+                        try:
+                            x = x.view(arg[0]).copy().view(arg[1])
+                        except ValueError:  # its last axis is strided: held as a view (a lazy transpose)
+                            x = x.copy()
             arrays.append(x)
+    into = prog.into
     if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
         with np.errstate(all="ignore"):
-            out = op.fast(*arrays)
-    else:
+            out = op.fast(*arrays) if into is None else op.fast(*arrays, out=arrays[into])
+    elif into is None:
         out = op.fast(*arrays)
+    else:
+        out = op.fast(*arrays, out=arrays[into])
     if type(out) is not _NDARRAY:
         out = np.asarray(out)
     dt = out.dtype

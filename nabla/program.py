@@ -83,6 +83,7 @@ class Program(NamedTuple):
     after: bool = True  # the kernel's output is reshaped to ``final`` or moved by ``post`` (else it is the result)
     reorder: tuple[int, ...] | None = None  # ``op.fast`` runs with its axes in another order (``_kernel_order``):
     # this transpose of its output is the result as stored
+    into: int | None = None  # ``op.fast`` writes into this operand: a copy the kernel made of it (a "pack")
 
 
 class _ShapeOnly:
@@ -241,11 +242,15 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     as_stored = all(v is None or v is False for v in fast) if fast is not None else \
         all(p.kind == "scalar" and not p.mask_axes or p.kind == "sharded" and p.direct and p.view is None
             for p in prog.preps)
-    reorder = None
+    reorder = into = None
     if not as_stored and fast is not None:
-        fast, reorder = _kernel_order(fast, tuple(grid(s[3]).shape + chunks(s[3], s[1]) if s[0] == "s" else ()
-                                                  for s in sigs), prog.G, out_grid)
-    return prog._replace(fast=fast, as_stored=as_stored, reorder=reorder,
+        fast, reorder, packed = _kernel_order(fast, tuple(grid(s[3]).shape + chunks(s[3], s[1]) if s[0] == "s"
+                                                          else () for s in sigs),
+                                              tuple(s[2] if s[0] == "s" else None for s in sigs), prog.G, out_grid)
+        if packed and isinstance(op.fast, np.ufunc) and op.fast.nout == 1 and \
+                all(s[0] == "s" and s[2] == dtype for s in sigs):
+            into = packed[0]  # (its copy has the result's dtype and shape: the kernel's output goes there)
+    return prog._replace(fast=fast, as_stored=as_stored, reorder=reorder, into=into,
                          after=out_grid != final or post is not None and not prog.folded)
 
 
@@ -306,17 +311,23 @@ def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
 
 # numpy's cost of an elementwise call over views, in instructions (callgrind, numpy 2): each inner-loop call when the
 # iteration has at most 3 dims once adjacent dims that step alike are merged, each one when it has more (numpy's
-# iterator has no specialised step past 3), and each reshape or transpose that makes a view
-_LOOP, _DEEP_LOOP, _VIEW_CALL = 75, 130, 2000
+# iterator has no specialised step past 3), and each reshape or transpose that makes a view; a pack (``_pack_cost``)
+# costs a copy's call (net of the output's allocation it spares when the kernel writes into it). Past
+# ``_PACK_BYTES`` an operand is not packed: its copy's extra pass through memory costs more than numpy's loops
+# (on this 2 MiB-L2 Xeon, A[dp,-] + B[-,tp] in float32 with 1 MiB operands ran 18% faster packed, 4 MiB 5-8% slower)
+_LOOP, _DEEP_LOOP, _VIEW_CALL, _COPY_CALL = 75, 130, 2000, 2000
+_PACK_BYTES = 1 << 20
 
 
-def _kernel_order(views: tuple, stored: tuple, G: int, out_grid: tuple[int, ...]) -> tuple[tuple, tuple | None]:
+def _kernel_order(views: tuple, stored: tuple, dtypes: tuple, G: int, out_grid: tuple[int, ...]
+                  ) -> tuple[tuple, tuple | None, tuple[int, ...]]:
     """The axis order ``op.fast`` runs in when operands are views of their stored blocks: the grid order of one
     operand's stored blocks when numpy's loops over it cost less (an operand cut locally holds its blocks with
     the grid axes in another order than the result's: in the result's order numpy steps through every row of
     every block on its own), else the result's. Only grid axes move: each device's result block is contiguous
-    either way. The views with the order's transpose appended, and the transpose taking the kernel's output
-    to the result as stored (None: none)."""
+    either way. An operand still strided in that order is packed first when that costs less than numpy's
+    loops over its short runs. The views with the order's transpose (and packs) appended, the transpose taking
+    the kernel's output to the result as stored (None: none), and the operands packed."""
     same = tuple(range(len(out_grid)))
     # per operand seen through its view: its shape and strides (None: a scalar, or a copying view)
     held = [None if v is False else _viewed(st, v or ()) for v, st in zip(views, stored)]
@@ -326,18 +337,52 @@ def _kernel_order(views: tuple, stored: tuple, G: int, out_grid: tuple[int, ...]
             shape, strides = h
             orders.add(tuple(sorted(range(G), key=lambda a: (shape[a] > 1, -strides[a]))) + same[G:])
 
-    def cost(order: tuple[int, ...]) -> int:
+    def cost(order: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """What the kernel costs in this order, with the packs that make it cheapest."""
         calls = sum(len(_then(v or (), order)) for v in views if v is not False) + (order != same)
         shape = tuple(out_grid[a] for a in order)
-        steps = [tuple(0 if h[0][a] == 1 else h[1][a] for a in order) for h in held if h is not None]
-        runs, dims = _loops(shape, steps + [_c_strides(shape)])
-        return runs * (_LOOP if dims <= 3 else _DEEP_LOOP) + calls * _VIEW_CALL
+        steps = {i: tuple(0 if h[0][a] == 1 else h[1][a] for a in order) for i, h in enumerate(held)
+                 if h is not None}
+        flat = _c_strides(shape)
+        packable = [i for i, st in steps.items()
+                    if st != flat and _packs(shape, st) and prod(shape) * dtypes[i].itemsize <= _PACK_BYTES]
+        best = None
+        for chosen in range(1 << len(packable)):
+            packed = tuple(i for k, i in enumerate(packable) if chosen >> k & 1)
+            runs, dims = _loops(shape, [flat if i in packed else st for i, st in steps.items()] + [flat])
+            c = runs * (_LOOP if dims <= 3 else _DEEP_LOOP) + calls * _VIEW_CALL + \
+                sum(_pack_cost(shape, steps[i], dtypes[i].itemsize) for i in packed)
+            if best is None or c < best[0]:
+                best = (c, packed)
+        return best
 
-    best = min(sorted(orders), key=lambda o: (cost(o), o != same))
+    costs = {o: cost(o) for o in sorted(orders)}
+    best = min(costs, key=lambda o: (costs[o][0], o != same))
+    packed = costs[best][1]
+    pack = {i: (("pack", (np.dtype(f"V{out_grid[best[-1]] * dtypes[i].itemsize}"), dtypes[i])),) for i in packed}
     if best == same:
-        return views, None
+        return tuple((v or ()) + pack[i] if i in pack else v for i, v in enumerate(views)), None, packed
     back = tuple(sorted(range(len(best)), key=best.__getitem__))
-    return tuple(v if v is False else _then(v or (), best) or None for v in views), back
+    views = tuple(v if v is False else (_then(v or (), best) + pack.get(i, ())) or None for i, v in enumerate(views))
+    return views, back, packed
+
+
+def _packs(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether an operand with these strides (in elements, 0 where it broadcasts) on the kernel's ``shape`` can
+    be packed (copied contiguous, each run of its last dim as one void item): its last dim holds more than one
+    element, one after the other, and it broadcasts nowhere (a pack copies it whole)."""
+    return len(shape) > 0 and shape[-1] > 1 and strides[-1] == 1 and 0 not in shape and \
+        all(s != 0 for s, n in zip(strides, shape) if n > 1)
+
+
+def _pack_cost(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """numpy's cost of a pack: two views, a copy, and per run of the last dim (one void item) its move (items of
+    8 or 16 bytes have their own copy loop; past that a memmove, about 16 instructions and one per 8 bytes), with
+    the copy's inner-loop calls."""
+    items = prod(shape[:-1])
+    size = shape[-1] * itemsize
+    runs, _ = _loops(shape[:-1], [strides[:-1], _c_strides(shape[:-1])])
+    return 2 * _VIEW_CALL + _COPY_CALL + items * (6 if size <= 16 else 16 + size // 8) + runs * _LOOP
 
 
 def _then(chain: tuple, order: tuple[int, ...]) -> tuple:

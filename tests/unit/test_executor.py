@@ -1,3 +1,4 @@
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -156,8 +157,8 @@ def test_operands_cut_locally_run_the_ufunc_on_views():
     a, b = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
     a[3, 4], b[5, 6] = np.nan, -np.inf
     A, B = nb.tensor(a).shard(MESH24, ["dp", None]), nb.tensor(b).shard(MESH24, [None, "tp"])
-    prog = program.program_for(nb.ops._BINARY["add"], (signatures.sid_of(A), signatures.sid_of(B)), (), executor.current_strategy(),
-                             executor.current_cost_model())
+    prog = program.program_for(nb.ops._BINARY["add"], (signatures.sid_of(A), signatures.sid_of(B)), (),
+                               executor.current_strategy(), executor.current_cost_model())
     assert prog.fast is not None and all(isinstance(v, tuple) and isinstance(v[0], tuple) for v in prog.fast)
     with nb.comm_log() as log:
         out = A + B
@@ -249,6 +250,61 @@ def test_a_mixed_add_runs_in_the_order_of_an_operands_blocks(order):
     np.testing.assert_array_equal(np.asarray(out), u + v)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint16", "bool", "complex64", "bfloat16"])
+def test_a_strided_operand_is_packed_before_the_kernel(dtype):
+    """A[dp,-] + B[-,tp] at 64x64: in B's block order A's rows are 16-element runs numpy would loop over one by
+    one; the kernel copies them contiguous first (each run one void item), then runs numpy's ufunc once and, where
+    the copy has the result's dtype, writes into it. Values (NaN, -0.0, integer wrap-around) and dtypes are
+    numpy's, on every device; the operands' blocks are untouched and the result shares no memory with them."""
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(3)
+    a, b = ((rng.standard_normal((64, 64)) * 100).astype(dt) for _ in range(2))
+    if dt.kind in "fc" or dtype == "bfloat16":
+        a[0, 0], b[63, 63], a[7, 9], b[7, 9] = np.nan, np.inf, -0.0, -0.0
+    a0, b0 = a.copy(), b.copy()
+    A, B = nb.tensor(a).shard(MESH24, ["dp", None]), nb.tensor(b).shard(MESH24, [None, "tp"])
+    ops = [(nb.add, np.add), (nb.less, np.less)] + ([] if dt.kind == "b" else [(nb.maximum, np.maximum)])
+    for f, g in ops:
+        prog = program.program_for(f.op, (signatures.sid_of(A), signatures.sid_of(B)), (),
+                                   executor.current_strategy(), executor.current_cost_model())
+        assert prog.fast[0][-1][0] == "pack" and prog.reorder == (1, 0, 2, 3)
+        assert prog.into == (0 if g(a[:1, :1], b[:1, :1]).dtype == dt else None)  # (a bool result: not A's dtype)
+        with np.errstate(invalid="ignore"):  # (NaN compared: numpy warns, in both)
+            out, want = f(A, B), g(a, b)
+        assert_matches_numpy(out, want)
+        assert not np.shares_memory(out._data, A._data) and not np.shares_memory(out._data, B._data)
+        assert all(out._data[i, j].flags.c_contiguous for i in range(2) for j in range(4))
+    assert np.asarray(A).tobytes() == a0.tobytes() and np.asarray(B).tobytes() == b0.tobytes()
+
+
+def test_a_pack_of_an_operand_held_as_a_lazy_view_copies_it_whole():
+    """The program plans a pack on the layout (the signature), not on how the blocks lie in memory: an operand
+    held as a lazy transpose has no contiguous last axis to copy as void items, so it is copied as it is (a
+    regression: numpy's "the last axis must be contiguous" came out of an elementwise add)."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
+    At = nb.tensor(a).shard(MESH24, [None, "dp"]).T
+    B = nb.tensor(b).shard(MESH24, [None, "tp"])
+    assert At._data.strides[-1] != At._data.itemsize
+    prog = program.program_for(nb.add.op, (signatures.sid_of(At), signatures.sid_of(B)), (),
+                               executor.current_strategy(), executor.current_cost_model())
+    assert any(k == "pack" for v in prog.fast if v for k, _ in v)
+    assert_matches_numpy(At + B, a.T + b)
+    assert_matches_numpy(B - At, b - a.T)
+
+
+def test_a_small_or_large_strided_operand_is_not_packed():
+    """A pack costs calls of its own and a pass through memory: at 16x16 (runs of 4 elements, 32 of them) numpy's
+    loops cost less; at 1024x1024 float32 (4 MiB) the copy's extra pass does (``program._PACK_BYTES``)."""
+    for n, dt in ((16, np.float32), (1024, np.float32)):
+        A = nb.tensor(np.ones((n, n), dt)).shard(MESH24, ["dp", None])
+        B = nb.tensor(np.ones((n, n), dt)).shard(MESH24, [None, "tp"])
+        prog = program.program_for(nb.add.op, (signatures.sid_of(A), signatures.sid_of(B)), (),
+                                   executor.current_strategy(), executor.current_cost_model())
+        assert all(k != "pack" for v in prog.fast if v for k, _ in v) and prog.into is None
+        np.testing.assert_array_equal(np.asarray(A + B), np.full((n, n), 2, dt))
+
+
 @given(mesh=meshes(max_axes=3, max_devices=16), data=st.data())
 @settings(max_examples=examples(40))
 def test_elementwise_ops_on_any_two_layouts_equal_numpy(mesh, data):
@@ -266,6 +322,35 @@ def test_elementwise_ops_on_any_two_layouts_equal_numpy(mesh, data):
         assert_matches_numpy(got, want)
         assert_matches_numpy(got * 2.0, want * np.float32(2.0))
         assert_matches_numpy(got + A, want + a)
+
+
+@given(mesh=meshes(max_axes=3, max_devices=16), data=st.data(),
+       dtype=st.sampled_from(["float32", "float64", "int8", "int64", "bool", "complex128"]))
+@settings(max_examples=examples(60))
+def test_elementwise_ops_on_packed_operands_equal_numpy(mesh, data, dtype):
+    """Operands each cut locally from a common layout (every dim a prefix of its axes), so the kernel reads
+    views of them, with every operand that can be packed packed (packs priced at nothing, numpy's loops dear):
+    what any pack the kernel may choose computes, on layouts too small for it to choose one, is numpy's, and
+    the operands' blocks are untouched."""
+    rank = data.draw(st.integers(1, 3))
+    common = data.draw(specs(mesh, (64,) * rank, partial=False, open_dims=False, sub_axes=False))
+    shape = tuple(common.num_shards(d) * data.draw(st.integers(1, 4)) for d in range(rank))
+    cut = [[list(ds.axes[:data.draw(st.integers(0, len(ds.axes)))]) for ds in common.dim_specs] for _ in range(2)]
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    a, b = ((rng.standard_normal(shape) * 50).astype(dtype) for _ in range(2))
+    saved = program._LOOP, program._DEEP_LOOP, program._VIEW_CALL, program._COPY_CALL
+    program._LOOP, program._DEEP_LOOP, program._VIEW_CALL, program._COPY_CALL = 10**6, 10**6, 0, -10**6
+    program.program_for.cache_clear()
+    try:
+        A, B = nb.tensor(a).shard(mesh, cut[0]), nb.tensor(b).shard(mesh, cut[1])
+        with np.errstate(all="ignore"):
+            for got, want in [(A + B, a + b), (nb.maximum(B, A), np.maximum(b, a)), (A == B, a == b)]:
+                assert_matches_numpy(got, want)
+                assert_matches_numpy(got * got, want * want)
+        assert np.asarray(A).tobytes() == a.tobytes() and np.asarray(B).tobytes() == b.tobytes()
+    finally:
+        program._LOOP, program._DEEP_LOOP, program._VIEW_CALL, program._COPY_CALL = saved
+        program.program_for.cache_clear()
 
 
 @given(shape=shapes(min_rank=1, max_rank=4, max_dim=4).filter(lambda s: 0 not in s), data=st.data())
