@@ -23,7 +23,7 @@ from .propagation import current_strategy
 from .scoped import setting
 from .spec import ShardingSpec
 from .step import BUCKET, MOVE, PLACE as PLACE_STEP, RELAYOUT as RELAYOUT_STEP, Step, Use, read
-from .trace import HUSK, _remat, entry, gathered_copy, keeping, link, linked_any, made, record, tracked
+from .trace import HUSK, _LINKS, _remat, entry, gathered_copy, keeping, link, linked_any, made, record, tracked
 from .value import Value, serial
 from .manual import manual_run
 from .signatures import StaleSignature, result_dtype, sid_of, sig_id, signature
@@ -45,7 +45,7 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
     its VJP keeps); when a comm log is open, the op's step (what moved, and why) is published there, and the link
     holds it too."""
     r = _remat_now()
-    if r is None and not _logs_now() and not linked_any(args):
+    if r is None and not _logs_now() and not (_LINKS and linked_any(args)):  # (no call when nothing is linked)
         # the hot path: nothing logged or replayed; when no operand is traced or summed by an earlier use, all are on
         # numpy, and the program keeps no pending sum it must check (most eager calls), what follows would run the
         # program's kernel and nothing else: that is run here (else the program is looked up again below)
