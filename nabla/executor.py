@@ -297,7 +297,7 @@ def _run_fast(op: OpDef, held: list, prog: Program, fast: tuple, make: Callable)
                     else:  # "pack": a copy, contiguous, of each run of the last dim as one void item
                         try:
                             x = x.view(arg[0]).copy().view(arg[1])
-                        except ValueError:  # its last axis is strided: held as a view (a lazy transpose)
+                        except ValueError:  # (numpy 2: the last axis is strided, blocks held as a lazy transpose)
                             x = x.copy()
             arrays.append(x)
     into = prog.into
@@ -306,6 +306,8 @@ def _run_fast(op: OpDef, held: list, prog: Program, fast: tuple, make: Callable)
             out = op.fast(*arrays) if into is None else op.fast(*arrays, out=arrays[into])
     elif into is None:
         out = op.fast(*arrays)
+    elif len(arrays) == 2:  # (a starred call with a keyword costs more: two operands, the common case, as such)
+        out = op.fast(arrays[0], arrays[1], out=arrays[into])
     else:
         out = op.fast(*arrays, out=arrays[into])
     if type(out) is not _NDARRAY:

@@ -244,12 +244,13 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
             for p in prog.preps)
     reorder = into = None
     if not as_stored and fast is not None:
-        fast, reorder, packed = _kernel_order(fast, tuple(grid(s[3]).shape + chunks(s[3], s[1]) if s[0] == "s"
-                                                          else () for s in sigs),
-                                              tuple(s[2] if s[0] == "s" else None for s in sigs), prog.G, out_grid)
-        if packed and isinstance(op.fast, np.ufunc) and op.fast.nout == 1 and \
-                all(s[0] == "s" and s[2] == dtype for s in sigs):
-            into = packed[0]  # (its copy has the result's dtype and shape: the kernel's output goes there)
+        stored = tuple(grid(s[3]).shape + chunks(s[3], s[1]) if s[0] == "s" else () for s in sigs)
+        dtypes = tuple(s[2] if s[0] == "s" else None for s in sigs)
+        fast, reorder, packed = _kernel_order(fast, stored, dtypes, prog.G, out_grid)
+        if packed and isinstance(op.fast, np.ufunc) and op.fast.nout == 1 and all(d == dtype for d in dtypes):
+            # a packed operand broadcasts nowhere (``_packs``): its copy has the output's shape, and here its dtype,
+            # which numpy's loop for these dtypes gives too: the output is written there
+            into = packed[0]
     return prog._replace(fast=fast, as_stored=as_stored, reorder=reorder, into=into,
                          after=out_grid != final or post is not None and not prog.folded)
 
@@ -312,10 +313,11 @@ def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
 # numpy's cost of an elementwise call over views, in instructions (callgrind, numpy 2): each inner-loop call when the
 # iteration has at most 3 dims once adjacent dims that step alike are merged, each one when it has more (numpy's
 # iterator has no specialised step past 3), and each reshape or transpose that makes a view; a pack (``_pack_cost``)
-# costs a copy's call (net of the output's allocation it spares when the kernel writes into it). Past
-# ``_PACK_BYTES`` an operand is not packed: its copy's extra pass through memory costs more than numpy's loops
-# (on this 2 MiB-L2 Xeon, A[dp,-] + B[-,tp] in float32 with 1 MiB operands ran 18% faster packed, 4 MiB 5-8% slower)
-_LOOP, _DEEP_LOOP, _VIEW_CALL, _COPY_CALL = 75, 130, 2000, 2000
+# adds two views and a copy's call (its allocation included: ~3,500 for a copy of 8 KiB, of which ~300 an
+# allocation the ufunc then skips when it writes into the copy). Past ``_PACK_BYTES`` an operand is not packed: the
+# copy's extra pass through memory costs more than numpy's loops (on this 2 MiB-L2 Xeon, A[dp,-] + B[-,tp] in
+# float32 with 1 MiB operands ran 17-18% faster packed, with 4 MiB 5-8% slower; a machine-dependent bound)
+_LOOP, _DEEP_LOOP, _VIEW_CALL, _COPY_CALL = 75, 130, 2000, 3000
 _PACK_BYTES = 1 << 20
 
 
@@ -343,18 +345,18 @@ def _kernel_order(views: tuple, stored: tuple, dtypes: tuple, G: int, out_grid: 
         shape = tuple(out_grid[a] for a in order)
         steps = {i: tuple(0 if h[0][a] == 1 else h[1][a] for a in order) for i, h in enumerate(held)
                  if h is not None}
-        flat = _c_strides(shape)
+        flat = tuple(0 if n == 1 else s for n, s in zip(shape, _c_strides(shape)))  # (as ``steps``: 0 on 1s)
         packable = [i for i, st in steps.items()
                     if st != flat and _packs(shape, st) and prod(shape) * dtypes[i].itemsize <= _PACK_BYTES]
-        best = None
+        cheapest = None
         for chosen in range(1 << len(packable)):
             packed = tuple(i for k, i in enumerate(packable) if chosen >> k & 1)
             runs, dims = _loops(shape, [flat if i in packed else st for i, st in steps.items()] + [flat])
             c = runs * (_LOOP if dims <= 3 else _DEEP_LOOP) + calls * _VIEW_CALL + \
                 sum(_pack_cost(shape, steps[i], dtypes[i].itemsize) for i in packed)
-            if best is None or c < best[0]:
-                best = (c, packed)
-        return best
+            if cheapest is None or c < cheapest[0]:
+                cheapest = (c, packed)
+        return cheapest
 
     costs = {o: cost(o) for o in sorted(orders)}
     best = min(costs, key=lambda o: (costs[o][0], o != same))
@@ -376,13 +378,13 @@ def _packs(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 
 def _pack_cost(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
-    """numpy's cost of a pack: two views, a copy, and per run of the last dim (one void item) its move (items of
-    8 or 16 bytes have their own copy loop; past that a memmove, about 16 instructions and one per 8 bytes), with
-    the copy's inner-loop calls."""
+    """numpy's cost of a pack: two views, a copy, and per run of the last dim (one void item) its move (items of 8
+    or 16 bytes have a copy loop of their own, ~6 instructions each; others a memmove, ~16 and one per 8 bytes),
+    with the copy's inner-loop calls."""
     items = prod(shape[:-1])
     size = shape[-1] * itemsize
     runs, _ = _loops(shape[:-1], [strides[:-1], _c_strides(shape[:-1])])
-    return 2 * _VIEW_CALL + _COPY_CALL + items * (6 if size <= 16 else 16 + size // 8) + runs * _LOOP
+    return 2 * _VIEW_CALL + _COPY_CALL + items * (6 if size in (8, 16) else 16 + size // 8) + runs * _LOOP
 
 
 def _then(chain: tuple, order: tuple[int, ...]) -> tuple:
