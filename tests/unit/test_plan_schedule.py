@@ -111,7 +111,8 @@ def test_chrome_trace(tmp_path):
 
 
 def test_plot(tmp_path):
-    matplotlib = pytest.importorskip("matplotlib")
+    import matplotlib  # (in the test extra: a plot that cannot be drawn fails here, it is not skipped)
+
     matplotlib.use("Agg")
     mem = SimpleNamespace(peak={0: 9}, by_kind={}, timeline=[1, 2, 3, 4, 5, 6])
     fig = estimate_steps(PROGRAM, CL, MESH, memory=mem).plot(str(tmp_path / "p.png"))
