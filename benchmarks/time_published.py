@@ -32,7 +32,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import nabla as nb  # noqa: E402
-from nabla.plan import Cluster, Hardware, Report, estimate_steps, pipeline_estimate, priced_step  # noqa: E402
+from nabla.plan import (Cluster, Hardware, Report, estimate_steps, gpt_flops, pipeline_estimate,  # noqa: E402
+                        priced_step)
 from _env import write_results  # noqa: E402
 from megatron_table1 import accumulating, through  # noqa: E402
 
@@ -43,7 +44,8 @@ TARGET = 0.15  # each run within 15% of its measured throughput
 
 class Model(NamedTuple):
     """A decoder-only transformer. ``arch``: ``"gpt"`` (LayerNorm with biases, learned positions, a 4h GeLU MLP,
-    Megatron-LM's attention with its scores materialised: scale, additive mask, softmax, dropout) or ``"llama"``
+    Megatron-LM's attention with its scores materialised: scale, additive mask, softmax, dropout; ReLU in place of GeLU
+    with ``act="relu"``) or ``"llama"``
     (RMSNorm, rotary positions, grouped-query attention through ``nb.dot_product_attention``, causal, and a
     SwiGLU MLP, no biases)."""
 
@@ -57,6 +59,7 @@ class Model(NamedTuple):
     vocab: int
     seq: int
     dropout: float = 0.0
+    act: str = "gelu"  # the GPT MLP's activation: "gelu", or "relu" (OPT)
 
 
 class Layout(NamedTuple):
@@ -87,6 +90,8 @@ class Layout(NamedTuple):
     iota_embed: bool = False  # the embedding as a one-hot matmul (MaxText's use_iota_embed)
     logits_fp32: bool = False  # the output layer's matmul in float32 (MaxText's logits_dot_in_fp32)
     accumulate_fp32: bool = False  # gradients accumulated over microbatches in float32 (DeepSpeed's BF16_Optimizer)
+    reshard: bool = True  # FSDP gathers a layer's parameters again for its backward (False: metaseq's
+    # --no-reshard-after-forward, the gathered copy kept from the forward, not gathered again when recomputing)
 
 
 class Run(NamedTuple):
@@ -263,23 +268,29 @@ def gpt_block(x, p: dict, c: Ctx, mask):
 
     x = x + drop(c.out_proj(ctx, p["w_o"]) + p["b_o"], c.key + 1)
     y = c.gathered(_norm(x, p["ln2_g"], p["ln2_b"]))
-    u = nb.gelu(c.linear(y, p["w_1"]) + p["b_1"])
+    u = (nb.relu if m.act == "relu" else nb.gelu)(c.linear(y, p["w_1"]) + p["b_1"])
     return x + drop(c.out_proj(u, p["w_2"]) + p["b_2"], c.key + 2)
 
 
-def layer_params(c: Ctx) -> dict:
+def layer_params(c: Ctx, fsdp: bool = True, specs: bool = False) -> dict:
     """One layer's parameters: column-parallel (columns over tp) and row-parallel (rows over tp) matrices, the
-    rest replicated over tp; with FSDP every one's first dim also cut over ``fsdp``."""
+    rest replicated over tp; with FSDP every one's first dim also cut over ``fsdp`` (with tp, a row-parallel
+    matrix's second: FSDP shards each tensor-parallel rank's parameters, and gathered they are that rank's shard;
+    with tp the vectors, biases and norms, stay whole over fsdp: FSDP gathers a layer's parameters as one flat
+    buffer, and gathered one by one over a hundred nodes each would pay the ring's latency for a few KB).
+    ``fsdp=False``: as gathered over fsdp; ``specs``: the specs, not the arrays."""
     m, lay = c.model, c.layout
     h, d = m.hidden, m.hidden // m.heads
     dt = lay.weight_dtype
 
     def w(shape, tp_dim):
         spec = [[] for _ in shape]
-        if lay.fsdp > 1:
-            spec[0].append("fsdp")
         if tp_dim is not None:
             spec[tp_dim].append("tp")
+        if fsdp and lay.fsdp > 1 and (len(shape) > 1 or lay.tp == 1):  # with tp: vectors whole, and fsdp on a dim
+            spec[1 if lay.tp > 1 and tp_dim == 0 else 0].append("fsdp")  # tp does not cut (gathered: the tp shard)
+        if specs:
+            return [tuple(a) for a in spec]
         return nb.abstract(shape, dt).shard(c.mesh, [tuple(a) for a in spec])
 
     if m.arch == "llama":
@@ -313,6 +324,7 @@ def stage_program(run: Run, mesh, layers: int, embeds: bool, loss: bool) -> Stag
         return nb.abstract(shape, dtype).shard(mesh, spec)
 
     params: dict = {"layers": [layer_params(c0) for _ in range(layers)]}
+    kept = layer_params(c0, fsdp=False, specs=True) if lay.fsdp > 1 and not lay.reshard else None
     seq = c0.seq()
     if embeds:
         params["embed"] = {"wte": w((m.vocab, h), [("fsdp", "tp"), None])}
@@ -348,6 +360,8 @@ def stage_program(run: Run, mesh, layers: int, embeds: bool, loss: bool) -> Stag
         for i, p in enumerate(params["layers"]):
             c = c0._replace(key=10 + 3 * i)
             with nb.named_scope(f"layer {i}"):
+                if kept is not None:  # gathered here, outside the recomputed block: the backward reuses it
+                    p = {k: v.with_sharding(mesh, kept[k]) for k, v in p.items()}
                 if m.arch == "gpt":
                     blk = lambda x, p, c=c: gpt_block(x, p, c, extra["mask"])  # noqa: E731
                 else:
@@ -479,6 +493,7 @@ LLAMA2_7B_4K = Model("Llama 2 7B", "llama", 4096, 32, 32, 32, 11008, 32000, 4096
 LLAMA2_7B_128K = LLAMA2_7B_4K._replace(seq=131072)
 LLAMA2_7B_16K = LLAMA2_7B_4K._replace(seq=16384)
 LLAMA31_405B = Model("Llama 3.1 405B", "llama", 16384, 126, 128, 8, 53248, 128256, 8192)
+OPT_175B = Model("OPT-175B", "gpt", 12288, 96, 96, 96, 4 * 12288, 50272, 2048, dropout=0.1, act="relu")
 
 
 def nemo_llama_flops(m: Model, gbs: int) -> float:
@@ -565,6 +580,31 @@ BLOOM_ASSUMED = (
     "overlap 'none'")
 
 
+OPT = ("Zhang et al., 'OPT: Open Pre-trained Transformer Language Models', arXiv:2205.01068v4, sec. 2.2, 2.4 and "
+       "Table 1; facebookresearch/metaseq metaseq/launcher/opt_baselines.py, opt_job_constants.py and "
+       "projects/OPT/chronicles/10_percent_update.md, final_update.md (commit f7ffa5f)")
+OPT_ASSUMED = (
+    "the FLOP count behind 'TFLOP/s' is not stated in the paper: Narayanan et al.'s eq. (3) with recomputation, "
+    "96 B s l h^2 (1 + s/6h + V/16lh), is taken because it gives the chronicles' total (final_update.md: 'This "
+    "required ~4.30E+23 FLOPs of compute' for 300B tokens): 1.434e12 FLOPs per token x 300e9 = 4.302e23, where the "
+    "count without recomputation gives 3.23e23 and 6N 3.15e23; 'up to' 147: the paper's best figure, not an average. "
+    "metaseq (opt_baselines.py, exp 12.00's flags): --ddp-backend fully_sharded with --no-reshard-after-forward "
+    "('zero2': parameters gathered once per layer in the forward and kept for the backward), --model-parallel-size "
+    "8 (opt_job_constants.py: '\"175b\": Size(96, 12288, 96, 128, int(2.0 * M), 3e-5, 8)'), --checkpoint-activations "
+    "(every layer; --distribute-checkpointed-activations splits what is kept over tp, and its gather over tp when "
+    "recomputing is not written), --batch-size "
+    "(2M // (992 // 8)) // 2048 = 8 sequences per replica with --update-freq 1 (992 sequences, 2,031,616 tokens per "
+    "step: Table 1's '2M'), --memory-efficient-fp16 (fp16 parameters, fp32 Adam state: bf16 and a float32 master "
+    "copy here, A100's fp16 and bf16 peaks being equal), --activation-fn relu, --decoder-learned-pos, "
+    "--share-decoder-input-output-embed (tied: written untied here, the same FLOPs), dropout 0.1 and attention "
+    "dropout 0.1, --no-emb-dropout (the embedding's dropout is written here: one elementwise op); vocabulary "
+    "50272, not stated in these sources (the GPT-2 BPE's 50257 padded; 51200 would move the FLOP count by 0.005%); "
+    "the cluster's network is not stated: the "
+    "preset's one 200 Gb/s HDR InfiniBand link per GPU; FSDP (fairscale) prefetches its all_gathers and "
+    "reduce_scatters the gradients during the backward: overlap ('grads', 'params'); Megatron-LM's tensor-parallel "
+    "all_reduces of 2021 are not overlapped; TP 8 inside a node, FSDP over the 124 nodes")
+
+
 NEMO_LONG = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md, 'LLAMA2-7B (FP8) - H100' "
              "(NeMo 24.03.01 container, DGX-H100)")
 
@@ -612,6 +652,19 @@ RUNS: tuple[Run, ...] = (
         Layout(tp=4, pp=12, dp=8, mbs=2, gbs=2048, recompute="full", accumulate_fp32=True,
                stages=stages(6, 5, 5)),
         "none", "s/step", 104.50, assumed=BLOOM_ASSUMED, network_bandwidth=6.25e9),
+    Run("opt-175b", OPT,
+        "sec. 2.4: 'We trained OPT-175B on 992 80GB A100 GPUs, by utilizing Fully Sharded Data Parallel (Artetxe et "
+        "al., 2021) with Megatron-LM Tensor Parallelism (Shoeybi et al., 2019). We achieve utilization of up to 147 "
+        "TFLOP/s per GPU. We keep Adam state in FP32, since we shard it across all hosts, while the model weights "
+        "remained in FP16.'; Table 1: '175B 96 96 12288 1.2e−4 2M' (#L, #H, d_model, LR, Batch in tokens); sec. 2.2: "
+        "'all models are trained with ReLU activation and a sequence length of 2048', 'We use a dropout of 0.1 "
+        "throughout, but we do not apply any dropout to embeddings'; 10_percent_update.md: '8x Tensor Parallelism', "
+        "'FP32 Adam' (settings the 11.xx lineage began with; 12.xx, the run trained, changed the initialisation, "
+        "Normformer and embeddings, not these)",
+        "a100-sxm-80gb", 124, 8, OPT_175B,
+        Layout(tp=8, pp=1, dp=1, fsdp=124, mbs=8, gbs=992, recompute="full", reshard=False,
+               stages=((96, True, True),)),
+        ("grads", "params"), "TFLOP/s/GPU", 147, gpt_flops(992, 2048, 96, 12288, 50272), OPT_ASSUMED),
     Run("nemo-llama2-7b-128k-cp4", NEMO_LONG,
         "| 128 | 128 | 32 | 424 | 4 | 1 | 8 | 4 | 555 | 1.31 | (SeqLen (K), # of GPUs, Batch Size, without-CP "
         "TFLOPS/GPU, TP, PP, DP, CP, with-CP TFLOPS/GPU, speedup)",
@@ -667,7 +720,7 @@ RUNS: tuple[Run, ...] = (
 
 #: each source's name in tables
 SHORT = {KORTHIKANTI: "Korthikanti et al. 2022", BLOOM: "BigScience BLOOM", MB: "Megatron-Bridge", NEMO_LONG: "NeMo",
-         NEMO_SUMMARY: "NeMo", MAXTEXT: "MaxText"}
+         NEMO_SUMMARY: "NeMo", MAXTEXT: "MaxText", OPT: "OPT (Zhang et al. 2022)"}
 
 
 # ---- output ----------------------------------------------------------------------------------------------------
