@@ -2,7 +2,7 @@
 Table 1 is ``megatron_table1.py``'s): each run written as a program with nabla ops, laid out as the run was, run
 abstractly and priced with the overlap options the run used.
 
-    python benchmarks/time_published.py [--runs id,id] [--json PATH] [--no-results]
+    python benchmarks/time_published.py [--runs id,id] [--json PATH]
 
 Every measured figure is quoted below with its source (``RUNS``); so is every setting a run's own scripts or
 configs give. Throughput is compared in the unit the source gives, converted by the source's own FLOP formula
