@@ -365,8 +365,8 @@ def dispatch(res: dict) -> Table | None:
         "grid, any simulated collective), and the targets apply to it: ≤ 5 µs for an elementwise op "
         "on sharded operands, ≤ 10 µs for any op." + _stamp(d)],
         ["op", "nabla call", "nabla sends", "nabla", "numpy", "overhead", "target", "met"], rows,
-        [f"{r['op']}: numpy's own calls on the blocks as the devices hold them (in the order of "
-         f"B's blocks, A's rows copied into it first as 64-byte runs), without nabla, take {us(r['numpy_same_blocks_us'])} against "
+        [f"{r['op']}: numpy's own calls on the blocks as the devices hold them (in the order of B's blocks, A's "
+         f"rows copied into it first as 64-byte runs), without nabla, take {us(r['numpy_same_blocks_us'])} against "
          f"{us(r['numpy_us'])} on the contiguous global arrays, so "
          f"{r['numpy_same_blocks_us'] - r['numpy_us']:.1f} µs of its overhead is the blocks' layout and "
          f"{r['nabla_us'] - r['numpy_same_blocks_us']:.1f} µs is nabla's dispatch."

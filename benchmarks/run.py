@@ -64,7 +64,7 @@ sys.path.insert(0, str(HERE))
 import nabla as nb  # noqa: E402
 from nabla import DeviceMesh  # noqa: E402
 from _env import environment, load_average  # noqa: E402
-from _timing import alternating, interleaved, measure  # noqa: E402
+from _timing import alternating, interleaved  # noqa: E402
 import report  # noqa: E402
 
 SCALING = (8, 64, 256)

@@ -93,7 +93,7 @@ def test_the_registry_makes_the_events_and_the_comm_log_is_read_through_it_too()
 def _tree_all_gather(lower=None):
     """Register a tree all_gather (the same bytes as the ring, log2(k) latency steps, so the planner prefers
     it) and its move generator; unregister on exit."""
-    from nabla import executor, reshard
+    from nabla import reshard
 
     tree = C.Collective("tree_all_gather", lambda B, k: (k - 1) * B, lambda k: max(1, (k - 1).bit_length()),
                         "reduce_scatter", C.REGISTRY["all_gather"].move, lower=lower)
