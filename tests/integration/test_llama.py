@@ -130,21 +130,13 @@ def test_sequence_parallelism_trades_each_all_reduce_for_an_all_gather_and_a_red
     assert all(e.bytes <= _ring("all_gather", CFG["dim"] * F32 // tp, tp) for e in small)
 
 
-def test_no_more_bytes_than_jax_jit_sends_for_the_same_shardings():
-    jax = pytest.importorskip("jax")
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 jax devices")
+def _jax_loss(attend, cos, sin):
+    """train_llama's loss in jax.numpy, the reference the tests compare with; ``attend(q, k, v)``: its causal
+    attention on (batch, seq, heads, head dim) operands, ``cos``, ``sin``: the rotary tables."""
+    import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    import xla_harness as H
 
-    log, params, specs, layout = _step_log("dp_tp")
-    jmesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
-    to_p = lambda s: P(*[(a if isinstance(a, str) else None) for a in s])  # noqa: E731
-    shard = L._tree_map2(lambda a, s: NamedSharding(jmesh, to_p(s)), params, specs)
-    cos, sin = L.rotary_tables(CFG["seq"], CFG["dim"] // CFG["heads"])
-
-    def rms(x, g):
+    def rms(x, g):  # L.rms_norm
         return x / jnp.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
 
     def rot(x):
@@ -157,16 +149,30 @@ def test_no_more_bytes_than_jax_jit_sends_for_the_same_shardings():
         H = CFG["heads"]
         for q in p["layers"]:
             h = rms(x, q["norm1"])
-            qq = rot((h @ q["wq"]).reshape(B, S, H, D // H))
-            kk = rot((h @ q["wk"]).reshape(B, S, H, D // H))
-            vv = (h @ q["wv"]).reshape(B, S, H, D // H)
-            x = x + jax.nn.dot_product_attention(qq, kk, vv, is_causal=True).reshape(B, S, D) @ q["wo"]
+            heads = lambda w: (h @ w).reshape(B, S, H, D // H)  # noqa: E731
+            x = x + attend(rot(heads(q["wq"])), rot(heads(q["wk"])), heads(q["wv"])).reshape(B, S, D) @ q["wo"]
             h = rms(x, q["norm2"])
             x = x + (jax.nn.silu(h @ q["w1"]) * (h @ q["w3"])) @ q["w2"]
         logits = rms(x, p["norm"]) @ p["head"]
         lse = jax.scipy.special.logsumexp(logits, -1)
         return (lse - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]).mean()
 
+    return loss
+
+
+def test_no_more_bytes_than_jax_jit_sends_for_the_same_shardings():
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 jax devices")
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import xla_harness as H
+
+    log, params, specs, layout = _step_log("dp_tp")
+    jmesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    to_p = lambda s: P(*[(a if isinstance(a, str) else None) for a in s])  # noqa: E731
+    shard = L._tree_map2(lambda a, s: NamedSharding(jmesh, to_p(s)), params, specs)
+    loss = _jax_loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True),
+                     *L.rotary_tables(CFG["seq"], CFG["dim"] // CFG["heads"]))
     data = NamedSharding(jmesh, P("dp", None))
     f = jax.jit(jax.value_and_grad(loss), in_shardings=(shard, data, data), out_shardings=(None, shard))
     ids = np.zeros((CFG["batch"], CFG["seq"]), np.int32)
@@ -234,31 +240,9 @@ def _jax_bf16_residuals() -> list[tuple[str, tuple[int, ...]]]:
     from jax.experimental.pallas.ops.gpu import attention as pallas
 
     bf16 = jnp.bfloat16
-    cos, sin = (jnp.asarray(t, bf16) for t in L.rotary_tables(CFG["seq"], CFG["dim"] // CFG["heads"]))
-
-    def rms(x, g):  # L.rms_norm
-        return x / jnp.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
-
-    def rot(x):
-        h = x.shape[-1] // 2
-        return x * cos + jnp.concatenate([-x[..., h:], x[..., :h]], -1) * sin
-
-    def loss(p, ids, tgt):
-        x = jnp.take(p["embed"], ids, axis=0)
-        B, S, D = x.shape
-        H = CFG["heads"]
-        for q in p["layers"]:
-            h = rms(x, q["norm1"])
-            heads = lambda w: (h @ w).reshape(B, S, H, D // H)  # noqa: E731
-            out = pallas.mha(rot(heads(q["wq"])), rot(heads(q["wk"])), heads(q["wv"]), None,
-                             sm_scale=(D // H) ** -0.5, causal=True, interpret=True)
-            x = x + out.reshape(B, S, D) @ q["wo"]
-            h = rms(x, q["norm2"])
-            x = x + (jax.nn.silu(h @ q["w1"]) * (h @ q["w3"])) @ q["w2"]
-        logits = rms(x, p["norm"]) @ p["head"]
-        lse = jax.scipy.special.logsumexp(logits, -1)
-        return (lse - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]).mean()
-
+    scale = (CFG["dim"] // CFG["heads"]) ** -0.5
+    loss = _jax_loss(lambda q, k, v: pallas.mha(q, k, v, None, sm_scale=scale, causal=True, interpret=True),
+                     *(jnp.asarray(t, bf16) for t in L.rotary_tables(CFG["seq"], CFG["dim"] // CFG["heads"])))
     params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, bf16), L.init(CFG))
     ids = jnp.zeros((CFG["batch"], CFG["seq"]), jnp.int32)
     out = io.StringIO()
