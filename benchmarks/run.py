@@ -131,14 +131,14 @@ def dispatch(quick: bool) -> dict:
     ]
     # the mixed add's kernel as nabla runs it: numpy's add on what the devices hold (A's rows of dp, B's columns of
     # tp), in the order of B's blocks: A's rows first copied into that order as one 64-byte item per 16-element run
-    # (a pack), then the add written into that copy, the output's grid axes transposed to the result's [dp,tp]
-    # order (each device's block contiguous)
-    a_held = np.ascontiguousarray(a.reshape(2, 32, 64))
+    # (a pack: the held rows read as 64-byte items, one transpose, one copy), then the add written into that copy,
+    # the output's grid axes transposed to the result's [dp,tp] order (each device's block contiguous)
+    a_held = np.ascontiguousarray(a.reshape(2, 1, 32, 64))  # (dp's blocks, stored once for tp's 4 replicas)
     b_held = np.ascontiguousarray(b.reshape(64, 4, 16).transpose(1, 0, 2))
     run64, f32 = np.dtype("V64"), np.dtype(np.float32)
 
     def blocks():
-        packed = a_held.reshape(2, 32, 4, 16).transpose(2, 0, 1, 3).view(run64).copy().view(f32)
+        packed = a_held.view(run64).transpose(3, 0, 2, 1).copy().view(f32)
         return np.add(packed, b_held.reshape(4, 2, 32, 16), out=packed).transpose(1, 0, 2, 3)
 
     np.testing.assert_array_equal(blocks().transpose(0, 2, 1, 3).reshape(64, 64), a + b)

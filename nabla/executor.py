@@ -66,9 +66,9 @@ def run(op: OpDef, args: Sequence[Any], params: tuple = (), make: Callable = Val
             except StaleSignature:
                 prog = None
             if type(prog) is Program and prog.hot and _backend_now() == "numpy":
-                fast = prog.fast
-                return _run_fast(op, held, prog, fast, make) if fast is not None else \
-                    _run_numpy(op, args, held, prog, make)
+                kernel = prog.kernel
+                return _run_numpy(op, args, held, prog, make) if kernel is None else \
+                    make(kernel.call(held), prog.result, prog.result_shape, prog.dtype, prog.result_sid)
     elif r is not None and op.name in r.ops:
         if r.replay is not None:  # nb.checkpoint's recompute: this op's output was kept from the forward run
             return _replayed(r, op, params, args, make)
@@ -257,7 +257,8 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
         prog = program_for(op, sids, params, strat, model, True, epoch)
     if prog.fast is not None and backends.active() is backends.NUMPY and \
             all(type(a._data) is np.ndarray for a, view in zip(args, prog.fast) if view is not False):
-        return _run_fast(op, [a._data if isinstance(a, Value) else a for a in args], prog, prog.fast, make), prog
+        return make(prog.kernel.call([a._data if isinstance(a, Value) else a for a in args]), prog.result,
+                    prog.result_shape, prog.dtype, prog.result_sid), prog
     be = backends.active()
     for a in args:
         if isinstance(a, Value):
@@ -274,52 +275,6 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
     if prog.post is not None and sink is not None:
         sink[-1] = prog.post.events
     return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid), prog
-
-
-def _run_fast(op: OpDef, held: list, prog: Program, fast: tuple, make: Callable) -> Any:
-    """``op.fast`` on the stored blocks of numpy operands (``held``, a scalar as it is; views of them): nothing
-    moves. It may run with its axes in another order (``prog.reorder``: its output is then transposed to the
-    result), on copies of strided operands (packs), writing into one (``prog.into``)."""
-    if prog.as_stored:
-        arrays = held
-    else:
-        arrays = []  # (loops: a comprehension is a call of its own)
-        i = 0  # (zip, and a call of _view per operand, cost as much as the views they drive)
-        for view in fast:
-            x = held[i]
-            i += 1
-            if view:  # (None: as stored; False: a scalar)
-                for kind, arg in view:
-                    if kind == "reshape":
-                        x = x.reshape(arg)
-                    elif kind == "transpose":
-                        x = x.transpose(arg)
-                    else:  # "pack": a copy, contiguous, of each run of the last dim as one void item
-                        try:
-                            x = x.view(arg[0]).copy().view(arg[1])
-                        except ValueError:  # (numpy 2: the last axis is strided, blocks held as a lazy transpose)
-                            x = x.copy()
-            arrays.append(x)
-    into = prog.into
-    if prog.checks:  # it keeps a pending sum: a summand may overflow where the sum does not (run() checks)
-        with np.errstate(all="ignore"):
-            out = op.fast(*arrays) if into is None else op.fast(*arrays, out=arrays[into])
-    elif into is None:
-        out = op.fast(*arrays)
-    elif len(arrays) == 2:  # (a starred call with a keyword costs more: two operands, the common case, as such)
-        out = op.fast(arrays[0], arrays[1], out=arrays[into])
-    else:
-        out = op.fast(*arrays, out=arrays[into])
-    if type(out) is not _NDARRAY:
-        out = np.asarray(out)
-    dt = out.dtype
-    if dt is not prog.dtype and dt != prog.dtype:
-        out = out.astype(prog.dtype)
-    out.setflags(False)  # (write=False: positional is the cheaper call; a view of it is read-only too)
-    order = prog.reorder
-    if order is not None:
-        out = out.transpose(order)
-    return make(out, prog.result, prog.result_shape, prog.dtype, prog.result_sid)
 
 
 def _prepare(a: Any, p: Prep, prog: Program, op: OpDef, be, sink: list | None, i: int, moved: list | None = None

@@ -16,6 +16,7 @@ from . import collectives as C
 from . import reshard
 from .errors import ShardingError
 from .factors import LocalStep, OperandContext, merge_windows
+from .fastpath import Kernel
 from .layout import chunks, grid, merge_cuts, spec_cuts
 from .opdef import Local, OpDef
 from .pending import cheaper_to_sum_now, survival
@@ -84,6 +85,7 @@ class Program(NamedTuple):
     reorder: tuple[int, ...] | None = None  # ``op.fast`` runs with its axes in another order (``_kernel_order``):
     # this transpose of its output is the result as stored
     into: int | None = None  # ``op.fast`` writes into this operand: a copy the kernel made of it (a "pack")
+    kernel: Kernel | None = None  # ``fast`` compiled: what the executor calls (the chains, packs and order above)
 
 
 class _ShapeOnly:
@@ -251,7 +253,8 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
             # a packed operand broadcasts nowhere (``_packs``): its copy has the output's shape, and here its dtype,
             # which numpy's loop for these dtypes gives too: the output is written there
             into = packed[0]
-    return prog._replace(fast=fast, as_stored=as_stored, reorder=reorder, into=into,
+    kernel = Kernel(op, fast, into, reorder, bool(checks), dtype) if fast is not None else None
+    return prog._replace(fast=fast, as_stored=as_stored, reorder=reorder, into=into, kernel=kernel,
                          after=out_grid != final or post is not None and not prog.folded)
 
 
@@ -312,12 +315,14 @@ def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
 
 # numpy's cost of an elementwise call over views, in instructions (callgrind, numpy 2): each inner-loop call when the
 # iteration has at most 3 dims once adjacent dims that step alike are merged, each one when it has more (numpy's
-# iterator has no specialised step past 3), and each reshape or transpose that makes a view; a pack (``_pack_cost``)
+# iterator has no specialised step past 3), the iterator itself when there is more than one inner loop (numpy
+# 2.4: an add of contiguous float32 blocks costs ~4,500 instructions with its allocation, the same add with one
+# operand in 2 to 8 strided runs ~9,200 to ~9,500), and each reshape or transpose that makes a view; a pack (``_pack_cost``)
 # adds two views and a copy's call (its allocation included: ~3,500 for a copy of 8 KiB, of which ~300 an
 # allocation the ufunc then skips when it writes into the copy). Past ``_PACK_BYTES`` an operand is not packed: the
 # copy's extra pass through memory costs more than numpy's loops (on this 2 MiB-L2 Xeon, A[dp,-] + B[-,tp] in
 # float32 with 1 MiB operands ran 17-18% faster packed, with 4 MiB 5-8% slower; a machine-dependent bound)
-_LOOP, _DEEP_LOOP, _VIEW_CALL, _COPY_CALL = 75, 130, 2000, 3000
+_LOOP, _DEEP_LOOP, _VIEW_CALL, _COPY_CALL, _ITERATOR = 75, 130, 2000, 3000, 4700
 _PACK_BYTES = 1 << 20
 
 
@@ -348,12 +353,15 @@ def _kernel_order(views: tuple, stored: tuple, dtypes: tuple, G: int, out_grid: 
         flat = tuple(0 if n == 1 else s for n, s in zip(shape, _c_strides(shape)))  # (as ``steps``: 0 on 1s)
         packable = [i for i, st in steps.items()
                     if st != flat and _packs(shape, st) and prod(shape) * dtypes[i].itemsize <= _PACK_BYTES]
+        # a pack read from the stored void items makes its views there instead (``_void_chain``)
+        fewer = {i: len(_then(views[i] or (), order)) - len(vc) for i in packable
+                 if (vc := _void_chain(stored[i], _then(views[i] or (), order), shape[-1])) is not None}
         cheapest = None
         for chosen in range(1 << len(packable)):
             packed = tuple(i for k, i in enumerate(packable) if chosen >> k & 1)
             runs, dims = _loops(shape, [flat if i in packed else st for i, st in steps.items()] + [flat])
-            c = runs * (_LOOP if dims <= 3 else _DEEP_LOOP) + calls * _VIEW_CALL + \
-                sum(_pack_cost(shape, steps[i], dtypes[i].itemsize) for i in packed)
+            c = runs * (_LOOP if dims <= 3 else _DEEP_LOOP) + (runs > 1) * _ITERATOR + calls * _VIEW_CALL + \
+                sum(_pack_cost(shape, steps[i], dtypes[i].itemsize) - fewer.get(i, 0) * _VIEW_CALL for i in packed)
             if cheapest is None or c < cheapest[0]:
                 cheapest = (c, packed)
         return cheapest
@@ -361,12 +369,12 @@ def _kernel_order(views: tuple, stored: tuple, dtypes: tuple, G: int, out_grid: 
     costs = {o: cost(o) for o in sorted(orders)}
     best = min(costs, key=lambda o: (costs[o][0], o != same))
     packed = costs[best][1]
-    pack = {i: (("pack", (np.dtype(f"V{out_grid[best[-1]] * dtypes[i].itemsize}"), dtypes[i])),) for i in packed}
-    if best == same:
-        return tuple((v or ()) + pack[i] if i in pack else v for i, v in enumerate(views)), None, packed
-    back = tuple(sorted(range(len(best)), key=best.__getitem__))
-    views = tuple(v if v is False else (_then(v or (), best) + pack.get(i, ())) or None for i, v in enumerate(views))
-    return views, back, packed
+    views = tuple(v if v is False else _then(v or (), best) or None for v in views)
+    run = out_grid[best[-1]]
+    views = tuple((v or ()) + (("pack", (np.dtype(f"V{run * dtypes[i].itemsize}"), dtypes[i],
+                                 _void_chain(stored[i], v or (), run))),) if i in packed else v
+                  for i, v in enumerate(views))
+    return views, (None if best == same else tuple(sorted(range(len(best)), key=best.__getitem__))), packed
 
 
 def _packs(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -385,6 +393,34 @@ def _pack_cost(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) 
     size = shape[-1] * itemsize
     runs, _ = _loops(shape[:-1], [strides[:-1], _c_strides(shape[:-1])])
     return 2 * _VIEW_CALL + _COPY_CALL + items * (6 if size in (8, 16) else 16 + size // 8) + runs * _LOOP
+
+
+def _void_chain(stored: tuple[int, ...], chain: tuple, run: int) -> tuple | None:
+    """The views of the stored blocks' void items (each ``run`` elements of their last dim, one after the other)
+    that give ``chain``'s view with each run of its last dim one item (a trailing dim of 1): a pack read that way
+    makes its views on ``run`` times fewer elements, and a reshape that only moves dims of 1 is folded into the
+    transpose. None when the runs are not whole void items of the stored blocks."""
+    viewed = _viewed(stored, chain)
+    if viewed is None or not stored or stored[-1] % run:
+        return None
+    shape, strides = viewed
+    if shape[-1] != run or run > 1 and strides[-1] != 1 or any(n > 1 and s % run for n, s in zip(shape[:-1], strides)):
+        return None
+    have = stored[:-1] + (stored[-1] // run,)  # the void items, C-contiguous
+    want, steps = shape[:-1] + (1,), tuple(s // run for s in strides[:-1]) + (0,)
+    order = sorted(range(len(want)), key=lambda a: (want[a] > 1, -steps[a]))  # dims of 1 first, then by stride
+    lay = tuple(want[a] for a in order)  # the wanted dims in memory order
+    if any(n > 1 and c != steps[a] for a, n, c in zip(order, lay, _c_strides(lay))):
+        return None
+    back = tuple(sorted(range(len(order)), key=order.__getitem__))
+    if [n for n in have if n > 1] == [n for n in lay if n > 1] and len(have) == len(lay):
+        # the reshape only moves dims of 1: each wanted dim is one of the stored ones (dims of 1 in turn)
+        ones = iter(a for a, n in enumerate(have) if n == 1)
+        big = iter(a for a, n in enumerate(have) if n > 1)
+        src = [next(big) if n > 1 else next(ones) for n in lay]
+        perm = tuple(src[b] for b in back)
+        return (("transpose", perm),) if perm != tuple(range(len(perm))) else ()
+    return ((("reshape", lay),) if lay != have else ()) + _then((), back)
 
 
 def _then(chain: tuple, order: tuple[int, ...]) -> tuple:

@@ -293,10 +293,11 @@ def test_a_pack_of_an_operand_held_as_a_lazy_view_copies_it_whole():
     assert_matches_numpy(B - At, b - a.T)
 
 
-def test_a_small_or_large_strided_operand_is_not_packed():
-    """A pack costs calls of its own and a pass through memory: at 16x16 (runs of 4 elements, 32 of them) numpy's
-    loops cost less; at 1024x1024 float32 (4 MiB) the copy's extra pass does (``program._PACK_BYTES``)."""
-    for n, dt in ((16, np.float32), (1024, np.float32)):
+def test_a_strided_operand_of_single_element_runs_or_of_many_bytes_is_not_packed():
+    """A pack copies runs of the last dim as void items: at 4x4 on 2x4 each run is one element (there is nothing to
+    pack); at 1024x1024 float32 (4 MiB) the copy's extra pass through memory costs more than numpy's loops
+    (``program._PACK_BYTES``)."""
+    for n, dt in ((4, np.float32), (1024, np.float32)):
         A = nb.tensor(np.ones((n, n), dt)).shard(MESH24, ["dp", None])
         B = nb.tensor(np.ones((n, n), dt)).shard(MESH24, [None, "tp"])
         prog = program.program_for(nb.add.op, (signatures.sid_of(A), signatures.sid_of(B)), (),
@@ -356,13 +357,9 @@ def test_elementwise_ops_on_packed_operands_equal_numpy(mesh, data, dtype):
         program.program_for.cache_clear()
 
 
-@given(shape=shapes(min_rank=1, max_rank=4, max_dim=4).filter(lambda s: 0 not in s), data=st.data())
-@settings(max_examples=examples(200))
-def test_the_strides_of_a_chain_of_views_are_numpys(shape, data):
-    """``program._viewed`` prices a view chain without making it: its shape and strides are numpy's (strides over
-    dims of more than one element: a dim of one is never stepped), and None exactly where numpy's reshape
-    copies."""
-    x = np.zeros(shape, np.float32)
+def _chain_of_views(data, x: np.ndarray, max_dim: int) -> tuple[tuple, np.ndarray, bool]:
+    """Up to 3 reshapes and transposes of ``x`` drawn at random: the chain, numpy's result, and whether its last
+    reshape copied (the chain then ends there)."""
     chain, view = [], x
     for _ in range(data.draw(st.integers(1, 3))):
         if data.draw(st.booleans()):
@@ -371,14 +368,67 @@ def test_the_strides_of_a_chain_of_views_are_numpys(shape, data):
             view = view.transpose(perm)
         else:
             n = view.size
-            new = data.draw(st.lists(st.integers(1, 4), max_size=4).filter(lambda s: int(np.prod(s)) == n))
+            new = data.draw(st.lists(st.integers(1, max_dim), max_size=4).filter(lambda s: int(np.prod(s)) == n))
             chain.append(("reshape", tuple(new)))
-            reshaped = view.reshape(new)
-            if not np.shares_memory(reshaped, x):
-                assert program._viewed(shape, tuple(chain)) is None
-                return
-            view = reshaped
-    got = program._viewed(shape, tuple(chain))
+            view = view.reshape(new)
+            if not np.shares_memory(view, x):
+                return tuple(chain), view, True
+    return tuple(chain), view, False
+
+
+@given(shape=shapes(min_rank=1, max_rank=4, max_dim=4).filter(lambda s: 0 not in s), data=st.data())
+@settings(max_examples=examples(200))
+def test_the_strides_of_a_chain_of_views_are_numpys(shape, data):
+    """``program._viewed`` prices a view chain without making it: its shape and strides are numpy's (strides over
+    dims of more than one element: a dim of one is never stepped), and None exactly where numpy's reshape
+    copies."""
+    x = np.zeros(shape, np.float32)
+    chain, view, copied = _chain_of_views(data, x, 4)
+    if copied:
+        assert program._viewed(shape, chain) is None
+        return
+    got = program._viewed(shape, chain)
     assert got is not None and got[0] == view.shape
     assert tuple(s for s, n in zip(got[1], view.shape) if n > 1) == \
         tuple(s // 4 for s, n in zip(view.strides, view.shape) if n > 1)
+
+
+@given(shape=shapes(min_rank=1, max_rank=4, max_dim=6).filter(lambda s: 0 not in s), data=st.data(),
+       dtype=st.sampled_from(["float32", "int8", "complex128", "bool"]))
+@settings(max_examples=examples(200))
+def test_a_pack_read_from_the_stored_void_items_is_numpys_view_of_the_chain(shape, data, dtype):
+    """``program._void_chain``: a pack may read each run as a void item of the stored blocks and make its views
+    on those (fewer, smaller views). Where it says so, that is numpy's reshape and transpose of the blocks, run by
+    run, whether the blocks lie C-contiguous (with no copy made on the way) or as a lazy transpose whose last axis
+    is contiguous; a run that is not whole void items of the stored blocks is refused."""
+    x = np.arange(int(np.prod(shape))).astype(dtype).reshape(shape)
+    chain, view, copied = _chain_of_views(data, x, 6)
+    if view.ndim == 0:
+        return
+    run = view.shape[-1]
+    found = program._void_chain(shape, chain, run)
+    if copied or run > 1 and view.strides[-1] != x.itemsize:  # (a reshape that copies; a last dim not one run)
+        assert found is None
+        return
+    if shape[-1] % run or any(n > 1 and (s // x.itemsize) % run for n, s in zip(view.shape[:-1], view.strides)):
+        assert found is None
+        return
+    assert found is not None
+    void = np.dtype(f"V{run * x.itemsize}")
+    lazy = np.ascontiguousarray(x.transpose(tuple(range(x.ndim - 1))[::-1] + (x.ndim - 1,)))
+    for held in (x, lazy.transpose(tuple(range(x.ndim - 1))[::-1] + (x.ndim - 1,))):  # (the second: a lazy view)
+        items = held.view(void)
+        for kind, arg in found:
+            items = getattr(items, kind)(arg)
+        assert held is not x or np.shares_memory(items, held)  # views of C-contiguous blocks: the pack's copy only
+        got = items.copy().view(x.dtype)
+        assert got.shape == view.shape and got.tobytes() == np.ascontiguousarray(view).tobytes()
+    assert len(found) <= 2 and all(kind != "reshape" or arg != shape[:-1] + (shape[-1] // run,)
+                                   for kind, arg in found)
+
+
+def test_the_mixed_add_packs_from_void_items_with_one_transpose():
+    """A[dp,-] + B[-,tp]: A's stored blocks (2, 1, 32, 64) read as 64-byte items (2, 1, 32, 4) are the pack's
+    layout after one transpose (the reshape to the kernel's grid only moves the 1 of tp's replicas)."""
+    assert program._void_chain((2, 1, 32, 64), (("reshape", (2, 32, 4, 16)), ("transpose", (2, 0, 1, 3))), 16) == \
+        (("transpose", (3, 0, 2, 1)),)

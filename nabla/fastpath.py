@@ -1,0 +1,88 @@
+"""The hot path's kernel: a program's ``op.fast`` call on the blocks its operands hold, compiled once per program
+to straight-line Python (each operand's chain of views or its pack, the call, the transpose to the result as
+stored). A cached elementwise op then costs numpy's calls and little else: interpreting the chains on every call
+cost as much as the views they make. A ``Kernel`` is data: it prints as the code it runs, and compares and
+pickles as what it was compiled from (the program's chains, packs, order and dtype)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_NDARRAY, _ASARRAY, _ERRSTATE = np.ndarray, np.asarray, np.errstate
+
+
+class Kernel:
+    """``op.fast`` compiled for one program. ``call(held)``: the kernel's output block array (read-only) from ``held``, each operand's stored blocks (a
+    Python scalar as it is). ``chains``: per operand, None (as stored), False (a scalar), or its chain of views
+    (``("reshape", shape)``, ``("transpose", axes)``, last a ``("pack", (void, dtype, void_chain))``: a contiguous
+    copy of it, each run of its last dim one void item, read as ``void_chain`` of the stored blocks' void items
+    when that holds, else after the views). ``into``: the operand copy the output is written to; ``reorder``: the
+    output's transpose; ``quiet``: numpy's floating-point warnings are off (a summand may overflow where its sum
+    does not: the executor checks); ``dtype``: the result's."""
+
+    __slots__ = ("spec", "call", "source")
+
+    def __init__(self, op: Any, chains: tuple, into: int | None, reorder: tuple[int, ...] | None, quiet: bool,
+                 dtype: np.dtype) -> None:
+        self.spec = (op, chains, into, reorder, quiet, dtype)  # (the op, not its function: an op pickles by key)
+        self.source, names = _source(chains, into, reorder, quiet)
+        scope = {"fast": op.fast, "DTYPE": dtype, "ndarray": _NDARRAY, "asarray": _ASARRAY, "errstate": _ERRSTATE,
+                 **names}
+        exec(compile(self.source, f"<nabla kernel {op.name}>", "exec"), scope)  # noqa: S102 - made above
+        self.call = scope["kernel"]
+
+    def __reduce__(self) -> tuple:
+        return Kernel, self.spec
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Kernel and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.spec[0].name}:\n{self.source})"
+
+
+def _source(chains: tuple, into: int | None, reorder: tuple[int, ...] | None, quiet: bool
+            ) -> tuple[str, dict[str, Any]]:
+    """The kernel's code, and the names it reads (the void dtypes of packs, the dtypes they are read back as)."""
+    names: dict[str, Any] = {}
+    held = [f"h{i}" for i in range(len(chains))]
+    lines = [f"    {', '.join(held)}, = h"]
+    for i, chain in enumerate(chains):
+        if not chain:  # None: as stored; False: a scalar
+            continue
+        views = "".join(_call(kind, arg) for kind, arg in chain if kind != "pack")
+        if chain[-1][0] != "pack":
+            lines.append(f"    h{i} = h{i}{views}")
+            continue
+        void, dtype, void_chain = chain[-1][1]
+        names[f"V{i}"], names[f"D{i}"] = void, dtype
+        if void_chain is None:  # the views, then each run of their last dim as one void item
+            lines += [f"    h{i} = h{i}{views}", "    try:",
+                      f"        p = h{i}.view(V{i})", "    except ValueError:",
+                      f"        h{i} = h{i}.copy()", "    else:", f"        h{i} = p.copy().view(D{i})"]
+        else:  # the stored blocks' runs as void items first: fewer views, on fewer elements
+            lines += ["    try:", f"        p = h{i}.view(V{i})", "    except ValueError:",
+                      f"        h{i} = h{i}{views}.copy()", "    else:",
+                      f"        h{i} = p{''.join(_call(k, a) for k, a in void_chain)}.copy().view(D{i})"]
+        # (numpy 2: the void view is refused when the last axis is strided, blocks held as a lazy transpose; the
+        # operand is then copied as it is)
+    call = f"fast({', '.join(held)}" + (f", out=h{into})" if into is not None else ")")
+    if quiet:
+        lines += ["    with errstate(all='ignore'):", f"        out = {call}"]
+    else:
+        lines.append(f"    out = {call}")
+    if into is None:  # (written into an operand's copy: an array of the result's dtype already)
+        lines += ["    if type(out) is not ndarray:", "        out = asarray(out)",
+                  "    if out.dtype is not DTYPE and out.dtype != DTYPE:", "        out = out.astype(DTYPE)"]
+    lines.append("    out.setflags(False)")  # (write=False: positional is the cheaper call; a view is read-only too)
+    lines.append(f"    return out.transpose({reorder!r})" if reorder is not None else "    return out")
+    return "def kernel(h):\n" + "\n".join(lines) + "\n", names
+
+
+def _call(kind: str, arg: tuple[int, ...]) -> str:
+    return f".{kind}({arg!r})"
