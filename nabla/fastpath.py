@@ -14,24 +14,34 @@ _NDARRAY, _ASARRAY, _ERRSTATE = np.ndarray, np.asarray, np.errstate
 
 
 class Kernel:
-    """``op.fast`` compiled for one program. ``call(held)``: the kernel's output block array (read-only) from ``held``, each operand's stored blocks (a
-    Python scalar as it is). ``chains``: per operand, None (as stored), False (a scalar), or its chain of views
+    """``op.fast`` compiled for one program. ``call(held)``: the kernel's output block array (read-only) from
+    ``held``, each operand's stored blocks (a Python scalar as it is). ``chains``: per operand, None (as stored), False (a scalar), or its chain of views
     (``("reshape", shape)``, ``("transpose", axes)``, last a ``("pack", (void, dtype, void_chain))``: a contiguous
     copy of it, each run of its last dim one void item, read as ``void_chain`` of the stored blocks' void items
     when that holds, else after the views). ``into``: the operand copy the output is written to; ``reorder``: the
     output's transpose; ``quiet``: numpy's floating-point warnings are off (a summand may overflow where its sum
     does not: the executor checks); ``dtype``: the result's."""
 
-    __slots__ = ("spec", "call", "source")
+    __slots__ = ("spec", "call")
 
     def __init__(self, op: Any, chains: tuple, into: int | None, reorder: tuple[int, ...] | None, quiet: bool,
                  dtype: np.dtype) -> None:
         self.spec = (op, chains, into, reorder, quiet, dtype)  # (the op, not its function: an op pickles by key)
-        self.source, names = _source(chains, into, reorder, quiet)
+        self.call = self._compile_and_call  # (compiled on first call: programs planned on shapes never call it)
+
+    def _compile_and_call(self, held: list) -> np.ndarray:
+        op, chains, into, reorder, quiet, dtype = self.spec
+        source, names = _source(chains, into, reorder, quiet)
         scope = {"fast": op.fast, "DTYPE": dtype, "ndarray": _NDARRAY, "asarray": _ASARRAY, "errstate": _ERRSTATE,
                  **names}
-        exec(compile(self.source, f"<nabla kernel {op.name}>", "exec"), scope)  # noqa: S102 - made above
+        exec(compile(source, f"<nabla kernel {op.name}>", "exec"), scope)  # noqa: S102 - the code made above
         self.call = scope["kernel"]
+        return self.call(held)
+
+    @property
+    def source(self) -> str:
+        """The code ``call`` runs."""
+        return _source(*self.spec[1:5])[0]
 
     def __reduce__(self) -> tuple:
         return Kernel, self.spec
