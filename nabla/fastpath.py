@@ -11,16 +11,19 @@ from typing import Any
 import numpy as np
 
 _NDARRAY, _ASARRAY, _ERRSTATE = np.ndarray, np.asarray, np.errstate
+# numpy's warnings from a kernel are this module's (a ``module=`` filter on nabla catches them), and warned once
+# for all kernels, not once per kernel (Python keeps what was warned in the warning code's globals)
+__warningregistry__: dict = {}
 
 
 class Kernel:
-    """``op.fast`` compiled for one program. ``call(held)``: the kernel's output block array (read-only) from
-    ``held``, each operand's stored blocks (a Python scalar as it is). ``chains``: per operand, None (as stored), False (a scalar), or its chain of views
-    (``("reshape", shape)``, ``("transpose", axes)``, last a ``("pack", (void, dtype, void_chain))``: a contiguous
-    copy of it, each run of its last dim one void item, read as ``void_chain`` of the stored blocks' void items
-    when that holds, else after the views). ``into``: the operand copy the output is written to; ``reorder``: the
-    output's transpose; ``quiet``: numpy's floating-point warnings are off (a summand may overflow where its sum
-    does not: the executor checks); ``dtype``: the result's."""
+    """``op.fast`` compiled for one program. ``call(held)``: the kernel's output block array (read-only) from ``held``,
+    each operand's stored blocks (a Python scalar as it is). ``chains``: per operand, None (as stored), False (a
+    scalar), or its chain of views (``("reshape", shape)``, ``("transpose", axes)``, last a ``("pack", (void, dtype,
+    void_chain))``: a contiguous copy of it, each run of its last dim one void item, read as ``void_chain`` of the
+    stored blocks' void items when that holds, else after the views). ``into``: the operand copy the output is
+    written to; ``reorder``: the output's transpose; ``quiet``: numpy's floating-point warnings are off (a summand
+    may overflow where its sum does not: the executor checks); ``dtype``: the result's."""
 
     __slots__ = ("spec", "call")
 
@@ -32,8 +35,8 @@ class Kernel:
     def _compile_and_call(self, held: list) -> np.ndarray:
         op, chains, into, reorder, quiet, dtype = self.spec
         source, names = _source(chains, into, reorder, quiet)
-        scope = {"fast": op.fast, "DTYPE": dtype, "ndarray": _NDARRAY, "asarray": _ASARRAY, "errstate": _ERRSTATE,
-                 **names}
+        scope = {"__name__": __name__, "__warningregistry__": __warningregistry__, "fast": op.fast, "DTYPE": dtype,
+                 "ndarray": _NDARRAY, "asarray": _ASARRAY, "errstate": _ERRSTATE, **names}
         exec(compile(source, f"<nabla kernel {op.name}>", "exec"), scope)  # noqa: S102 - the code made above
         self.call = scope["kernel"]
         return self.call(held)
@@ -65,22 +68,22 @@ def _source(chains: tuple, into: int | None, reorder: tuple[int, ...] | None, qu
     for i, chain in enumerate(chains):
         if not chain:  # None: as stored; False: a scalar
             continue
-        views = "".join(_call(kind, arg) for kind, arg in chain if kind != "pack")
+        views = _calls(chain[:-1] if chain[-1][0] == "pack" else chain)
         if chain[-1][0] != "pack":
             lines.append(f"    h{i} = h{i}{views}")
             continue
+        # a pack: a copy with each run of the last dim one void item; numpy 2 refuses the void view when the last
+        # axis is strided (blocks held as a lazy transpose), and the operand is then copied as it is
         void, dtype, void_chain = chain[-1][1]
         names[f"V{i}"], names[f"D{i}"] = void, dtype
-        if void_chain is None:  # the views, then each run of their last dim as one void item
-            lines += [f"    h{i} = h{i}{views}", "    try:",
-                      f"        p = h{i}.view(V{i})", "    except ValueError:",
+        if void_chain is None:  # the views, then their runs as void items
+            lines += [f"    h{i} = h{i}{views}"] if views else []
+            lines += ["    try:", f"        p = h{i}.view(V{i})", "    except ValueError:",
                       f"        h{i} = h{i}.copy()", "    else:", f"        h{i} = p.copy().view(D{i})"]
-        else:  # the stored blocks' runs as void items first: fewer views, on fewer elements
+        else:  # the stored blocks' runs as void items first: the views on one item per run
             lines += ["    try:", f"        p = h{i}.view(V{i})", "    except ValueError:",
                       f"        h{i} = h{i}{views}.copy()", "    else:",
-                      f"        h{i} = p{''.join(_call(k, a) for k, a in void_chain)}.copy().view(D{i})"]
-        # (numpy 2: the void view is refused when the last axis is strided, blocks held as a lazy transpose; the
-        # operand is then copied as it is)
+                      f"        h{i} = p{_calls(void_chain)}.copy().view(D{i})"]
     call = f"fast({', '.join(held)}" + (f", out=h{into})" if into is not None else ")")
     if quiet:
         lines += ["    with errstate(all='ignore'):", f"        out = {call}"]
@@ -94,5 +97,6 @@ def _source(chains: tuple, into: int | None, reorder: tuple[int, ...] | None, qu
     return "def kernel(h):\n" + "\n".join(lines) + "\n", names
 
 
-def _call(kind: str, arg: tuple[int, ...]) -> str:
-    return f".{kind}({arg!r})"
+def _calls(chain: tuple) -> str:
+    """A chain of reshapes and transposes as the method calls that make it."""
+    return "".join(f".{kind}({arg!r})" for kind, arg in chain)

@@ -249,7 +249,8 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
         stored = tuple(grid(s[3]).shape + chunks(s[3], s[1]) if s[0] == "s" else () for s in sigs)
         dtypes = tuple(s[2] if s[0] == "s" else None for s in sigs)
         fast, reorder, packed = _kernel_order(fast, stored, dtypes, prog.G, out_grid)
-        if packed and isinstance(op.fast, np.ufunc) and op.fast.nout == 1 and all(d == dtype for d in dtypes):
+        if packed and isinstance(op.fast, np.ufunc) and op.fast.nout == 1 and \
+                all(d == dtype for d in dtypes if d is not None):
             # a packed operand broadcasts nowhere (``_packs``): its copy has the output's shape, and here its dtype,
             # which numpy's loop for these dtypes gives too: the output is written there
             into = packed[0]
@@ -315,13 +316,13 @@ def _fast_views(op: OpDef, prog: Program, sigs: tuple) -> tuple | None:
 
 # numpy's cost of an elementwise call over views, in instructions (callgrind, numpy 2): each inner-loop call when the
 # iteration has at most 3 dims once adjacent dims that step alike are merged, each one when it has more (numpy's
-# iterator has no specialised step past 3), the iterator itself when there is more than one inner loop (numpy
-# 2.4: an add of contiguous float32 blocks costs ~4,500 instructions with its allocation, the same add with one
-# operand in 2 to 8 strided runs ~9,200 to ~9,500), and each reshape or transpose that makes a view; a pack (``_pack_cost``)
-# adds two views and a copy's call (its allocation included: ~3,500 for a copy of 8 KiB, of which ~300 an
-# allocation the ufunc then skips when it writes into the copy). Past ``_PACK_BYTES`` an operand is not packed: the
-# copy's extra pass through memory costs more than numpy's loops (on this 2 MiB-L2 Xeon, A[dp,-] + B[-,tp] in
-# float32 with 1 MiB operands ran 17-18% faster packed, with 4 MiB 5-8% slower; a machine-dependent bound)
+# iterator has no specialised step past 3), the iterator itself when there is more than one inner loop (numpy 2.4: an
+# add of contiguous float32 blocks costs ~4,500 instructions with its allocation, the same add with one operand in 2
+# to 8 strided runs ~9,200 to ~9,500), and each reshape or transpose that makes a view; a pack (``_pack_cost``) adds
+# two views and a copy's call (its allocation included: ~3,500 for a copy of 8 KiB, of which ~300 an allocation the
+# ufunc then skips when it writes into the copy). Past ``_PACK_BYTES`` an operand is not packed: the copy's extra pass
+# through memory costs more than numpy's loops (on this 2 MiB-L2 Xeon, A[dp,-] + B[-,tp] in float32 with 1 MiB
+# operands ran 17-18% faster packed, with 4 MiB 5-8% slower; a machine-dependent bound)
 _LOOP, _DEEP_LOOP, _VIEW_CALL, _COPY_CALL, _ITERATOR = 75, 130, 2000, 3000, 4700
 _PACK_BYTES = 1 << 20
 
@@ -354,8 +355,12 @@ def _kernel_order(views: tuple, stored: tuple, dtypes: tuple, G: int, out_grid: 
         packable = [i for i, st in steps.items()
                     if st != flat and _packs(shape, st) and prod(shape) * dtypes[i].itemsize <= _PACK_BYTES]
         # a pack read from the stored void items makes its views there instead (``_void_chain``)
-        fewer = {i: len(_then(views[i] or (), order)) - len(vc) for i in packable
-                 if (vc := _void_chain(stored[i], _then(views[i] or (), order), shape[-1])) is not None}
+        fewer = {}
+        for i in packable:
+            chain = _then(views[i] or (), order)
+            vc = _void_chain(stored[i], chain, shape[-1])
+            if vc is not None:
+                fewer[i] = len(chain) - len(vc)
         cheapest = None
         for chosen in range(1 << len(packable)):
             packed = tuple(i for k, i in enumerate(packable) if chosen >> k & 1)
@@ -399,14 +404,17 @@ def _void_chain(stored: tuple[int, ...], chain: tuple, run: int) -> tuple | None
     """The views of the stored blocks' void items (each ``run`` elements of their last dim, one after the other)
     that give ``chain``'s view with each run of its last dim one item (a trailing dim of 1): a pack read that way
     makes its views on ``run`` times fewer elements, and a reshape that only moves dims of 1 is folded into the
-    transpose. None when the runs are not whole void items of the stored blocks."""
+    transpose. None when the runs are not whole void items of the stored blocks, or the view is not a reshape
+    and transpose of them. Reshapes and transposes are logical, so this holds of blocks held in any order in
+    memory (a lazy transpose's reshape may copy); only numpy's void view needs a contiguous last axis."""
     viewed = _viewed(stored, chain)
     if viewed is None or not stored or stored[-1] % run:
         return None
     shape, strides = viewed
-    if shape[-1] != run or run > 1 and strides[-1] != 1 or any(n > 1 and s % run for n, s in zip(shape[:-1], strides)):
+    if shape[-1] != run or (run > 1 and strides[-1] != 1) or \
+            any(n > 1 and s % run for n, s in zip(shape[:-1], strides)):
         return None
-    have = stored[:-1] + (stored[-1] // run,)  # the void items, C-contiguous
+    have = stored[:-1] + (stored[-1] // run,)  # the void items (strides below: as if C-contiguous)
     want, steps = shape[:-1] + (1,), tuple(s // run for s in strides[:-1]) + (0,)
     order = sorted(range(len(want)), key=lambda a: (want[a] > 1, -steps[a]))  # dims of 1 first, then by stride
     lay = tuple(want[a] for a in order)  # the wanted dims in memory order
