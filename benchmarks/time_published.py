@@ -664,7 +664,8 @@ RUNS: tuple[Run, ...] = (
         "a100-sxm-80gb", 124, 8, OPT_175B,
         Layout(tp=8, pp=1, dp=1, fsdp=124, mbs=8, gbs=992, recompute="full", reshard=False,
                stages=((96, True, True),)),
-        ("grads", "params"), "TFLOP/s/GPU", 147, gpt_flops(992, 2048, 96, 12288, 50272), OPT_ASSUMED),
+        ("grads", "params"), "TFLOP/s/GPU", 147,
+        gpt_flops(992, OPT_175B.seq, OPT_175B.layers, OPT_175B.hidden, OPT_175B.vocab), OPT_ASSUMED),
     Run("nemo-llama2-7b-128k-cp4", NEMO_LONG,
         "| 128 | 128 | 32 | 424 | 4 | 1 | 8 | 4 | 555 | 1.31 | (SeqLen (K), # of GPUs, Batch Size, without-CP "
         "TFLOPS/GPU, TP, PP, DP, CP, with-CP TFLOPS/GPU, speedup)",

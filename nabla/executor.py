@@ -255,9 +255,10 @@ def _run(op: OpDef, args: Sequence[Any], params: tuple, make: Callable, sink: li
         return manual_run(op, args, params, make), MANUAL
     if prog.checks and breaks_linearity(prog.checks, args):
         prog = program_for(op, sids, params, strat, model, True, epoch)
-    if prog.fast is not None and backends.active() is backends.NUMPY and \
-            all(type(a._data) is np.ndarray for a, view in zip(args, prog.fast) if view is not False):
-        return make(prog.kernel.call([a._data if isinstance(a, Value) else a for a in args]), prog.result,
+    kernel = prog.kernel
+    if kernel is not None and backends.active() is backends.NUMPY and \
+            all(type(a._data) is np.ndarray for a, view in zip(args, kernel.chains) if view is not False):
+        return make(kernel.call([a._data if isinstance(a, Value) else a for a in args]), prog.result,
                     prog.result_shape, prog.dtype, prog.result_sid), prog
     be = backends.active()
     for a in args:

@@ -6,6 +6,8 @@ pickles as what it was compiled from (the program's chains, packs, order and dty
 
 from __future__ import annotations
 
+from functools import lru_cache
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -25,38 +27,47 @@ class Kernel:
     written to; ``reorder``: the output's transpose; ``quiet``: numpy's floating-point warnings are off (a summand
     may overflow where its sum does not: the executor checks); ``dtype``: the result's."""
 
-    __slots__ = ("spec", "call")
+    __slots__ = ("op", "chains", "into", "reorder", "quiet", "dtype", "call")
 
     def __init__(self, op: Any, chains: tuple, into: int | None, reorder: tuple[int, ...] | None, quiet: bool,
                  dtype: np.dtype) -> None:
-        self.spec = (op, chains, into, reorder, quiet, dtype)  # (the op, not its function: an op pickles by key)
+        self.op, self.chains, self.into, self.reorder, self.quiet, self.dtype = op, chains, into, reorder, quiet, dtype
         self.call = self._compile_and_call  # (compiled on first call: programs planned on shapes never call it)
 
     def _compile_and_call(self, held: list) -> np.ndarray:
-        op, chains, into, reorder, quiet, dtype = self.spec
-        source, names = _source(chains, into, reorder, quiet)
-        scope = {"__name__": __name__, "__warningregistry__": __warningregistry__, "fast": op.fast, "DTYPE": dtype,
-                 "ndarray": _NDARRAY, "asarray": _ASARRAY, "errstate": _ERRSTATE, **names}
-        exec(compile(source, f"<nabla kernel {op.name}>", "exec"), scope)  # noqa: S102 - the code made above
+        source, names = _source(self.chains, self.into, self.reorder, self.quiet)
+        scope = {"__name__": __name__, "__warningregistry__": __warningregistry__, "fast": self.op.fast,
+                 "DTYPE": self.dtype, "ndarray": _NDARRAY, "asarray": _ASARRAY, "errstate": _ERRSTATE, **names}
+        exec(_compiled(source, self.op.name), scope)  # noqa: S102 - the code _source made
         self.call = scope["kernel"]
         return self.call(held)
 
     @property
     def source(self) -> str:
         """The code ``call`` runs."""
-        return _source(*self.spec[1:5])[0]
+        return _source(self.chains, self.into, self.reorder, self.quiet)[0]
+
+    def _key(self) -> tuple:  # (the op, not its function: an op pickles by key)
+        return self.op, self.chains, self.into, self.reorder, self.quiet, self.dtype
 
     def __reduce__(self) -> tuple:
-        return Kernel, self.spec
+        return Kernel, self._key()
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is Kernel and other.spec == self.spec
+        return type(other) is Kernel and other._key() == self._key()
 
     def __hash__(self) -> int:
-        return hash(self.spec)
+        return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"Kernel({self.spec[0].name}:\n{self.source})"
+        return f"Kernel({self.op.name}:\n{self.source})"
+
+
+@lru_cache(maxsize=1024)
+def _compiled(source: str, name: str) -> CodeType:
+    """``source`` compiled, once per op and pattern, not once per program: every ``exp`` of blocks read as stored,
+    whatever their shape or layout, runs one code object."""
+    return compile(source, f"<nabla kernel {name}>", "exec")
 
 
 def _source(chains: tuple, into: int | None, reorder: tuple[int, ...] | None, quiet: bool

@@ -70,8 +70,6 @@ class Program(NamedTuple):
     dtype: np.dtype
     result_sid: int  # the result's signature id
     padded: bool  # some block runs past its dim's end: what the padding computes is ignored, silently
-    fast: tuple | None  # nothing moves, op.fast applies: per operand, the shape to view it as (None: as is), or
-    # a chain of views (an operand cut locally: each device's block is a view of what it holds)
     checks: tuple = ()  # (operand, "finite"|"nonzero"): a pending sum survives this product only if it holds
     final: tuple = ()  # the result's stored shape (its own grid, its block)
     folded: bool = False  # the kernel did the post plan's all_reduce (Local.fold): post only logs
@@ -82,10 +80,24 @@ class Program(NamedTuple):
     as_stored: bool = False  # every operand is read as stored (a scalar as it is): nothing moves, no view or
     # local step
     after: bool = True  # the kernel's output is reshaped to ``final`` or moved by ``post`` (else it is the result)
-    reorder: tuple[int, ...] | None = None  # ``op.fast`` runs with its axes in another order (``_kernel_order``):
-    # this transpose of its output is the result as stored
-    into: int | None = None  # ``op.fast`` writes into this operand: a copy the kernel made of it (a "pack")
-    kernel: Kernel | None = None  # ``fast`` compiled: what the executor calls (the chains, packs and order above)
+    kernel: Kernel | None = None  # nothing moves and ``op.fast`` applies: it runs on the stored blocks (or views of
+    # them, or packs), compiled once; None otherwise
+
+    @property
+    def fast(self) -> tuple | None:
+        """Per operand, how ``op.fast`` reads its stored blocks (``Kernel.chains``); None: no fast path."""
+        return None if self.kernel is None else self.kernel.chains
+
+    @property
+    def reorder(self) -> tuple[int, ...] | None:
+        """The transpose taking ``op.fast``'s output, run in another axis order (``_kernel_order``), to the
+        result as stored."""
+        return None if self.kernel is None else self.kernel.reorder
+
+    @property
+    def into(self) -> int | None:
+        """The operand whose copy (a pack) ``op.fast`` writes its output into."""
+        return None if self.kernel is None else self.kernel.into
 
 
 class _ShapeOnly:
@@ -236,16 +248,15 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
     blocks = tuple(chunks(t, shp) if t is not None else () for t, shp in zip(targets, shapes))
     flops = op.flops(blocks, local.out_chunk, params) if op.flops is not None else prod(local.out_chunk)
     prog = Program(tuple(preps), G, kspec, result, result_shape, out_grid, grid(kspec).shape, local, post, dtype,
-                   result_sid, padded, None, checks, final, bool(fold), int(flops),
+                   result_sid, padded, checks, final, bool(fold), int(flops),
                    Planned(rule, dec, reserved, strict),
                    not checks and (op.linear != "mul" or
                                    sum(1 for s in sigs if s[0] == "s" and s[3].partial_axes) < 2))
     fast = _fast_views(op, prog, sigs)
-    as_stored = all(v is None or v is False for v in fast) if fast is not None else \
-        all(p.kind == "scalar" and not p.mask_axes or p.kind == "sharded" and p.direct and p.view is None
-            for p in prog.preps)
+    as_stored = all(p.kind == "scalar" and not p.mask_axes or p.kind == "sharded" and p.direct and p.view is None
+                    for p in prog.preps)  # (read where there is no kernel)
     reorder = into = None
-    if not as_stored and fast is not None:
+    if fast is not None and any(fast):  # (some operand is read through views)
         stored = tuple(grid(s[3]).shape + chunks(s[3], s[1]) if s[0] == "s" else () for s in sigs)
         dtypes = tuple(s[2] if s[0] == "s" else None for s in sigs)
         fast, reorder, packed = _kernel_order(fast, stored, dtypes, prog.G, out_grid)
@@ -255,7 +266,7 @@ def program_for(op: OpDef, sids: tuple[int, ...], params: tuple, strat: str, mod
             # which numpy's loop for these dtypes gives too: the output is written there
             into = packed[0]
     kernel = Kernel(op, fast, into, reorder, bool(checks), dtype) if fast is not None else None
-    return prog._replace(fast=fast, as_stored=as_stored, reorder=reorder, into=into, kernel=kernel,
+    return prog._replace(as_stored=as_stored, kernel=kernel,
                          after=out_grid != final or post is not None and not prog.folded)
 
 
@@ -355,30 +366,25 @@ def _kernel_order(views: tuple, stored: tuple, dtypes: tuple, G: int, out_grid: 
         packable = [i for i, st in steps.items()
                     if st != flat and _packs(shape, st) and prod(shape) * dtypes[i].itemsize <= _PACK_BYTES]
         # a pack read from the stored void items makes its views there instead (``_void_chain``)
-        fewer = {}
-        for i in packable:
-            chain = _then(views[i] or (), order)
-            vc = _void_chain(stored[i], chain, shape[-1])
-            if vc is not None:
-                fewer[i] = len(chain) - len(vc)
+        voids = {i: _void_chain(stored[i], _then(views[i] or (), order), shape[-1]) for i in packable}
         cheapest = None
         for chosen in range(1 << len(packable)):
             packed = tuple(i for k, i in enumerate(packable) if chosen >> k & 1)
             runs, dims = _loops(shape, [flat if i in packed else st for i, st in steps.items()] + [flat])
             c = runs * (_LOOP if dims <= 3 else _DEEP_LOOP) + (runs > 1) * _ITERATOR + calls * _VIEW_CALL + \
-                sum(_pack_cost(shape, steps[i], dtypes[i].itemsize) - fewer.get(i, 0) * _VIEW_CALL for i in packed)
+                sum(_pack_cost(shape, steps[i], dtypes[i].itemsize) - _VIEW_CALL * (
+                    0 if voids[i] is None else len(_then(views[i] or (), order)) - len(voids[i])) for i in packed)
             if cheapest is None or c < cheapest[0]:
-                cheapest = (c, packed)
+                cheapest = (c, packed, voids)
         return cheapest
 
     costs = {o: cost(o) for o in sorted(orders)}
     best = min(costs, key=lambda o: (costs[o][0], o != same))
-    packed = costs[best][1]
-    views = tuple(v if v is False else _then(v or (), best) or None for v in views)
+    _, packed, voids = costs[best]
     run = out_grid[best[-1]]
-    views = tuple((v or ()) + (("pack", (np.dtype(f"V{run * dtypes[i].itemsize}"), dtypes[i],
-                                 _void_chain(stored[i], v or (), run))),) if i in packed else v
-                  for i, v in enumerate(views))
+    views = tuple(v if v is False else (_then(v or (), best) + (
+        (("pack", (np.dtype(f"V{run * dtypes[i].itemsize}"), dtypes[i], voids[i])),) if i in packed else ())) or None
+        for i, v in enumerate(views))
     return views, (None if best == same else tuple(sorted(range(len(best)), key=best.__getitem__))), packed
 
 

@@ -407,11 +407,9 @@ def test_a_pack_read_from_the_stored_void_items_is_numpys_view_of_the_chain(shap
         return
     run = view.shape[-1]
     found = program._void_chain(shape, chain, run)
-    if copied or run > 1 and view.strides[-1] != x.itemsize:  # (a reshape that copies; a last dim not one run)
-        assert found is None
-        return
-    if shape[-1] % run or any(n > 1 and (s // x.itemsize) % run for n, s in zip(view.shape[:-1], view.strides)):
-        assert found is None
+    if copied or run > 1 and view.strides[-1] != x.itemsize or shape[-1] % run or \
+            any(n > 1 and (s // x.itemsize) % run for n, s in zip(view.shape[:-1], view.strides)):
+        assert found is None  # (a reshape that copies; a last dim not one run; runs not whole void items)
         return
     assert found is not None
     void = np.dtype(f"V{run * x.itemsize}")

@@ -57,7 +57,20 @@ def test_kernels_on_scalars_and_casts_are_numpys():
     assert_matches_numpy(3 - A, np.int8(3) - a)
     assert_matches_numpy(A < 6, a < 6)
     assert_matches_numpy(nb.maximum(A, A.T), np.maximum(a, a.T))
-    assert "out = fast(h0, 100)" not in repr(_program(nb.add.op, A, 100).kernel)  # (the scalar is read per call)
+    assert _program(nb.add.op, A, 100) is _program(nb.add.op, A, 7)  # (one kernel: the scalar is read per call)
+
+
+def test_programs_of_one_pattern_share_their_compiled_code():
+    """Each program has its own kernel, but programs whose kernels read the same (an exp of blocks as stored, on
+    any shape or layout) compile their code once."""
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    first = nb.exp(nb.tensor(x.reshape(8, 8)).shard(MESH, ["dp", "tp"]))
+    before = fastpath._compiled.cache_info()
+    again = nb.exp(nb.tensor(x.reshape(4, 16)).shard(MESH, [None, "tp"]))
+    after = fastpath._compiled.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+    assert_matches_numpy(first, np.exp(x.reshape(8, 8)))
+    assert_matches_numpy(again, np.exp(x.reshape(4, 16)))
 
 
 def test_a_kernel_is_made_only_where_the_fast_path_runs():
